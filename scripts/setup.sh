@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs every Debian package Gossamer needs to build, test and benchmark.
+# Idempotent: packages already present are skipped, and the script says what it installs.
+# Usage: scripts/setup.sh        (runs apt-get as root, or through sudo when not root)
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake ninja-build ccache pkg-config git
+  # compute: LibTorch (CPU) and the optimized BLAS it must use (reference BLAS is ~10x slower)
+  libtorch-dev libopenblas0-pthread
+  # transport, codecs, security
+  libasio-dev libzmq3-dev cppzmq-dev libzstd-dev libsodium-dev libgloo-dev
+  # support libraries
+  libspdlog-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
+  # tests and benchmarks
+  doctest-dev libbenchmark-dev
+)
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$pkg")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} required packages are already installed"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    SUDO="sudo"
+  else
+    echo "setup: need root to install: ${missing[*]}" >&2
+    echo "setup: run this script as root, or install sudo" >&2
+    exit 1
+  fi
+fi
+
+echo "setup: installing ${#missing[@]} package(s): ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "setup: done"

@@ -1,0 +1,112 @@
+// `gossamer bench train`: the framework's inner loop (Worker::step: sampler, schedule, clipping,
+// AdamW param groups, accounting) against a bare LibTorch loop of the same model, interleaved in one
+// process so machine noise hits both alike. Prints tokens/s of each, their ratio and GFLOP/s
+// (6 x parameters x tokens / s).
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "app/commands.h"
+#include "core/clock.h"
+#include "train/run.h"
+#include "train/worker.h"
+
+namespace gossamer::app {
+
+void add_bench_command(CLI::App& app, BenchArgs& args) {
+  auto* cmd = app.add_subcommand("bench", "Measure Gossamer against a reference (what: train)");
+  cmd->add_option("what", args.what, "what to measure: train (inner loop vs bare LibTorch)")
+      ->check(CLI::IsMember({"train"}))
+      ->capture_default_str();
+  add_config_source(*cmd, args.source);
+  cmd->add_option("--steps", args.steps, "steps per timed block")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--rounds", args.rounds, "interleaved rounds (the median is reported)")->check(CLI::PositiveNumber)->capture_default_str();
+}
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int bench_train(const BenchArgs& args) {
+  auto config = build_config(args.source);
+  if (!config.ok()) return report_failure(config.status());
+  train::RunConfig cfg = *config;
+  cfg.train.steps = 1LL << 40;  // keep the schedule in its plateau-free cosine regime; we only time steps
+  cfg.train.warmup_steps = 0;
+  if (cfg.train.threads > 0) torch::set_num_threads(static_cast<int>(cfg.train.threads));
+  auto corpus = train::load_corpus(cfg);
+  if (!corpus.ok()) return report_failure(corpus.status());
+
+  Clock& clock = real_clock();
+  train::Worker worker(cfg, corpus->dataset, 0, 1, clock);
+
+  // The bare loop: same model class and size, AdamW with one group, batches prepared up front.
+  model::Gpt bare(train::gpt_config(cfg, 0));
+  torch::optim::AdamW bare_opt(bare.parameters(), torch::optim::AdamWOptions(cfg.train.lr)
+                                                      .betas({cfg.train.beta1, cfg.train.beta2})
+                                                      .weight_decay(cfg.train.weight_decay));
+  data::ShardSampler sampler(corpus->dataset.train(), 0, 1, cfg.train.batch_size, cfg.model.context, 7);
+  std::vector<data::Batch> batches;
+  for (std::int64_t i = 0; i < args.steps; ++i) batches.push_back(sampler.batch(i));
+  auto bare_params = bare.parameters();
+  auto bare_step = [&](const data::Batch& b) {
+    bare_opt.zero_grad();
+    auto loss = bare.loss(b.tokens, b.targets);
+    loss.backward();
+    torch::nn::utils::clip_grad_norm_(bare_params, cfg.train.grad_clip);
+    bare_opt.step();
+    return loss.item<double>();
+  };
+
+  const double tokens_per_block = static_cast<double>(args.steps * cfg.train.batch_size * cfg.model.context);
+  const double params = static_cast<double>(worker.model().num_parameters());
+  fmt::print("bench train: {} parameters, batch {} x {} tokens, {} steps per block, {} rounds, {} threads\n",
+             static_cast<std::int64_t>(params), cfg.train.batch_size, cfg.model.context, args.steps, args.rounds,
+             torch::get_num_threads());
+  // Warm-up: one block of each.
+  for (std::int64_t i = 0; i < std::min<std::int64_t>(3, args.steps); ++i) {
+    (void)worker.step();
+    (void)bare_step(batches[static_cast<std::size_t>(i)]);
+  }
+  std::vector<double> fw, bw;
+  for (std::int64_t round = 0; round < args.rounds; ++round) {
+    auto time_framework = [&] {
+      Stopwatch w(clock);
+      for (std::int64_t i = 0; i < args.steps; ++i) (void)worker.step();
+      fw.push_back(tokens_per_block / w.elapsed_seconds());
+    };
+    auto time_bare = [&] {
+      Stopwatch w(clock);
+      for (const auto& b : batches) (void)bare_step(b);
+      bw.push_back(tokens_per_block / w.elapsed_seconds());
+    };
+    if (round % 2 == 0) {
+      time_framework();
+      time_bare();
+    } else {
+      time_bare();
+      time_framework();
+    }
+    fmt::print("  round {}: gossamer {:.0f} tok/s, bare libtorch {:.0f} tok/s\n", round + 1, fw.back(), bw.back());
+  }
+  const double f = median(fw), b = median(bw);
+  fmt::print("median: gossamer {:.0f} tok/s ({:.2f} GFLOP/s), bare libtorch {:.0f} tok/s ({:.2f} GFLOP/s), ratio {:.3f}\n", f,
+             6.0 * params * f / 1e9, b, 6.0 * params * b / 1e9, f / b);
+  return 0;
+}
+
+}  // namespace
+
+int run_bench_command(const BenchArgs& args) {
+  if (args.what == "train") return bench_train(args);
+  return report_failure(error(ErrorCode::kInvalidArgument, "unknown benchmark '" + args.what + "'"));
+}
+
+}  // namespace gossamer::app

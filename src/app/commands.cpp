@@ -1,0 +1,112 @@
+#include "app/commands.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "core/clock.h"
+#include "train/run.h"
+
+namespace gossamer::app {
+
+namespace {
+std::atomic<bool> g_stop_requested{false};
+extern "C" void on_interrupt(int) { g_stop_requested.store(true); }
+}  // namespace
+
+void add_config_source(CLI::App& cmd, ConfigSource& source) {
+  cmd.add_option("--config", source.config_file, "TOML run configuration (`gossamer config` prints one with every key)");
+  cmd.add_option("--set", source.overrides, "override one key, e.g. --set model.layers=4 (repeatable)")->take_all();
+}
+
+Result<train::RunConfig> build_config(const ConfigSource& source) {
+  train::RunConfig config;
+  if (!source.config_file.empty()) {
+    if (Status st = train::apply_toml_file(config, source.config_file); !st.ok()) return st;
+  }
+  for (const auto& o : source.overrides) {
+    if (Status st = train::apply_override(config, o); !st.ok()) return st;
+  }
+  if (Status st = train::validate(config); !st.ok()) return st;
+  return config;
+}
+
+int report_failure(const Status& status) {
+  spdlog::error("{}", status.message());
+  return status.code() == ErrorCode::kInvalidArgument ? 2 : 1;
+}
+
+void add_train_command(CLI::App& app, TrainArgs& args) {
+  auto* cmd = app.add_subcommand("train", "Train one worker on this machine (inner loop, evaluation, checkpoints)");
+  add_config_source(*cmd, args.source);
+  cmd->add_option("--out", args.out, "run folder: config.toml, metrics.jsonl, checkpoint.bin, summary.json")->capture_default_str();
+  cmd->add_flag("--resume", args.resume, "continue the run in --out from its checkpoint (its stored config, plus any --set)");
+  cmd->add_option("--stop-at", args.stop_at, "stop with a checkpoint once this many steps are done (resume later)")->check(CLI::PositiveNumber);
+}
+
+int run_train_command(const TrainArgs& args) {
+  train::TrainRequest req;
+  if (args.resume) {
+    if (!args.source.config_file.empty()) {
+      return report_failure(error(ErrorCode::kInvalidArgument,
+                                  "--resume takes the config stored in the checkpoint; drop --config (use --set to change a key)"));
+    }
+    auto config = train::config_from_checkpoint(args.out);
+    if (!config.ok()) return report_failure(config.status());
+    req.config = *config;
+    for (const auto& o : args.source.overrides) {
+      if (Status st = train::apply_override(req.config, o); !st.ok()) return report_failure(st);
+    }
+  } else {
+    auto config = build_config(args.source);
+    if (!config.ok()) return report_failure(config.status());
+    req.config = *config;
+  }
+  req.out_dir = args.out;
+  req.resume = args.resume;
+  if (args.stop_at > 0) req.stop_at = args.stop_at;
+  req.terminal = ::isatty(STDERR_FILENO) != 0;
+  req.stop = &g_stop_requested;
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+
+  auto outcome = train::run_training(req, real_clock());
+  if (!outcome.ok()) return report_failure(outcome.status());
+  if (!outcome->finished) {
+    spdlog::info("stopped at step {}; continue with: gossamer train --out {} --resume", outcome->steps, args.out);
+    return g_stop_requested.load() ? 130 : 0;
+  }
+  std::string line = fmt::format("done: {} steps, {} tokens, {:.0f} tok/s", outcome->steps, outcome->tokens, outcome->tok_per_s);
+  if (outcome->final_val_loss) line += fmt::format(", val loss {:.4f} nats/byte", *outcome->final_val_loss);
+  if (outcome->entropy_floor) {
+    line += fmt::format(" (entropy floor {:.4f}, gap {:.4f})", *outcome->entropy_floor,
+                        outcome->final_val_loss.value_or(0.0) - *outcome->entropy_floor);
+  }
+  spdlog::info("{}", line);
+  spdlog::info("results in {}/ (metrics.jsonl, summary.json, checkpoint.bin)", args.out);
+  return 0;
+}
+
+void add_config_command(CLI::App& app, ConfigArgs& args) {
+  auto* cmd = app.add_subcommand("config", "Print the effective run configuration as TOML (defaults, --config, --set)");
+  add_config_source(*cmd, args.source);
+  cmd->add_flag("--keys", args.keys, "list every key with its type, allowed values and meaning");
+}
+
+int run_config_command(const ConfigArgs& args) {
+  if (args.keys) {
+    for (const auto& k : train::config_keys()) std::cout << fmt::format("{:<26} {}; {}\n", k.name, k.allowed, k.help);
+    return 0;
+  }
+  auto config = build_config(args.source);
+  if (!config.ok()) return report_failure(config.status());
+  std::cout << train::to_toml(*config);
+  return 0;
+}
+
+}  // namespace gossamer::app

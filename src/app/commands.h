@@ -1,0 +1,52 @@
+// The `gossamer` subcommands: each adds its options to the CLI and runs from the parsed arguments,
+// returning the process exit code (0 ok, 1 runtime failure, 2 bad usage or configuration).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "core/status.h"
+#include "train/config.h"
+
+namespace gossamer::app {
+
+// Options shared by commands that take a run configuration.
+struct ConfigSource {
+  std::string config_file;
+  std::vector<std::string> overrides;
+};
+void add_config_source(CLI::App& cmd, ConfigSource& source);
+// Defaults, then the file, then the overrides, then validation.
+[[nodiscard]] Result<train::RunConfig> build_config(const ConfigSource& source);
+// Prints a Status for the user and returns the exit code it maps to.
+int report_failure(const Status& status);
+
+struct TrainArgs {
+  ConfigSource source;
+  std::string out = "runs/train";
+  bool resume = false;
+  std::int64_t stop_at = 0;
+};
+void add_train_command(CLI::App& app, TrainArgs& args);
+int run_train_command(const TrainArgs& args);
+
+struct ConfigArgs {
+  ConfigSource source;
+  bool keys = false;
+};
+void add_config_command(CLI::App& app, ConfigArgs& args);
+int run_config_command(const ConfigArgs& args);
+
+struct BenchArgs {
+  std::string what = "train";
+  ConfigSource source;
+  std::int64_t steps = 30;
+  std::int64_t rounds = 5;
+};
+void add_bench_command(CLI::App& app, BenchArgs& args);
+int run_bench_command(const BenchArgs& args);
+
+}  // namespace gossamer::app

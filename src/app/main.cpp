@@ -1,0 +1,59 @@
+// gossamer: the command-line entry point.
+//   gossamer train   train one worker on one machine
+//   gossamer config  print the effective configuration, or every key with its meaning
+//   gossamer bench   measure the framework against bare LibTorch
+// Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad configuration.
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "app/commands.h"
+#include "core/log.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Gossamer: train neural networks across machines joined by slow, unreliable links"};
+  app.require_subcommand(1);
+  app.fallthrough();  // global options (--log-level) may follow the subcommand
+  app.set_version_flag("--version", std::string("gossamer ") + GOSSAMER_VERSION);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")->capture_default_str();
+
+  gossamer::app::TrainArgs train_args;
+  gossamer::app::add_train_command(app, train_args);
+  gossamer::app::ConfigArgs config_args;
+  gossamer::app::add_config_command(app, config_args);
+  gossamer::app::BenchArgs bench_args;
+  gossamer::app::add_bench_command(app, bench_args);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "gossamer: " << e.what() << "\n(run `gossamer --help` or `gossamer <command> --help`)\n";
+    return 2;
+  }
+  if (auto st = gossamer::init_logging(log_level); !st.ok()) {
+    std::cerr << "gossamer: " << st.message() << "\n";
+    return 2;
+  }
+  try {
+    if (app.got_subcommand("train")) return gossamer::app::run_train_command(train_args);
+    if (app.got_subcommand("config")) return gossamer::app::run_config_command(config_args);
+    if (app.got_subcommand("bench")) return gossamer::app::run_bench_command(bench_args);
+  } catch (const std::exception& e) {
+    spdlog::error("internal error: {} (please report it with the command you ran)", e.what());
+    return 1;
+  }
+  return 2;
+}

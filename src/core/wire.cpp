@@ -1,0 +1,57 @@
+#include "core/wire.h"
+
+#include <limits>
+
+namespace gossamer {
+
+void Writer::blob(ByteView b) {
+  GOSSAMER_CHECK(b.size() <= std::numeric_limits<std::uint32_t>::max(), "blob larger than 4 GiB");
+  u32(static_cast<std::uint32_t>(b.size()));
+  raw(b);
+}
+
+bool Reader::need(std::size_t n) {
+  if (!ok()) return false;
+  if (remaining() < n) {
+    fail(ErrorCode::kDataLoss, "truncated: needs " + std::to_string(n) + " more byte(s) at offset " +
+                                   std::to_string(pos_) + ", only " + std::to_string(remaining()) + " left");
+    return false;
+  }
+  return true;
+}
+
+ByteView Reader::raw(std::size_t n) {
+  if (!need(n)) return {};
+  ByteView out = data_.subspan(pos_, n);
+  pos_ += n;
+  return out;
+}
+
+ByteView Reader::blob(std::size_t max_len) {
+  const std::uint32_t len = u32();
+  if (!ok()) return {};
+  if (len > max_len) {
+    fail(ErrorCode::kOutOfRange, "length field " + std::to_string(len) + " at offset " + std::to_string(pos_ - 4) +
+                                     " exceeds the cap of " + std::to_string(max_len));
+    return {};
+  }
+  return raw(len);
+}
+
+std::string Reader::str(std::size_t max_len) {
+  ByteView b = blob(max_len);
+  return std::string(as_string_view(b));
+}
+
+void Reader::fail(ErrorCode code, const std::string& message) {
+  if (!ok()) return;
+  status_ = Status(code, what_ + ": " + message);
+}
+
+void Reader::expect_end() {
+  if (ok() && remaining() != 0) {
+    fail(ErrorCode::kMalformed, std::to_string(remaining()) + " unexpected trailing byte(s) at offset " + std::to_string(pos_));
+  }
+}
+
+}  // namespace gossamer

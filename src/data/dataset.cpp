@@ -1,0 +1,121 @@
+#include "data/dataset.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <random>
+
+#include "core/check.h"
+#include "core/file.h"
+
+namespace gossamer::data {
+
+namespace fs = std::filesystem;
+
+Result<std::string> load_corpus(const fs::path& path, std::size_t max_bytes) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    return error(ErrorCode::kNotFound, "corpus " + path.string() + " does not exist: pass a text file or a folder of text files");
+  }
+  if (fs::is_regular_file(path, ec)) return read_text_file(path, max_bytes);
+  if (!fs::is_directory(path, ec)) return error(ErrorCode::kInvalidArgument, "corpus " + path.string() + " is neither a file nor a folder");
+  std::vector<fs::path> files;
+  for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file(ec)) files.push_back(it->path());
+  }
+  if (ec) return error(ErrorCode::kIoError, "cannot list " + path.string() + ": " + ec.message());
+  if (files.empty()) return error(ErrorCode::kNotFound, "corpus folder " + path.string() + " holds no files");
+  std::sort(files.begin(), files.end());
+  std::string out;
+  for (const auto& f : files) {
+    auto text = read_text_file(f, max_bytes - out.size());
+    if (!text.ok()) return text.status().with_context("reading corpus");
+    out += *text;
+  }
+  return out;
+}
+
+Result<Dataset> Dataset::from_text(std::string text, double val_fraction, std::int64_t context) {
+  if (!(val_fraction > 0.0 && val_fraction < 1.0)) {
+    return error(ErrorCode::kInvalidArgument, "validation fraction must be in (0, 1), got " + std::to_string(val_fraction));
+  }
+  const auto n = static_cast<std::int64_t>(text.size());
+  const auto n_val = static_cast<std::int64_t>(static_cast<double>(n) * val_fraction);
+  const std::int64_t need = context + 1;
+  if (n_val < need || n - n_val < need) {
+    return error(ErrorCode::kInvalidArgument, "corpus of " + std::to_string(n) + " bytes is too small: both splits need at least " +
+                                                  std::to_string(need) + " bytes (context + 1); use a larger corpus or a shorter context");
+  }
+  Dataset d;
+  d.val_ = text.substr(static_cast<std::size_t>(n - n_val));
+  text.resize(static_cast<std::size_t>(n - n_val));
+  d.train_ = std::move(text);
+  return d;
+}
+
+ShardSampler::ShardSampler(const std::string& train, int rank, int world, std::int64_t batch, std::int64_t context, std::uint64_t seed)
+    : text_(&train), rank_(rank), batch_(batch), context_(context), seed_(seed) {
+  GOSSAMER_CHECK(world >= 1 && rank >= 0 && rank < world, "ShardSampler: rank must be in [0, world)");
+  GOSSAMER_CHECK(batch >= 1 && context >= 1, "ShardSampler: batch and context must be positive");
+  const auto n = static_cast<std::int64_t>(train.size());
+  begin_ = n * rank / world;
+  end_ = n * (rank + 1) / world;
+  GOSSAMER_CHECK(end_ - begin_ >= context + 1, "ShardSampler: shard of " + std::to_string(end_ - begin_) +
+                                                   " bytes is shorter than context + 1; use fewer workers or more data");
+}
+
+namespace {
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+std::vector<std::int64_t> ShardSampler::offsets(std::int64_t index) const {
+  GOSSAMER_CHECK(index >= 0, "batch index must be >= 0");
+  std::mt19937_64 rng(splitmix64(seed_ ^ splitmix64(static_cast<std::uint64_t>(rank_) ^ splitmix64(static_cast<std::uint64_t>(index)))));
+  std::uniform_int_distribution<std::int64_t> pick(begin_, end_ - context_ - 1);
+  std::vector<std::int64_t> out(static_cast<std::size_t>(batch_));
+  for (auto& o : out) o = pick(rng);
+  return out;
+}
+
+Batch ShardSampler::batch(std::int64_t index) const { return make_batch(*text_, offsets(index), context_); }
+
+Batch make_batch(const std::string& text, const std::vector<std::int64_t>& offsets, std::int64_t context) {
+  const auto B = static_cast<std::int64_t>(offsets.size());
+  auto window = torch::empty({B, context + 1}, torch::kLong);
+  auto* out = window.data_ptr<std::int64_t>();
+  for (std::int64_t b = 0; b < B; ++b) {
+    const auto off = offsets[static_cast<std::size_t>(b)];
+    GOSSAMER_CHECK(off >= 0 && off + context + 1 <= static_cast<std::int64_t>(text.size()), "window out of range");
+    for (std::int64_t t = 0; t <= context; ++t) {
+      out[b * (context + 1) + t] = static_cast<unsigned char>(text[static_cast<std::size_t>(off + t)]);
+    }
+  }
+  using torch::indexing::Slice;
+  return Batch{window.index({Slice(), Slice(0, context)}).contiguous(), window.index({Slice(), Slice(1, context + 1)}).contiguous()};
+}
+
+std::vector<Batch> validation_batches(const std::string& val, std::int64_t batch, std::int64_t context, std::int64_t max_batches) {
+  const auto n = static_cast<std::int64_t>(val.size());
+  const std::int64_t windows_available = n / (context + 1);
+  const std::int64_t windows = std::min(windows_available, batch * max_batches);
+  GOSSAMER_CHECK(windows >= 1, "validation text shorter than one window");
+  // Spread the windows evenly over the whole split.
+  const std::int64_t stride = n / windows;
+  std::vector<Batch> out;
+  std::vector<std::int64_t> offsets;
+  for (std::int64_t w = 0; w < windows; ++w) {
+    offsets.push_back(std::min(w * stride, n - context - 1));
+    if (static_cast<std::int64_t>(offsets.size()) == batch || w == windows - 1) {
+      out.push_back(make_batch(val, offsets, context));
+      offsets.clear();
+    }
+  }
+  return out;
+}
+
+}  // namespace gossamer::data

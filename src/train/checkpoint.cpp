@@ -1,0 +1,95 @@
+#include "train/checkpoint.h"
+
+#include <cstring>
+
+#include "core/file.h"
+#include "core/hash.h"
+#include "core/wire.h"
+
+namespace gossamer::train {
+
+namespace {
+constexpr std::size_t kMaxCheckpointBytes = std::size_t{1} << 40;  // 1 TiB
+constexpr std::size_t kMaxConfigBytes = 16 << 20;
+}  // namespace
+
+Bytes encode_checkpoint(const CheckpointState& s) {
+  Writer payload(s.tensors.size() + s.rng_state.size() + s.config_toml.size() + 64);
+  payload.str(s.config_toml);
+  payload.i64(s.step);
+  payload.i64(s.next_batch);
+  payload.i64(s.tokens_seen);
+  payload.blob(s.rng_state);
+  payload.u64(s.tensors.size());  // may exceed 4 GiB: 64-bit length
+  payload.raw(s.tensors);
+  const Digest digest = digest_of(payload.bytes());
+
+  Writer file(kCheckpointHeaderBytes + payload.size());
+  file.raw(as_bytes(std::string_view(kCheckpointMagic, sizeof(kCheckpointMagic))));
+  file.u32(kCheckpointVersion);
+  file.u64(payload.size());
+  file.raw(ByteView(reinterpret_cast<const std::byte*>(digest.bytes.data()), digest.bytes.size()));
+  file.raw(payload.bytes());
+  return std::move(file).take();
+}
+
+Result<CheckpointState> decode_checkpoint(ByteView file, const std::string& name) {
+  Reader header(file, "checkpoint " + name);
+  ByteView magic = header.raw(sizeof(kCheckpointMagic));
+  if (header.ok() && std::memcmp(magic.data(), kCheckpointMagic, sizeof(kCheckpointMagic)) != 0) {
+    return error(ErrorCode::kMalformed, "checkpoint " + name + " is not a Gossamer checkpoint (bad magic)");
+  }
+  const std::uint32_t version = header.u32();
+  if (header.ok() && version != kCheckpointVersion) {
+    return error(ErrorCode::kVersionMismatch, "checkpoint " + name + " has format version " + std::to_string(version) +
+                                                  "; this build reads version " + std::to_string(kCheckpointVersion) +
+                                                  (version > kCheckpointVersion ? ": upgrade Gossamer" : ""));
+  }
+  const std::uint64_t length = header.u64();
+  ByteView digest_bytes = header.raw(32);
+  if (!header.ok()) return error(ErrorCode::kDataLoss, "checkpoint " + name + " is truncated inside its header");
+  if (length != header.remaining()) {
+    return error(ErrorCode::kDataLoss, "checkpoint " + name + " is truncated or padded: header says " + std::to_string(length) +
+                                           " payload bytes, file holds " + std::to_string(header.remaining()));
+  }
+  ByteView payload = file.subspan(header.position());
+  Digest expected;
+  std::memcpy(expected.bytes.data(), digest_bytes.data(), 32);
+  if (digest_of(payload) != expected) {
+    return error(ErrorCode::kDataLoss, "checkpoint " + name + " is corrupted (checksum mismatch)");
+  }
+
+  Reader r(payload, "checkpoint " + name);
+  CheckpointState s;
+  s.config_toml = r.str(kMaxConfigBytes);
+  s.step = r.i64();
+  s.next_batch = r.i64();
+  s.tokens_seen = r.i64();
+  ByteView rng = r.blob(1 << 20);
+  const std::uint64_t tensor_len = r.u64();
+  if (r.ok() && tensor_len != r.remaining()) {
+    r.fail(ErrorCode::kMalformed, "tensor section length " + std::to_string(tensor_len) + " does not match the " +
+                                      std::to_string(r.remaining()) + " bytes left");
+  }
+  ByteView tensors = r.raw(static_cast<std::size_t>(tensor_len));
+  r.expect_end();
+  if (!r.ok()) return r.status();
+  if (s.step < 0 || s.next_batch < 0 || s.tokens_seen < 0) {
+    return error(ErrorCode::kMalformed, "checkpoint " + name + " holds a negative step or position");
+  }
+  s.rng_state.assign(rng.begin(), rng.end());
+  s.tensors.assign(tensors.begin(), tensors.end());
+  return s;
+}
+
+Status write_checkpoint(const std::filesystem::path& path, const CheckpointState& state) {
+  return write_file_atomic(path, encode_checkpoint(state)).with_context("writing checkpoint");
+}
+
+Result<CheckpointState> read_checkpoint(const std::filesystem::path& path) {
+  auto bytes = read_file(path, kMaxCheckpointBytes);
+  if (!bytes.ok()) return bytes.status();
+  return decode_checkpoint(*bytes, path.string());
+}
+
+}  // namespace gossamer::train

@@ -1,0 +1,43 @@
+// Checkpoint files: the container around a training state.
+//
+// Layout (little-endian), version 1:
+//   magic     8 bytes  "GSMRCKPT"
+//   version   u32      kCheckpointVersion
+//   length    u64      payload bytes
+//   digest    32 bytes BLAKE2b-256 of the payload
+//   payload:  str config_toml | i64 step | i64 next_batch | i64 tokens_seen |
+//             blob rng_state | blob tensors (a LibTorch archive: model and inner optimizer)
+// Files are written atomically (temporary file, fsync, rename): a crash mid-write keeps the last good
+// checkpoint. Reading treats the file as untrusted: wrong magic, unknown version, truncation, a bad
+// digest or inconsistent fields each return a clear Status; nothing is allocated beyond the file size.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "core/bytes.h"
+#include "core/status.h"
+
+namespace gossamer::train {
+
+inline constexpr char kCheckpointMagic[8] = {'G', 'S', 'M', 'R', 'C', 'K', 'P', 'T'};
+inline constexpr std::uint32_t kCheckpointVersion = 1;
+inline constexpr std::size_t kCheckpointHeaderBytes = 8 + 4 + 8 + 32;
+
+struct CheckpointState {
+  std::string config_toml;
+  std::int64_t step = 0;
+  std::int64_t next_batch = 0;
+  std::int64_t tokens_seen = 0;
+  Bytes rng_state;
+  Bytes tensors;
+};
+
+Bytes encode_checkpoint(const CheckpointState& state);
+[[nodiscard]] Result<CheckpointState> decode_checkpoint(ByteView file, const std::string& name);
+
+[[nodiscard]] Status write_checkpoint(const std::filesystem::path& path, const CheckpointState& state);
+[[nodiscard]] Result<CheckpointState> read_checkpoint(const std::filesystem::path& path);
+
+}  // namespace gossamer::train

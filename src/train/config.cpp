@@ -1,0 +1,324 @@
+#include "train/config.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <iomanip>
+#include <limits>
+#include <sstream>
+#include <variant>
+
+#include <toml++/toml.h>
+
+#include "core/file.h"
+
+namespace gossamer::train {
+
+namespace {
+
+struct IntKey {
+  const char* name;
+  const char* help;
+  std::int64_t& (*ref)(RunConfig&);
+  std::int64_t min, max;
+};
+struct FloatKey {
+  const char* name;
+  const char* help;
+  double& (*ref)(RunConfig&);
+  double min, max;
+  bool min_exclusive;
+};
+struct StringKey {
+  const char* name;
+  const char* help;
+  std::string& (*ref)(RunConfig&);
+  std::vector<std::string> choices;  // empty: any string
+};
+using KeySpec = std::variant<IntKey, FloatKey, StringKey>;
+
+constexpr std::int64_t kBig = std::numeric_limits<std::int32_t>::max();
+
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> keys = {
+      IntKey{"model.layers", "transformer blocks", [](RunConfig& c) -> std::int64_t& { return c.model.layers; }, 1, 256},
+      IntKey{"model.width", "d_model, divisible by model.heads", [](RunConfig& c) -> std::int64_t& { return c.model.width; }, 8, 65536},
+      IntKey{"model.heads", "attention heads", [](RunConfig& c) -> std::int64_t& { return c.model.heads; }, 1, 1024},
+      IntKey{"model.context", "sequence length T (bytes)", [](RunConfig& c) -> std::int64_t& { return c.model.context; }, 2, 65536},
+      FloatKey{"model.dropout", "dropout probability", [](RunConfig& c) -> double& { return c.model.dropout; }, 0.0, 0.99, false},
+      IntKey{"model.init_seed", "seed of the GPT-2-style initialization", [](RunConfig& c) -> std::int64_t& { return c.model.init_seed; }, 0, std::numeric_limits<std::int64_t>::max()},
+      StringKey{"data.path", "text file or folder of text files; empty for the built-in synthetic language", [](RunConfig& c) -> std::string& { return c.data.path; }, {}},
+      FloatKey{"data.val_fraction", "fraction of the corpus (its end) held out for validation", [](RunConfig& c) -> double& { return c.data.val_fraction; }, 0.0, 0.5, true},
+      IntKey{"data.max_bytes", "refuse corpora larger than this", [](RunConfig& c) -> std::int64_t& { return c.data.max_bytes; }, 1024, std::numeric_limits<std::int64_t>::max()},
+      IntKey{"data.synthetic.words", "vocabulary size of the synthetic language", [](RunConfig& c) -> std::int64_t& { return c.data.synthetic.words; }, 2, 100000},
+      IntKey{"data.synthetic.classes", "word classes (the next word depends on the class of the current one)", [](RunConfig& c) -> std::int64_t& { return c.data.synthetic.classes; }, 1, 100000},
+      FloatKey{"data.synthetic.zipf", "Zipf exponent of the next-word distribution", [](RunConfig& c) -> double& { return c.data.synthetic.zipf; }, 0.0, 10.0, false},
+      IntKey{"data.synthetic.bytes", "size of the generated corpus", [](RunConfig& c) -> std::int64_t& { return c.data.synthetic.bytes; }, 10000, 1LL << 34},
+      IntKey{"data.synthetic.seed", "seed of the synthetic language and its text", [](RunConfig& c) -> std::int64_t& { return c.data.synthetic.seed; }, 0, std::numeric_limits<std::int64_t>::max()},
+      IntKey{"train.steps", "inner optimizer steps of the run", [](RunConfig& c) -> std::int64_t& { return c.train.steps; }, 1, 1LL << 40},
+      IntKey{"train.batch_size", "sequences per step per worker", [](RunConfig& c) -> std::int64_t& { return c.train.batch_size; }, 1, kBig},
+      FloatKey{"train.lr", "peak AdamW learning rate", [](RunConfig& c) -> double& { return c.train.lr; }, 0.0, 10.0, true},
+      FloatKey{"train.min_lr_ratio", "cosine decay ends at lr * min_lr_ratio", [](RunConfig& c) -> double& { return c.train.min_lr_ratio; }, 0.0, 1.0, false},
+      IntKey{"train.warmup_steps", "linear warm-up steps", [](RunConfig& c) -> std::int64_t& { return c.train.warmup_steps; }, 0, 1LL << 40},
+      FloatKey{"train.weight_decay", "AdamW weight decay (matrices only)", [](RunConfig& c) -> double& { return c.train.weight_decay; }, 0.0, 10.0, false},
+      FloatKey{"train.beta1", "AdamW beta1", [](RunConfig& c) -> double& { return c.train.beta1; }, 0.0, 0.999999, false},
+      FloatKey{"train.beta2", "AdamW beta2", [](RunConfig& c) -> double& { return c.train.beta2; }, 0.0, 0.999999, false},
+      FloatKey{"train.eps", "AdamW epsilon", [](RunConfig& c) -> double& { return c.train.eps; }, 0.0, 1.0, true},
+      FloatKey{"train.grad_clip", "clip the global gradient norm to this; 0 disables", [](RunConfig& c) -> double& { return c.train.grad_clip; }, 0.0, 1e6, false},
+      IntKey{"train.eval_every", "evaluate on validation data every k steps (and at the end)", [](RunConfig& c) -> std::int64_t& { return c.train.eval_every; }, 1, 1LL << 40},
+      IntKey{"train.eval_batches", "validation batches per evaluation", [](RunConfig& c) -> std::int64_t& { return c.train.eval_batches; }, 1, kBig},
+      IntKey{"train.checkpoint_every", "write a checkpoint every k steps (and at the end); 0 only at the end", [](RunConfig& c) -> std::int64_t& { return c.train.checkpoint_every; }, 0, 1LL << 40},
+      IntKey{"train.log_every", "write a metrics line every k steps", [](RunConfig& c) -> std::int64_t& { return c.train.log_every; }, 1, 1LL << 40},
+      IntKey{"train.seed", "seed of data order and dropout", [](RunConfig& c) -> std::int64_t& { return c.train.seed; }, 0, std::numeric_limits<std::int64_t>::max()},
+      IntKey{"train.threads", "CPU threads for LibTorch; 0 uses every core", [](RunConfig& c) -> std::int64_t& { return c.train.threads; }, 0, 1024},
+  };
+  return keys;
+}
+
+const char* key_name(const KeySpec& k) {
+  return std::visit([](const auto& s) { return s.name; }, k);
+}
+
+std::string format_double(double v) {
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof(buf), v);  // shortest form that round-trips
+  std::string s(buf, res.ptr);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string allowed_text(const KeySpec& k) {
+  return std::visit(
+      [](const auto& s) -> std::string {
+        using T = std::decay_t<decltype(s)>;
+        if constexpr (std::is_same_v<T, IntKey>) {
+          return "an integer in [" + std::to_string(s.min) + ", " + std::to_string(s.max) + "]";
+        } else if constexpr (std::is_same_v<T, FloatKey>) {
+          return std::string("a number in ") + (s.min_exclusive ? "(" : "[") + format_double(s.min) + ", " + format_double(s.max) + "]";
+        } else {
+          if (s.choices.empty()) return "a string";
+          std::string out = "one of";
+          for (const auto& c : s.choices) out += " '" + c + "'";
+          return out;
+        }
+      },
+      k);
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+Status unknown_key(std::string_view key, std::string_view source) {
+  std::string best;
+  std::size_t best_d = std::numeric_limits<std::size_t>::max();
+  for (const auto& k : schema()) {
+    const auto d = edit_distance(key, key_name(k));
+    if (d < best_d) best_d = d, best = key_name(k);
+  }
+  std::string msg = std::string(source) + ": unknown config key '" + std::string(key) + "'";
+  if (best_d <= 3) msg += "; did you mean '" + best + "'?";
+  msg += " (`gossamer config --keys` lists every key)";
+  return error(ErrorCode::kInvalidArgument, msg);
+}
+
+Status set_value(RunConfig& config, const KeySpec& spec, const toml::node& node, std::string_view source) {
+  const std::string where = std::string(source) + ": " + key_name(spec);
+  auto bad = [&](const std::string& what) {
+    return error(ErrorCode::kInvalidArgument, where + " " + what + "; allowed: " + allowed_text(spec));
+  };
+  return std::visit(
+      [&](const auto& s) -> Status {
+        using T = std::decay_t<decltype(s)>;
+        if constexpr (std::is_same_v<T, IntKey>) {
+          if (!node.is_integer()) return bad("has the wrong type (" + std::string(toml::impl::node_type_friendly_names[static_cast<int>(node.type())]) + ")");
+          const std::int64_t v = node.as_integer()->get();
+          if (v < s.min || v > s.max) return bad("= " + std::to_string(v) + " is out of range");
+          s.ref(config) = v;
+        } else if constexpr (std::is_same_v<T, FloatKey>) {
+          double v = 0;
+          if (node.is_integer()) {
+            v = static_cast<double>(node.as_integer()->get());
+          } else if (node.is_floating_point()) {
+            v = node.as_floating_point()->get();
+          } else {
+            return bad("has the wrong type (" + std::string(toml::impl::node_type_friendly_names[static_cast<int>(node.type())]) + ")");
+          }
+          const bool below = s.min_exclusive ? !(v > s.min) : !(v >= s.min);
+          if (below || !(v <= s.max)) return bad("= " + format_double(v) + " is out of range");
+          s.ref(config) = v;
+        } else {
+          if (!node.is_string()) return bad("has the wrong type (" + std::string(toml::impl::node_type_friendly_names[static_cast<int>(node.type())]) + ")");
+          std::string v = node.as_string()->get();
+          if (!s.choices.empty() && std::find(s.choices.begin(), s.choices.end(), v) == s.choices.end()) {
+            return bad("= '" + v + "' is not allowed");
+          }
+          s.ref(config) = std::move(v);
+        }
+        return Status();
+      },
+      spec);
+}
+
+const KeySpec* find_key(std::string_view name) {
+  for (const auto& k : schema()) {
+    if (name == key_name(k)) return &k;
+  }
+  return nullptr;
+}
+
+bool is_section(std::string_view prefix) {
+  for (const auto& k : schema()) {
+    std::string_view n = key_name(k);
+    if (n.size() > prefix.size() && n.substr(0, prefix.size()) == prefix && n[prefix.size()] == '.') return true;
+  }
+  return false;
+}
+
+Status apply_table(RunConfig& config, const toml::table& table, const std::string& prefix, std::string_view source) {
+  for (auto&& [k, v] : table) {
+    const std::string name = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (v.is_table()) {
+      if (!is_section(name)) return unknown_key(name, source);
+      Status st = apply_table(config, *v.as_table(), name, source);
+      if (!st.ok()) return st;
+      continue;
+    }
+    const KeySpec* spec = find_key(name);
+    if (spec == nullptr) return unknown_key(name, source);
+    Status st = set_value(config, *spec, v, source);
+    if (!st.ok()) return st;
+  }
+  return Status();
+}
+
+}  // namespace
+
+Status apply_toml(RunConfig& config, std::string_view toml_text, std::string_view source_name) {
+  toml::table table;
+  try {
+    table = toml::parse(toml_text, source_name);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << source_name << ":" << e.source().begin.line << ":" << e.source().begin.column << ": TOML syntax error: " << e.description();
+    return error(ErrorCode::kInvalidArgument, os.str());
+  }
+  RunConfig updated = config;
+  Status st = apply_table(updated, table, "", source_name);
+  if (!st.ok()) return st;
+  config = updated;
+  return Status();
+}
+
+Status apply_toml_file(RunConfig& config, const std::filesystem::path& path) {
+  auto text = read_text_file(path, 16 << 20);
+  if (!text.ok()) {
+    return error(ErrorCode::kInvalidArgument, "cannot read config file: " + text.status().message() +
+                                                  " (write one with `gossamer config > run.toml`)");
+  }
+  return apply_toml(config, *text, path.string());
+}
+
+Status apply_override(RunConfig& config, std::string_view assignment) {
+  const auto eq = assignment.find('=');
+  if (eq == std::string_view::npos || eq == 0) {
+    return error(ErrorCode::kInvalidArgument, "--set expects key=value (for example --set model.layers=4), got '" + std::string(assignment) + "'");
+  }
+  const std::string key(assignment.substr(0, eq));
+  const std::string value(assignment.substr(eq + 1));
+  const KeySpec* spec = find_key(key);
+  if (spec == nullptr) return unknown_key(key, "--set");
+  toml::table parsed;
+  bool is_toml = true;
+  try {
+    parsed = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    is_toml = false;
+  }
+  RunConfig updated = config;
+  Status st;
+  if (is_toml && parsed.contains("v")) {
+    st = set_value(updated, *spec, *parsed.get("v"), "--set");
+  } else {
+    // A bare word such as a path: take it as a string.
+    st = set_value(updated, *spec, toml::value<std::string>(value), "--set");
+  }
+  if (!st.ok()) return st;
+  config = updated;
+  return Status();
+}
+
+Status validate(const RunConfig& c) {
+  auto bad = [](const std::string& m) { return error(ErrorCode::kInvalidArgument, m); };
+  if (c.model.width % c.model.heads != 0) {
+    return bad("model.width (" + std::to_string(c.model.width) + ") must be divisible by model.heads (" + std::to_string(c.model.heads) + ")");
+  }
+  if (c.train.warmup_steps > c.train.steps) {
+    return bad("train.warmup_steps (" + std::to_string(c.train.warmup_steps) + ") must not exceed train.steps (" + std::to_string(c.train.steps) + ")");
+  }
+  if (c.data.synthetic.classes > c.data.synthetic.words) {
+    return bad("data.synthetic.classes (" + std::to_string(c.data.synthetic.classes) + ") must not exceed data.synthetic.words (" +
+               std::to_string(c.data.synthetic.words) + ")");
+  }
+  return Status();
+}
+
+std::string to_toml(const RunConfig& config_in) {
+  RunConfig config = config_in;
+  std::ostringstream os;
+  os << "# Gossamer run configuration. Every key, with its value; `gossamer config --keys` explains them.\n";
+  std::string section;
+  for (const auto& spec : schema()) {
+    const std::string name = key_name(spec);
+    const auto dot = name.rfind('.');
+    const std::string sec = name.substr(0, dot), leaf = name.substr(dot + 1);
+    if (sec != section) {
+      os << "\n[" << sec << "]\n";
+      section = sec;
+    }
+    std::visit(
+        [&](const auto& s) {
+          using T = std::decay_t<decltype(s)>;
+          os << "# " << s.help << "\n" << leaf << " = ";
+          if constexpr (std::is_same_v<T, IntKey>) {
+            os << s.ref(config);
+          } else if constexpr (std::is_same_v<T, FloatKey>) {
+            os << format_double(s.ref(config));
+          } else {
+            os << toml::value<std::string>(s.ref(config));
+          }
+          os << "\n";
+        },
+        spec);
+  }
+  return os.str();
+}
+
+std::vector<KeyInfo> config_keys() {
+  std::vector<KeyInfo> out;
+  for (const auto& spec : schema()) {
+    KeyInfo info;
+    info.name = key_name(spec);
+    info.allowed = allowed_text(spec);
+    std::visit(
+        [&](const auto& s) {
+          using T = std::decay_t<decltype(s)>;
+          info.help = s.help;
+          info.type = std::is_same_v<T, IntKey> ? "integer" : std::is_same_v<T, FloatKey> ? "number" : "string";
+        },
+        spec);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+}  // namespace gossamer::train

@@ -1,0 +1,85 @@
+// RunConfig: every hyper-parameter of a run, with defaults, loaded from TOML and `--set key=value`
+// overrides, validated against one schema (each key has a type, a range or a set of allowed values,
+// and a help line). The effective config is written back as commented TOML into the run folder.
+//
+// Errors: any bad input (missing file, TOML syntax, unknown key, wrong type, out-of-range value) is a
+// kInvalidArgument Status whose message names the key and what is allowed; the CLI exits with 2.
+// Threading: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace gossamer::train {
+
+struct ModelSection {
+  std::int64_t layers = 2;
+  std::int64_t width = 128;
+  std::int64_t heads = 4;
+  std::int64_t context = 64;
+  double dropout = 0.0;
+  std::int64_t init_seed = 1234;
+};
+
+struct SyntheticSection {
+  std::int64_t words = 64;
+  std::int64_t classes = 4;
+  double zipf = 1.1;
+  std::int64_t bytes = 4'000'000;
+  std::int64_t seed = 1;
+};
+
+struct DataSection {
+  std::string path;               // empty: the built-in synthetic language
+  double val_fraction = 0.05;
+  std::int64_t max_bytes = 1LL << 32;
+  SyntheticSection synthetic;
+};
+
+struct TrainSection {
+  std::int64_t steps = 300;
+  std::int64_t batch_size = 32;
+  double lr = 3e-3;
+  double min_lr_ratio = 0.1;
+  std::int64_t warmup_steps = 30;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;
+  std::int64_t eval_every = 50;
+  std::int64_t eval_batches = 8;
+  std::int64_t checkpoint_every = 100;
+  std::int64_t log_every = 1;
+  std::int64_t seed = 42;
+  std::int64_t threads = 0;  // 0: all cores
+};
+
+struct RunConfig {
+  ModelSection model;
+  DataSection data;
+  TrainSection train;
+};
+
+// Overlays a TOML document onto `config`. Keys not given keep their current values.
+[[nodiscard]] Status apply_toml(RunConfig& config, std::string_view toml_text, std::string_view source_name);
+[[nodiscard]] Status apply_toml_file(RunConfig& config, const std::filesystem::path& path);
+// "model.layers=4". The value is read as TOML (so strings may be quoted or bare).
+[[nodiscard]] Status apply_override(RunConfig& config, std::string_view assignment);
+// Cross-key checks (width divisible by heads, warm-up within the run, ...).
+[[nodiscard]] Status validate(const RunConfig& config);
+
+// Commented TOML holding every key, loadable by apply_toml.
+std::string to_toml(const RunConfig& config);
+
+// Every key with its type and help line (for `gossamer config --keys`).
+struct KeyInfo {
+  std::string name, type, help, allowed;
+};
+std::vector<KeyInfo> config_keys();
+
+}  // namespace gossamer::train

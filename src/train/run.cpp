@@ -1,0 +1,158 @@
+#include "train/run.h"
+
+#include <torch/torch.h>
+
+#include <fstream>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "core/file.h"
+#include "data/synthetic.h"
+#include "train/metrics.h"
+#include "train/worker.h"
+
+namespace gossamer::train {
+
+namespace fs = std::filesystem;
+
+Result<Corpus> load_corpus(const RunConfig& config) {
+  std::string text, description;
+  std::optional<double> floor;
+  if (config.data.path.empty()) {
+    const auto& syn = config.data.synthetic;
+    data::SyntheticOptions o;
+    o.words = syn.words;
+    o.classes = syn.classes;
+    o.zipf_exponent = syn.zipf;
+    o.seed = static_cast<std::uint64_t>(syn.seed);
+    data::SyntheticLanguage lang(o);
+    text = lang.generate(syn.bytes, /*stream_seed=*/0);
+    floor = lang.entropy_rate_nats_per_byte();
+    description = fmt::format("synthetic language ({} words, {} classes, zipf {}, {} bytes; entropy floor {:.4f} nats/byte)",
+                              syn.words, syn.classes, syn.zipf, syn.bytes, *floor);
+  } else {
+    auto loaded = data::load_corpus(config.data.path, static_cast<std::size_t>(config.data.max_bytes));
+    if (!loaded.ok()) return loaded.status().with_context("data.path");
+    text = std::move(*loaded);
+    description = fmt::format("{} ({} bytes)", config.data.path, text.size());
+  }
+  auto dataset = data::Dataset::from_text(std::move(text), config.data.val_fraction, config.model.context);
+  if (!dataset.ok()) return dataset.status();
+  return Corpus{std::move(*dataset), description, floor};
+}
+
+Result<RunConfig> config_from_checkpoint(const fs::path& out_dir) {
+  const fs::path path = out_dir / kCheckpointFile;
+  auto state = read_checkpoint(path);
+  if (!state.ok()) {
+    if (state.status().code() == ErrorCode::kNotFound) {
+      return error(ErrorCode::kInvalidArgument, "nothing to resume: " + path.string() + " does not exist (drop --resume to start a new run)");
+    }
+    return state.status();
+  }
+  RunConfig config;
+  Status st = apply_toml(config, state->config_toml, path.string() + " (stored config)");
+  if (!st.ok()) return st;
+  return config;
+}
+
+Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
+  const RunConfig& config = req.config;
+  if (Status st = validate(config); !st.ok()) return st;
+  std::error_code ec;
+  fs::create_directories(req.out_dir, ec);
+  if (ec) return error(ErrorCode::kIoError, "cannot create run folder " + req.out_dir.string() + ": " + ec.message());
+  const fs::path ckpt_path = req.out_dir / kCheckpointFile;
+  if (!req.resume && fs::exists(ckpt_path)) {
+    return error(ErrorCode::kInvalidArgument, "run folder " + req.out_dir.string() +
+                                                  " already holds a run: pass --resume to continue it, or choose another --out");
+  }
+  if (config.train.threads > 0) torch::set_num_threads(static_cast<int>(config.train.threads));
+
+  auto corpus = load_corpus(config);
+  if (!corpus.ok()) return corpus.status();
+  spdlog::info("data: {}", corpus->description);
+
+  const std::string config_toml = to_toml(config);
+  if (Status st = write_file_atomic(req.out_dir / "config.toml", as_bytes(config_toml)); !st.ok()) return st;
+
+  Worker worker(config, corpus->dataset, /*rank=*/0, /*world=*/1, clock);
+  spdlog::info("model: {} layers, width {}, {} heads, context {}: {} parameters", config.model.layers, config.model.width,
+               config.model.heads, config.model.context, worker.model().num_parameters());
+  if (req.resume) {
+    auto state = read_checkpoint(ckpt_path);
+    if (!state.ok()) return state.status().with_context("resuming");
+    if (Status st = worker.restore(*state); !st.ok()) return st.with_context("resuming");
+    spdlog::info("resumed from {} at step {}", ckpt_path.string(), worker.steps_done());
+  }
+
+  auto metrics = MetricsWriter::open(req.out_dir / "metrics.jsonl",
+                                     req.resume ? std::optional<std::int64_t>(worker.steps_done()) : std::nullopt);
+  if (!metrics.ok()) return metrics.status();
+
+  TrainOutcome outcome;
+  outcome.entropy_floor = corpus->entropy_floor;
+  const std::int64_t total = config.train.steps;
+  const std::int64_t stop_at = std::min(total, req.stop_at.value_or(total));
+  ProgressReporter progress(total, req.terminal);
+  Stopwatch run_watch(clock);
+  double compute_s = 0.0;
+  std::int64_t tokens_this_run = 0;
+
+  auto save = [&]() -> Status {
+    return write_checkpoint(ckpt_path, worker.checkpoint_state(config_toml));
+  };
+
+  while (worker.steps_done() < stop_at) {
+    if (req.stop != nullptr && req.stop->load()) {
+      spdlog::warn("stop requested: checkpointing at step {}", worker.steps_done());
+      break;
+    }
+    const StepResult r = worker.step();
+    compute_s += r.seconds;
+    tokens_this_run += r.tokens;
+    outcome.final_train_loss = r.loss;
+    const double tok_per_s = r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0.0;
+
+    std::optional<double> val;
+    if (r.step % config.train.eval_every == 0 || r.step == total) {
+      val = worker.evaluate();
+      outcome.final_val_loss = val;
+    }
+    if (r.step % config.train.log_every == 0 || val || r.step == total) {
+      nlohmann::json rec = {{"step", r.step},         {"tokens", worker.tokens_seen()}, {"train_loss", r.loss},
+                            {"lr", r.lr},             {"tok_per_s", tok_per_s},          {"grad_norm", r.grad_norm},
+                            {"time_s", run_watch.elapsed_seconds()}};
+      if (val) rec["val_loss"] = *val;
+      if (Status st = metrics->write(rec); !st.ok()) return st;
+    }
+    progress.update(r.step, r.loss, val, tok_per_s);
+    if (config.train.checkpoint_every > 0 && r.step % config.train.checkpoint_every == 0 && r.step < stop_at) {
+      if (Status st = save(); !st.ok()) return st;
+    }
+  }
+  progress.finish();
+  if (Status st = save(); !st.ok()) return st;
+
+  outcome.steps = worker.steps_done();
+  outcome.tokens = worker.tokens_seen();
+  outcome.tok_per_s = compute_s > 0 ? static_cast<double>(tokens_this_run) / compute_s : 0.0;
+  outcome.finished = worker.steps_done() >= total;
+
+  if (outcome.finished) {
+    nlohmann::json summary = {{"steps", outcome.steps},
+                              {"tokens", outcome.tokens},
+                              {"parameters", worker.model().num_parameters()},
+                              {"final_train_loss", outcome.final_train_loss},
+                              {"tok_per_s", outcome.tok_per_s},
+                              {"data", corpus->description}};
+    if (outcome.final_val_loss) summary["final_val_loss"] = *outcome.final_val_loss;
+    if (outcome.entropy_floor) summary["entropy_floor"] = *outcome.entropy_floor;
+    const std::string text = summary.dump(2) + "\n";
+    if (Status st = write_file_atomic(req.out_dir / "summary.json", as_bytes(text)); !st.ok()) return st;
+  }
+  return outcome;
+}
+
+}  // namespace gossamer::train

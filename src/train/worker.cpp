@@ -1,0 +1,189 @@
+#include "train/worker.h"
+
+#include <torch/torch.h>
+
+#include <sstream>
+
+#include "core/check.h"
+#include "train/schedule.h"
+
+namespace gossamer::train {
+
+model::GptConfig gpt_config(const RunConfig& c, int rank) {
+  model::GptConfig g;
+  g.vocab_size = 256;
+  g.context = c.model.context;
+  g.layers = c.model.layers;
+  g.width = c.model.width;
+  g.heads = c.model.heads;
+  g.dropout = c.model.dropout;
+  g.init_seed = static_cast<std::uint64_t>(c.model.init_seed);
+  g.dropout_seed = static_cast<std::uint64_t>(c.train.seed) * 1000003u + static_cast<std::uint64_t>(rank);
+  return g;
+}
+
+namespace {
+
+// Weight decay applies to matrices (dim >= 2: linear weights and embeddings) only, never to biases or
+// LayerNorm gains.
+std::unique_ptr<torch::optim::AdamW> make_adamw(const model::Gpt& gpt, const TrainSection& t) {
+  std::vector<torch::Tensor> decay, no_decay;
+  for (const auto& p : gpt.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto options = [&](double wd) {
+    return torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(wd);
+  };
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options(t.weight_decay)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(options(0.0)));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), options(t.weight_decay));
+}
+
+Bytes to_bytes(const std::string& s) {
+  const auto* p = reinterpret_cast<const std::byte*>(s.data());
+  return Bytes(p, p + s.size());
+}
+
+}  // namespace
+
+struct Worker::Impl {
+  Impl(const RunConfig& c, const data::Dataset& d, int rank, int world, Clock& clk)
+      : config(c),
+        clock(&clk),
+        gpt(gpt_config(c, rank)),
+        sampler(d.train(), rank, world, c.train.batch_size, c.model.context, static_cast<std::uint64_t>(c.train.seed)),
+        eval_set(data::validation_batches(d.val(), c.train.batch_size, c.model.context, c.train.eval_batches)) {
+    optimizer = make_adamw(gpt, c.train);
+    schedule.lr = c.train.lr;
+    schedule.min_lr_ratio = c.train.min_lr_ratio;
+    schedule.warmup_steps = c.train.warmup_steps;
+    schedule.total_steps = c.train.steps;
+    params = gpt.parameters();
+  }
+
+  RunConfig config;
+  Clock* clock;
+  model::Gpt gpt;
+  data::ShardSampler sampler;
+  std::vector<data::Batch> eval_set;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::vector<torch::Tensor> params;
+  ScheduleOptions schedule;
+  std::int64_t step = 0;
+  std::int64_t next_batch = 0;
+  std::int64_t tokens = 0;
+};
+
+Worker::Worker(const RunConfig& config, const data::Dataset& dataset, int rank, int world, Clock& clock)
+    : impl_(std::make_unique<Impl>(config, dataset, rank, world, clock)) {}
+
+Worker::~Worker() = default;
+
+StepResult Worker::step() {
+  auto& s = *impl_;
+  Stopwatch watch(*s.clock);
+  const data::Batch batch = s.sampler.batch(s.next_batch);
+  s.gpt.train(true);
+  s.optimizer->zero_grad();
+  auto loss = s.gpt.loss(batch.tokens, batch.targets);
+  loss.backward();
+  double norm = 0.0;
+  if (s.config.train.grad_clip > 0.0) {
+    norm = torch::nn::utils::clip_grad_norm_(s.params, s.config.train.grad_clip);
+  } else {
+    double sq = 0.0;
+    for (const auto& p : s.params) {
+      if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
+    }
+    norm = std::sqrt(sq);
+  }
+  const double lr = learning_rate(s.schedule, s.step);
+  for (auto& group : s.optimizer->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  s.optimizer->step();
+
+  StepResult r;
+  r.loss = loss.item<double>();
+  r.grad_norm = norm;
+  r.lr = lr;
+  r.tokens = batch.tokens.numel();
+  s.step += 1;
+  s.next_batch += 1;
+  s.tokens += r.tokens;
+  r.step = s.step;
+  r.seconds = watch.elapsed_seconds();
+  return r;
+}
+
+double Worker::evaluate() {
+  auto& s = *impl_;
+  torch::NoGradGuard no_grad;
+  s.gpt.train(false);
+  double total = 0.0;
+  std::int64_t count = 0;
+  for (const auto& b : s.eval_set) {
+    total += s.gpt.loss(b.tokens, b.targets).item<double>() * static_cast<double>(b.tokens.numel());
+    count += b.tokens.numel();
+  }
+  s.gpt.train(true);
+  return total / static_cast<double>(count);
+}
+
+std::int64_t Worker::steps_done() const { return impl_->step; }
+std::int64_t Worker::tokens_seen() const { return impl_->tokens; }
+model::Gpt& Worker::model() { return impl_->gpt; }
+
+CheckpointState Worker::checkpoint_state(const std::string& config_toml) const {
+  const auto& s = *impl_;
+  CheckpointState out;
+  out.config_toml = config_toml;
+  out.step = s.step;
+  out.next_batch = s.next_batch;
+  out.tokens_seen = s.tokens;
+
+  const at::Tensor rng = s.gpt.dropout_rng_state();
+  const auto* rp = reinterpret_cast<const std::byte*>(rng.data_ptr());
+  out.rng_state.assign(rp, rp + rng.numel() * rng.element_size());
+
+  torch::serialize::OutputArchive archive, model_archive, optim_archive;
+  s.gpt.module().save(model_archive);
+  s.optimizer->save(optim_archive);
+  archive.write("model", model_archive);
+  archive.write("optimizer", optim_archive);
+  std::ostringstream os;
+  archive.save_to(os);
+  out.tensors = to_bytes(os.str());
+  return out;
+}
+
+Status Worker::restore(const CheckpointState& state) {
+  auto& s = *impl_;
+  std::vector<std::vector<std::int64_t>> shapes;
+  for (const auto& p : s.params) shapes.push_back(p.sizes().vec());
+  try {
+    std::istringstream is(std::string(reinterpret_cast<const char*>(state.tensors.data()), state.tensors.size()));
+    torch::serialize::InputArchive archive, model_archive, optim_archive;
+    archive.load_from(is);
+    archive.read("model", model_archive);
+    archive.read("optimizer", optim_archive);
+    s.gpt.module().load(model_archive);
+    s.optimizer->load(optim_archive);
+    auto rng = torch::empty({static_cast<std::int64_t>(state.rng_state.size())}, torch::kUInt8);
+    std::memcpy(rng.data_ptr(), state.rng_state.data(), state.rng_state.size());
+    s.gpt.set_dropout_rng_state(rng);
+  } catch (const c10::Error& e) {
+    return error(ErrorCode::kMalformed, std::string("checkpoint tensors do not match this model: ") + e.what_without_backtrace() +
+                                            " (was it written with another model config?)");
+  }
+  for (std::size_t i = 0; i < s.params.size(); ++i) {
+    if (s.params[i].sizes().vec() != shapes[i]) {
+      return error(ErrorCode::kMalformed, "checkpoint parameter " + std::to_string(i) + " has shape " +
+                                              c10::str(s.params[i].sizes()) + " but this model expects " + c10::str(at::IntArrayRef(shapes[i])) +
+                                              ": the checkpoint was written with another model config");
+    }
+  }
+  s.step = state.step;
+  s.next_batch = state.next_batch;
+  s.tokens = state.tokens_seen;
+  return Status();
+}
+
+}  // namespace gossamer::train

@@ -1,0 +1,61 @@
+// Worker: one training replica = GPT model + its data shard + AdamW inner optimizer + schedule, timed
+// by a Clock. The same Worker will run under the real clock and the simulator's virtual clock; it does
+// not know which. Outer optimizers (optim/) will drive Workers between inner steps.
+//
+// Ownership: a Worker owns its model and optimizer; it borrows the Dataset and the Clock, which must
+// outlive it. Threading: one thread drives a Worker. Errors: checkpoint I/O returns Status; misuse
+// throws ContractError.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "data/dataset.h"
+#include "model/gpt.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+
+namespace gossamer::train {
+
+struct StepResult {
+  std::int64_t step = 0;     // steps completed after this one
+  double loss = 0.0;         // training loss of this step's batch (nats per byte)
+  double grad_norm = 0.0;    // global gradient norm before clipping
+  double lr = 0.0;
+  std::int64_t tokens = 0;   // tokens in this step's batch
+  double seconds = 0.0;      // time the step took on the Worker's Clock
+};
+
+// The model of a config, for worker `rank` (which seeds its dropout).
+model::GptConfig gpt_config(const RunConfig& config, int rank);
+
+class Worker {
+ public:
+  Worker(const RunConfig& config, const data::Dataset& dataset, int rank, int world, Clock& clock);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // One inner step on the next batch of this worker's shard.
+  StepResult step();
+  // Mean validation loss (nats per byte) over the fixed evaluation set.
+  double evaluate();
+
+  std::int64_t steps_done() const;
+  std::int64_t tokens_seen() const;
+  model::Gpt& model();
+
+  // Captures / restores the whole training state (model, optimizer, RNG, data position, step).
+  CheckpointState checkpoint_state(const std::string& config_toml) const;
+  [[nodiscard]] Status restore(const CheckpointState& state);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gossamer::train

@@ -1,0 +1,96 @@
+#include <doctest/doctest.h>
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "data/dataset.h"
+
+using namespace gossamer;
+using namespace gossamer::data;
+namespace fs = std::filesystem;
+
+namespace {
+std::string text_of(std::size_t n) {
+  std::string s(n, 'a');
+  for (std::size_t i = 0; i < n; ++i) s[i] = static_cast<char>('a' + (i * 7 + i / 13) % 26);
+  return s;
+}
+}  // namespace
+
+TEST_CASE("split is deterministic: the validation text is the end of the corpus") {
+  const std::string t = text_of(10000);
+  auto d = Dataset::from_text(t, 0.1, 32);
+  REQUIRE(d.ok());
+  CHECK(d->val().size() == 1000);
+  CHECK(d->train() + d->val() == t);
+  CHECK(Dataset::from_text(text_of(50), 0.1, 32).status().code() == ErrorCode::kInvalidArgument);
+  CHECK(Dataset::from_text(t, 0.0, 32).status().code() == ErrorCode::kInvalidArgument);
+}
+
+TEST_CASE("shards are disjoint, cover the training text and give reproducible batches") {
+  const std::string t = text_of(100000);
+  const int world = 4;
+  const std::int64_t T = 32;
+  std::int64_t expected_begin = 0;
+  for (int rank = 0; rank < world; ++rank) {
+    ShardSampler s(t, rank, world, 8, T, 11);
+    CHECK(s.shard_begin() == expected_begin);
+    expected_begin = s.shard_end();
+    for (std::int64_t i = 0; i < 50; ++i) {
+      for (auto off : s.offsets(i)) {
+        CHECK(off >= s.shard_begin());
+        CHECK(off + T + 1 <= s.shard_end());  // the whole window, targets included, stays in the shard
+      }
+    }
+    ShardSampler again(t, rank, world, 8, T, 11);
+    CHECK(s.offsets(17) == again.offsets(17));
+    CHECK(s.offsets(17) != s.offsets(18));
+    ShardSampler other_seed(t, rank, world, 8, T, 12);
+    CHECK(s.offsets(17) != other_seed.offsets(17));
+  }
+  CHECK(expected_begin == static_cast<std::int64_t>(t.size()));
+}
+
+TEST_CASE("batches hold bytes as tokens and targets shifted by one") {
+  const std::string t = "hello world, this is gossamer";
+  Batch b = make_batch(t, {0, 6}, 5);
+  CHECK(b.tokens.sizes() == torch::IntArrayRef({2, 5}));
+  CHECK(b.tokens[0][0].item<std::int64_t>() == 'h');
+  CHECK(b.targets[0][0].item<std::int64_t>() == 'e');
+  CHECK(b.tokens[1][0].item<std::int64_t>() == 'w');
+  CHECK(b.targets[1][4].item<std::int64_t>() == ',');
+  using torch::indexing::Slice;
+  CHECK(torch::equal(b.tokens.index({Slice(), Slice(1, 5)}), b.targets.index({Slice(), Slice(0, 4)})));
+}
+
+TEST_CASE("validation batches are fixed, non-overlapping and bounded") {
+  const std::string v = text_of(5000);
+  auto a = validation_batches(v, 4, 32, 3);
+  auto b = validation_batches(v, 4, 32, 3);
+  REQUIRE(a.size() == 3);
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i].tokens, b[i].tokens));
+  // Few windows available: fewer batches, never out of range.
+  auto small = validation_batches(text_of(100), 4, 32, 10);
+  REQUIRE(small.size() == 1);
+  CHECK(small[0].tokens.size(0) == 3);
+}
+
+TEST_CASE("load_corpus reads a file or a sorted folder and reports what is wrong") {
+  const fs::path dir = fs::temp_directory_path() / ("gossamer_corpus_" + std::to_string(std::random_device{}()));
+  fs::create_directories(dir / "sub");
+  std::ofstream(dir / "b.txt") << "second";
+  std::ofstream(dir / "a.txt") << "first ";
+  std::ofstream(dir / "sub" / "c.txt") << " third";
+  auto folder = data::load_corpus(dir, 1 << 20);
+  REQUIRE(folder.ok());
+  CHECK(*folder == "first second third");
+  auto file = data::load_corpus(dir / "a.txt", 1 << 20);
+  REQUIRE(file.ok());
+  CHECK(*file == "first ");
+  CHECK(data::load_corpus(dir / "missing", 1 << 20).status().code() == ErrorCode::kNotFound);
+  CHECK_FALSE(data::load_corpus(dir, 10).ok());
+  fs::remove_all(dir);
+}

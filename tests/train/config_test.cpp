@@ -1,0 +1,97 @@
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "train/config.h"
+
+using namespace gossamer;
+using namespace gossamer::train;
+
+namespace {
+Status apply(RunConfig& c, const std::string& toml) { return apply_toml(c, toml, "test.toml"); }
+bool mentions(const Status& st, const std::string& s) { return st.message().find(s) != std::string::npos; }
+}  // namespace
+
+TEST_CASE("TOML overlays defaults and keys not given keep their values") {
+  RunConfig c;
+  REQUIRE(apply(c, "[model]\nlayers = 6\n[train]\nlr = 1e-3\n[data.synthetic]\nwords = 100\n").ok());
+  CHECK(c.model.layers == 6);
+  CHECK(c.train.lr == 1e-3);
+  CHECK(c.data.synthetic.words == 100);
+  CHECK(c.model.width == RunConfig{}.model.width);
+  // Integers are accepted where a number is expected.
+  REQUIRE(apply(c, "train.lr = 1").ok());
+  CHECK(c.train.lr == 1.0);
+}
+
+TEST_CASE("--set overrides parse values as TOML, or as a bare string") {
+  RunConfig c;
+  REQUIRE(apply_override(c, "model.layers=4").ok());
+  CHECK(c.model.layers == 4);
+  REQUIRE(apply_override(c, "data.path=some/file.txt").ok());
+  CHECK(c.data.path == "some/file.txt");
+  REQUIRE(apply_override(c, "data.path=\"quoted.txt\"").ok());
+  CHECK(c.data.path == "quoted.txt");
+  CHECK(apply_override(c, "model.layers").code() == ErrorCode::kInvalidArgument);
+}
+
+TEST_CASE("bad config gives one clear error naming the key and what is allowed") {
+  RunConfig c;
+  const RunConfig before = c;
+  SUBCASE("unknown key, with a suggestion") {
+    Status st = apply(c, "[model]\nlayer = 3\n");
+    CHECK(st.code() == ErrorCode::kInvalidArgument);
+    CHECK(mentions(st, "model.layer"));
+    CHECK(mentions(st, "did you mean 'model.layers'"));
+  }
+  SUBCASE("unknown section") {
+    Status st = apply(c, "[modle]\nlayers = 3\n");
+    CHECK(mentions(st, "unknown config key 'modle'"));
+  }
+  SUBCASE("wrong type") {
+    Status st = apply(c, "model.layers = \"four\"\n");
+    CHECK(mentions(st, "model.layers"));
+    CHECK(mentions(st, "wrong type"));
+    CHECK(mentions(st, "an integer in [1, 256]"));
+  }
+  SUBCASE("out of range") {
+    Status st = apply_override(c, "model.dropout=1.5");
+    CHECK(mentions(st, "model.dropout"));
+    CHECK(mentions(st, "out of range"));
+    CHECK(mentions(st, "[0.0, 0.99]"));
+    CHECK(mentions(apply_override(c, "train.lr=0"), "(0.0, 10.0]"));
+  }
+  SUBCASE("syntax error names the line") {
+    Status st = apply(c, "[model]\nlayers = = 3\n");
+    CHECK(mentions(st, "test.toml:2"));
+  }
+  SUBCASE("missing file") {
+    Status st = apply_toml_file(c, "/nonexistent/run.toml");
+    CHECK(st.code() == ErrorCode::kInvalidArgument);
+    CHECK(mentions(st, "/nonexistent/run.toml"));
+  }
+  SUBCASE("cross-key rule") {
+    REQUIRE(apply_override(c, "model.heads=3").ok());
+    Status st = validate(c);
+    CHECK(mentions(st, "model.width"));
+    CHECK(mentions(st, "model.heads"));
+  }
+  // A failed overlay leaves the config untouched.
+  if (c.model.heads != 3) CHECK(to_toml(c) == to_toml(before));
+}
+
+TEST_CASE("the effective config round-trips through TOML exactly") {
+  RunConfig c;
+  REQUIRE(apply_override(c, "train.lr=0.000123456789").ok());
+  REQUIRE(apply_override(c, "data.path=a \"quoted\" path").ok());
+  REQUIRE(apply_override(c, "model.layers=7").ok());
+  const std::string text = to_toml(c);
+  RunConfig back;
+  REQUIRE(apply(back, text).ok());
+  CHECK(to_toml(back) == text);
+  CHECK(back.train.lr == c.train.lr);
+  CHECK(back.data.path == c.data.path);
+  CHECK(config_keys().size() > 20);
+}
