@@ -43,8 +43,8 @@ int run_config_command(const ConfigArgs& args);
 struct BenchArgs {
   std::string what = "train";
   ConfigSource source;
-  std::int64_t steps = 30;
-  std::int64_t rounds = 5;
+  std::int64_t steps = 20;
+  std::int64_t rounds = 11;
 };
 void add_bench_command(CLI::App& app, BenchArgs& args);
 int run_bench_command(const BenchArgs& args);

@@ -41,11 +41,11 @@ struct DataSection {
 };
 
 struct TrainSection {
-  std::int64_t steps = 300;
+  std::int64_t steps = 500;
   std::int64_t batch_size = 32;
   double lr = 3e-3;
   double min_lr_ratio = 0.1;
-  std::int64_t warmup_steps = 30;
+  std::int64_t warmup_steps = 50;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
