@@ -33,7 +33,11 @@ Result<Corpus> load_corpus(const RunConfig& config) {
                               syn.words, syn.classes, syn.zipf, syn.bytes, *floor);
   } else {
     auto loaded = data::load_corpus(config.data.path, static_cast<std::size_t>(config.data.max_bytes));
-    if (!loaded.ok()) return loaded.status().with_context("data.path");
+    if (!loaded.ok()) {
+      // A path that does not exist is the user's to fix: a config error.
+      const ErrorCode code = loaded.status().code() == ErrorCode::kNotFound ? ErrorCode::kInvalidArgument : loaded.status().code();
+      return error(code, "data.path: " + loaded.status().message());
+    }
     text = std::move(*loaded);
     description = fmt::format("{} ({} bytes)", config.data.path, text.size());
   }
@@ -60,19 +64,19 @@ Result<RunConfig> config_from_checkpoint(const fs::path& out_dir) {
 Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
   const RunConfig& config = req.config;
   if (Status st = validate(config); !st.ok()) return st;
-  std::error_code ec;
-  fs::create_directories(req.out_dir, ec);
-  if (ec) return error(ErrorCode::kIoError, "cannot create run folder " + req.out_dir.string() + ": " + ec.message());
   const fs::path ckpt_path = req.out_dir / kCheckpointFile;
   if (!req.resume && fs::exists(ckpt_path)) {
     return error(ErrorCode::kInvalidArgument, "run folder " + req.out_dir.string() +
                                                   " already holds a run: pass --resume to continue it, or choose another --out");
   }
-  if (config.train.threads > 0) torch::set_num_threads(static_cast<int>(config.train.threads));
-
   auto corpus = load_corpus(config);
   if (!corpus.ok()) return corpus.status();
   spdlog::info("data: {}", corpus->description);
+  std::error_code ec;
+  fs::create_directories(req.out_dir, ec);
+  if (ec) return error(ErrorCode::kIoError, "cannot create run folder " + req.out_dir.string() + ": " + ec.message());
+  if (config.train.threads > 0) torch::set_num_threads(static_cast<int>(config.train.threads));
+
 
   const std::string config_toml = to_toml(config);
   if (Status st = write_file_atomic(req.out_dir / "config.toml", as_bytes(config_toml)); !st.ok()) return st;

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# End-to-end checks of the `gossamer` command: help, exit codes and messages for bad configuration,
+# a short run stopped and resumed, training on a text file, and the config round trip.
+# Usage: cli_test.sh path/to/gossamer
+set -u
+G="$1"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+run() {  # run EXPECTED_CODE command...
+  local want=$1; shift
+  "$@" >"$tmp/out" 2>&1
+  local got=$?
+  if [ "$got" -ne "$want" ]; then cat "$tmp/out"; fail "exit code $got, expected $want: $*"; fi
+}
+says() { grep -qF -- "$1" "$tmp/out" || { cat "$tmp/out"; fail "output lacks '$1'"; }; }
+
+TINY=(--set model.layers=1 --set model.width=32 --set model.heads=2 --set model.context=16
+      --set data.synthetic.bytes=40000 --set train.batch_size=4 --set train.steps=12
+      --set train.warmup_steps=2 --set train.eval_every=4 --set train.eval_batches=2)
+
+run 0 "$G" --help
+says "train"
+run 0 "$G" train --help
+says "--resume"
+run 0 "$G" config --keys
+says "model.layers"
+run 2 "$G" nosuchcommand
+
+# Bad configuration: exit code 2 and one message naming the key and what is allowed.
+run 2 "$G" train --set model.layerz=3 --out "$tmp/a"
+says "model.layerz"; says "did you mean 'model.layers'"
+run 2 "$G" train --set model.layers=0 --out "$tmp/a"
+says "model.layers"; says "[1, 256]"
+run 2 "$G" train --set train.lr=fast --out "$tmp/a"
+says "train.lr"; says "wrong type"
+run 2 "$G" train --config "$tmp/missing.toml" --out "$tmp/a"
+says "missing.toml"
+printf '[model]\nlayers = = 2\n' > "$tmp/bad.toml"
+run 2 "$G" train --config "$tmp/bad.toml" --out "$tmp/a"
+says "bad.toml:2"
+run 2 "$G" train --set model.heads=3 --out "$tmp/a"
+says "divisible"
+[ -e "$tmp/a" ] && fail "a failed config must not create the run folder"
+
+# A run stopped at step 5 and resumed to the end.
+run 0 "$G" train "${TINY[@]}" --out "$tmp/run" --stop-at 5
+says "--resume"
+[ -f "$tmp/run/checkpoint.bin" ] || fail "no checkpoint after --stop-at"
+[ -f "$tmp/run/summary.json" ] && fail "summary.json written for an unfinished run"
+run 2 "$G" train "${TINY[@]}" --out "$tmp/run"
+says "already holds a run"
+run 0 "$G" train --out "$tmp/run" --resume
+says "done: 12 steps"
+[ "$(wc -l < "$tmp/run/metrics.jsonl")" -eq 12 ] || fail "metrics.jsonl should hold 12 lines"
+grep -q '"val_loss"' "$tmp/run/metrics.jsonl" || fail "no val_loss in metrics"
+grep -q '"entropy_floor"' "$tmp/run/summary.json" || fail "no entropy_floor in summary"
+run 2 "$G" train --out "$tmp/nothing" --resume
+says "nothing to resume"
+# A corrupted checkpoint is refused with a clear message.
+printf 'XXXX' | dd of="$tmp/run/checkpoint.bin" bs=1 seek=100 conv=notrunc status=none
+run 1 "$G" train --out "$tmp/run" --resume --set train.steps=20
+says "corrupted"
+
+# Training on a text file.
+for i in $(seq 1 400); do echo "the quick brown fox $i jumps over the lazy dog"; done > "$tmp/corpus.txt"
+run 0 "$G" train "${TINY[@]}" --set data.path="$tmp/corpus.txt" --out "$tmp/text"
+says "corpus.txt"
+run 2 "$G" train "${TINY[@]}" --set data.path="$tmp/none.txt" --out "$tmp/text2"
+says "none.txt"
+[ -e "$tmp/text2" ] && fail "a missing corpus must not create the run folder"
+
+# The printed config loads back to the same config.
+"$G" config --set model.layers=3 --set train.lr=0.00025 > "$tmp/c.toml" || fail "config failed"
+"$G" config --config "$tmp/c.toml" > "$tmp/c2.toml" || fail "config --config failed"
+diff -q "$tmp/c.toml" "$tmp/c2.toml" >/dev/null || fail "config does not round-trip"
+cmp -s "$tmp/c.toml" "$tmp/run/config.toml" && fail "config.toml should hold the run's own config"
+echo "cli: all checks passed"
