@@ -1,0 +1,393 @@
+#include "quant/kernels.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/check.h"
+
+namespace gossamer::quant::kernels {
+
+namespace {
+
+inline std::uint32_t bits_of(float x) { return std::bit_cast<std::uint32_t>(x); }
+inline float float_of(std::uint32_t b) { return std::bit_cast<float>(b); }
+
+// Counter-based uniform 32-bit draw for element i: the same whatever the blocking or threading.
+inline std::uint32_t draw(std::uint64_t seed, std::uint64_t i) {
+  std::uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<std::uint32_t>((z ^ (z >> 31)) >> 32);
+}
+
+// Round to nearest even for |v| < 2^22 (adds and removes 1.5 * 2^23).
+inline float rne(float v) {
+  constexpr float kMagic = 12582912.0f;
+  return (v + kMagic) - kMagic;
+}
+
+// A small float format: M mantissa bits, exponent bias, largest code (magnitude), the smallest normal
+// value, and the subnormal step 2^(1 - bias - M).
+struct MiniFloat {
+  int mbits;
+  int bias;
+  std::uint32_t max_code;
+  int sign_shift;
+  float min_normal;
+  float sub_step;
+};
+
+constexpr MiniFloat kE4M3{3, 7, 0x7E, 7, 0x1p-6f, 0x1p-9f};     // OCP fp8 E4M3 (fn): max 448, no Inf
+constexpr MiniFloat kE5M2{2, 15, 0x7B, 7, 0x1p-14f, 0x1p-16f};  // fp8 E5M2: max 57344 (Inf/NaN codes unused)
+constexpr MiniFloat kE2M1{1, 1, 0x7, 3, 1.0f, 0.5f};           // OCP MX fp4 E2M1: 0, 0.5 ... 6
+constexpr MiniFloat kE3M0{0, 7, 0x7, 3, 0x1p-6f, 0x1p-6f};     // fp4 E3M0: 0, 2^-6 ... 2^0
+
+const MiniFloat& minifloat(CodecId c) {
+  switch (c) {
+    case CodecId::kFp8E4M3: return kE4M3;
+    case CodecId::kFp8E5M2: return kE5M2;
+    case CodecId::kFp4E2M1: return kE2M1;
+    default: return kE3M0;
+  }
+}
+
+// Magnitude code of y in [0, max] (already divided by the block scale).
+template <bool Stochastic>
+inline std::uint32_t minifloat_code(const MiniFloat& f, float y, std::uint32_t r) {
+  const int drop = 23 - f.mbits;
+  const std::uint32_t b = bits_of(y);
+  std::uint32_t add;
+  if constexpr (Stochastic) {
+    add = r >> (32 - drop);
+  } else {
+    add = ((1u << (drop - 1)) - 1u) + ((b >> drop) & 1u);
+  }
+  const std::uint32_t normal = ((b + add) >> drop) - (static_cast<std::uint32_t>(127 - f.bias) << f.mbits);
+  float q;
+  if constexpr (Stochastic) {
+    q = std::floor(y / f.sub_step + static_cast<float>(r >> 8) * 0x1p-24f);
+  } else {
+    q = rne(y / f.sub_step);
+  }
+  const std::uint32_t sub = static_cast<std::uint32_t>(q);
+  const std::uint32_t code = y < f.min_normal ? sub : normal;
+  return std::min(code, f.max_code);
+}
+
+std::array<float, 256> build_code_values(const MiniFloat& f, int total_bits) {
+  std::array<float, 256> v{};
+  const int n = 1 << total_bits;
+  const std::uint32_t mag_mask = (1u << f.sign_shift) - 1u;
+  for (int c = 0; c < n; ++c) {
+    const std::uint32_t mag = static_cast<std::uint32_t>(c) & mag_mask;
+    float value;
+    if (mag > f.max_code) {
+      value = std::numeric_limits<float>::quiet_NaN();  // Inf/NaN codes and codes beyond the max
+    } else if ((mag >> f.mbits) == 0) {
+      value = static_cast<float>(mag) * f.sub_step;
+    } else {
+      const int e = static_cast<int>(mag >> f.mbits) - f.bias;
+      const float m = 1.0f + static_cast<float>(mag & ((1u << f.mbits) - 1u)) / static_cast<float>(1u << f.mbits);
+      value = std::ldexp(m, e);
+    }
+    v[static_cast<std::size_t>(c)] = (static_cast<std::uint32_t>(c) >> f.sign_shift) & 1u ? -value : value;
+  }
+  return v;
+}
+
+std::array<float, 256> build_int_values(int total_bits) {
+  std::array<float, 256> v{};
+  const int n = 1 << total_bits;
+  for (int c = 0; c < n; ++c) {
+    // Two's complement of total_bits bits.
+    const int s = c >= n / 2 ? c - n : c;
+    v[static_cast<std::size_t>(c)] = static_cast<float>(s);
+  }
+  return v;
+}
+
+inline void store_scale(ScaleFormat f, float s, std::uint8_t* out) {
+  if (f == ScaleFormat::kBf16) {
+    const std::uint16_t b = float_to_bf16(s);
+    out[0] = static_cast<std::uint8_t>(b & 0xFF);
+    out[1] = static_cast<std::uint8_t>(b >> 8);
+  } else {
+    const std::uint32_t b = bits_of(s);
+    for (int i = 0; i < 4; ++i) out[i] = static_cast<std::uint8_t>(b >> (8 * i));
+  }
+}
+
+inline float load_scale(ScaleFormat f, const std::uint8_t* in) {
+  if (f == ScaleFormat::kBf16) return bf16_to_float(static_cast<std::uint16_t>(in[0] | (in[1] << 8)));
+  std::uint32_t b = 0;
+  for (int i = 0; i < 4; ++i) b |= static_cast<std::uint32_t>(in[i]) << (8 * i);
+  return float_of(b);
+}
+
+// The block scale as stored: absmax / max_magnitude, rounded up in bf16 so no value overflows.
+inline float block_scale(float absmax, float max_magnitude, ScaleFormat f) {
+  float s = absmax / max_magnitude;
+  if (f == ScaleFormat::kBf16 && s > 0.0f) {
+    float r = bf16_to_float(float_to_bf16(s));
+    if (r < s) r = bf16_to_float(static_cast<std::uint16_t>(float_to_bf16(s) + 1));
+    s = r;
+  }
+  return s;
+}
+
+template <bool Stochastic>
+void encode_minifloat_block(const MiniFloat& f, const float* x, std::size_t n, float inv, std::uint64_t seed,
+                            std::uint64_t first, std::uint8_t* codes, bool four_bit, std::size_t offset_in_codes) {
+  // offset_in_codes: index of x[0] in the code stream (for 4-bit packing).
+  for (std::size_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float y = std::fabs(v) * inv;
+    const std::uint32_t r = Stochastic ? draw(seed, first + i) : 0u;
+    std::uint32_t code = minifloat_code<Stochastic>(f, y, r);
+    code |= (bits_of(v) >> 31) << f.sign_shift;
+    const std::size_t k = offset_in_codes + i;
+    if (four_bit) {
+      if ((k & 1u) == 0) {
+        codes[k >> 1] = static_cast<std::uint8_t>(code);
+      } else {
+        codes[k >> 1] = static_cast<std::uint8_t>(codes[k >> 1] | (code << 4));
+      }
+    } else {
+      codes[k] = static_cast<std::uint8_t>(code);
+    }
+  }
+}
+
+template <bool Stochastic>
+void encode_int_block(int qmax, const float* x, std::size_t n, float inv, std::uint64_t seed, std::uint64_t first,
+                      std::uint8_t* codes, bool four_bit, std::size_t offset) {
+  const float lo = static_cast<float>(-qmax), hi = static_cast<float>(qmax);
+  for (std::size_t i = 0; i < n; ++i) {
+    float q;
+    if constexpr (Stochastic) {
+      q = std::floor(x[i] * inv + static_cast<float>(draw(seed, first + i) >> 8) * 0x1p-24f);
+    } else {
+      q = rne(x[i] * inv);
+    }
+    q = std::clamp(q, lo, hi);
+    const auto c = static_cast<std::uint8_t>(static_cast<std::int8_t>(q));
+    const std::size_t k = offset + i;
+    if (four_bit) {
+      if ((k & 1u) == 0) {
+        codes[k >> 1] = static_cast<std::uint8_t>(c & 0x0F);
+      } else {
+        codes[k >> 1] = static_cast<std::uint8_t>(codes[k >> 1] | ((c & 0x0F) << 4));
+      }
+    } else {
+      codes[k] = c;
+    }
+  }
+}
+
+// Largest |x| of a block; `finite` is cleared if any element is NaN or Inf.
+inline float block_absmax(const float* x, std::size_t n, bool& finite) {
+  float m = 0.0f;
+  std::uint32_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    m = a > m ? a : m;
+    bad |= static_cast<std::uint32_t>(!(a <= FLT_MAX));
+  }
+  if (bad != 0) finite = false;
+  return m;
+}
+
+}  // namespace
+
+std::uint16_t float_to_bf16(float x) {
+  const std::uint32_t b = bits_of(x);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((b >> 16) | 0x40u);  // quiet NaN
+  return static_cast<std::uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+}
+
+float bf16_to_float(std::uint16_t b) { return float_of(static_cast<std::uint32_t>(b) << 16); }
+
+std::uint16_t float_to_fp16(float x) {
+  std::uint32_t f = bits_of(x);
+  const std::uint32_t sign = (f >> 16) & 0x8000u;
+  f &= 0x7FFFFFFFu;
+  std::uint32_t h;
+  if (f >= 0x47800000u) {  // >= 65536, Inf or NaN
+    h = f > 0x7F800000u ? 0x7E00u : 0x7C00u;
+  } else if (f < 0x38800000u) {  // below the smallest normal half (2^-14): subnormal or zero
+    // Adding 0.5 aligns the half's subnormal grid with the float's last mantissa bits; the FPU rounds.
+    h = bits_of(float_of(f) + 0.5f) - 0x3F000000u;
+  } else {
+    const std::uint32_t odd = (f >> 13) & 1u;
+    f += (static_cast<std::uint32_t>(15 - 127) << 23) + 0xFFFu + odd;
+    h = f >> 13;  // a carry out of the mantissa bumps the exponent; past the max it gives Inf
+  }
+  return static_cast<std::uint16_t>(h | sign);
+}
+
+float fp16_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+  float v;
+  if (exp == 0) {
+    v = static_cast<float>(man) * 0x1p-24f;
+  } else if (exp == 31) {
+    v = man == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+  } else {
+    v = float_of(((exp + 127 - 15) << 23) | (man << 13));
+  }
+  return float_of(bits_of(v) | sign);
+}
+
+void encode_bf16(const float* x, std::size_t n, std::uint8_t* out) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint16_t b = float_to_bf16(x[i]);
+    out[2 * i] = static_cast<std::uint8_t>(b & 0xFF);
+    out[2 * i + 1] = static_cast<std::uint8_t>(b >> 8);
+  }
+}
+
+void encode_fp16(const float* x, std::size_t n, std::uint8_t* out) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint16_t b = float_to_fp16(x[i]);
+    out[2 * i] = static_cast<std::uint8_t>(b & 0xFF);
+    out[2 * i + 1] = static_cast<std::uint8_t>(b >> 8);
+  }
+}
+
+bool decode_bf16(const std::uint8_t* in, std::size_t n, float* out) {
+  std::uint32_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t b = static_cast<std::uint32_t>(in[2 * i]) | (static_cast<std::uint32_t>(in[2 * i + 1]) << 8);
+    bad |= static_cast<std::uint32_t>((b & 0x7F80u) == 0x7F80u);
+    out[i] = float_of(b << 16);
+  }
+  return bad == 0;
+}
+
+bool decode_fp16(const std::uint8_t* in, std::size_t n, float* out) {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (std::uint32_t h = 0; h < 65536; ++h) t[h] = fp16_to_float(static_cast<std::uint16_t>(h));
+    return t;
+  }();
+  std::uint32_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t h = static_cast<std::uint32_t>(in[2 * i]) | (static_cast<std::uint32_t>(in[2 * i + 1]) << 8);
+    bad |= static_cast<std::uint32_t>((h & 0x7C00u) == 0x7C00u);
+    out[i] = table[h];
+  }
+  return bad == 0;
+}
+
+bool check_finite_fp32(const std::uint8_t* in, std::size_t n) {
+  std::uint32_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t b;
+    std::memcpy(&b, in + 4 * i, 4);  // little-endian host (checked in codec.cpp)
+    bad |= static_cast<std::uint32_t>((b & 0x7F800000u) == 0x7F800000u);
+  }
+  return bad == 0;
+}
+
+std::size_t scale_bytes(ScaleFormat f) {
+  switch (f) {
+    case ScaleFormat::kFp32: return 4;
+    case ScaleFormat::kBf16: return 2;
+    case ScaleFormat::kNone: return 0;
+  }
+  return 0;
+}
+
+std::size_t packed_bytes(CodecId codec, std::size_t n) {
+  const int bits = traits(codec).bits;
+  return bits == 4 ? (n + 1) / 2 : n * static_cast<std::size_t>(bits / 8);
+}
+
+const float* code_values(CodecId codec) {
+  static const std::array<float, 256> e4m3 = build_code_values(kE4M3, 8);
+  static const std::array<float, 256> e5m2 = build_code_values(kE5M2, 8);
+  static const std::array<float, 256> e2m1 = build_code_values(kE2M1, 4);
+  static const std::array<float, 256> e3m0 = build_code_values(kE3M0, 4);
+  static const std::array<float, 256> i8 = build_int_values(8);
+  static const std::array<float, 256> i4 = build_int_values(4);
+  switch (codec) {
+    case CodecId::kFp8E4M3: return e4m3.data();
+    case CodecId::kFp8E5M2: return e5m2.data();
+    case CodecId::kFp4E2M1: return e2m1.data();
+    case CodecId::kFp4E3M0: return e3m0.data();
+    case CodecId::kInt8: return i8.data();
+    case CodecId::kInt4: return i4.data();
+    default: break;
+  }
+  GOSSAMER_CHECK(false, "code_values: codec has no code table");
+  return nullptr;
+}
+
+bool encode_scaled(CodecId codec, const float* x, std::size_t n, std::uint32_t block, ScaleFormat scale_format,
+                   Rounding rounding, std::uint64_t seed, std::uint8_t* scales, std::uint8_t* codes) {
+  const CodecTraits& t = traits(codec);
+  const bool four_bit = t.bits == 4;
+  const bool is_int = codec == CodecId::kInt8 || codec == CodecId::kInt4;
+  const std::size_t sb = scale_bytes(scale_format);
+  if (four_bit) std::memset(codes, 0, packed_bytes(codec, n));
+  bool finite = true;
+  for (std::size_t start = 0, b = 0; start < n; start += block, ++b) {
+    const std::size_t len = std::min<std::size_t>(block, n - start);
+    const float* xb = x + start;
+    const float absmax = block_absmax(xb, len, finite);
+    const float scale = block_scale(absmax, t.max_magnitude, scale_format);
+    store_scale(scale_format, scale, scales + b * sb);
+    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    if (is_int) {
+      const int qmax = static_cast<int>(t.max_magnitude);
+      if (rounding == Rounding::kStochastic) {
+        encode_int_block<true>(qmax, xb, len, inv, seed, start, codes, four_bit, start);
+      } else {
+        encode_int_block<false>(qmax, xb, len, inv, seed, start, codes, four_bit, start);
+      }
+    } else {
+      const MiniFloat& f = minifloat(codec);
+      if (rounding == Rounding::kStochastic) {
+        encode_minifloat_block<true>(f, xb, len, inv, seed, start, codes, four_bit, start);
+      } else {
+        encode_minifloat_block<false>(f, xb, len, inv, seed, start, codes, four_bit, start);
+      }
+    }
+  }
+  return finite;
+}
+
+bool decode_scaled(CodecId codec, const std::uint8_t* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t block,
+                   ScaleFormat scale_format, float* out) {
+  const float* values = code_values(codec);
+  const bool four_bit = traits(codec).bits == 4;
+  const std::size_t sb = scale_bytes(scale_format);
+  std::uint32_t bad = 0;
+  for (std::size_t start = 0, b = 0; start < n; start += block, ++b) {
+    const std::size_t len = std::min<std::size_t>(block, n - start);
+    const float scale = load_scale(scale_format, scales + b * sb);
+    bad |= static_cast<std::uint32_t>(!(scale >= 0.0f && scale <= FLT_MAX));
+    float* ob = out + start;
+    if (four_bit) {
+      for (std::size_t i = 0; i < len; ++i) {
+        const std::size_t k = start + i;
+        const std::uint32_t c = (codes[k >> 1] >> ((k & 1u) * 4)) & 0x0Fu;
+        ob[i] = values[c] * scale;
+      }
+    } else {
+      const std::uint8_t* cb = codes + start;
+      for (std::size_t i = 0; i < len; ++i) ob[i] = values[cb[i]] * scale;
+    }
+    for (std::size_t i = 0; i < len; ++i) bad |= static_cast<std::uint32_t>(!(std::fabs(ob[i]) <= FLT_MAX));
+  }
+  return bad == 0;
+}
+
+}  // namespace gossamer::quant::kernels

@@ -1,0 +1,240 @@
+#include <doctest/doctest.h>
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <random>
+
+#include "quant/codec.h"
+#include "quant/kernels.h"
+#include "quant/reference.h"
+
+using namespace gossamer;
+using namespace gossamer::quant;
+
+namespace {
+
+const std::vector<CodecId> kAll = {CodecId::kFp32,    CodecId::kBf16,    CodecId::kInt8,    CodecId::kFp8E4M3, CodecId::kFp8E5M2,
+                                   CodecId::kFp16,    CodecId::kInt4,    CodecId::kFp4E3M0, CodecId::kFp4E2M1};
+
+EncodeOptions opts(CodecId c, std::uint32_t block = 128) {
+  EncodeOptions o;
+  o.codec = c;
+  o.block_size = block;
+  return o;
+}
+
+at::Tensor roundtrip(const at::Tensor& x, const EncodeOptions& o) {
+  auto d = decode(encode(x, o));
+  REQUIRE(d.ok());
+  return *d;
+}
+
+double rel_rmse(const at::Tensor& x, const at::Tensor& y) {
+  return ((x - y).pow(2).mean().sqrt() / x.pow(2).mean().sqrt()).item<double>();
+}
+
+// Heavy-tailed: Gaussian with a log-normal scale per element (kurtosis far above 3).
+at::Tensor heavy_tailed(std::int64_t n, std::uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return torch::randn({n}, gen) * torch::exp(1.5 * torch::randn({n}, gen));
+}
+
+at::Tensor gaussian(at::IntArrayRef shape, std::uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return torch::randn(shape, gen);
+}
+
+}  // namespace
+
+TEST_CASE("the codec table is pinned and names resolve") {
+  CHECK(codec_table().size() == kNumCodecs);
+  for (int i = 0; i < kNumCodecs; ++i) CHECK(static_cast<int>(codec_table()[static_cast<std::size_t>(i)].id) == i);
+  CHECK(*codec_from_name("fp4_e2m1") == CodecId::kFp4E2M1);
+  CHECK(codec_from_name("fp5").status().code() == ErrorCode::kInvalidArgument);
+  CHECK(codec_from_name("fp5").status().message().find("fp8_e4m3") != std::string::npos);
+  EncodeOptions o = opts(CodecId::kFp4E3M0, 128);
+  CHECK(bits_per_value(o) == 4.25);
+  o.scale_format = ScaleFormat::kBf16;
+  CHECK(bits_per_value(o) == 4.125);
+  CHECK(bits_per_value(opts(CodecId::kInt8, 64)) == 8.5);
+  CHECK(bits_per_value(opts(CodecId::kBf16)) == 16);
+}
+
+TEST_CASE("fast kernels agree bit for bit with the LibTorch-ops reference") {
+  for (CodecId c : kAll) {
+    for (std::uint32_t block : {32u, 128u}) {
+      for (std::int64_t n : {1, 7, 128, 1001}) {
+        CAPTURE(traits(c).name);
+        CAPTURE(block);
+        CAPTURE(n);
+        const at::Tensor x = heavy_tailed(n, static_cast<std::uint64_t>(n) * 7 + block);
+        const at::Tensor fast = roundtrip(x, opts(c, block));
+        const at::Tensor ref = reference::decode(reference::encode(x, c, block), c, block, x.sizes());
+        CHECK(torch::equal(fast, ref));
+      }
+    }
+  }
+}
+
+TEST_CASE("relative RMSE stays within each codec's budget (docs/quant.md)") {
+  // budget on Gaussian, budget on heavy-tailed data; block 128, fp32 scales, round to nearest even.
+  struct Budget {
+    CodecId codec;
+    double gaussian, heavy;
+  };
+  const std::vector<Budget> budgets = {
+      {CodecId::kFp32, 0.0, 0.0},        {CodecId::kBf16, 2.2e-3, 2.2e-3},    {CodecId::kFp16, 2.8e-4, 2.8e-4},
+      {CodecId::kInt8, 9.0e-3, 2.5e-2},  {CodecId::kFp8E4M3, 3.3e-2, 2.1e-2}, {CodecId::kFp8E5M2, 6.5e-2, 4.2e-2},
+      {CodecId::kInt4, 1.5e-1, 2.4e-1},  {CodecId::kFp4E2M1, 1.4e-1, 1.8e-1}, {CodecId::kFp4E3M0, 2.5e-1, 1.55e-1},
+  };
+  const at::Tensor g = gaussian({1 << 16}, 1), h = heavy_tailed(1 << 16, 2);
+  for (const auto& b : budgets) {
+    CAPTURE(traits(b.codec).name);
+    const double eg = rel_rmse(g, roundtrip(g, opts(b.codec))), eh = rel_rmse(h, roundtrip(h, opts(b.codec)));
+    MESSAGE(traits(b.codec).name << ": gaussian " << eg << ", heavy-tailed " << eh);
+    CHECK(eg <= b.gaussian);
+    CHECK(eh <= b.heavy);
+    if (b.codec != CodecId::kFp32) CHECK(eg > 0.0);  // lossy codecs lose something: the measurement is real
+  }
+}
+
+TEST_CASE("values exactly representable in a format survive bit-exactly") {
+  std::mt19937 rng(4);
+  for (CodecId c : kAll) {
+    CAPTURE(traits(c).name);
+    const std::int64_t n = 256;
+    at::Tensor x = torch::empty({n});
+    auto* p = x.data_ptr<float>();
+    const CodecTraits& t = traits(c);
+    if (t.scaled) {
+      // Block of 64 with scale 2^-3: every element is a code's value times the scale, and each block
+      // holds the largest magnitude so that absmax / max_magnitude is exactly the scale.
+      const float* values = kernels::code_values(c);
+      const int codes = t.bits == 4 ? 16 : 256;
+      for (std::int64_t i = 0; i < n; ++i) {
+        float v;
+        do v = values[rng() % static_cast<unsigned>(codes)];
+        while (!(std::fabs(v) <= t.max_magnitude));  // codes the encoder never emits (NaN, int -128) excluded
+        p[i] = (i % 64 == 0 ? t.max_magnitude : v) * 0.125f;
+      }
+      const at::Tensor y = roundtrip(x, opts(c, 64));
+      CHECK(torch::equal(x, y));
+    } else {
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::uint32_t bits = rng();
+        if (c == CodecId::kBf16) bits &= 0xFFFF0000u;
+        float v = std::bit_cast<float>(bits);
+        if (c == CodecId::kFp16) v = kernels::fp16_to_float(static_cast<std::uint16_t>(rng()));
+        if (!std::isfinite(v)) v = 1.0f;
+        p[i] = v;
+      }
+      CHECK(torch::equal(x, roundtrip(x, opts(c))));
+    }
+  }
+}
+
+TEST_CASE("conversions round to nearest even at the tie points") {
+  // bf16: 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1); 1 + 3*2^-8 ties up.
+  CHECK(kernels::bf16_to_float(kernels::float_to_bf16(1.0f + 0x1p-8f)) == 1.0f);
+  CHECK(kernels::bf16_to_float(kernels::float_to_bf16(1.0f + 3 * 0x1p-8f)) == 1.0f + 0x1p-6f);
+  // fp16: the same at 2^-11, subnormals, overflow to Inf like IEEE.
+  CHECK(kernels::fp16_to_float(kernels::float_to_fp16(1.0f + 0x1p-11f)) == 1.0f);
+  CHECK(kernels::fp16_to_float(kernels::float_to_fp16(0x1p-24f)) == 0x1p-24f);
+  CHECK(kernels::fp16_to_float(kernels::float_to_fp16(0x1p-25f)) == 0.0f);
+  CHECK(std::isinf(kernels::fp16_to_float(kernels::float_to_fp16(70000.0f))));
+  CHECK(kernels::fp16_to_float(kernels::float_to_fp16(65504.0f)) == 65504.0f);
+  // Against LibTorch's own conversions on many values.
+  const at::Tensor x = heavy_tailed(1 << 14, 9);
+  CHECK(torch::equal(roundtrip(x, opts(CodecId::kBf16)), x.to(torch::kBFloat16).to(torch::kFloat)));
+  CHECK(torch::equal(roundtrip(x, opts(CodecId::kFp16)), x.to(torch::kHalf).to(torch::kFloat)));
+  // fp4 E2M1 holds exactly 0, 0.5, 1, 1.5, 2, 3, 4, 6; 2.5 ties to 2 (even code), 5 ties to 4.
+  const at::Tensor v = torch::tensor({6.0f, 2.5f, 5.0f, 0.25f, 0.75f, -1.25f, 3.5f});
+  CHECK(torch::equal(roundtrip(v, opts(CodecId::kFp4E2M1)), torch::tensor({6.0f, 2.0f, 4.0f, 0.0f, 1.0f, -1.0f, 4.0f})));
+}
+
+TEST_CASE("stochastic rounding is unbiased and reproducible") {
+  const at::Tensor x = gaussian({512}, 5);
+  for (CodecId c : {CodecId::kInt4, CodecId::kFp4E2M1, CodecId::kFp4E3M0, CodecId::kFp8E4M3, CodecId::kInt8}) {
+    CAPTURE(traits(c).name);
+    EncodeOptions o = opts(c, 64);
+    o.rounding = Rounding::kStochastic;
+    const at::Tensor xd = x.to(torch::kDouble);
+    at::Tensor sum = torch::zeros_like(xd), sum_sq = torch::zeros_like(xd);
+    const int trials = 2000;
+    for (int s = 0; s < trials; ++s) {
+      o.seed = static_cast<std::uint64_t>(s);
+      const at::Tensor err = roundtrip(x, o).to(torch::kDouble) - xd;
+      sum += err;
+      sum_sq += err * err;
+    }
+    const at::Tensor mean = sum / trials, sd = (sum_sq / trials - mean * mean).clamp_min(0).sqrt();
+    // The signed mean error summed over all elements is within 5 standard errors of zero. (A per-element
+    // z-test is unreliable: an element just above a representable value rounds up with tiny
+    // probability, so its sample deviation is often exactly zero.)
+    const double total = mean.sum().item<double>();
+    const double se = std::sqrt((sd * sd).sum().item<double>() / trials);
+    INFO("summed mean error " << total << ", standard error " << se);
+    CHECK(std::fabs(total) <= 5.0 * se + 1e-6);
+    // Round to nearest is biased on the same data (its error does not average out per element).
+    const at::Tensor rn_err = (roundtrip(x, opts(c, 64)).to(torch::kDouble) - xd).abs().mean();
+    CHECK(mean.abs().mean().item<double>() < 0.2 * rn_err.item<double>());
+    o.seed = 77;
+    CHECK(torch::equal(roundtrip(x, o), roundtrip(x, o)));
+  }
+}
+
+TEST_CASE("payloads describe themselves: dtype, shape and codec come back from the bytes") {
+  const at::Tensor x = gaussian({3, 5, 7}, 3).to(torch::kBFloat16);
+  for (CodecId c : kAll) {
+    const Bytes b = encode(x, opts(c, 16));
+    auto info = inspect(b);
+    REQUIRE(info.ok());
+    CHECK(info->codec == c);
+    CHECK(info->shape == std::vector<std::int64_t>{3, 5, 7});
+    CHECK(info->numel == 105);
+    auto y = decode(b);
+    REQUIRE(y.ok());
+    CHECK((y->scalar_type() == torch::kBFloat16));
+    CHECK(y->sizes() == x.sizes());
+  }
+  // Scalars and empty tensors.
+  CHECK(roundtrip(torch::tensor(3.0f), opts(CodecId::kInt8)).dim() == 0);
+  CHECK(roundtrip(torch::empty({0, 4}), opts(CodecId::kFp4E2M1)).sizes() == torch::IntArrayRef({0, 4}));
+  // Encoding NaN is a caller bug.
+  CHECK_THROWS_AS(encode(torch::tensor({1.0f, NAN}), opts(CodecId::kInt8)), ContractError);
+  CHECK_THROWS_AS(encode(torch::tensor({1.0f, INFINITY}), opts(CodecId::kFp32)), ContractError);
+}
+
+TEST_CASE("zstd wraps any codec, is recorded in the header and shrinks redundant data") {
+  at::Tensor x = torch::zeros({1 << 14});
+  x.slice(0, 0, 100).copy_(gaussian({100}, 8));
+  for (CodecId c : kAll) {
+    EncodeOptions o = opts(c);
+    const Bytes plain = encode(x, o);
+    o.zstd = true;
+    const Bytes packed = encode(x, o);
+    CHECK(packed.size() < plain.size() / 4);
+    CHECK(inspect(packed)->zstd);
+    CHECK(torch::equal(*decode(packed), *decode(plain)));
+  }
+}
+
+TEST_CASE("golden bytes pin the payload format of every codec") {
+  const at::Tensor x = torch::tensor({1.0f, -0.5f, 0.3f, 2.0f, -3.25f, 0.0f});
+  const std::vector<std::pair<CodecId, std::string>> golden = {
+#include "golden_payloads.inc"
+  };
+  REQUIRE(golden.size() == kAll.size());
+  for (const auto& [c, hex] : golden) {
+    CAPTURE(traits(c).name);
+    const Bytes b = encode(x, opts(c, 4));
+    std::string got;
+    for (auto byte : b) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      got += kHex[static_cast<int>(byte) >> 4];
+      got += kHex[static_cast<int>(byte) & 15];
+    }
+    CHECK(got == hex);
+  }
+}
