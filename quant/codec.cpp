@@ -108,57 +108,60 @@ Bytes encode(const at::Tensor& tensor, const EncodeOptions& o) {
   const ScaleFormat sf = t.scaled ? o.scale_format : ScaleFormat::kNone;
   const std::uint32_t block = t.scaled ? o.block_size : 0;
 
-  Bytes body(body_bytes(t, n, block, sf));
-  auto* out = reinterpret_cast<std::uint8_t*>(body.data());
+  const std::size_t body_size = body_bytes(t, n, block, sf);
+  std::uint8_t flags = 0;
+  if (o.rounding == Rounding::kStochastic && t.scaled) flags |= kFlagStochastic;
+  if (o.zstd) flags |= kFlagZstd;
+  auto header = [&](std::uint64_t body_len) {
+    Writer w(48 + 8 * static_cast<std::size_t>(tensor.dim()));
+    w.raw(as_bytes(std::string_view(kMagic, sizeof(kMagic))));
+    w.u8(kPayloadVersion);
+    w.u8(static_cast<std::uint8_t>(o.codec));
+    w.u8(static_cast<std::uint8_t>(dtype));
+    w.u8(flags);
+    w.u8(static_cast<std::uint8_t>(tensor.dim()));
+    w.u8(static_cast<std::uint8_t>(sf));
+    w.u16(0);
+    w.u32(block);
+    for (auto d : tensor.sizes()) w.i64(d);
+    w.u64(body_len);
+    if (o.zstd) w.u64(body_size);
+    return std::move(w).take();
+  };
+
+  // Without zstd the body is encoded straight into the payload, after its header: no extra copy.
+  Bytes out = o.zstd ? Bytes(body_size) : header(body_size);
+  const std::size_t body_at = o.zstd ? 0 : out.size();
+  out.resize(body_at + body_size);
+  auto* body = reinterpret_cast<std::uint8_t*>(out.data() + body_at);
   bool finite = true;
   switch (o.codec) {
     case CodecId::kFp32:
-      std::memcpy(out, data, n * 4);
-      finite = kernels::check_finite_fp32(out, n);
+      std::memcpy(body, data, n * 4);
+      finite = kernels::check_finite_fp32(body, n);
       break;
     case CodecId::kBf16:
-      kernels::encode_bf16(data, n, out);
+      kernels::encode_bf16(data, n, body);
       finite = kernels::check_finite_fp32(reinterpret_cast<const std::uint8_t*>(data), n);
       break;
     case CodecId::kFp16:
-      kernels::encode_fp16(data, n, out);
+      kernels::encode_fp16(data, n, body);
       finite = kernels::check_finite_fp32(reinterpret_cast<const std::uint8_t*>(data), n);
       break;
     default: {
       const std::size_t blocks = n == 0 ? 0 : (n + block - 1) / block;
-      finite = kernels::encode_scaled(o.codec, data, n, block, sf, o.rounding, o.seed, out,
-                                      out + blocks * kernels::scale_bytes(sf));
+      finite = kernels::encode_scaled(o.codec, data, n, block, sf, o.rounding, o.seed, body, body + blocks * kernels::scale_bytes(sf));
     }
   }
   GOSSAMER_CHECK(finite, "quant::encode: the tensor holds NaN or Inf");
+  if (!o.zstd) return out;
 
-  std::uint8_t flags = 0;
-  if (o.rounding == Rounding::kStochastic && t.scaled) flags |= kFlagStochastic;
-  Bytes compressed;
-  if (o.zstd) {
-    flags |= kFlagZstd;
-    compressed.resize(ZSTD_compressBound(body.size()));
-    const std::size_t c = ZSTD_compress(compressed.data(), compressed.size(), body.data(), body.size(), o.zstd_level);
-    GOSSAMER_CHECK(!ZSTD_isError(c), std::string("zstd compression failed: ") + ZSTD_getErrorName(c));
-    compressed.resize(c);
-  }
-  const Bytes& payload_body = o.zstd ? compressed : body;
-
-  Writer w(32 + 8 * static_cast<std::size_t>(tensor.dim()) + payload_body.size());
-  w.raw(as_bytes(std::string_view(kMagic, sizeof(kMagic))));
-  w.u8(kPayloadVersion);
-  w.u8(static_cast<std::uint8_t>(o.codec));
-  w.u8(static_cast<std::uint8_t>(dtype));
-  w.u8(flags);
-  w.u8(static_cast<std::uint8_t>(tensor.dim()));
-  w.u8(static_cast<std::uint8_t>(sf));
-  w.u16(0);
-  w.u32(block);
-  for (auto d : tensor.sizes()) w.i64(d);
-  w.u64(payload_body.size());
-  if (o.zstd) w.u64(body.size());
-  w.raw(payload_body);
-  return std::move(w).take();
+  Bytes compressed(ZSTD_compressBound(body_size));
+  const std::size_t c = ZSTD_compress(compressed.data(), compressed.size(), out.data(), out.size(), o.zstd_level);
+  GOSSAMER_CHECK(!ZSTD_isError(c), std::string("zstd compression failed: ") + ZSTD_getErrorName(c));
+  Bytes payload = header(c);
+  payload.insert(payload.end(), compressed.begin(), compressed.begin() + static_cast<std::ptrdiff_t>(c));
+  return payload;
 }
 
 namespace {

@@ -57,29 +57,6 @@ const MiniFloat& minifloat(CodecId c) {
   }
 }
 
-// Magnitude code of y in [0, max] (already divided by the block scale).
-template <bool Stochastic>
-inline std::uint32_t minifloat_code(const MiniFloat& f, float y, std::uint32_t r) {
-  const int drop = 23 - f.mbits;
-  const std::uint32_t b = bits_of(y);
-  std::uint32_t add;
-  if constexpr (Stochastic) {
-    add = r >> (32 - drop);
-  } else {
-    add = ((1u << (drop - 1)) - 1u) + ((b >> drop) & 1u);
-  }
-  const std::uint32_t normal = ((b + add) >> drop) - (static_cast<std::uint32_t>(127 - f.bias) << f.mbits);
-  float q;
-  if constexpr (Stochastic) {
-    q = std::floor(y / f.sub_step + static_cast<float>(r >> 8) * 0x1p-24f);
-  } else {
-    q = rne(y / f.sub_step);
-  }
-  const std::uint32_t sub = static_cast<std::uint32_t>(q);
-  const std::uint32_t code = y < f.min_normal ? sub : normal;
-  return std::min(code, f.max_code);
-}
-
 std::array<float, 256> build_code_values(const MiniFloat& f, int total_bits) {
   std::array<float, 256> v{};
   const int n = 1 << total_bits;
@@ -141,33 +118,47 @@ inline float block_scale(float absmax, float max_magnitude, ScaleFormat f) {
   return s;
 }
 
+// Codes (one byte per element, sign included) of x[0..n) for a minifloat format. Branch-free and in
+// 32-bit signed arithmetic so GCC vectorizes it even for baseline x86-64.
 template <bool Stochastic>
-void encode_minifloat_block(const MiniFloat& f, const float* x, std::size_t n, float inv, std::uint64_t seed,
-                            std::uint64_t first, std::uint8_t* codes, bool four_bit, std::size_t offset_in_codes) {
-  // offset_in_codes: index of x[0] in the code stream (for 4-bit packing).
+void minifloat_codes(const MiniFloat& f, const float* x, std::size_t n, float inv, std::uint64_t seed, std::uint64_t first,
+                     std::uint8_t* out) {
+  const int drop = 23 - f.mbits;
+  const std::int32_t half = (1 << (drop - 1)) - 1;
+  const std::int32_t offset = (127 - f.bias) << f.mbits;
+  const std::int32_t max_code = static_cast<std::int32_t>(f.max_code);
+  const float sub_inv = 1.0f / f.sub_step;  // a power of two: exact
+  const float min_normal = f.min_normal;
+  const int sign_shift = f.sign_shift;
   for (std::size_t i = 0; i < n; ++i) {
     const float v = x[i];
     const float y = std::fabs(v) * inv;
-    const std::uint32_t r = Stochastic ? draw(seed, first + i) : 0u;
-    std::uint32_t code = minifloat_code<Stochastic>(f, y, r);
-    code |= (bits_of(v) >> 31) << f.sign_shift;
-    const std::size_t k = offset_in_codes + i;
-    if (four_bit) {
-      if ((k & 1u) == 0) {
-        codes[k >> 1] = static_cast<std::uint8_t>(code);
-      } else {
-        codes[k >> 1] = static_cast<std::uint8_t>(codes[k >> 1] | (code << 4));
-      }
+    const std::int32_t b = std::bit_cast<std::int32_t>(y);
+    std::int32_t add;
+    float q;
+    if constexpr (Stochastic) {
+      const std::uint32_t r = draw(seed, first + i);
+      add = static_cast<std::int32_t>(r >> (32 - drop));
+      q = std::floor(y * sub_inv + static_cast<float>(r >> 8) * 0x1p-24f);
     } else {
-      codes[k] = static_cast<std::uint8_t>(code);
+      add = half + ((b >> drop) & 1);
+      q = rne(y * sub_inv);
     }
+    const std::int32_t normal = ((b + add) >> drop) - offset;
+    const std::int32_t sub = static_cast<std::int32_t>(q);
+    // Selects as bit masks: keeps the loop free of control flow, so it vectorizes.
+    const std::int32_t is_sub = -static_cast<std::int32_t>(y < min_normal);
+    std::int32_t code = (sub & is_sub) | (normal & ~is_sub);
+    const std::int32_t over = code - max_code;
+    code = max_code + (over & (over >> 31));  // min(code, max_code)
+    code |= static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(v) >> 31) << sign_shift;
+    out[i] = static_cast<std::uint8_t>(code);
   }
 }
 
+// Two's complement codes of round(x * inv) clamped to [-qmax, qmax].
 template <bool Stochastic>
-void encode_int_block(int qmax, const float* x, std::size_t n, float inv, std::uint64_t seed, std::uint64_t first,
-                      std::uint8_t* codes, bool four_bit, std::size_t offset) {
-  const float lo = static_cast<float>(-qmax), hi = static_cast<float>(qmax);
+void int_codes(int qmax, const float* x, std::size_t n, float inv, std::uint64_t seed, std::uint64_t first, std::uint8_t* out) {
   for (std::size_t i = 0; i < n; ++i) {
     float q;
     if constexpr (Stochastic) {
@@ -175,19 +166,33 @@ void encode_int_block(int qmax, const float* x, std::size_t n, float inv, std::u
     } else {
       q = rne(x[i] * inv);
     }
-    q = std::clamp(q, lo, hi);
-    const auto c = static_cast<std::uint8_t>(static_cast<std::int8_t>(q));
-    const std::size_t k = offset + i;
-    if (four_bit) {
-      if ((k & 1u) == 0) {
-        codes[k >> 1] = static_cast<std::uint8_t>(c & 0x0F);
-      } else {
-        codes[k >> 1] = static_cast<std::uint8_t>(codes[k >> 1] | ((c & 0x0F) << 4));
-      }
-    } else {
-      codes[k] = c;
-    }
+    // |x * inv| <= qmax (+ rounding), so the conversion is safe; clamp with masks to stay vectorizable.
+    std::int32_t c = static_cast<std::int32_t>(q);
+    const std::int32_t over = c - qmax, under = c + qmax;
+    c = qmax + (over & (over >> 31));      // min(c, qmax)
+    c = c - (under & (under >> 31));       // max(c, -qmax)
+    out[i] = static_cast<std::uint8_t>(c);
   }
+}
+
+// Writes byte codes for elements [k, k + n) into the code stream: as is for 8-bit codecs, packed two
+// per byte (lower index in the low nibble) for 4-bit ones.
+void store_codes(const std::uint8_t* tmp, std::size_t k, std::size_t n, bool four_bit, std::uint8_t* codes) {
+  if (!four_bit) {
+    std::memcpy(codes + k, tmp, n);
+    return;
+  }
+  std::size_t i = 0;
+  if ((k & 1u) != 0 && n > 0) {  // odd start: finish the shared byte
+    codes[k >> 1] = static_cast<std::uint8_t>((codes[k >> 1] & 0x0F) | ((tmp[0] & 0x0F) << 4));
+    i = 1;
+  }
+  std::uint8_t* out = codes + ((k + i) >> 1);
+  const std::size_t pairs = (n - i) / 2;
+  for (std::size_t p = 0; p < pairs; ++p) {
+    out[p] = static_cast<std::uint8_t>((tmp[i + 2 * p] & 0x0F) | ((tmp[i + 2 * p + 1] & 0x0F) << 4));
+  }
+  if (((n - i) & 1u) != 0) out[pairs] = static_cast<std::uint8_t>(tmp[n - 1] & 0x0F);
 }
 
 // Largest |x| of a block; `finite` is cleared if any element is NaN or Inf.
@@ -335,8 +340,12 @@ bool encode_scaled(CodecId codec, const float* x, std::size_t n, std::uint32_t b
   const CodecTraits& t = traits(codec);
   const bool four_bit = t.bits == 4;
   const bool is_int = codec == CodecId::kInt8 || codec == CodecId::kInt4;
+  const bool stochastic = rounding == Rounding::kStochastic;
+  const MiniFloat& f = minifloat(codec);
+  const int qmax = static_cast<int>(t.max_magnitude);
   const std::size_t sb = scale_bytes(scale_format);
-  if (four_bit) std::memset(codes, 0, packed_bytes(codec, n));
+  constexpr std::size_t kChunk = 2048;
+  std::uint8_t tmp[kChunk];
   bool finite = true;
   for (std::size_t start = 0, b = 0; start < n; start += block, ++b) {
     const std::size_t len = std::min<std::size_t>(block, n - start);
@@ -345,20 +354,16 @@ bool encode_scaled(CodecId codec, const float* x, std::size_t n, std::uint32_t b
     const float scale = block_scale(absmax, t.max_magnitude, scale_format);
     store_scale(scale_format, scale, scales + b * sb);
     const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-    if (is_int) {
-      const int qmax = static_cast<int>(t.max_magnitude);
-      if (rounding == Rounding::kStochastic) {
-        encode_int_block<true>(qmax, xb, len, inv, seed, start, codes, four_bit, start);
+    // The block is still in L1: quantize it now, a chunk at a time.
+    for (std::size_t c = 0; c < len; c += kChunk) {
+      const std::size_t m = std::min(kChunk, len - c);
+      const std::size_t k = start + c;
+      if (is_int) {
+        stochastic ? int_codes<true>(qmax, xb + c, m, inv, seed, k, tmp) : int_codes<false>(qmax, xb + c, m, inv, seed, k, tmp);
       } else {
-        encode_int_block<false>(qmax, xb, len, inv, seed, start, codes, four_bit, start);
+        stochastic ? minifloat_codes<true>(f, xb + c, m, inv, seed, k, tmp) : minifloat_codes<false>(f, xb + c, m, inv, seed, k, tmp);
       }
-    } else {
-      const MiniFloat& f = minifloat(codec);
-      if (rounding == Rounding::kStochastic) {
-        encode_minifloat_block<true>(f, xb, len, inv, seed, start, codes, four_bit, start);
-      } else {
-        encode_minifloat_block<false>(f, xb, len, inv, seed, start, codes, four_bit, start);
-      }
+      store_codes(tmp, k, m, four_bit, codes);
     }
   }
   return finite;

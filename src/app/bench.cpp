@@ -18,13 +18,17 @@
 namespace gossamer::app {
 
 void add_bench_command(CLI::App& app, BenchArgs& args) {
-  auto* cmd = app.add_subcommand("bench", "Measure Gossamer against a reference (what: train)");
-  cmd->add_option("what", args.what, "what to measure: train (inner loop vs bare LibTorch)")
-      ->check(CLI::IsMember({"train"}))
+  auto* cmd = app.add_subcommand("bench", "Measure Gossamer against a reference (what: train, quant)");
+  cmd->add_option("what", args.what, "train: inner loop vs bare LibTorch; quant: codec throughput vs memcpy and naive LibTorch ops")
+      ->check(CLI::IsMember({"train", "quant"}))
       ->capture_default_str();
   add_config_source(*cmd, args.source);
-  cmd->add_option("--steps", args.steps, "steps per timed block")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--rounds", args.rounds, "interleaved rounds (the median is reported)")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--steps", args.steps, "train: steps per timed block")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--rounds", args.rounds, "train: interleaved rounds (the median is reported)")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--elements", args.elements, "quant: fp32 values per buffer")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--block", args.block, "quant: elements per scale block")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--min-time", args.min_time, "quant: seconds per measurement")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_flag("!--no-naive", args.naive, "quant: skip the naive LibTorch-ops rows");
 }
 
 namespace {
@@ -113,6 +117,7 @@ int bench_train(const BenchArgs& args) {
 
 int run_bench_command(const BenchArgs& args) {
   if (args.what == "train") return bench_train(args);
+  if (args.what == "quant") return bench_quant(args);
   return report_failure(error(ErrorCode::kInvalidArgument, "unknown benchmark '" + args.what + "'"));
 }
 

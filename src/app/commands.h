@@ -45,8 +45,14 @@ struct BenchArgs {
   ConfigSource source;
   std::int64_t steps = 20;
   std::int64_t rounds = 11;
+  // bench quant
+  std::int64_t elements = 1 << 22;
+  std::int64_t block = 128;
+  double min_time = 0.3;
+  bool naive = true;
 };
 void add_bench_command(CLI::App& app, BenchArgs& args);
 int run_bench_command(const BenchArgs& args);
+int bench_quant(const BenchArgs& args);
 
 }  // namespace gossamer::app
