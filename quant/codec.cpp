@@ -141,12 +141,12 @@ Bytes encode(const at::Tensor& tensor, const EncodeOptions& o) {
       finite = kernels::check_finite_fp32(body, n);
       break;
     case CodecId::kBf16:
-      kernels::encode_bf16(data, n, body);
-      finite = kernels::check_finite_fp32(reinterpret_cast<const std::uint8_t*>(data), n);
-      break;
     case CodecId::kFp16:
-      kernels::encode_fp16(data, n, body);
+      // LibTorch's vectorized conversion (round to nearest even), written straight into the payload.
       finite = kernels::check_finite_fp32(reinterpret_cast<const std::uint8_t*>(data), n);
+      if (n > 0) {
+        at::from_blob(body, {static_cast<std::int64_t>(n)}, o.codec == CodecId::kBf16 ? at::kBFloat16 : at::kHalf).copy_(x.reshape({-1}));
+      }
       break;
     default: {
       const std::size_t blocks = n == 0 ? 0 : (n + block - 1) / block;
@@ -271,8 +271,16 @@ Result<at::Tensor> decode(ByteView payload) {
       std::memcpy(dst, src, n * 4);
       finite = kernels::check_finite_fp32(src, n);
       break;
-    case CodecId::kBf16: finite = kernels::decode_bf16(src, n, dst); break;
-    case CodecId::kFp16: finite = kernels::decode_fp16(src, n, dst); break;
+    case CodecId::kBf16:
+      // A shift per value, with the finiteness check in the same pass: faster than LibTorch's copy_.
+      finite = kernels::decode_bf16(src, n, dst);
+      break;
+    case CodecId::kFp16:
+      // LibTorch's vectorized half-to-float conversion beats our table lookup (measured).
+      finite = kernels::check_finite_fp16(src, n);
+      // const_cast: from_blob wants a mutable pointer; copy_() only reads the source.
+      if (n > 0) out.view({-1}).copy_(at::from_blob(const_cast<std::uint8_t*>(src), {static_cast<std::int64_t>(n)}, at::kHalf));
+      break;
     default: {
       const std::size_t blocks = n == 0 ? 0 : (n + info.block_size - 1) / info.block_size;
       finite = kernels::decode_scaled(info.codec, src, src + blocks * kernels::scale_bytes(info.scale_format), n, info.block_size,

@@ -250,43 +250,12 @@ float fp16_to_float(std::uint16_t h) {
   return float_of(bits_of(v) | sign);
 }
 
-void encode_bf16(const float* x, std::size_t n, std::uint8_t* out) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint16_t b = float_to_bf16(x[i]);
-    out[2 * i] = static_cast<std::uint8_t>(b & 0xFF);
-    out[2 * i + 1] = static_cast<std::uint8_t>(b >> 8);
-  }
-}
-
-void encode_fp16(const float* x, std::size_t n, std::uint8_t* out) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint16_t b = float_to_fp16(x[i]);
-    out[2 * i] = static_cast<std::uint8_t>(b & 0xFF);
-    out[2 * i + 1] = static_cast<std::uint8_t>(b >> 8);
-  }
-}
-
 bool decode_bf16(const std::uint8_t* in, std::size_t n, float* out) {
   std::uint32_t bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t b = static_cast<std::uint32_t>(in[2 * i]) | (static_cast<std::uint32_t>(in[2 * i + 1]) << 8);
     bad |= static_cast<std::uint32_t>((b & 0x7F80u) == 0x7F80u);
     out[i] = float_of(b << 16);
-  }
-  return bad == 0;
-}
-
-bool decode_fp16(const std::uint8_t* in, std::size_t n, float* out) {
-  static const std::vector<float> table = [] {
-    std::vector<float> t(65536);
-    for (std::uint32_t h = 0; h < 65536; ++h) t[h] = fp16_to_float(static_cast<std::uint16_t>(h));
-    return t;
-  }();
-  std::uint32_t bad = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t h = static_cast<std::uint32_t>(in[2 * i]) | (static_cast<std::uint32_t>(in[2 * i + 1]) << 8);
-    bad |= static_cast<std::uint32_t>((h & 0x7C00u) == 0x7C00u);
-    out[i] = table[h];
   }
   return bad == 0;
 }
@@ -300,6 +269,20 @@ bool check_finite_fp32(const std::uint8_t* in, std::size_t n) {
   }
   return bad == 0;
 }
+
+namespace {
+bool check_finite_16(const std::uint8_t* in, std::size_t n, std::uint32_t exp_mask) {
+  std::uint32_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t h = static_cast<std::uint32_t>(in[2 * i]) | (static_cast<std::uint32_t>(in[2 * i + 1]) << 8);
+    bad |= static_cast<std::uint32_t>((h & exp_mask) == exp_mask);
+  }
+  return bad == 0;
+}
+}  // namespace
+
+bool check_finite_bf16(const std::uint8_t* in, std::size_t n) { return check_finite_16(in, n, 0x7F80u); }
+bool check_finite_fp16(const std::uint8_t* in, std::size_t n) { return check_finite_16(in, n, 0x7C00u); }
 
 std::size_t scale_bytes(ScaleFormat f) {
   switch (f) {

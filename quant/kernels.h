@@ -11,13 +11,13 @@
 
 namespace gossamer::quant::kernels {
 
-// Unscaled 16-bit formats (2 bytes per value, little-endian). Round to nearest even.
-void encode_bf16(const float* x, std::size_t n, std::uint8_t* out);
-void encode_fp16(const float* x, std::size_t n, std::uint8_t* out);
-// Return false if any decoded value is NaN or Inf.
+// bf16 (2 bytes per value, little-endian) to float; false if any value is NaN or Inf. (bf16 and fp16
+// encoding, and fp16 decoding, use LibTorch's vectorized conversions.)
 bool decode_bf16(const std::uint8_t* in, std::size_t n, float* out);
-bool decode_fp16(const std::uint8_t* in, std::size_t n, float* out);
+// False if any value is NaN or Inf.
 bool check_finite_fp32(const std::uint8_t* in, std::size_t n);
+bool check_finite_bf16(const std::uint8_t* in, std::size_t n);
+bool check_finite_fp16(const std::uint8_t* in, std::size_t n);
 
 // Scaled codecs. `scales` receives one scale per block (4 bytes fp32 or 2 bytes bf16), `codes` the
 // packed values (1 byte each, or 2 per byte for 4-bit codecs). `first_index` is the global index of

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (installing clang and its runtime if missing) and runs each
+# for a while. Usage: scripts/fuzz.sh [seconds per target, default 60]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-60}"
+scripts/setup.sh
+need=()
+for pkg in clang libclang-rt-14-dev; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "fuzz: installing ${need[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+if [ ! -f build-fuzz/CMakeCache.txt ]; then
+  cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+        -DGOSSAMER_FUZZ=ON -DGOSSAMER_BUILD_TESTS=OFF -DGOSSAMER_PCH=OFF
+fi
+cmake --build build-fuzz --target quant_decode_fuzz checkpoint_decode_fuzz
+for target in quant_decode_fuzz checkpoint_decode_fuzz; do
+  mkdir -p "build-fuzz/corpus/$target"
+  echo "fuzz: $target for ${seconds}s"
+  "build-fuzz/tests/fuzz/$target" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=4096 "build-fuzz/corpus/$target"
+done
