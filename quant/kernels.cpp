@@ -121,7 +121,7 @@ inline float block_scale(float absmax, float max_magnitude, ScaleFormat f) {
 // Codes (one byte per element, sign included) of x[0..n) for a minifloat format. Branch-free and in
 // 32-bit signed arithmetic so GCC vectorizes it even for baseline x86-64.
 template <bool Stochastic>
-void minifloat_codes(const MiniFloat& f, const float* x, std::size_t n, float inv, std::uint64_t seed, std::uint64_t first,
+[[gnu::always_inline]] inline void minifloat_codes(const MiniFloat& f, const float* x, std::size_t n, float inv, std::uint64_t seed, std::uint64_t first,
                      std::uint8_t* out) {
   const int drop = 23 - f.mbits;
   const std::int32_t half = (1 << (drop - 1)) - 1;
@@ -158,7 +158,7 @@ void minifloat_codes(const MiniFloat& f, const float* x, std::size_t n, float in
 
 // Two's complement codes of round(x * inv) clamped to [-qmax, qmax].
 template <bool Stochastic>
-void int_codes(int qmax, const float* x, std::size_t n, float inv, std::uint64_t seed, std::uint64_t first, std::uint8_t* out) {
+[[gnu::always_inline]] inline void int_codes(int qmax, const float* x, std::size_t n, float inv, std::uint64_t seed, std::uint64_t first, std::uint8_t* out) {
   for (std::size_t i = 0; i < n; ++i) {
     float q;
     if constexpr (Stochastic) {
@@ -177,7 +177,7 @@ void int_codes(int qmax, const float* x, std::size_t n, float inv, std::uint64_t
 
 // Writes byte codes for elements [k, k + n) into the code stream: as is for 8-bit codecs, packed two
 // per byte (lower index in the low nibble) for 4-bit ones.
-void store_codes(const std::uint8_t* tmp, std::size_t k, std::size_t n, bool four_bit, std::uint8_t* codes) {
+[[gnu::always_inline]] inline void store_codes(const std::uint8_t* tmp, std::size_t k, std::size_t n, bool four_bit, std::uint8_t* codes) {
   if (!four_bit) {
     std::memcpy(codes + k, tmp, n);
     return;
@@ -196,7 +196,7 @@ void store_codes(const std::uint8_t* tmp, std::size_t k, std::size_t n, bool fou
 }
 
 // Largest |x| of a block; `finite` is cleared if any element is NaN or Inf.
-inline float block_absmax(const float* x, std::size_t n, bool& finite) {
+[[gnu::always_inline]] inline float block_absmax(const float* x, std::size_t n, bool& finite) {
   float m = 0.0f;
   std::uint32_t bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -260,6 +260,21 @@ bool decode_bf16(const std::uint8_t* in, std::size_t n, float* out) {
   return bad == 0;
 }
 
+bool decode_fp16(const std::uint8_t* in, std::size_t n, float* out) {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (std::uint32_t h = 0; h < 65536; ++h) t[h] = fp16_to_float(static_cast<std::uint16_t>(h));
+    return t;
+  }();
+  std::uint32_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t h = static_cast<std::uint32_t>(in[2 * i]) | (static_cast<std::uint32_t>(in[2 * i + 1]) << 8);
+    bad |= static_cast<std::uint32_t>((h & 0x7C00u) == 0x7C00u);
+    out[i] = table[h];
+  }
+  return bad == 0;
+}
+
 bool check_finite_fp32(const std::uint8_t* in, std::size_t n) {
   std::uint32_t bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -318,7 +333,8 @@ const float* code_values(CodecId codec) {
   return nullptr;
 }
 
-bool encode_scaled(CodecId codec, const float* x, std::size_t n, std::uint32_t block, ScaleFormat scale_format,
+// Compiled twice, for AVX2 and for baseline x86-64; the loader picks the one the CPU runs.
+[[gnu::target_clones("avx2", "default")]] bool encode_scaled(CodecId codec, const float* x, std::size_t n, std::uint32_t block, ScaleFormat scale_format,
                    Rounding rounding, std::uint64_t seed, std::uint8_t* scales, std::uint8_t* codes) {
   const CodecTraits& t = traits(codec);
   const bool four_bit = t.bits == 4;
@@ -352,7 +368,7 @@ bool encode_scaled(CodecId codec, const float* x, std::size_t n, std::uint32_t b
   return finite;
 }
 
-bool decode_scaled(CodecId codec, const std::uint8_t* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t block,
+[[gnu::target_clones("avx2", "default")]] bool decode_scaled(CodecId codec, const std::uint8_t* scales, const std::uint8_t* codes, std::size_t n, std::uint32_t block,
                    ScaleFormat scale_format, float* out) {
   const float* values = code_values(codec);
   const bool four_bit = traits(codec).bits == 4;

@@ -7,13 +7,14 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "quant/codec.h"
+#include "quant/format.h"
 
 namespace gossamer::quant::kernels {
 
-// bf16 (2 bytes per value, little-endian) to float; false if any value is NaN or Inf. (bf16 and fp16
-// encoding, and fp16 decoding, use LibTorch's vectorized conversions.)
+// bf16 / fp16 (2 bytes per value, little-endian) to float; false if any value is NaN or Inf. (Encoding
+// to bf16 and fp16 uses LibTorch's vectorized conversions.)
 bool decode_bf16(const std::uint8_t* in, std::size_t n, float* out);
+bool decode_fp16(const std::uint8_t* in, std::size_t n, float* out);
 // False if any value is NaN or Inf.
 bool check_finite_fp32(const std::uint8_t* in, std::size_t n);
 bool check_finite_bf16(const std::uint8_t* in, std::size_t n);

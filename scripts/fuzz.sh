@@ -16,7 +16,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 if [ ! -f build-fuzz/CMakeCache.txt ]; then
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
-        -DGOSSAMER_FUZZ=ON -DGOSSAMER_BUILD_TESTS=OFF -DGOSSAMER_PCH=OFF
+        -DGOSSAMER_FUZZ=ON
 fi
 cmake --build build-fuzz --target quant_decode_fuzz checkpoint_decode_fuzz
 for target in quant_decode_fuzz checkpoint_decode_fuzz; do

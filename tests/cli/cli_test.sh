@@ -75,4 +75,9 @@ says "none.txt"
 "$G" config --config "$tmp/c.toml" > "$tmp/c2.toml" || fail "config --config failed"
 diff -q "$tmp/c.toml" "$tmp/c2.toml" >/dev/null || fail "config does not round-trip"
 cmp -s "$tmp/c.toml" "$tmp/run/config.toml" && fail "config.toml should hold the run's own config"
+# The codec benchmark runs and prints its table.
+run 0 "$G" bench quant --elements 4096 --min-time 0.01 --no-naive
+says "| fp4_e2m1 | 4.250 |"
+says "memcpy of the same buffer"
+
 echo "cli: all checks passed"

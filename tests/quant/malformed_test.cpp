@@ -143,6 +143,19 @@ TEST_CASE("NaN, Inf and negative scales from a peer are dropped, not decoded") {
   }
 }
 
+TEST_CASE("a receiver's element cap bounds what a small zstd payload can make it allocate") {
+  EncodeOptions o;
+  o.codec = CodecId::kFp32;
+  o.zstd = true;
+  const Bytes bomb = encode(torch::zeros({1 << 20}), o);  // 4 MiB of zeros in a few hundred bytes
+  CHECK(bomb.size() < 4096);
+  auto r = decode(bomb, 1 << 16);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == ErrorCode::kOutOfRange);
+  CHECK(r.status().message().find("this receiver accepts") != std::string::npos);
+  CHECK(decode(bomb, 1 << 20).ok());
+}
+
 TEST_CASE("seeded mutation: 30000 mutated payloads decode or fail cleanly") {
   std::mt19937_64 rng(2024);
   std::vector<Bytes> seeds;
