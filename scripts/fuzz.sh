@@ -20,7 +20,7 @@ if [ ! -f build-fuzz/CMakeCache.txt ]; then
 fi
 cmake --build build-fuzz --target quant_decode_fuzz checkpoint_decode_fuzz
 for target in quant_decode_fuzz checkpoint_decode_fuzz; do
-  mkdir -p "build-fuzz/corpus/$target"
+  mkdir -p "build-fuzz/corpus/$target" build-fuzz/artifacts
   echo "fuzz: $target for ${seconds}s"
-  "build-fuzz/tests/fuzz/$target" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=4096 "build-fuzz/corpus/$target"
+  "build-fuzz/tests/fuzz/$target" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=4096 -artifact_prefix=build-fuzz/artifacts/ "build-fuzz/corpus/$target"
 done
