@@ -1,0 +1,31 @@
+// TCP transport on standalone Asio: one io_context thread per transport, links that stream large
+// messages straight from the caller's buffer (no copy on send), per-tag receive queues with a
+// backpressure cap, keepalive, TCP_NODELAY, and a congestion-control algorithm chosen per socket where
+// the kernel offers it (BBR copes with loss far better than CUBIC on long, lossy paths).
+// See transport.h and link.h for the threading and error contracts.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "transport/transport.h"
+
+namespace gossamer::transport {
+
+struct TcpOptions {
+  std::string listen = "127.0.0.1:0";  // port 0: an ephemeral port
+  PeerId self;                          // zero: a random id
+  RunId run;
+  std::uint64_t max_message_bytes = std::uint64_t{1} << 30;   // larger frames are a protocol error
+  std::uint64_t max_buffered_bytes = std::uint64_t{2} << 30;  // per link: reading pauses beyond this
+  Nanos handshake_timeout = std::chrono::seconds(10);
+  std::string congestion_control;  // "bbr", "cubic", ...; empty: the OS default
+  bool keepalive = true;
+};
+
+[[nodiscard]] Result<std::unique_ptr<Transport>> make_tcp_transport(const TcpOptions& options);
+
+}  // namespace gossamer::transport
