@@ -1,0 +1,118 @@
+// The shaper: rate within 5% for messages of 1 MiB and more, latency within 1 ms.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+#include <thread>
+
+#include "transport/shaped_link.h"
+#include "transport/tcp_transport.h"
+
+using namespace gossamer;
+using namespace gossamer::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Pair {
+  std::unique_ptr<Transport> a, b;
+  std::shared_ptr<Link> ab, ba;
+};
+
+Pair make_pair() {
+  TcpOptions o;
+  auto a = make_tcp_transport(o), b = make_tcp_transport(o);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  Pair p{std::move(*a), std::move(*b), nullptr, nullptr};
+  auto ab = p.a->connect(p.b->address(), Deadline::after(real_clock(), 5s));
+  REQUIRE(ab.ok());
+  auto ba = p.b->accept(Deadline::after(real_clock(), 5s));
+  REQUIRE(ba.ok());
+  p.ab = *ab;
+  p.ba = *ba;
+  return p;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+TEST_CASE("the shaper adds its latency within 1 ms") {
+  Pair p = make_pair();
+  LinkProfile profile;
+  profile.latency = 20ms;
+  auto shaped = make_shaped_link(p.ab, profile);
+  REQUIRE(shaped.ok());
+  // The median of several samples: a busy 2-core machine can delay any single wake-up.
+  std::vector<double> ms;
+  for (int i = 0; i < 9; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    REQUIRE((*shaped)->send(1, Bytes(64), Deadline::never()).ok());
+    REQUIRE(p.ba->recv(1, Deadline::after(real_clock(), 5s)).ok());
+    ms.push_back(seconds_since(t0) * 1e3);
+    CHECK(ms.back() >= 20.0);  // never early
+  }
+  std::sort(ms.begin(), ms.end());
+  CAPTURE(ms[4]);
+  CHECK(ms[4] <= 21.0);
+}
+
+TEST_CASE("the shaper delivers within 5% of its configured rate for messages of 1 MiB and more") {
+  Pair p = make_pair();
+  for (std::size_t size : {std::size_t{1} << 20, std::size_t{4} << 20}) {
+    LinkProfile profile;
+    profile.bandwidth_bytes_per_s = 100e6 / 8;  // 100 Mbit/s
+    profile.latency = 10ms;
+    auto shaped = make_shaped_link(p.ab, profile);
+    REQUIRE(shaped.ok());
+    const int messages = 6;
+    const Bytes payload(size, std::byte{1});
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread sender([&] {
+      for (int i = 0; i < messages; ++i) REQUIRE((*shaped)->send(2, payload, Deadline::never()).ok());
+    });
+    for (int i = 0; i < messages; ++i) REQUIRE(p.ba->recv(2, Deadline::after(real_clock(), 30s)).ok());
+    const double elapsed = seconds_since(t0);
+    sender.join();
+    // Delivery of the last byte = all bytes at the configured rate + one latency.
+    const double rate = static_cast<double>(messages) * static_cast<double>(size) / (elapsed - 0.010);
+    CAPTURE(size);
+    CAPTURE(rate);
+    CHECK(rate == doctest::Approx(profile.bandwidth_bytes_per_s).epsilon(0.05));
+  }
+}
+
+TEST_CASE("jitter never reorders, loss only delays, and a send past its deadline fails") {
+  Pair p = make_pair();
+  LinkProfile profile;
+  profile.latency = 2ms;
+  profile.jitter = 3ms;
+  profile.loss = 0.2;
+  profile.bandwidth_bytes_per_s = 50e6;
+  auto shaped = make_shaped_link(p.ab, profile, 7);
+  REQUIRE(shaped.ok());
+  for (std::uint32_t i = 0; i < 50; ++i) {
+    Bytes m(4 + i * 100);
+    std::memcpy(m.data(), &i, 4);
+    REQUIRE((*shaped)->send(3, m, Deadline::never()).ok());
+  }
+  for (std::uint32_t i = 0; i < 50; ++i) {
+    auto m = p.ba->recv(3, Deadline::after(real_clock(), 10s));
+    REQUIRE(m.ok());
+    std::uint32_t got = 0;
+    std::memcpy(&got, m->data(), 4);
+    CHECK(got == i);
+  }
+  LinkProfile slow;
+  slow.bandwidth_bytes_per_s = 1e3;
+  auto crawl = make_shaped_link(p.ab, slow);
+  REQUIRE(crawl.ok());
+  CHECK((*crawl)->send(4, Bytes(1 << 20), Deadline::after(real_clock(), 100ms)).code() == ErrorCode::kTimeout);
+  LinkProfile invalid;
+  invalid.loss = 2.0;
+  CHECK(make_shaped_link(p.ab, invalid).status().code() == ErrorCode::kInvalidArgument);
+}

@@ -1,0 +1,168 @@
+#include "transport/shaped_link.h"
+
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "transport/protocol.h"
+
+namespace gossamer::transport {
+
+namespace {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+SteadyTime steady_now() { return std::chrono::steady_clock::now(); }
+
+SteadyTime steady(Deadline d) {
+  if (d.is_never()) return SteadyTime::max();
+  return SteadyTime(std::chrono::duration_cast<std::chrono::steady_clock::duration>(d.time()));
+}
+
+class ShapedLink final : public Link {
+ public:
+  ShapedLink(std::shared_ptr<Link> inner, const LinkProfile& p, std::uint64_t seed)
+      : inner_(std::move(inner)), profile_(p), rng_(seed), next_free_(steady_now()), last_due_(steady_now()) {
+    thread_ = std::thread([this] { delay_line(); });
+  }
+
+  ~ShapedLink() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      cv_.notify_all();
+    }
+    thread_.join();
+    if (!queue_.empty()) spdlog::warn("shaped link to peer {}: {} message(s) still in flight were dropped", inner_->peer().to_string(), queue_.size());
+  }
+
+  PeerId peer() const override { return inner_->peer(); }
+  std::string remote_address() const override { return inner_->remote_address(); }
+
+  Status send(Tag tag, ByteView payload, Deadline deadline) override {
+    std::unique_lock<std::mutex> serial(send_mu_);  // one message on the wire at a time, in call order
+    SteadyTime finish, due;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failed_.ok()) return failed_;
+      const SteadyTime now = steady_now();
+      const SteadyTime start = std::max(now, next_free_);
+      const double bytes = static_cast<double>(payload.size() + kFrameHeaderBytes);
+      finish = start + to_duration(std::isinf(profile_.bandwidth_bytes_per_s) ? 0.0 : bytes / profile_.bandwidth_bytes_per_s);
+      next_free_ = finish;
+      due = finish + profile_.latency + extra_delay(payload.size() + kFrameHeaderBytes);
+      due = std::max(due, last_due_);  // in order: jitter never reorders a stream
+      last_due_ = due;
+    }
+    if (finish > steady(deadline)) {
+      return error(ErrorCode::kTimeout, "shaped send of " + std::to_string(payload.size()) + " bytes to peer " + peer().to_string() +
+                                            " needs longer than its deadline at " + std::to_string(profile_.bandwidth_bytes_per_s * 8 / 1e6) +
+                                            " Mbit/s");
+    }
+    std::this_thread::sleep_until(finish);  // serialization time: the sender is busy
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(Pending{due, tag, Bytes(payload.begin(), payload.end())});
+    cv_.notify_all();
+    stats_.bytes_sent += payload.size() + kFrameHeaderBytes;
+    stats_.messages_sent += 1;
+    return Status();
+  }
+
+  Result<Bytes> recv(Tag tag, Deadline deadline) override {
+    auto r = inner_->recv(tag, deadline);
+    if (r.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.bytes_received += r->size() + kFrameHeaderBytes;
+      stats_.messages_received += 1;
+    }
+    return r;
+  }
+
+  void close() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failed_.ok()) failed_ = error(ErrorCode::kPeerLost, "shaped link to peer " + peer().to_string() + " was closed locally");
+    }
+    inner_->close();
+  }
+
+  LinkStats stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
+ private:
+  struct Pending {
+    SteadyTime due;
+    Tag tag;
+    Bytes payload;
+  };
+
+  static std::chrono::steady_clock::duration to_duration(double seconds) {
+    return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+  }
+
+  // Jitter and loss delay for a message of n bytes (under mu_).
+  std::chrono::steady_clock::duration extra_delay(std::size_t n) {
+    double seconds = 0.0;
+    if (profile_.jitter > Nanos(0)) {
+      std::normal_distribution<double> jitter(0.0, std::chrono::duration<double>(profile_.jitter).count());
+      seconds += std::abs(jitter(rng_));
+    }
+    if (profile_.loss > 0.0) {
+      const auto packets = static_cast<std::int64_t>((n + profile_.mtu_bytes - 1) / profile_.mtu_bytes);
+      std::binomial_distribution<std::int64_t> lost(packets, profile_.loss);
+      seconds += static_cast<double>(lost(rng_)) * 2.0 * std::chrono::duration<double>(profile_.latency).count();
+    }
+    return to_duration(seconds);
+  }
+
+  void delay_line() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (stopping_) return;
+      if (queue_.empty()) {
+        cv_.wait(lock);
+        continue;
+      }
+      const SteadyTime due = queue_.front().due;
+      if (steady_now() < due) {
+        cv_.wait_until(lock, due);
+        continue;
+      }
+      Pending p = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      Status st = inner_->send(p.tag, p.payload, Deadline::never());
+      lock.lock();
+      if (!st.ok() && failed_.ok()) failed_ = st;
+    }
+  }
+
+  std::shared_ptr<Link> inner_;
+  LinkProfile profile_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::mt19937_64 rng_;
+  SteadyTime next_free_, last_due_;
+  std::deque<Pending> queue_;
+  bool stopping_ = false;
+  Status failed_;
+  LinkStats stats_;
+  std::mutex send_mu_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<Link>> make_shaped_link(std::shared_ptr<Link> inner, const LinkProfile& profile, std::uint64_t seed) {
+  if (Status st = profile.validate(); !st.ok()) return st;
+  return std::shared_ptr<Link>(std::make_shared<ShapedLink>(std::move(inner), profile, seed));
+}
+
+}  // namespace gossamer::transport

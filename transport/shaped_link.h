@@ -1,0 +1,27 @@
+// ShapedLink: a Link decorator that makes a fast local link behave like the path a LinkProfile
+// describes, in real time, so real processes on one machine can act as if continents apart.
+//
+// Model (applied to what this end sends; wrap both ends for a symmetric path):
+// - bandwidth: a message of n bytes (plus its frame header) occupies the link for n / bandwidth;
+//   send() blocks for that serialization time, as a real sender blocks on a full socket buffer;
+// - latency and jitter: the message is then delivered after latency + |N(0, jitter)|, by a delay line
+//   that hands it to the inner link at its due time; due times never decrease, because a TCP stream
+//   delivers in order (head-of-line blocking), so jitter delays but never reorders;
+// - loss: each MTU-sized packet is lost with probability `loss` (seeded), and each loss costs one
+//   round trip (2 x latency) of retransmission delay, the fast-retransmit case.
+// Threading: thread-safe like any Link; one delay-line thread per ShapedLink. An error of the inner
+// link found by the delay line (after send() returned) fails the link: later calls report it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "transport/link.h"
+#include "transport/link_profile.h"
+
+namespace gossamer::transport {
+
+[[nodiscard]] Result<std::shared_ptr<Link>> make_shaped_link(std::shared_ptr<Link> inner, const LinkProfile& profile,
+                                                             std::uint64_t seed = 1);
+
+}  // namespace gossamer::transport
