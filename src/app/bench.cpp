@@ -18,9 +18,11 @@
 namespace gossamer::app {
 
 void add_bench_command(CLI::App& app, BenchArgs& args) {
-  auto* cmd = app.add_subcommand("bench", "Measure Gossamer against a reference (what: train, quant)");
-  cmd->add_option("what", args.what, "train: inner loop vs bare LibTorch; quant: codec throughput vs memcpy and naive LibTorch ops")
-      ->check(CLI::IsMember({"train", "quant"}))
+  auto* cmd = app.add_subcommand("bench", "Measure Gossamer against a reference (what: train, quant, transport)");
+  cmd->add_option("what", args.what,
+                  "train: inner loop vs bare LibTorch; quant: codec throughput vs memcpy and naive LibTorch ops; "
+                  "transport: link goodput vs plain sockets, small-frame rate")
+      ->check(CLI::IsMember({"train", "quant", "transport"}))
       ->capture_default_str();
   add_config_source(*cmd, args.source);
   cmd->add_option("--steps", args.steps, "train: steps per timed block")->check(CLI::PositiveNumber)->capture_default_str();
@@ -29,6 +31,7 @@ void add_bench_command(CLI::App& app, BenchArgs& args) {
   cmd->add_option("--block", args.block, "quant: elements per scale block")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   cmd->add_option("--min-time", args.min_time, "quant: seconds per measurement")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_flag("!--no-naive", args.naive, "quant: skip the naive LibTorch-ops rows");
+  cmd->add_option("--message-mib", args.message_mib, "transport: message size in MiB")->check(CLI::Range(1, 1024))->capture_default_str();
 }
 
 namespace {
@@ -118,6 +121,7 @@ int bench_train(const BenchArgs& args) {
 int run_bench_command(const BenchArgs& args) {
   if (args.what == "train") return bench_train(args);
   if (args.what == "quant") return bench_quant(args);
+  if (args.what == "transport") return bench_transport(args);
   return report_failure(error(ErrorCode::kInvalidArgument, "unknown benchmark '" + args.what + "'"));
 }
 

@@ -50,9 +50,12 @@ struct BenchArgs {
   std::int64_t block = 128;
   double min_time = 0.3;
   bool naive = true;
+  // bench transport
+  std::int64_t message_mib = 64;
 };
 void add_bench_command(CLI::App& app, BenchArgs& args);
 int run_bench_command(const BenchArgs& args);
 int bench_quant(const BenchArgs& args);
+int bench_transport(const BenchArgs& args);
 
 }  // namespace gossamer::app

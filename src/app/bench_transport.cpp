@@ -1,0 +1,145 @@
+// `gossamer bench transport`: goodput of large messages over one loopback link, next to a plain
+// blocking-socket sender and receiver moving the same bytes in the same run; and messages per second
+// for small frames.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "app/commands.h"
+#include "core/clock.h"
+#include "transport/tcp_transport.h"
+
+namespace gossamer::app {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Plain sockets: a blocking sender write()s each message after an 8-byte length; the receiver reads
+// the length, allocates the message (as any message receiver must) and reads it.
+double plain_goodput(std::size_t message_bytes, int messages) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  (void)::bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  (void)::listen(listener, 1);
+  socklen_t len = sizeof(sa);
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len);
+  const int client = ::socket(AF_INET, SOCK_STREAM, 0);
+  (void)::connect(client, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  const int server = ::accept(listener, nullptr, nullptr);
+  const std::vector<char> payload(message_bytes, 1);
+
+  Stopwatch w(real_clock());
+  std::thread receiver([&] {
+    for (int m = 0; m < messages; ++m) {
+      std::uint64_t n = 0;
+      std::size_t got = 0;
+      while (got < 8) got += static_cast<std::size_t>(std::max<ssize_t>(0, ::read(server, reinterpret_cast<char*>(&n) + got, 8 - got)));
+      std::vector<char> buf(n);
+      got = 0;
+      while (got < n) {
+        const ssize_t r = ::read(server, buf.data() + got, n - got);
+        if (r <= 0) return;
+        got += static_cast<std::size_t>(r);
+      }
+    }
+  });
+  for (int m = 0; m < messages; ++m) {
+    const std::uint64_t n = payload.size();
+    (void)!::write(client, &n, 8);
+    std::size_t sent = 0;
+    while (sent < payload.size()) {
+      const ssize_t r = ::write(client, payload.data() + sent, payload.size() - sent);
+      if (r <= 0) break;
+      sent += static_cast<std::size_t>(r);
+    }
+  }
+  receiver.join();
+  const double seconds = w.elapsed_seconds();
+  ::close(client);
+  ::close(server);
+  ::close(listener);
+  return static_cast<double>(message_bytes) * messages / seconds;
+}
+
+double link_goodput(transport::Link& tx, transport::Link& rx, std::size_t message_bytes, int messages) {
+  const Bytes payload(message_bytes, std::byte{1});
+  Stopwatch w(real_clock());
+  std::thread receiver([&] {
+    for (int m = 0; m < messages; ++m) {
+      if (!rx.recv(1, Deadline::after(real_clock(), 60s)).ok()) return;
+    }
+  });
+  for (int m = 0; m < messages; ++m) {
+    if (!tx.send(1, payload, Deadline::after(real_clock(), 60s)).ok()) break;
+  }
+  receiver.join();
+  return static_cast<double>(message_bytes) * messages / w.elapsed_seconds();
+}
+
+}  // namespace
+
+int bench_transport(const BenchArgs& args) {
+  transport::TcpOptions o;
+  auto a = transport::make_tcp_transport(o), b = transport::make_tcp_transport(o);
+  if (!a.ok()) return report_failure(a.status());
+  if (!b.ok()) return report_failure(b.status());
+  auto ab = (*a)->connect((*b)->address(), Deadline::after(real_clock(), 5s));
+  if (!ab.ok()) return report_failure(ab.status());
+  auto ba = (*b)->accept(Deadline::after(real_clock(), 5s));
+  if (!ba.ok()) return report_failure(ba.status());
+
+  const std::size_t big = static_cast<std::size_t>(args.message_mib) << 20;
+  const int per_round = 4;
+  fmt::print("bench transport: {} MiB messages, {} per round, {} rounds, loopback\n", args.message_mib, per_round, args.rounds);
+  std::vector<double> ours, plain, ratios;
+  for (std::int64_t r = 0; r < args.rounds; ++r) {
+    double g, p;
+    if (r % 2 == 0) {
+      g = link_goodput(**ab, **ba, big, per_round);
+      p = plain_goodput(big, per_round);
+    } else {
+      p = plain_goodput(big, per_round);
+      g = link_goodput(**ab, **ba, big, per_round);
+    }
+    ours.push_back(g);
+    plain.push_back(p);
+    ratios.push_back(g / p);
+    fmt::print("  round {}: gossamer link {:.2f} GB/s, plain sockets {:.2f} GB/s, ratio {:.3f}\n", r + 1, g / 1e9, p / 1e9, g / p);
+  }
+  fmt::print("median: gossamer link {:.2f} GB/s, plain sockets {:.2f} GB/s, ratio {:.3f}\n", median(ours) / 1e9, median(plain) / 1e9,
+             median(ratios));
+
+  // Small frames: one sender, one receiver, 64-byte messages.
+  const int small = 100000;
+  const Bytes tiny(64, std::byte{2});
+  Stopwatch w(real_clock());
+  std::thread receiver([&] {
+    for (int m = 0; m < small; ++m) {
+      if (!(*ba)->recv(2, Deadline::after(real_clock(), 60s)).ok()) return;
+    }
+  });
+  for (int m = 0; m < small; ++m) {
+    if (!(*ab)->send(2, tiny, Deadline::after(real_clock(), 60s)).ok()) break;
+  }
+  receiver.join();
+  fmt::print("small frames: {} messages of 64 bytes in {:.3f} s: {:.0f} messages/s\n", small, w.elapsed_seconds(), small / w.elapsed_seconds());
+  return 0;
+}
+
+}  // namespace gossamer::app
