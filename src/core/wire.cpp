@@ -4,6 +4,8 @@
 
 namespace gossamer {
 
+void Writer::raw(ByteView b) { buf_.insert(buf_.end(), b.begin(), b.end()); }
+
 void Writer::blob(ByteView b) {
   GOSSAMER_CHECK(b.size() <= std::numeric_limits<std::uint32_t>::max(), "blob larger than 4 GiB");
   u32(static_cast<std::uint32_t>(b.size()));

@@ -32,8 +32,9 @@ class Writer {
   void i64(std::int64_t v) { put_le(static_cast<std::uint64_t>(v)); }
   void f32(float v) { put_le(std::bit_cast<std::uint32_t>(v)); }
   void f64(double v) { put_le(std::bit_cast<std::uint64_t>(v)); }
-  // Raw bytes, no length prefix.
-  void raw(ByteView b) { buf_.insert(buf_.end(), b.begin(), b.end()); }
+  // Raw bytes, no length prefix. (Out of line: GCC 12 raises a false -Wstringop-overflow when the
+  // vector insert is inlined into a Writer that has not reserved.)
+  void raw(ByteView b);
   // u32 length then bytes.
   void blob(ByteView b);
   void str(std::string_view s) { blob(as_bytes(s)); }

@@ -1,0 +1,187 @@
+// Gossip membership: ephemeral ports, deadlines, raw ZeroMQ sockets for misbehaving peers.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <zmq.hpp>
+
+#include "core/wire.h"
+#include "transport/gossip.h"
+
+using namespace gossamer;
+using namespace gossamer::transport;
+using namespace std::chrono_literals;
+
+namespace {
+
+GossipOptions fast(std::vector<std::string> seeds = {}) {
+  GossipOptions o;
+  o.seeds = std::move(seeds);
+  o.period = 50ms;
+  o.suspect_after = 250ms;
+  o.dead_after = 500ms;
+  return o;
+}
+
+std::unique_ptr<Gossip> node(std::vector<std::string> seeds = {}) {
+  auto g = make_gossip(fast(std::move(seeds)));
+  REQUIRE(g.ok());
+  return std::move(*g);
+}
+
+std::size_t count_state(const Gossip& g, MemberState s) {
+  std::size_t n = 0;
+  for (const auto& m : g.members()) n += m.state == s ? 1 : 0;
+  return n;
+}
+
+// Polls `done` until it holds or the deadline passes (the gossip runs on its own threads).
+template <typename F>
+bool eventually(F done, Nanos within) {
+  const Deadline d = Deadline::after(real_clock(), within);
+  while (!d.expired(real_clock())) {
+    if (done()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return done();
+}
+
+// A gossip table message from a fake peer, in the wire format of transport/gossip.cpp.
+Bytes fake_table(std::uint64_t id, const std::string& address, std::uint64_t heartbeat) {
+  Writer w;
+  w.raw(as_bytes("GSGP"));
+  w.u8(1);
+  w.u8(1);
+  w.u64(id);
+  w.str(address);
+  w.u32(1);
+  w.u64(id);
+  w.str(address);
+  w.u64(heartbeat);
+  w.u8(0);
+  return std::move(w).take();
+}
+
+}  // namespace
+
+TEST_CASE("16 gossip peers reach full membership through one seed") {
+  std::vector<std::unique_ptr<Gossip>> nodes;
+  nodes.push_back(node());
+  const std::string seed = nodes[0]->address();
+  for (int i = 1; i < 16; ++i) nodes.push_back(node({seed}));
+  Stopwatch w(real_clock());
+  const bool full = eventually(
+      [&] {
+        for (auto& n : nodes) {
+          if (count_state(*n, MemberState::kAlive) != 15) return false;
+        }
+        return true;
+      },
+      10s);
+  CHECK(full);
+  MESSAGE("16 peers: full membership after " << w.elapsed_seconds() << " s (" << w.elapsed_seconds() / 0.05 << " periods)");
+  // Peer sampling: distinct live members.
+  auto s = nodes[3]->sample(5);
+  CHECK(s.size() == 5);
+  std::set<std::uint64_t> ids;
+  for (auto& m : s) ids.insert(m.id.value);
+  CHECK(ids.size() == 5);
+  CHECK(ids.count(nodes[3]->self().value) == 0);
+}
+
+TEST_CASE("a silent peer is suspected, then declared dead within a few heartbeats") {
+  auto a = node(), b = node({a->address()});
+  zmq::context_t ctx;
+  zmq::socket_t fake(ctx, zmq::socket_type::dealer);
+  fake.set(zmq::sockopt::linger, 0);
+  fake.connect(a->address());
+  const Bytes hello = fake_table(777, "tcp://127.0.0.1:1", 1);
+  (void)fake.send(zmq::buffer(hello.data(), hello.size()));
+  auto state_of_fake = [&](const Gossip& g) {
+    for (const auto& m : g.members()) {
+      if (m.id.value == 777) return m.state;
+    }
+    return MemberState::kLeft;  // not known
+  };
+  REQUIRE(eventually([&] { return state_of_fake(*a) == MemberState::kAlive; }, 2s));
+  Stopwatch w(real_clock());
+  CHECK(eventually([&] { return state_of_fake(*a) == MemberState::kSuspect; }, 2s));
+  CHECK(eventually([&] { return state_of_fake(*a) == MemberState::kDead; }, 2s));
+  MESSAGE("declared dead " << w.elapsed_seconds() << " s after it was last seen alive (dead_after 0.5 s)");
+  CHECK(w.elapsed() < 1s);
+  // The live peer stays alive on both sides, and the dead one is never sampled.
+  CHECK(eventually([&] { return count_state(*a, MemberState::kAlive) == 1 && count_state(*b, MemberState::kAlive) == 1; }, 2s));
+  for (auto& m : a->sample(10)) CHECK(m.id.value != 777);
+}
+
+TEST_CASE("a peer that leaves is known to have left at once") {
+  auto a = node(), b = node({a->address()}), c = node({a->address()});
+  REQUIRE(eventually([&] { return count_state(*a, MemberState::kAlive) == 2 && count_state(*c, MemberState::kAlive) == 2; }, 5s));
+  const PeerId bid = b->self();
+  b->leave();
+  auto left_on = [&](const Gossip& g) {
+    for (const auto& m : g.members()) {
+      if (m.id == bid) return m.state == MemberState::kLeft;
+    }
+    return false;
+  };
+  Stopwatch w(real_clock());
+  CHECK(eventually([&] { return left_on(*a) && left_on(*c); }, 2s));
+  CHECK(w.elapsed() < 400ms);  // faster than failure detection (dead_after 500 ms)
+  CHECK(b->broadcast("t", {}).code() == ErrorCode::kAborted);
+}
+
+TEST_CASE("broadcasts reach every subscriber exactly once") {
+  std::vector<std::unique_ptr<Gossip>> nodes;
+  nodes.push_back(node());
+  for (int i = 1; i < 8; ++i) nodes.push_back(node({nodes[0]->address()}));
+  REQUIRE(eventually(
+      [&] {
+        for (auto& n : nodes) {
+          if (count_state(*n, MemberState::kAlive) != 7) return false;
+        }
+        return true;
+      },
+      10s));
+  std::mutex mu;
+  std::map<std::uint64_t, std::vector<std::string>> got;  // receiver -> payloads
+  for (auto& n : nodes) {
+    const std::uint64_t me = n->self().value;
+    n->subscribe("round", [&, me](PeerId, const Bytes& p) {
+      std::lock_guard<std::mutex> lock(mu);
+      got[me].emplace_back(reinterpret_cast<const char*>(p.data()), p.size());
+    });
+  }
+  REQUIRE(nodes[5]->broadcast("round", as_bytes("round 1 starts")).ok());
+  REQUIRE(nodes[2]->broadcast("other-topic", as_bytes("ignored")).ok());
+  CHECK(eventually(
+      [&] {
+        std::lock_guard<std::mutex> lock(mu);
+        return got.size() == nodes.size();
+      },
+      5s));
+  std::this_thread::sleep_for(300ms);  // let any duplicate arrive: none may be delivered
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& [id, payloads] : got) {
+    REQUIRE(payloads.size() == 1);
+    CHECK(payloads[0] == "round 1 starts");
+  }
+}
+
+TEST_CASE("garbage sent to a gossip port is dropped and counted; the node keeps working") {
+  auto a = node(), b = node({a->address()});
+  zmq::context_t ctx;
+  zmq::socket_t junk(ctx, zmq::socket_type::dealer);
+  junk.set(zmq::sockopt::linger, 0);
+  junk.connect(a->address());
+  (void)junk.send(zmq::str_buffer("GET / HTTP/1.1\r\n\r\n"));
+  Bytes truncated = fake_table(55, "tcp://127.0.0.1:2", 3);
+  truncated.resize(truncated.size() - 5);
+  (void)junk.send(zmq::buffer(truncated.data(), truncated.size()));
+  CHECK(eventually([&] { return a->dropped_messages() >= 2; }, 2s));
+  CHECK(eventually([&] { return count_state(*a, MemberState::kAlive) == 1 && count_state(*b, MemberState::kAlive) == 1; }, 3s));
+  for (const auto& m : a->members()) CHECK(m.id.value != 55);
+}

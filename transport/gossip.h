@@ -1,0 +1,71 @@
+// Gossip: membership, failure detection, peer sampling and small broadcasts over ZeroMQ.
+//
+// Each node binds one ROUTER socket (its gossip address) and keeps one DEALER per peer it talks to;
+// all of them are owned by the node's gossip thread. Every `period` a node bumps its own heartbeat
+// counter and sends its whole member table to `fanout` random live peers (and to the seed addresses
+// until it knows someone). Tables merge by taking the higher heartbeat per member. A member whose
+// heartbeat has not risen for `suspect_after` is suspect; after `dead_after`, dead (gossip-style
+// failure detection with a suspicion stage). A node that leaves tells every live member at once.
+// Broadcasts spread by rumor mongering: each node delivers a message once per (origin, sequence) and
+// forwards it to `fanout` random peers at once and in each of the next few periods, up to `max_hops`. N nodes learn of each other in O(log N)
+// periods.
+//
+// Threading: every public method is thread-safe. Subscriber callbacks run on the gossip thread and
+// must be quick. Errors: bad messages from the network are dropped, logged and counted
+// (dropped_messages()); construction errors (cannot bind) are returned by make_gossip.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/bytes.h"
+#include "core/clock.h"
+#include "core/status.h"
+#include "transport/ids.h"
+
+namespace gossamer::transport {
+
+struct GossipOptions {
+  std::string bind = "tcp://127.0.0.1:*";  // '*': an ephemeral port
+  std::vector<std::string> seeds;           // gossip addresses of running nodes
+  PeerId self;                              // zero: a random id
+  Nanos period = std::chrono::milliseconds(100);
+  int fanout = 3;
+  Nanos suspect_after = std::chrono::milliseconds(500);
+  Nanos dead_after = std::chrono::milliseconds(1000);
+  int max_hops = 12;
+};
+
+enum class MemberState : std::uint8_t { kAlive = 0, kSuspect = 1, kDead = 2, kLeft = 3 };
+
+struct Member {
+  PeerId id;
+  std::string address;
+  std::uint64_t heartbeat = 0;
+  MemberState state = MemberState::kAlive;
+};
+
+class Gossip {
+ public:
+  virtual ~Gossip() = default;  // leaves gracefully (tells the live members), then stops the thread
+  virtual PeerId self() const = 0;
+  virtual std::string address() const = 0;
+  // Every member this node knows of, itself excluded, with its current state.
+  virtual std::vector<Member> members() const = 0;
+  // Up to k distinct live members, uniformly at random.
+  virtual std::vector<Member> sample(std::size_t k) = 0;
+  // Sends a small message (<= 64 KiB) to every live node that subscribes to `topic`.
+  [[nodiscard]] virtual Status broadcast(const std::string& topic, ByteView payload) = 0;
+  using Handler = std::function<void(PeerId origin, const Bytes& payload)>;
+  virtual void subscribe(const std::string& topic, Handler handler) = 0;
+  // Tells the live members this node is leaving, then goes quiet. Idempotent.
+  virtual void leave() = 0;
+  virtual std::uint64_t dropped_messages() const = 0;
+};
+
+[[nodiscard]] Result<std::unique_ptr<Gossip>> make_gossip(const GossipOptions& options);
+
+}  // namespace gossamer::transport
