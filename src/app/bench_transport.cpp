@@ -15,6 +15,7 @@
 
 #include "app/commands.h"
 #include "core/clock.h"
+#include "transport/gossip.h"
 #include "transport/tcp_transport.h"
 
 namespace gossamer::app {
@@ -139,7 +140,38 @@ int bench_transport(const BenchArgs& args) {
   }
   receiver.join();
   fmt::print("small frames: {} messages of 64 bytes in {:.3f} s: {:.0f} messages/s\n", small, w.elapsed_seconds(), small / w.elapsed_seconds());
-  return 0;
+
+  // Gossip convergence: 32 nodes join through one seed (default period); time until every node
+  // sees the 31 others alive.
+  const int nodes_wanted = static_cast<int>(args.gossip_peers);
+  transport::GossipOptions go;
+  std::vector<std::unique_ptr<transport::Gossip>> nodes;
+  Stopwatch gw(real_clock());
+  for (int i = 0; i < nodes_wanted; ++i) {
+    if (i > 0) go.seeds = {nodes[0]->address()};
+    auto g = transport::make_gossip(go);
+    if (!g.ok()) return report_failure(g.status());
+    nodes.push_back(std::move(*g));
+  }
+  const Deadline limit = Deadline::after(real_clock(), 60s);
+  bool full = false;
+  while (!full && !limit.expired(real_clock())) {
+    full = true;
+    for (auto& n : nodes) {
+      std::size_t alive = 0;
+      for (const auto& m : n->members()) alive += m.state == transport::MemberState::kAlive ? 1 : 0;
+      if (alive != nodes.size() - 1) {
+        full = false;
+        break;
+      }
+    }
+    if (!full) std::this_thread::sleep_for(5ms);
+  }
+  const double seconds = gw.elapsed_seconds();
+  fmt::print("gossip: {} peers {} full membership in {:.2f} s ({:.1f} periods of {} ms, fanout {})\n", nodes_wanted,
+             full ? "reached" : "did NOT reach", seconds, seconds / std::chrono::duration<double>(go.period).count(),
+             std::chrono::duration_cast<std::chrono::milliseconds>(go.period).count(), go.fanout);
+  return full ? 0 : 1;
 }
 
 }  // namespace gossamer::app

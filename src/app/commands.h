@@ -52,6 +52,7 @@ struct BenchArgs {
   bool naive = true;
   // bench transport
   std::int64_t message_mib = 64;
+  std::int64_t gossip_peers = 32;
 };
 void add_bench_command(CLI::App& app, BenchArgs& args);
 int run_bench_command(const BenchArgs& args);

@@ -80,4 +80,9 @@ run 0 "$G" bench quant --elements 4096 --min-time 0.01 --no-naive
 says "| fp4_e2m1 | 4.250 |"
 says "memcpy of the same buffer"
 
+# The transport benchmark runs end to end (small sizes).
+run 0 "$G" bench transport --rounds 1 --message-mib 1 --gossip-peers 4
+says "ratio"
+says "gossip: 4 peers reached full membership"
+
 echo "cli: all checks passed"
