@@ -111,17 +111,30 @@ struct Completion {
   void wait() { (void)wait_until(SteadyTime::max()); }
 };
 
+// Secure state of a link after the handshake.
+struct SecureSession {
+  explicit SecureSession(const SessionKeys& k) : sealer(k.tx) {}
+  StreamSealer sealer;
+  StreamOpener opener;
+};
+
 class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> {
  public:
-  TcpLink(std::shared_ptr<asio::io_context> io, tcp::socket socket, PeerId peer, const TcpOptions& o)
-      : io_(std::move(io)), socket_(std::move(socket)), peer_(peer), max_message_(o.max_message_bytes), max_buffered_(o.max_buffered_bytes) {
+  TcpLink(std::shared_ptr<asio::io_context> io, tcp::socket socket, PeerId peer, const TcpOptions& o,
+          std::unique_ptr<SecureSession> secure)
+      : io_(std::move(io)),
+        socket_(std::move(socket)),
+        peer_(peer),
+        max_message_(o.max_message_bytes),
+        max_buffered_(o.max_buffered_bytes),
+        secure_(std::move(secure)) {
     asio::error_code ec;
     const auto ep = socket_.remote_endpoint(ec);
     remote_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
   }
 
   void start() {
-    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->read_header(); });
+    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->read_next(); });
   }
 
   PeerId peer() const override { return peer_; }
@@ -142,7 +155,7 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
         buffered_ -= m.size();
         if (paused_ && buffered_ <= max_buffered_) {
           paused_ = false;
-          asio::post(socket_.get_executor(), [self = shared_from_this()] { self->read_header(); });
+          asio::post(socket_.get_executor(), [self = shared_from_this()] { self->read_next(); });
         }
         return m;
       }
@@ -193,6 +206,27 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
   }
 
  private:
+  // Hands two buffers to the I/O thread and waits for the write (or the deadline). The buffers are the
+  // caller's: this returns only after the write handler has run.
+  Status write_and_wait(asio::const_buffer a, asio::const_buffer b, Deadline deadline) {
+    auto done = std::make_shared<Completion>();
+    asio::post(socket_.get_executor(), [self = shared_from_this(), a, b, done] {
+      const std::array<asio::const_buffer, 2> buffers = {a, b};
+      asio::async_write(self->socket_, buffers, TransferAllInLargeSteps{}, [done](asio::error_code ec, std::size_t) { done->finish(ec); });
+    });
+    if (!done->wait_until(steady(deadline))) {
+      fail(error(ErrorCode::kPeerLost, "link to peer " + peer_.to_string() + " closed: a send timed out mid-frame"));
+      done->wait();  // closing the socket aborts the write; its handler must run before the buffers go away
+      return error(ErrorCode::kTimeout, "sending to peer " + peer_.to_string() + " did not finish before the deadline");
+    }
+    if (done->ec) {
+      fail(error(ErrorCode::kPeerLost, "peer " + peer_.to_string() + " lost while sending: " + done->ec.message()));
+      std::lock_guard<std::mutex> lock(mu_);
+      return failed_;
+    }
+    return Status();
+  }
+
   Status send_frame(const FrameHeader& h, ByteView payload, Deadline deadline) {
     std::lock_guard<std::mutex> serial(send_mu_);  // frames go out whole, in call order
     {
@@ -201,41 +235,58 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
     }
     std::array<std::uint8_t, kFrameHeaderBytes> header{};
     encode_frame_header(h, header.data());
-    auto done = std::make_shared<Completion>();
-    // The buffers are the caller's: this function returns only after the write handler has run.
-    asio::post(socket_.get_executor(), [self = shared_from_this(), &header, payload, done] {
-      const std::array<asio::const_buffer, 2> buffers = {asio::buffer(header), asio::buffer(payload.data(), payload.size())};
-      asio::async_write(self->socket_, buffers, TransferAllInLargeSteps{}, [done](asio::error_code ec, std::size_t) { done->finish(ec); });
-    });
-    if (!done->wait_until(steady(deadline))) {
-      fail(error(ErrorCode::kPeerLost, "link to peer " + peer_.to_string() + " closed: a send timed out mid-frame"));
-      done->wait();  // closing the socket aborts the write; its handler must run before the buffers go away
-      return error(ErrorCode::kTimeout, "sending " + std::to_string(payload.size()) + " bytes to peer " + peer_.to_string() +
-                                            " did not finish before the deadline");
+    Status st;
+    if (!secure_) {
+      st = write_and_wait(asio::buffer(header), asio::buffer(payload.data(), payload.size()), deadline);
+    } else {
+      // The frame (header then payload) as a stream of sealed records of up to kRecordPlaintext bytes;
+      // only the first record, which carries the header, is staged.
+      if (record_out_.empty()) record_out_.resize(4 + kRecordPlaintext + kRecordOverhead);
+      std::size_t offset = 0;
+      bool first = true;
+      while (st.ok() && (first || offset < payload.size())) {
+        std::size_t n;
+        if (first) {
+          const std::size_t take = std::min(payload.size(), kRecordPlaintext - kFrameHeaderBytes);
+          Bytes staged(kFrameHeaderBytes + take);
+          std::memcpy(staged.data(), header.data(), kFrameHeaderBytes);
+          if (take > 0) std::memcpy(staged.data() + kFrameHeaderBytes, payload.data(), take);
+          n = secure_->sealer.seal(staged, record_out_.data());
+          offset = take;
+          first = false;
+        } else {
+          const std::size_t take = std::min(payload.size() - offset, kRecordPlaintext);
+          n = secure_->sealer.seal(payload.subspan(offset, take), record_out_.data());
+          offset += take;
+        }
+        st = write_and_wait(asio::buffer(record_out_.data(), n), asio::const_buffer(), deadline);
+      }
     }
-    if (done->ec) {
-      Status lost = error(ErrorCode::kPeerLost, "peer " + peer_.to_string() + " lost while sending: " + done->ec.message());
-      fail(lost);
-      std::lock_guard<std::mutex> lock(mu_);
-      return failed_;
-    }
+    if (!st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
     stats_.bytes_sent += kFrameHeaderBytes + payload.size();
     stats_.messages_sent += h.type == FrameType::kData ? 1 : 0;
     return Status();
   }
 
+  void read_next() {
+    if (secure_) {
+      read_record();
+    } else {
+      read_header();
+    }
+  }
+
+  // Plaintext links: a frame header, then its payload read straight into the message.
   void read_header() {
     asio::async_read(socket_, asio::buffer(rheader_), [self = shared_from_this()](asio::error_code ec, std::size_t) {
       if (ec) return self->fail_read(ec);
       auto h = decode_frame_header(ByteView(reinterpret_cast<const std::byte*>(self->rheader_.data()), kFrameHeaderBytes),
                                    self->max_message_);
-      if (!h.ok()) {
-        spdlog::warn("dropping link to peer {} ({}): {}", self->peer_.to_string(), self->remote_, h.status().message());
-        return self->fail(h.status().with_context("peer " + self->peer_.to_string() + " broke the protocol"));
-      }
-      if (h->type == FrameType::kClose) {
-        return self->fail(error(ErrorCode::kPeerLost, "peer " + self->peer_.to_string() + " closed the link"));
+      if (!self->accept_header(h)) return;
+      if (h->length == 0) {
+        if (!self->deliver(h->tag, Bytes())) self->read_next();
+        return;
       }
       self->read_payload(*h);
     });
@@ -243,21 +294,97 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
 
   void read_payload(const FrameHeader& h) {
     auto buf = std::make_shared<Bytes>(h.length);  // length checked against the cap in decode_frame_header
-    asio::async_read(socket_, asio::buffer(buf->data(), buf->size()), TransferAllInLargeSteps{}, [self = shared_from_this(), buf, tag = h.tag](asio::error_code ec, std::size_t) {
+    asio::async_read(socket_, asio::buffer(buf->data(), buf->size()), TransferAllInLargeSteps{},
+                     [self = shared_from_this(), buf, tag = h.tag](asio::error_code ec, std::size_t) {
+                       if (ec) return self->fail_read(ec);
+                       if (!self->deliver(tag, std::move(*buf))) self->read_next();
+                     });
+  }
+
+  // Encrypted links: records, opened into a plaintext stream that is parsed into frames.
+  void read_record() {
+    asio::async_read(socket_, asio::buffer(rlen_), [self = shared_from_this()](asio::error_code ec, std::size_t) {
       if (ec) return self->fail_read(ec);
-      bool pause;
-      {
-        std::lock_guard<std::mutex> lock(self->mu_);
-        self->buffered_ += buf->size();
-        self->stats_.bytes_received += kFrameHeaderBytes + buf->size();
-        self->stats_.messages_received += 1;
-        self->inbox_[tag].push_back(std::move(*buf));
-        self->cv_.notify_all();
-        pause = self->buffered_ > self->max_buffered_;
-        self->paused_ = pause;
+      std::uint32_t len = 0;
+      for (int i = 0; i < 4; ++i) len |= static_cast<std::uint32_t>(self->rlen_[static_cast<std::size_t>(i)]) << (8 * i);
+      if (len < kRecordOverhead || len > kRecordPlaintext + kRecordOverhead) {
+        spdlog::warn("dropping link to peer {} ({}): encrypted record of {} bytes", self->peer_.to_string(), self->remote_, len);
+        return self->fail(error(ErrorCode::kMalformed, "peer " + self->peer_.to_string() + " sent an encrypted record of impossible size"));
       }
-      if (!pause) self->read_header();
+      self->rcipher_.resize(len);
+      asio::async_read(self->socket_, asio::buffer(self->rcipher_), TransferAllInLargeSteps{}, [self](asio::error_code ec2, std::size_t) {
+        if (ec2) return self->fail_read(ec2);
+        self->rplain_.resize(kRecordPlaintext);
+        auto n = self->secure_->opener.open(ByteView(reinterpret_cast<const std::byte*>(self->rcipher_.data()), self->rcipher_.size()),
+                                            self->rplain_.data());
+        if (!n.ok()) {
+          spdlog::warn("dropping link to peer {} ({}): {}", self->peer_.to_string(), self->remote_, n.status().message());
+          return self->fail(n.status().with_context("peer " + self->peer_.to_string()));
+        }
+        bool paused = false;
+        if (!self->consume(self->rplain_.data(), *n, paused)) return;
+        if (!paused) self->read_next();
+      });
     });
+  }
+
+  // Parses decrypted bytes into frames. False when the link failed.
+  bool consume(const std::uint8_t* p, std::size_t n, bool& paused) {
+    while (n > 0) {
+      if (!in_payload_) {
+        const std::size_t take = std::min(kFrameHeaderBytes - header_fill_, n);
+        std::memcpy(rheader_.data() + header_fill_, p, take);
+        header_fill_ += take;
+        p += take;
+        n -= take;
+        if (header_fill_ < kFrameHeaderBytes) break;
+        header_fill_ = 0;
+        auto h = decode_frame_header(ByteView(reinterpret_cast<const std::byte*>(rheader_.data()), kFrameHeaderBytes), max_message_);
+        if (!accept_header(h)) return false;
+        message_ = Bytes(h->length);
+        message_tag_ = h->tag;
+        message_fill_ = 0;
+        in_payload_ = h->length > 0;
+        if (!in_payload_) paused = deliver(message_tag_, std::move(message_)) || paused;
+      } else {
+        const std::size_t take = std::min(message_.size() - message_fill_, n);
+        std::memcpy(message_.data() + message_fill_, p, take);
+        message_fill_ += take;
+        p += take;
+        n -= take;
+        if (message_fill_ == message_.size()) {
+          in_payload_ = false;
+          paused = deliver(message_tag_, std::move(message_)) || paused;
+        }
+      }
+    }
+    return true;
+  }
+
+  // Checks a decoded header; a protocol error or a goodbye fails the link. True to go on.
+  bool accept_header(const Result<FrameHeader>& h) {
+    if (!h.ok()) {
+      spdlog::warn("dropping link to peer {} ({}): {}", peer_.to_string(), remote_, h.status().message());
+      fail(h.status().with_context("peer " + peer_.to_string() + " broke the protocol"));
+      return false;
+    }
+    if (h->type == FrameType::kClose) {
+      fail(error(ErrorCode::kPeerLost, "peer " + peer_.to_string() + " closed the link"));
+      return false;
+    }
+    return true;
+  }
+
+  // Queues a received message; true when reading must pause (too much unreceived data).
+  bool deliver(Tag tag, Bytes message) {
+    std::lock_guard<std::mutex> lock(mu_);
+    buffered_ += message.size();
+    stats_.bytes_received += kFrameHeaderBytes + message.size();
+    stats_.messages_received += 1;
+    inbox_[tag].push_back(std::move(message));
+    cv_.notify_all();
+    paused_ = buffered_ > max_buffered_;
+    return paused_;
   }
 
   void fail_read(asio::error_code ec) {
@@ -271,7 +398,20 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
   PeerId peer_;
   std::string remote_;
   std::uint64_t max_message_, max_buffered_;
+  std::unique_ptr<SecureSession> secure_;  // null: plaintext link
+
+  // Read side (I/O thread only).
   std::array<std::uint8_t, kFrameHeaderBytes> rheader_{};
+  std::array<std::uint8_t, 4> rlen_{};
+  std::vector<std::uint8_t> rcipher_, rplain_;
+  std::size_t header_fill_ = 0, message_fill_ = 0;
+  bool in_payload_ = false;
+  Bytes message_;
+  Tag message_tag_ = 0;
+
+  // Send side (under send_mu_).
+  std::mutex send_mu_;
+  std::vector<std::uint8_t> record_out_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -280,67 +420,122 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
   bool paused_ = false;
   Status failed_;
   LinkStats stats_;
-  std::mutex send_mu_;
 };
 
-// Exchanges HELLOs on a fresh socket (on the I/O thread), with a timeout. `done` runs once, after both
-// the write and the read have completed (or failed), so the socket is idle when it is handed on.
+// The handshake on a fresh socket, on the I/O thread, under one timeout: HELLOs, the checks of
+// check_hello and of the encryption capability, then (with a run key) AUTH and the stream headers.
+// `done` runs once, when no operation is pending on the socket, so the socket can be handed on.
 struct Handshake : std::enable_shared_from_this<Handshake> {
-  using Done = std::function<void(Status, Hello)>;
+  using Done = std::function<void(Status, Hello, std::unique_ptr<SecureSession>)>;
 
-  Handshake(tcp::socket s, Bytes ours) : socket(std::move(s)), hello_out(std::move(ours)), timer(socket.get_executor()) {}
+  Handshake(tcp::socket s, const Hello& ours, std::optional<RunKey> key, bool initiator)
+      : socket(std::move(s)), timer(socket.get_executor()), ours_(ours), key_(std::move(key)), initiator_(initiator) {
+    if (key_) ours_.capabilities |= kCapEncrypted;
+    hello_out_ = encode_hello(ours_);
+  }
 
   void run(Nanos timeout, Done on_done) {
-    done = std::move(on_done);
+    done_ = std::move(on_done);
     auto self = shared_from_this();
     timer.expires_after(std::chrono::duration_cast<asio::steady_timer::duration>(timeout));
     timer.async_wait([self](asio::error_code ec) {
       if (!ec) {
-        self->timed_out = true;
+        self->timed_out_ = true;
         asio::error_code ignored;
         self->socket.close(ignored);
       }
     });
-    asio::async_write(socket, asio::buffer(hello_out), [self](asio::error_code ec, std::size_t) {
-      self->write_ec = ec;
-      self->write_done = true;
-      self->maybe_finish();
-    });
-    asio::async_read(socket, asio::buffer(hello_in), [self](asio::error_code ec, std::size_t) {
-      self->read_ec = ec;
-      self->read_done = true;
-      if (ec) {  // unblock a write that may wait on a dead peer
-        asio::error_code ignored;
-        self->socket.close(ignored);
-      }
-      self->maybe_finish();
-    });
-  }
-
-  void maybe_finish() {
-    if (!write_done || !read_done) return;
-    timer.cancel();
-    Done finish = std::move(done);  // the callback may hold this Handshake: drop it after one call
-    done = nullptr;
-    const asio::error_code ec = read_ec ? read_ec : write_ec;
-    if (ec) {
-      finish(error(timed_out ? ErrorCode::kTimeout : ErrorCode::kPeerLost,
-                 timed_out ? std::string("no HELLO before the handshake deadline") : "connection lost during the handshake: " + ec.message()),
-           Hello{});
-      return;
-    }
-    auto hello = decode_hello(ByteView(reinterpret_cast<const std::byte*>(hello_in.data()), kHelloBytes));
-    if (!hello.ok()) return finish(hello.status(), Hello{});
-    finish(Status(), *hello);
+    exchange(hello_out_.data(), hello_out_.size(), hello_in_.data(), hello_in_.size(), [self] { self->after_hello(); });
   }
 
   tcp::socket socket;
-  Bytes hello_out;
-  std::array<std::uint8_t, kHelloBytes> hello_in{};
   asio::steady_timer timer;
-  Done done;
-  bool timed_out = false, write_done = false, read_done = false;
-  asio::error_code write_ec, read_ec;
+
+ private:
+  // Writes `out` and reads exactly `in_size` bytes; `next` runs once both completed without error.
+  void exchange(const void* out, std::size_t out_size, void* in, std::size_t in_size, std::function<void()> next) {
+    auto self = shared_from_this();
+    auto pending = std::make_shared<int>(2);
+    auto step = [self, pending, next](asio::error_code ec) {
+      if (ec && !self->failed_) {
+        self->failed_ = true;
+        self->first_error_ = ec;
+        asio::error_code ignored;
+        self->socket.close(ignored);  // unblocks the other operation
+      }
+      if (--*pending > 0) return;
+      if (self->failed_) return self->finish(self->io_error());
+      next();
+    };
+    asio::async_write(socket, asio::buffer(out, out_size), [step](asio::error_code ec, std::size_t) { step(ec); });
+    asio::async_read(socket, asio::buffer(in, in_size), [step](asio::error_code ec, std::size_t) { step(ec); });
+  }
+
+  Status io_error() const {
+    if (timed_out_) return error(ErrorCode::kTimeout, "the handshake did not finish before its deadline");
+    return error(ErrorCode::kPeerLost, "connection lost during the handshake: " + first_error_.message() +
+                                           " (the peer may have refused us: see its log)");
+  }
+
+  void after_hello() {
+    auto hello = decode_hello(ByteView(reinterpret_cast<const std::byte*>(hello_in_.data()), kHelloBytes));
+    if (!hello.ok()) return finish(hello.status());
+    theirs_ = *hello;
+    if (Status st = check_hello(ours_, theirs_); !st.ok()) return finish(st);
+    const bool we_encrypt = key_.has_value(), they_encrypt = (theirs_.capabilities & kCapEncrypted) != 0;
+    if (we_encrypt != they_encrypt) {
+      return finish(error(ErrorCode::kUnauthenticated,
+                          "peer " + theirs_.peer.to_string() + (they_encrypt ? " requires an encrypted link but this node has no run key (pass --key)"
+                                                                             : " runs without encryption (--insecure) but this node requires it")));
+    }
+    if (!we_encrypt) return finish(Status());
+    const Bytes theirs_bytes(reinterpret_cast<const std::byte*>(hello_in_.data()), reinterpret_cast<const std::byte*>(hello_in_.data()) + kHelloBytes);
+    kx_ = std::make_unique<KeyExchange>(*key_, initiator_, initiator_ ? ByteView(hello_out_) : ByteView(theirs_bytes),
+                                        initiator_ ? ByteView(theirs_bytes) : ByteView(hello_out_));
+    auto self = shared_from_this();
+    exchange(kx_->auth_message().data(), kAuthBytes, auth_in_.data(), kAuthBytes, [self] { self->after_auth(); });
+  }
+
+  void after_auth() {
+    auto keys = kx_->finish(ByteView(reinterpret_cast<const std::byte*>(auth_in_.data()), kAuthBytes), theirs_.peer);
+    if (!keys.ok()) return finish(keys.status());
+    session_ = std::make_unique<SecureSession>(*keys);
+    rx_key_ = keys->rx;
+    sodium_memzero(&*keys, sizeof(SessionKeys));
+    auto self = shared_from_this();
+    exchange(session_->sealer.header().data(), kStreamHeaderBytes, stream_header_in_.data(), kStreamHeaderBytes, [self] {
+      Status st = self->session_->opener.init(self->rx_key_, ByteView(reinterpret_cast<const std::byte*>(self->stream_header_in_.data()), kStreamHeaderBytes));
+      sodium_memzero(self->rx_key_.data(), self->rx_key_.size());
+      self->finish(st);
+    });
+  }
+
+  void finish(Status st) {
+    timer.cancel();
+    Done finish_cb = std::move(done_);  // the callback may hold this Handshake: drop it after one call
+    done_ = nullptr;
+    if (!finish_cb) return;
+    if (!st.ok()) {
+      asio::error_code ignored;
+      socket.close(ignored);
+      return finish_cb(std::move(st), theirs_, nullptr);
+    }
+    finish_cb(Status(), theirs_, std::move(session_));
+  }
+
+  Hello ours_, theirs_;
+  std::optional<RunKey> key_;
+  bool initiator_;
+  Bytes hello_out_;
+  std::array<std::uint8_t, kHelloBytes> hello_in_{};
+  std::array<std::uint8_t, kAuthBytes> auth_in_{};
+  std::array<std::uint8_t, kStreamHeaderBytes> stream_header_in_{};
+  std::array<std::uint8_t, 32> rx_key_{};
+  std::unique_ptr<KeyExchange> kx_;
+  std::unique_ptr<SecureSession> session_;
+  Done done_;
+  bool timed_out_ = false, failed_ = false;
+  asio::error_code first_error_;
 };
 
 class TcpTransport final : public Transport {
@@ -415,23 +610,23 @@ class TcpTransport final : public Transport {
     tune_socket(*socket, options_);
 
     const Nanos left = deadline.remaining(real_clock());
-    auto hs = std::make_shared<Handshake>(std::move(*socket), encode_hello(hello_));
+    auto hs = std::make_shared<Handshake>(std::move(*socket), hello_, options_.key, /*initiator=*/true);
     auto done = std::make_shared<Completion>();
     auto theirs = std::make_shared<Hello>();
-    asio::post(*io_, [hs, done, theirs, timeout = std::min(left, options_.handshake_timeout)] {
-      hs->run(timeout, [done, theirs](Status st, Hello h) {
+    auto session = std::make_shared<std::unique_ptr<SecureSession>>();
+    asio::post(*io_, [hs, done, theirs, session, timeout = std::min(left, options_.handshake_timeout)] {
+      hs->run(timeout, [done, theirs, session](Status st, Hello h, std::unique_ptr<SecureSession> s) {
         *theirs = h;
+        *session = std::move(s);
         done->finish({}, std::move(st));
       });
     });
     done->wait();  // bounded by the handshake timer
-    if (!done->status.ok()) return done->status.with_context("handshake with " + address);
-    if (Status st = check_hello(hello_, *theirs); !st.ok()) {
-      spdlog::warn("refusing {}: {}", address, st.message());
-      close_on_io(hs);
-      return st;
+    if (!done->status.ok()) {
+      spdlog::warn("refusing {}: {}", address, done->status.message());
+      return done->status.with_context("handshake with " + address);
     }
-    return std::shared_ptr<Link>(register_link(std::move(hs->socket), theirs->peer));
+    return std::shared_ptr<Link>(register_link(std::move(hs->socket), theirs->peer, std::move(*session)));
   }
 
   Result<std::shared_ptr<Link>> accept(Deadline deadline) override {
@@ -452,15 +647,8 @@ class TcpTransport final : public Transport {
   }
 
  private:
-  void close_on_io(const std::shared_ptr<Handshake>& hs) {
-    asio::post(*io_, [hs] {
-      asio::error_code ec;
-      hs->socket.close(ec);
-    });
-  }
-
-  std::shared_ptr<TcpLink> register_link(tcp::socket socket, PeerId peer) {
-    auto link = std::make_shared<TcpLink>(io_, std::move(socket), peer, options_);
+  std::shared_ptr<TcpLink> register_link(tcp::socket socket, PeerId peer, std::unique_ptr<SecureSession> session) {
+    auto link = std::make_shared<TcpLink>(io_, std::move(socket), peer, options_, std::move(session));
     {
       std::lock_guard<std::mutex> lock(mu_);
       links_.push_back(link);
@@ -477,16 +665,13 @@ class TcpTransport final : public Transport {
         asio::error_code rec;
         const auto remote = socket.remote_endpoint(rec);
         const std::string who = rec ? std::string("?") : remote.address().to_string() + ":" + std::to_string(remote.port());
-        auto hs = std::make_shared<Handshake>(std::move(socket), encode_hello(hello_));
-        hs->run(options_.handshake_timeout, [this, hs, who](Status st, Hello theirs) {
-          if (st.ok()) st = check_hello(hello_, theirs);
+        auto hs = std::make_shared<Handshake>(std::move(socket), hello_, options_.key, /*initiator=*/false);
+        hs->run(options_.handshake_timeout, [this, hs, who](Status st, Hello theirs, std::unique_ptr<SecureSession> session) {
           if (!st.ok()) {
             spdlog::warn("refusing connection from {}: {}", who, st.message());
-            asio::error_code ignored;
-            hs->socket.close(ignored);
             return;
           }
-          auto link = register_link(std::move(hs->socket), theirs.peer);
+          auto link = register_link(std::move(hs->socket), theirs.peer, std::move(session));
           std::lock_guard<std::mutex> lock(mu_);
           accepted_.push_back(link);
           cv_.notify_all();

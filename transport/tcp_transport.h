@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/clock.h"
 #include "core/status.h"
+#include "transport/secure_channel.h"
 #include "transport/transport.h"
 
 namespace gossamer::transport {
@@ -24,6 +26,9 @@ struct TcpOptions {
   Nanos handshake_timeout = std::chrono::seconds(10);
   std::string congestion_control;  // "bbr", "cubic", ...; empty: the OS default
   bool keepalive = true;
+  // The run key: links are then authenticated and encrypted (secure_channel.h), and peers without
+  // the key are refused. Without a key the transport is insecure, for local benchmarking only.
+  std::optional<RunKey> key;
 };
 
 [[nodiscard]] Result<std::unique_ptr<Transport>> make_tcp_transport(const TcpOptions& options);
