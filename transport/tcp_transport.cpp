@@ -206,14 +206,18 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
   }
 
  private:
-  // Hands two buffers to the I/O thread and waits for the write (or the deadline). The buffers are the
-  // caller's: this returns only after the write handler has run.
-  Status write_and_wait(asio::const_buffer a, asio::const_buffer b, Deadline deadline) {
+  // Hands two buffers to the I/O thread to write; finish_write() waits for it. The buffers are the
+  // caller's and must stay valid until finish_write() returns.
+  std::shared_ptr<Completion> start_write(asio::const_buffer a, asio::const_buffer b) {
     auto done = std::make_shared<Completion>();
     asio::post(socket_.get_executor(), [self = shared_from_this(), a, b, done] {
       const std::array<asio::const_buffer, 2> buffers = {a, b};
       asio::async_write(self->socket_, buffers, TransferAllInLargeSteps{}, [done](asio::error_code ec, std::size_t) { done->finish(ec); });
     });
+    return done;
+  }
+
+  Status finish_write(const std::shared_ptr<Completion>& done, Deadline deadline) {
     if (!done->wait_until(steady(deadline))) {
       fail(error(ErrorCode::kPeerLost, "link to peer " + peer_.to_string() + " closed: a send timed out mid-frame"));
       done->wait();  // closing the socket aborts the write; its handler must run before the buffers go away
@@ -237,30 +241,37 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
     encode_frame_header(h, header.data());
     Status st;
     if (!secure_) {
-      st = write_and_wait(asio::buffer(header), asio::buffer(payload.data(), payload.size()), deadline);
+      st = finish_write(start_write(asio::buffer(header), asio::buffer(payload.data(), payload.size())), deadline);
     } else {
       // The frame (header then payload) as a stream of sealed records of up to kRecordPlaintext bytes;
-      // only the first record, which carries the header, is staged.
-      if (record_out_.empty()) record_out_.resize(4 + kRecordPlaintext + kRecordOverhead);
+      // only the first record, which carries the header, is staged. Two record buffers: this thread
+      // seals the next record while the I/O thread writes the previous one.
+      for (auto& b : record_out_) {
+        if (b.empty()) b.resize(4 + kRecordPlaintext + kRecordOverhead);
+      }
+      std::shared_ptr<Completion> in_flight;
       std::size_t offset = 0;
       bool first = true;
-      while (st.ok() && (first || offset < payload.size())) {
+      for (int i = 0; st.ok() && (first || offset < payload.size()); ++i) {
+        auto& out = record_out_[static_cast<std::size_t>(i % 2)];
         std::size_t n;
         if (first) {
           const std::size_t take = std::min(payload.size(), kRecordPlaintext - kFrameHeaderBytes);
           Bytes staged(kFrameHeaderBytes + take);
           std::memcpy(staged.data(), header.data(), kFrameHeaderBytes);
           if (take > 0) std::memcpy(staged.data() + kFrameHeaderBytes, payload.data(), take);
-          n = secure_->sealer.seal(staged, record_out_.data());
+          n = secure_->sealer.seal(staged, out.data());
           offset = take;
           first = false;
         } else {
           const std::size_t take = std::min(payload.size() - offset, kRecordPlaintext);
-          n = secure_->sealer.seal(payload.subspan(offset, take), record_out_.data());
+          n = secure_->sealer.seal(payload.subspan(offset, take), out.data());
           offset += take;
         }
-        st = write_and_wait(asio::buffer(record_out_.data(), n), asio::const_buffer(), deadline);
+        if (in_flight) st = finish_write(in_flight, deadline);
+        in_flight = st.ok() ? start_write(asio::buffer(out.data(), n), asio::const_buffer()) : nullptr;
       }
+      if (in_flight) st = finish_write(in_flight, deadline);
     }
     if (!st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
@@ -411,7 +422,7 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
 
   // Send side (under send_mu_).
   std::mutex send_mu_;
-  std::vector<std::uint8_t> record_out_;
+  std::array<std::vector<std::uint8_t>, 2> record_out_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -95,36 +96,73 @@ double link_goodput(transport::Link& tx, transport::Link& rx, std::size_t messag
 
 }  // namespace
 
-int bench_transport(const BenchArgs& args) {
+namespace {
+
+struct LinkPair {
+  std::unique_ptr<transport::Transport> a, b;
+  std::shared_ptr<transport::Link> ab, ba;
+};
+
+Result<LinkPair> link_pair(std::optional<transport::RunKey> key) {
   transport::TcpOptions o;
-  auto a = transport::make_tcp_transport(o), b = transport::make_tcp_transport(o);
-  if (!a.ok()) return report_failure(a.status());
-  if (!b.ok()) return report_failure(b.status());
+  o.key = std::move(key);
+  auto a = transport::make_tcp_transport(o);
+  if (!a.ok()) return a.status();
+  auto b = transport::make_tcp_transport(o);
+  if (!b.ok()) return b.status();
   auto ab = (*a)->connect((*b)->address(), Deadline::after(real_clock(), 5s));
-  if (!ab.ok()) return report_failure(ab.status());
+  if (!ab.ok()) return ab.status();
   auto ba = (*b)->accept(Deadline::after(real_clock(), 5s));
-  if (!ba.ok()) return report_failure(ba.status());
+  if (!ba.ok()) return ba.status();
+  return LinkPair{std::move(*a), std::move(*b), *ab, *ba};
+}
+
+}  // namespace
+
+int bench_transport(const BenchArgs& args) {
+  auto plain_pair = link_pair(std::nullopt);
+  if (!plain_pair.ok()) return report_failure(plain_pair.status());
+  std::optional<LinkPair> secure_pair;
+  if (args.encrypted) {
+    auto p = link_pair(transport::generate_run_key());
+    if (!p.ok()) return report_failure(p.status());
+    secure_pair = std::move(*p);
+  }
+  auto& ab = plain_pair->ab;
+  auto& ba = plain_pair->ba;
 
   const std::size_t big = static_cast<std::size_t>(args.message_mib) << 20;
   const int per_round = 4;
   fmt::print("bench transport: {} MiB messages, {} per round, {} rounds, loopback\n", args.message_mib, per_round, args.rounds);
-  std::vector<double> ours, plain, ratios;
+  std::vector<double> ours, secure, plain, ratios, secure_ratios;
   for (std::int64_t r = 0; r < args.rounds; ++r) {
-    double g, p;
+    double g = 0, s = 0, p = 0;
+    auto run_ours = [&] { g = link_goodput(*ab, *ba, big, per_round); };
+    auto run_secure = [&] { s = secure_pair ? link_goodput(*secure_pair->ab, *secure_pair->ba, big, per_round) : 0.0; };
+    auto run_plain = [&] { p = plain_goodput(big, per_round); };
     if (r % 2 == 0) {
-      g = link_goodput(**ab, **ba, big, per_round);
-      p = plain_goodput(big, per_round);
+      run_ours();
+      run_secure();
+      run_plain();
     } else {
-      p = plain_goodput(big, per_round);
-      g = link_goodput(**ab, **ba, big, per_round);
+      run_plain();
+      run_secure();
+      run_ours();
     }
     ours.push_back(g);
+    secure.push_back(s);
     plain.push_back(p);
     ratios.push_back(g / p);
-    fmt::print("  round {}: gossamer link {:.2f} GB/s, plain sockets {:.2f} GB/s, ratio {:.3f}\n", r + 1, g / 1e9, p / 1e9, g / p);
+    secure_ratios.push_back(s / p);
+    fmt::print("  round {}: gossamer link {:.2f} GB/s, encrypted {:.2f} GB/s, plain sockets {:.2f} GB/s, ratios {:.3f} / {:.3f}\n", r + 1,
+               g / 1e9, s / 1e9, p / 1e9, g / p, s / p);
   }
   fmt::print("median: gossamer link {:.2f} GB/s, plain sockets {:.2f} GB/s, ratio {:.3f}\n", median(ours) / 1e9, median(plain) / 1e9,
              median(ratios));
+  if (secure_pair) {
+    fmt::print("median: encrypted gossamer link {:.2f} GB/s, ratio to plain sockets {:.3f} (encryption costs {:.0f}% of goodput)\n",
+               median(secure) / 1e9, median(secure_ratios), 100.0 * (1.0 - median(secure) / median(ours)));
+  }
 
   // Small frames: one sender, one receiver, 64-byte messages.
   const int small = 100000;
@@ -132,11 +170,11 @@ int bench_transport(const BenchArgs& args) {
   Stopwatch w(real_clock());
   std::thread receiver([&] {
     for (int m = 0; m < small; ++m) {
-      if (!(*ba)->recv(2, Deadline::after(real_clock(), 60s)).ok()) return;
+      if (!ba->recv(2, Deadline::after(real_clock(), 60s)).ok()) return;
     }
   });
   for (int m = 0; m < small; ++m) {
-    if (!(*ab)->send(2, tiny, Deadline::after(real_clock(), 60s)).ok()) break;
+    if (!ab->send(2, tiny, Deadline::after(real_clock(), 60s)).ok()) break;
   }
   receiver.join();
   fmt::print("small frames: {} messages of 64 bytes in {:.3f} s: {:.0f} messages/s\n", small, w.elapsed_seconds(), small / w.elapsed_seconds());

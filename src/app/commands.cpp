@@ -11,6 +11,7 @@
 
 #include "core/clock.h"
 #include "train/run.h"
+#include "transport/secure_channel.h"
 
 namespace gossamer::app {
 
@@ -106,6 +107,25 @@ int run_config_command(const ConfigArgs& args) {
   auto config = build_config(args.source);
   if (!config.ok()) return report_failure(config.status());
   std::cout << train::to_toml(*config);
+  return 0;
+}
+
+}  // namespace gossamer::app
+
+namespace gossamer::app {
+
+void add_keygen_command(CLI::App& app, KeygenArgs& args) {
+  auto* cmd = app.add_subcommand("keygen", "Write a new run key: every peer of a secured run is given the same file (--key)");
+  cmd->add_option("--out", args.out, "where to write the key (created with mode 0600)")->required();
+  cmd->add_flag("--force", args.force, "replace an existing file");
+}
+
+int run_keygen_command(const KeygenArgs& args) {
+  if (!args.force && std::filesystem::exists(args.out)) {
+    return report_failure(error(ErrorCode::kInvalidArgument, args.out + " already exists: pass --force to replace it (peers holding the old key will be refused)"));
+  }
+  if (Status st = transport::write_run_key(args.out, transport::generate_run_key()); !st.ok()) return report_failure(st);
+  spdlog::info("wrote a new run key to {}; copy it to every peer of the run over a trusted channel", args.out);
   return 0;
 }
 

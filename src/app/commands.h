@@ -40,6 +40,13 @@ struct ConfigArgs {
 void add_config_command(CLI::App& app, ConfigArgs& args);
 int run_config_command(const ConfigArgs& args);
 
+struct KeygenArgs {
+  std::string out;
+  bool force = false;
+};
+void add_keygen_command(CLI::App& app, KeygenArgs& args);
+int run_keygen_command(const KeygenArgs& args);
+
 struct BenchArgs {
   std::string what = "train";
   ConfigSource source;
@@ -53,6 +60,7 @@ struct BenchArgs {
   // bench transport
   std::int64_t message_mib = 64;
   std::int64_t gossip_peers = 32;
+  bool encrypted = true;  // also measure encrypted links
 };
 void add_bench_command(CLI::App& app, BenchArgs& args);
 int run_bench_command(const BenchArgs& args);

@@ -1,7 +1,8 @@
 // gossamer: the command-line entry point.
 //   gossamer train   train one worker on one machine
 //   gossamer config  print the effective configuration, or every key with its meaning
-//   gossamer bench   measure the framework against bare LibTorch
+//   gossamer keygen  write a run key that secures every link of a run
+//   gossamer bench   measure Gossamer against references (LibTorch, memcpy, plain sockets)
 // Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad configuration.
 #include <unistd.h>
 
@@ -28,6 +29,8 @@ int main(int argc, char** argv) {
   gossamer::app::add_train_command(app, train_args);
   gossamer::app::ConfigArgs config_args;
   gossamer::app::add_config_command(app, config_args);
+  gossamer::app::KeygenArgs keygen_args;
+  gossamer::app::add_keygen_command(app, keygen_args);
   gossamer::app::BenchArgs bench_args;
   gossamer::app::add_bench_command(app, bench_args);
 
@@ -51,6 +54,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("train")) return gossamer::app::run_train_command(train_args);
     if (app.got_subcommand("config")) return gossamer::app::run_config_command(config_args);
     if (app.got_subcommand("bench")) return gossamer::app::run_bench_command(bench_args);
+    if (app.got_subcommand("keygen")) return gossamer::app::run_keygen_command(keygen_args);
   } catch (const std::exception& e) {
     spdlog::error("internal error: {} (please report it with the command you ran)", e.what());
     return 1;
