@@ -11,6 +11,7 @@
 #include <thread>
 
 #include <spdlog/spdlog.h>
+#include <sodium.h>
 #include <zmq.hpp>
 
 #include "core/wire.h"
@@ -53,13 +54,39 @@ class ZmqGossip final : public Gossip {
     leave();
     stop_ = true;
     if (thread_.joinable()) thread_.join();
+    sodium_memzero(curve_sk_.data(), curve_sk_.size());
   }
 
   Status start() {
     try {
+      if (options_.key) {
+        // One CURVE keypair per run, derived from the run key: every member holds it, nobody else can.
+        std::array<std::uint8_t, 32> seed{};
+        static constexpr char kLabel[] = "gossamer-gossip-curve-v1";
+        crypto_generichash(seed.data(), seed.size(), reinterpret_cast<const unsigned char*>(kLabel), sizeof(kLabel) - 1,
+                           options_.key->bytes.data(), options_.key->bytes.size());
+        crypto_box_seed_keypair(curve_pk_.data(), curve_sk_.data(), seed.data());
+        sodium_memzero(seed.data(), seed.size());
+        // ZAP: libzmq asks this socket to admit each CURVE client; we admit only the run's key.
+        zap_ = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::rep);
+        zap_->set(zmq::sockopt::linger, 0);
+        zap_->bind("inproc://zeromq.zap.01");
+      }
       router_ = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::router);
       router_->set(zmq::sockopt::linger, 0);
       router_->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(kMaxMessage));  // libzmq drops larger ones
+      if (options_.key) {
+        router_->set(zmq::sockopt::curve_server, 1);
+        router_->set(zmq::sockopt::curve_secretkey, zmq::const_buffer(curve_sk_.data(), curve_sk_.size()));
+        router_->set(zmq::sockopt::zap_domain, "gossamer");
+      }
+      const std::string monitor = "inproc://gossip-monitor-" + options_.self.to_string();
+      if (zmq_socket_monitor(router_->handle(), monitor.c_str(),
+                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0) {
+        monitor_ = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::pair);
+        monitor_->set(zmq::sockopt::linger, 0);
+        monitor_->connect(monitor);
+      }
       router_->bind(options_.bind);
       address_ = router_->get(zmq::sockopt::last_endpoint);
     } catch (const zmq::error_t& e) {
@@ -155,6 +182,11 @@ class ZmqGossip final : public Gossip {
     auto s = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::dealer);
     s->set(zmq::sockopt::linger, 200);
     s->set(zmq::sockopt::sndhwm, 1000);
+    if (options_.key) {
+      s->set(zmq::sockopt::curve_serverkey, zmq::const_buffer(curve_pk_.data(), curve_pk_.size()));
+      s->set(zmq::sockopt::curve_publickey, zmq::const_buffer(curve_pk_.data(), curve_pk_.size()));
+      s->set(zmq::sockopt::curve_secretkey, zmq::const_buffer(curve_sk_.data(), curve_sk_.size()));
+    }
     s->connect(address);
     return *dealers_.emplace(address, std::move(s)).first->second;
   }
@@ -339,9 +371,16 @@ class ZmqGossip final : public Gossip {
         tick();
         next_tick = now + options_.period;
       }
-      zmq::pollitem_t items[] = {{router_->handle(), 0, ZMQ_POLLIN, 0}};
+      std::vector<zmq::pollitem_t> items = {{router_->handle(), 0, ZMQ_POLLIN, 0}};
+      const std::size_t zap_at = items.size();
+      if (zap_) items.push_back({zap_->handle(), 0, ZMQ_POLLIN, 0});
+      const std::size_t monitor_at = items.size();
+      if (monitor_) items.push_back({monitor_->handle(), 0, ZMQ_POLLIN, 0});
       try {
-        zmq::poll(items, 1, std::chrono::duration_cast<std::chrono::milliseconds>(wake));
+        zmq::poll(items, std::chrono::duration_cast<std::chrono::milliseconds>(wake));
+        if (zap_ && (items[zap_at].revents & ZMQ_POLLIN)) answer_zap();
+        if (monitor_ && (items[monitor_at].revents & ZMQ_POLLIN)) read_monitor();
+        check_isolation();
         while (items[0].revents & ZMQ_POLLIN) {
           zmq::message_t identity, body;
           if (!router_->recv(identity, zmq::recv_flags::dontwait)) break;
@@ -360,12 +399,74 @@ class ZmqGossip final : public Gossip {
       }
     }
     dealers_.clear();
+    if (router_ && monitor_) zmq_socket_monitor(router_->handle(), nullptr, 0);
+    monitor_.reset();
     router_.reset();
+    zap_.reset();
+  }
+
+  // One ZAP request (RFC 27): admit a CURVE client only if its public key is the run's.
+  void answer_zap() {
+    std::vector<zmq::message_t> frames;
+    for (;;) {
+      zmq::message_t m;
+      if (!zap_->recv(m, zmq::recv_flags::dontwait)) break;
+      const bool more = m.more();
+      frames.push_back(std::move(m));
+      if (!more) break;
+    }
+    if (frames.size() < 6) return;
+    const std::string address = frames[3].to_string();
+    const bool curve = frames[5].to_string() == "CURVE";
+    const bool ok = curve && frames.size() >= 7 && frames[6].size() == 32 && sodium_memcmp(frames[6].data(), curve_pk_.data(), 32) == 0;
+    if (!ok) {
+      dropped_.fetch_add(1);
+      spdlog::warn("gossip: refused {}: it does not hold this run's key (check --key)", address);
+    }
+    const std::string code = ok ? "200" : "400", text = ok ? "OK" : "not a member of this run";
+    zap_->send(zmq::str_buffer("1.0"), zmq::send_flags::sndmore);
+    zap_->send(zmq::buffer(frames[1].data(), frames[1].size()), zmq::send_flags::sndmore);
+    zap_->send(zmq::buffer(code), zmq::send_flags::sndmore);
+    zap_->send(zmq::buffer(text), zmq::send_flags::sndmore);
+    zap_->send(zmq::str_buffer(""), zmq::send_flags::sndmore);
+    zap_->send(zmq::str_buffer(""), zmq::send_flags::none);
+  }
+
+  // Handshake failures on our port: a peer with another key (or none) tried to talk to us.
+  void read_monitor() {
+    zmq::message_t event, endpoint;
+    if (!monitor_->recv(event, zmq::recv_flags::dontwait)) return;
+    if (event.more()) (void)monitor_->recv(endpoint, zmq::recv_flags::dontwait);
+    dropped_.fetch_add(1);
+    // A refused peer retries every few hundred milliseconds: say it once per 10 s, with a count.
+    ++refusals_since_log_;
+    const SteadyTime now = std::chrono::steady_clock::now();
+    if (now - last_refusal_log_ < std::chrono::seconds(10)) return;
+    spdlog::warn("gossip: refused {} connection attempt(s) on {}: security handshake failed (a peer without this run's key, or an insecure one?)",
+                 refusals_since_log_, endpoint.to_string());
+    refusals_since_log_ = 0;
+    last_refusal_log_ = now;
+  }
+
+  // The refused side learns nothing from ZeroMQ: say so when nobody has answered for a while.
+  void check_isolation() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (warned_isolated_ || !table_.empty() || options_.seeds.empty()) return;
+    if (std::chrono::steady_clock::now() - started_ < std::max<Nanos>(std::chrono::seconds(2), 10 * options_.period)) return;
+    warned_isolated_ = true;
+    spdlog::warn("gossip: no peer has answered yet (seeds: {}): check the seed addresses and that every peer uses the same --key",
+                 options_.seeds.front());
   }
 
   GossipOptions options_;
   zmq::context_t ctx_;
-  std::unique_ptr<zmq::socket_t> router_;  // owned by the gossip thread after start()
+  std::unique_ptr<zmq::socket_t> router_;  // owned by the gossip thread after start(), as are the others
+  std::unique_ptr<zmq::socket_t> zap_, monitor_;
+  std::array<std::uint8_t, 32> curve_pk_{}, curve_sk_{};
+  SteadyTime started_ = std::chrono::steady_clock::now();
+  bool warned_isolated_ = false;
+  SteadyTime last_refusal_log_{};
+  std::uint64_t refusals_since_log_ = 0;
   std::map<std::string, std::unique_ptr<zmq::socket_t>> dealers_;
   std::string address_;
   std::thread thread_;

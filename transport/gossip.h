@@ -10,6 +10,7 @@
 // forwards it to `fanout` random peers at once and in each of the next few periods, up to `max_hops`. N nodes learn of each other in O(log N)
 // periods.
 //
+// Security: with a run key, CurveZMQ (see GossipOptions::key).
 // Threading: every public method is thread-safe. Subscriber callbacks run on the gossip thread and
 // must be quick. Errors: bad messages from the network are dropped, logged and counted
 // (dropped_messages()); construction errors (cannot bind) are returned by make_gossip.
@@ -18,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,7 @@
 #include "core/clock.h"
 #include "core/status.h"
 #include "transport/ids.h"
+#include "transport/secure_channel.h"
 
 namespace gossamer::transport {
 
@@ -37,6 +40,10 @@ struct GossipOptions {
   Nanos suspect_after = std::chrono::milliseconds(500);
   Nanos dead_after = std::chrono::milliseconds(1000);
   int max_hops = 12;
+  // The run key: gossip then runs over CurveZMQ with a keypair derived from it, and a ZAP check admits
+  // only peers holding the same key; nodes without it are refused (logged on the refusing side; the
+  // refused side warns when no peer answers). Without a key, gossip is insecure (local tests only).
+  std::optional<RunKey> key;
 };
 
 enum class MemberState : std::uint8_t { kAlive = 0, kSuspect = 1, kDead = 2, kLeft = 3 };

@@ -185,3 +185,25 @@ TEST_CASE("garbage sent to a gossip port is dropped and counted; the node keeps 
   CHECK(eventually([&] { return count_state(*a, MemberState::kAlive) == 1 && count_state(*b, MemberState::kAlive) == 1; }, 3s));
   for (const auto& m : a->members()) CHECK(m.id.value != 55);
 }
+
+TEST_CASE("secured gossip admits only peers holding the run key") {
+  const RunKey key = generate_run_key();
+  auto secured = [&](std::optional<RunKey> k, std::vector<std::string> seeds) {
+    GossipOptions o = fast(std::move(seeds));
+    o.key = k;
+    auto g = make_gossip(o);
+    REQUIRE(g.ok());
+    return std::move(*g);
+  };
+  auto a = secured(key, {});
+  auto b = secured(key, {a->address()});
+  CHECK(eventually([&] { return count_state(*a, MemberState::kAlive) == 1 && count_state(*b, MemberState::kAlive) == 1; }, 5s));
+  auto stranger = secured(generate_run_key(), {a->address()});
+  auto insecure = secured(std::nullopt, {a->address()});
+  CHECK(eventually([&] { return a->dropped_messages() >= 2; }, 5s));  // both refusals logged and counted
+  std::this_thread::sleep_for(300ms);
+  CHECK(count_state(*a, MemberState::kAlive) == 1);
+  CHECK(count_state(*b, MemberState::kAlive) == 1);
+  CHECK(stranger->members().empty());
+  CHECK(insecure->members().empty());
+}
