@@ -31,16 +31,32 @@ const std::vector<LinkProfile>& presets() {
 }
 }  // namespace
 
+namespace {
+constexpr double kHeaderBytesPerPacket = 66;  // Ethernet 14 + IPv4 20 + TCP with timestamps 32
+constexpr double kIpTcpBytes = 52;            // the part of it inside the MTU
+}  // namespace
+
+double LinkProfile::wire_bytes(std::size_t n) const {
+  const double mss = static_cast<double>(mtu_bytes) - kIpTcpBytes;
+  const double packets = std::ceil(static_cast<double>(n) / mss);
+  return static_cast<double>(n) + packets * kHeaderBytesPerPacket;
+}
+
+double LinkProfile::goodput_bytes_per_s() const {
+  const double mss = static_cast<double>(mtu_bytes) - kIpTcpBytes;
+  return bandwidth_bytes_per_s * mss / (mss + kHeaderBytesPerPacket);
+}
+
 Nanos LinkProfile::ideal_transfer_time(std::size_t n) const {
   if (std::isinf(bandwidth_bytes_per_s)) return latency;
-  return latency + Nanos(static_cast<std::int64_t>(std::llround(static_cast<double>(n) / bandwidth_bytes_per_s * 1e9)));
+  return latency + Nanos(static_cast<std::int64_t>(std::llround(wire_bytes(n) / bandwidth_bytes_per_s * 1e9)));
 }
 
 Status LinkProfile::validate() const {
   if (!(bandwidth_bytes_per_s > 0)) return error(ErrorCode::kInvalidArgument, "link profile " + name + ": bandwidth must be > 0");
   if (!(loss >= 0.0 && loss < 1.0)) return error(ErrorCode::kInvalidArgument, "link profile " + name + ": loss must be in [0, 1)");
   if (latency < Nanos(0) || jitter < Nanos(0)) return error(ErrorCode::kInvalidArgument, "link profile " + name + ": negative latency or jitter");
-  if (mtu_bytes < 64) return error(ErrorCode::kInvalidArgument, "link profile " + name + ": mtu below 64 bytes");
+  if (mtu_bytes < 576) return error(ErrorCode::kInvalidArgument, "link profile " + name + ": mtu below 576 bytes");
   return Status();
 }
 

@@ -28,7 +28,12 @@ struct LinkProfile {
   double loss = 0.0; // packet loss probability, modelled as retransmission delay
   std::size_t mtu_bytes = 1500;
 
-  // Time to deliver n bytes on an idle link, ignoring jitter and loss: latency + n / bandwidth.
+  // Bytes on the wire for n bytes of TCP payload: each MTU-sized packet also carries 66 bytes of
+  // Ethernet (14), IP (20) and TCP-with-timestamps (32) headers, as a kernel shaper such as tbf counts.
+  double wire_bytes(std::size_t n) const;
+  // Payload bytes per second the link can carry: bandwidth x mss / (mss + 66), mss = mtu - 52.
+  double goodput_bytes_per_s() const;
+  // Time to deliver n bytes of payload on an idle link, ignoring jitter and loss.
   Nanos ideal_transfer_time(std::size_t n) const;
   // Checks ranges (bandwidth > 0, loss in [0, 1), non-negative times).
   [[nodiscard]] Status validate() const;

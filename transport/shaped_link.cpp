@@ -52,7 +52,7 @@ class ShapedLink final : public Link {
       if (!failed_.ok()) return failed_;
       const SteadyTime now = steady_now();
       const SteadyTime start = std::max(now, next_free_);
-      const double bytes = static_cast<double>(payload.size() + kFrameHeaderBytes);
+      const double bytes = profile_.wire_bytes(payload.size() + kFrameHeaderBytes);
       finish = start + to_duration(std::isinf(profile_.bandwidth_bytes_per_s) ? 0.0 : bytes / profile_.bandwidth_bytes_per_s);
       next_free_ = finish;
       due = finish + profile_.latency + extra_delay(payload.size() + kFrameHeaderBytes);

@@ -2,8 +2,10 @@
 // describes, in real time, so real processes on one machine can act as if continents apart.
 //
 // Model (applied to what this end sends; wrap both ends for a symmetric path):
-// - bandwidth: a message of n bytes (plus its frame header) occupies the link for n / bandwidth;
-//   send() blocks for that serialization time, as a real sender blocks on a full socket buffer;
+// - bandwidth: a message of n bytes (plus its frame header) occupies the link for its wire bytes
+//   (payload plus Ethernet/IP/TCP headers per MTU-sized packet, LinkProfile::wire_bytes) / bandwidth,
+//   which is what a kernel shaper such as tbf counts; send() blocks for that serialization time, as a
+//   real sender blocks on a full socket buffer;
 // - latency and jitter: the message is then delivered after latency + |N(0, jitter)|, by a delay line
 //   that hands it to the inner link at its due time; due times never decrease, because a TCP stream
 //   delivers in order (head-of-line blocking), so jitter delays but never reorders;
