@@ -17,6 +17,7 @@
 #include "app/commands.h"
 #include "core/clock.h"
 #include "transport/gossip.h"
+#include "transport/striped_link.h"
 #include "transport/tcp_transport.h"
 
 namespace gossamer::app {
@@ -131,15 +132,38 @@ int bench_transport(const BenchArgs& args) {
   auto& ab = plain_pair->ab;
   auto& ba = plain_pair->ba;
 
+  // A striped link: 4 TCP streams to the same peer.
+  std::shared_ptr<transport::Link> striped_tx, striped_rx;
+  {
+    transport::StripedAcceptor acceptor(*plain_pair->b);
+    Status accept_status;
+    std::thread server([&] {
+      auto l = acceptor.accept(Deadline::after(real_clock(), 10s));
+      if (l.ok()) {
+        striped_rx = *l;
+      } else {
+        accept_status = l.status();
+      }
+    });
+    transport::StripeOptions so;
+    so.lanes = 4;
+    auto l = transport::connect_striped(*plain_pair->a, plain_pair->b->address(), so, Deadline::after(real_clock(), 10s));
+    server.join();
+    if (!l.ok()) return report_failure(l.status());
+    if (!accept_status.ok()) return report_failure(accept_status);
+    striped_tx = *l;
+  }
+
   const std::size_t big = static_cast<std::size_t>(args.message_mib) << 20;
   const int per_round = 4;
   fmt::print("bench transport: {} MiB messages, {} per round, {} rounds, loopback\n", args.message_mib, per_round, args.rounds);
-  std::vector<double> ours, secure, plain, ratios, secure_ratios;
+  std::vector<double> ours, secure, plain, ratios, secure_ratios, striped;
   for (std::int64_t r = 0; r < args.rounds; ++r) {
     double g = 0, s = 0, p = 0;
     auto run_ours = [&] { g = link_goodput(*ab, *ba, big, per_round); };
     auto run_secure = [&] { s = secure_pair ? link_goodput(*secure_pair->ab, *secure_pair->ba, big, per_round) : 0.0; };
     auto run_plain = [&] { p = plain_goodput(big, per_round); };
+    double st = link_goodput(*striped_tx, *striped_rx, big, per_round);
     if (r % 2 == 0) {
       run_ours();
       run_secure();
@@ -153,12 +177,14 @@ int bench_transport(const BenchArgs& args) {
     secure.push_back(s);
     plain.push_back(p);
     ratios.push_back(g / p);
+    striped.push_back(st);
     secure_ratios.push_back(s / p);
     fmt::print("  round {}: gossamer link {:.2f} GB/s, encrypted {:.2f} GB/s, plain sockets {:.2f} GB/s, ratios {:.3f} / {:.3f}\n", r + 1,
                g / 1e9, s / 1e9, p / 1e9, g / p, s / p);
   }
   fmt::print("median: gossamer link {:.2f} GB/s, plain sockets {:.2f} GB/s, ratio {:.3f}\n", median(ours) / 1e9, median(plain) / 1e9,
              median(ratios));
+  fmt::print("median: striped link (4 TCP streams) {:.2f} GB/s\n", median(striped) / 1e9);
   if (secure_pair) {
     fmt::print("median: encrypted gossamer link {:.2f} GB/s, ratio to plain sockets {:.3f} (encryption costs {:.0f}% of goodput)\n",
                median(secure) / 1e9, median(secure_ratios), 100.0 * (1.0 - median(secure) / median(ours)));
