@@ -32,7 +32,7 @@ void add_bench_command(CLI::App& app, BenchArgs& args) {
   cmd->add_option("--min-time", args.min_time, "quant: seconds per measurement")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_flag("!--no-naive", args.naive, "quant: skip the naive LibTorch-ops rows");
   cmd->add_option("--message-mib", args.message_mib, "transport: message size in MiB")->check(CLI::Range(1, 1024))->capture_default_str();
-  cmd->add_flag("!--no-encrypted", args.encrypted, "transport: skip the encrypted-link rows");
+  cmd->add_flag("!--insecure", args.encrypted, "transport: measure plain links only (no encrypted rows)");
   cmd->add_option("--gossip-peers", args.gossip_peers, "transport: gossip nodes for the convergence time")->check(CLI::Range(2, 512))->capture_default_str();
 }
 

@@ -263,3 +263,20 @@ TEST_CASE("destroying a transport leaks no thread and no socket, and fails its l
   CHECK(count_entries("/proc/self/fd") == fds);
   CHECK(count_entries("/proc/self/task") == threads);
 }
+
+TEST_CASE("congestion control is chosen per socket where the kernel offers it") {
+  for (const char* cc : {"cubic", "reno", "no-such-algorithm"}) {
+    TcpOptions o;
+    o.run = test_run();
+    o.congestion_control = cc;  // an unknown one is warned about once and the default is kept
+    auto a = make_tcp_transport(o), b = make_tcp_transport(o);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    auto ab = (*a)->connect((*b)->address(), in(5s));
+    REQUIRE(ab.ok());
+    auto ba = (*b)->accept(in(5s));
+    REQUIRE(ba.ok());
+    REQUIRE((*ab)->send(1, bytes_of(cc), in(5s)).ok());
+    CHECK(text_of(*(*ba)->recv(1, in(5s))) == cc);
+  }
+}
