@@ -1,0 +1,53 @@
+// Collectives over Links: where a tensor meets a peer.
+//
+// allreduce_mean follows the quantized scheme of torchft (ALGORITHMS.md section 2.5): each rank owns
+// one contiguous chunk of the flattened tensor; every rank sends each other rank that rank's chunk,
+// encoded once with the codec; the owner decodes the contributions and accumulates them in fp32 in rank
+// order, divides by the group size, encodes the mean once, and sends it to every other rank, which
+// decodes it. Every rank therefore ends with bit-identical values (all decode the same bytes), the sum
+// is exact for integer-valued fp32 tensors, and each rank sends and receives 2 (M-1)/M x n values of
+// the codec's size (plus payload and frame headers).
+//
+// Threading: call from one thread per rank; every rank of the group must make the same calls in the
+// same order with the same tag. Errors: a lost or timed-out peer returns its Status and leaves the
+// tensor untouched, so the caller can retry or skip the round. Misuse (a non-float tensor, a group
+// without a link to some rank) throws ContractError.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "quant/format.h"
+#include "transport/link.h"
+
+namespace gossamer::optim {
+
+// This rank's view of a group: a link to every other member, indexed by rank.
+struct Group {
+  int rank = 0;
+  int size = 1;
+  std::vector<std::shared_ptr<transport::Link>> peers;  // peers[rank] is unused
+};
+
+// Bytes and time one collective cost this rank (payloads plus frame headers).
+struct CommStats {
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t bytes_received = 0;
+  double seconds = 0.0;
+  CommStats& operator+=(const CommStats& o);
+};
+
+[[nodiscard]] Status allreduce_mean(const Group& group, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag,
+                                    Deadline deadline, CommStats* stats = nullptr);
+
+// Sends `mine` to the peer and returns the peer's tensor (same shape), both encoded with the codec
+// (NoLoCo's pairwise averaging). Both sides call it with the same tag.
+[[nodiscard]] Result<at::Tensor> pair_exchange(transport::Link& peer, const at::Tensor& mine, const quant::EncodeOptions& codec,
+                                               transport::Tag tag, Deadline deadline, CommStats* stats = nullptr);
+
+}  // namespace gossamer::optim

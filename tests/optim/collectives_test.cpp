@@ -1,0 +1,150 @@
+// Collectives with in-process ranks (threads) over in-memory links.
+#include <doctest/doctest.h>
+
+#include <torch/torch.h>
+
+#include <thread>
+
+#include "optim/collectives.h"
+#include "quant/codec.h"
+#include "transport/memory_link.h"
+
+using namespace gossamer;
+using namespace gossamer::optim;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Full mesh of in-memory links between m ranks.
+std::vector<Group> mesh(int m) {
+  std::vector<Group> groups(static_cast<std::size_t>(m));
+  for (int r = 0; r < m; ++r) {
+    groups[static_cast<std::size_t>(r)].rank = r;
+    groups[static_cast<std::size_t>(r)].size = m;
+    groups[static_cast<std::size_t>(r)].peers.resize(static_cast<std::size_t>(m));
+  }
+  for (int a = 0; a < m; ++a) {
+    for (int b = a + 1; b < m; ++b) {
+      auto [ab, ba] = transport::make_memory_link_pair(transport::PeerId{static_cast<std::uint64_t>(a + 1)},
+                                                       transport::PeerId{static_cast<std::uint64_t>(b + 1)});
+      groups[static_cast<std::size_t>(a)].peers[static_cast<std::size_t>(b)] = ab;
+      groups[static_cast<std::size_t>(b)].peers[static_cast<std::size_t>(a)] = ba;
+    }
+  }
+  return groups;
+}
+
+// Runs fn(rank) on one thread per rank.
+template <typename F>
+void on_ranks(int m, F fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < m; ++r) threads.emplace_back([&fn, r] { fn(r); });
+  for (auto& t : threads) t.join();
+}
+
+quant::EncodeOptions codec(quant::CodecId id) {
+  quant::EncodeOptions o;
+  o.codec = id;
+  return o;
+}
+
+Deadline in(Nanos d) { return Deadline::after(real_clock(), d); }
+
+}  // namespace
+
+TEST_CASE("the mean over 1..8 ranks is exact on integer-valued tensors") {
+  for (int m = 1; m <= 8; ++m) {
+    for (std::int64_t n : {1, 7, 1000}) {
+      auto groups = mesh(m);
+      std::vector<at::Tensor> t(static_cast<std::size_t>(m));
+      // Rank r holds i*m + 2r: the mean i*m + (m - 1) is an integer.
+      for (int r = 0; r < m; ++r) t[static_cast<std::size_t>(r)] = torch::arange(n, torch::kFloat) * m + 2 * r;
+      const at::Tensor expected = torch::arange(n, torch::kFloat) * m + (m - 1);
+      std::vector<Status> st(static_cast<std::size_t>(m));
+      on_ranks(m, [&](int r) {
+        st[static_cast<std::size_t>(r)] = allreduce_mean(groups[static_cast<std::size_t>(r)], t[static_cast<std::size_t>(r)],
+                                                         codec(quant::CodecId::kFp32), 1, in(10s));
+      });
+      for (int r = 0; r < m; ++r) {
+        CAPTURE(m);
+        CAPTURE(n);
+        REQUIRE(st[static_cast<std::size_t>(r)].ok());
+        CHECK(torch::equal(t[static_cast<std::size_t>(r)], expected));
+      }
+    }
+  }
+}
+
+TEST_CASE("quantized all-reduce: bit-identical on every rank and within the codec's budget") {
+  const int m = 4;
+  auto groups = mesh(m);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  std::vector<at::Tensor> t(m);
+  for (auto& x : t) x = torch::randn({3, 1000}, gen);
+  const at::Tensor exact = (t[0] + t[1] + t[2] + t[3]) / 4;
+  on_ranks(m, [&](int r) {
+    REQUIRE(allreduce_mean(groups[static_cast<std::size_t>(r)], t[static_cast<std::size_t>(r)], codec(quant::CodecId::kFp4E2M1), 2, in(10s)).ok());
+  });
+  for (int r = 1; r < m; ++r) CHECK(torch::equal(t[0], t[static_cast<std::size_t>(r)]));
+  // Two quantizations (contributions, then the mean) of fp4 E2M1: the mean of four independent
+  // errors shrinks the first, the second adds its own; 0.14 is the single-pass budget (docs/quant.md).
+  const double rel = ((t[0] - exact).pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()).item<double>();
+  MESSAGE("fp4 all-reduce relative RMSE " << rel);
+  CHECK(rel < 0.20);
+  CHECK(t[0].sizes() == exact.sizes());
+}
+
+TEST_CASE("bytes on the wire are 2(M-1)/M x n x bytes per value, headers within 1%") {
+  const int m = 4;
+  const std::int64_t n = 1 << 20;
+  for (auto id : {quant::CodecId::kFp32, quant::CodecId::kInt8}) {
+    auto groups = mesh(m);
+    std::vector<at::Tensor> t(m);
+    for (int r = 0; r < m; ++r) t[static_cast<std::size_t>(r)] = torch::full({n}, static_cast<float>(r));
+    std::vector<CommStats> stats(m);
+    on_ranks(m, [&](int r) {
+      REQUIRE(allreduce_mean(groups[static_cast<std::size_t>(r)], t[static_cast<std::size_t>(r)], codec(id), 3, in(10s),
+                             &stats[static_cast<std::size_t>(r)])
+                  .ok());
+    });
+    const double bits = quant::bits_per_value(codec(id));
+    const double expected = 2.0 * (m - 1) / m * static_cast<double>(n) * bits / 8.0;
+    for (const auto& s : stats) {
+      CAPTURE(static_cast<int>(id));
+      CHECK(static_cast<double>(s.bytes_sent) == doctest::Approx(expected).epsilon(0.01));
+      CHECK(static_cast<double>(s.bytes_sent) >= expected);
+      CHECK(s.bytes_received == s.bytes_sent);
+    }
+  }
+}
+
+TEST_CASE("a lost peer fails the all-reduce and leaves the tensor untouched") {
+  const int m = 3;
+  auto groups = mesh(m);
+  groups[0].peers[2]->close();  // rank 2 is gone for rank 0
+  at::Tensor x = torch::ones({10});
+  const at::Tensor before = x.clone();
+  Status st = allreduce_mean(groups[0], x, codec(quant::CodecId::kFp32), 4, in(1s));
+  CHECK(st.code() == ErrorCode::kPeerLost);
+  CHECK(st.message().find("rank 2") != std::string::npos);
+  CHECK(torch::equal(x, before));
+  // A silent peer: the deadline ends it.
+  auto g2 = mesh(2);
+  Stopwatch w(real_clock());
+  CHECK(allreduce_mean(g2[0], x, codec(quant::CodecId::kFp32), 5, in(200ms)).code() == ErrorCode::kTimeout);
+  CHECK(w.elapsed() < 1s);
+  CHECK(torch::equal(x, before));
+}
+
+TEST_CASE("pair exchange swaps tensors through the codec") {
+  auto [ab, ba] = transport::make_memory_link_pair(transport::PeerId{1}, transport::PeerId{2});
+  const at::Tensor a = torch::arange(12, torch::kFloat).view({3, 4}), b = -a;
+  Result<at::Tensor> got_a = error(ErrorCode::kAborted, "not run"), got_b = error(ErrorCode::kAborted, "not run");
+  std::thread peer([&] { got_b = pair_exchange(*ba, b, codec(quant::CodecId::kFp32), 9, in(5s)); });
+  got_a = pair_exchange(*ab, a, codec(quant::CodecId::kFp32), 9, in(5s));
+  peer.join();
+  REQUIRE(got_a.ok());
+  REQUIRE(got_b.ok());
+  CHECK(torch::equal(*got_a, b));
+  CHECK(torch::equal(*got_b, a));
+}
