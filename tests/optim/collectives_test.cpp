@@ -7,40 +7,16 @@
 
 #include "optim/collectives.h"
 #include "quant/codec.h"
+#include "optim/ranks.h"
 #include "transport/memory_link.h"
 
 using namespace gossamer;
 using namespace gossamer::optim;
 using namespace std::chrono_literals;
+using testing::mesh;
+using testing::on_ranks;
 
 namespace {
-
-// Full mesh of in-memory links between m ranks.
-std::vector<Group> mesh(int m) {
-  std::vector<Group> groups(static_cast<std::size_t>(m));
-  for (int r = 0; r < m; ++r) {
-    groups[static_cast<std::size_t>(r)].rank = r;
-    groups[static_cast<std::size_t>(r)].size = m;
-    groups[static_cast<std::size_t>(r)].peers.resize(static_cast<std::size_t>(m));
-  }
-  for (int a = 0; a < m; ++a) {
-    for (int b = a + 1; b < m; ++b) {
-      auto [ab, ba] = transport::make_memory_link_pair(transport::PeerId{static_cast<std::uint64_t>(a + 1)},
-                                                       transport::PeerId{static_cast<std::uint64_t>(b + 1)});
-      groups[static_cast<std::size_t>(a)].peers[static_cast<std::size_t>(b)] = ab;
-      groups[static_cast<std::size_t>(b)].peers[static_cast<std::size_t>(a)] = ba;
-    }
-  }
-  return groups;
-}
-
-// Runs fn(rank) on one thread per rank.
-template <typename F>
-void on_ranks(int m, F fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < m; ++r) threads.emplace_back([&fn, r] { fn(r); });
-  for (auto& t : threads) t.join();
-}
 
 quant::EncodeOptions codec(quant::CodecId id) {
   quant::EncodeOptions o;

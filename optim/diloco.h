@@ -1,0 +1,67 @@
+// DiLoCo (Douillard et al. 2023; ALGORITHMS.md section 1): workers take `inner_steps` local steps,
+// then all-reduce the pseudo-gradient Delta = outer - local (DiLoCo's sign: it points uphill) and apply
+// Nesterov SGD to the outer weights, exactly as PyTorch's SGD(nesterov=True, dampening 0) computes it:
+//   v <- mu v + Delta;  outer <- outer - lr (Delta + mu v);  local <- outer
+// (heavy-ball instead: outer <- outer - lr v). The inner optimizer's state is not touched.
+// With lr 1 and mu 0 it is plain averaging (FedAvg); every rank's outer state stays bit-identical,
+// because every rank applies the same bit-identical mean.
+//
+// Ownership: the optimizer borrows the parameter tensors (it writes them after each round) and owns
+// the outer weights and momentum (fp32, flat). Threading: the training thread calls step() between
+// inner steps. Errors: a failed round (lost or slow peer) returns its Status and changes nothing:
+// the caller may retry it or skip it; skipped rounds are counted.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/bytes.h"
+#include "core/status.h"
+#include "optim/collectives.h"
+#include "quant/format.h"
+
+namespace gossamer::optim {
+
+struct DiLoCoOptions {
+  std::int64_t inner_steps = 500;  // H
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  bool nesterov = true;
+  quant::EncodeOptions codec;      // of the pseudo-gradient on the wire (fp32 by default)
+};
+
+class DiLoCo {
+ public:
+  DiLoCo(std::vector<at::Tensor> params, Group group, DiLoCoOptions options);
+
+  // Call after each inner step with the number of inner steps done; on every H-th it runs a round.
+  // Returns true when a round was applied.
+  [[nodiscard]] Result<bool> step(std::int64_t inner_steps_done, Deadline deadline);
+  // Marks a round as skipped after step() failed (counted; the local weights go on training).
+  void skip_round() { ++skipped_rounds_; }
+
+  const at::Tensor& outer_weights() const { return outer_; }
+  const at::Tensor& momentum() const { return momentum_; }
+  std::int64_t rounds() const { return rounds_; }
+  std::int64_t skipped_rounds() const { return skipped_rounds_; }
+  const CommStats& comm() const { return comm_; }
+
+  // Outer weights, momentum and counters; load() checks sizes (bytes from a checkpoint are untrusted).
+  Bytes save() const;
+  [[nodiscard]] Status load(ByteView bytes);
+
+ private:
+  at::Tensor flatten_params() const;
+  void write_params(const at::Tensor& flat);
+
+  std::vector<at::Tensor> params_;
+  Group group_;
+  DiLoCoOptions options_;
+  at::Tensor outer_, momentum_;
+  std::int64_t rounds_ = 0, skipped_rounds_ = 0;
+  CommStats comm_;
+};
+
+}  // namespace gossamer::optim
