@@ -1,0 +1,63 @@
+// NoLoCo (Kolehmainen et al. 2025; ALGORITHMS.md section 3): no all-reduce. Every `inner_steps`, the
+// live replicas are paired at random, with a permutation every replica computes alike from the round
+// number (no coordination), and each replica averages with its partner only, through the coded update
+// of the reference implementation (heavy-ball shaped; NoLoCo's sign: Delta = local - outer):
+//   delta_i <- alpha delta_i + beta mean_G(theta_j - phi_j) + gamma (mean_G(phi_j) - phi_i)
+//   phi_i <- phi_i + delta_i;  theta_i <- phi_i
+// With beta == gamma this is delta_i <- alpha delta_i + beta (mean_G(theta_j) - phi_i), and only the
+// fast weights travel (P values); otherwise both theta and phi do (2P).
+// Pairing: perm = a seeded permutation of the N live ranks for round t; groups are
+// {perm[g], perm[g + N/2]}; with N odd, perm[N-1] sits the round out alone.
+//
+// Ownership, threading and errors as DiLoCo (diloco.h): a failed exchange changes nothing.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/status.h"
+#include "optim/collectives.h"
+#include "quant/format.h"
+
+namespace gossamer::optim {
+
+struct NoLoCoOptions {
+  std::int64_t inner_steps = 50;  // H
+  double outer_lr = 0.7;          // beta
+  double outer_lr_gamma = 0.7;    // gamma (the reference configs use gamma = beta)
+  double outer_momentum = 0.5;    // alpha
+  std::uint64_t seed = 0;         // shared by every replica
+  quant::EncodeOptions codec;
+};
+
+// partner[r] for every rank of an n-rank group in round `round` (partner[r] == r: alone this round).
+std::vector<int> noloco_pairing(int n, std::int64_t round, std::uint64_t seed);
+
+class NoLoCo {
+ public:
+  NoLoCo(std::vector<at::Tensor> params, Group group, NoLoCoOptions options);
+
+  [[nodiscard]] Result<bool> step(std::int64_t inner_steps_done, Deadline deadline);
+  void skip_round() { ++skipped_rounds_; }
+
+  const at::Tensor& outer_weights() const { return outer_; }
+  const at::Tensor& momentum() const { return momentum_; }
+  std::int64_t rounds() const { return rounds_; }
+  std::int64_t skipped_rounds() const { return skipped_rounds_; }
+  const CommStats& comm() const { return comm_; }
+
+ private:
+  at::Tensor flatten_params() const;
+  void write_params(const at::Tensor& flat);
+
+  std::vector<at::Tensor> params_;
+  Group group_;
+  NoLoCoOptions options_;
+  at::Tensor outer_, momentum_;
+  std::int64_t rounds_ = 0, skipped_rounds_ = 0;
+  CommStats comm_;
+};
+
+}  // namespace gossamer::optim
