@@ -1,0 +1,62 @@
+#include "optim/co2.h"
+
+#include <torch/torch.h>
+
+#include "core/check.h"
+
+namespace gossamer::optim {
+
+namespace {
+constexpr transport::Tag kCO2Tag = 0x0D100003u;
+}  // namespace
+
+CO2::CO2(std::vector<at::Tensor> params, AsyncCollectives& comm, CO2Options options, std::shared_ptr<const StalenessPenalty> penalty)
+    : params_(std::move(params)), comm_(&comm), options_(options), penalty_(std::move(penalty)) {
+  GOSSAMER_CHECK(options_.inner_steps >= 1, "CO2: inner_steps must be >= 1");
+  GOSSAMER_CHECK(options_.outer_momentum >= 0 && options_.outer_momentum < 1, "CO2: outer_momentum must be in [0, 1)");
+  GOSSAMER_CHECK(options_.gap_penalty > 0 && options_.clip_threshold > 0, "CO2: gap_penalty and clip_threshold must be > 0");
+  if (!penalty_) penalty_ = std::make_shared<ConstantPenalty>(options_.gap_penalty);
+  outer_ = flatten_params();
+  momentum_ = torch::zeros_like(outer_);
+}
+
+at::Tensor CO2::flatten_params() const {
+  std::vector<at::Tensor> flat;
+  for (const auto& p : params_) flat.push_back(p.detach().to(at::kCPU, at::kFloat).reshape({-1}));
+  return torch::cat(flat);
+}
+
+void CO2::write_params(const at::Tensor& flat) {
+  torch::NoGradGuard no_grad;
+  std::int64_t offset = 0;
+  for (auto& p : params_) {
+    const std::int64_t n = p.numel();
+    p.copy_(flat.slice(0, offset, offset + n).view(p.sizes()));
+    offset += n;
+  }
+}
+
+Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
+  if (inner_steps_done <= 0 || inner_steps_done % options_.inner_steps != 0) return false;
+  const std::int64_t round = inner_steps_done / options_.inner_steps;
+  // The average launched last round, which used x_{t-1,tau}: it must be in before we go on.
+  if (pending_) {
+    if (Status st = pending_->wait(deadline); !st.ok()) return st.with_context("CO2 round " + std::to_string(round));
+  }
+  // Launch this round's average; it completes while the next round trains.
+  auto launched = comm_->allreduce_mean(flatten_params(), options_.codec, kCO2Tag, Deadline::after(real_clock(), options_.average_timeout));
+  const at::Tensor current_outer = outer_;
+  if (pending_) {
+    const at::Tensor g = previous_outer_ - pending_->tensor();  // x_{t-1,0} - xbar_{t-1}
+    momentum_.mul_(options_.outer_momentum).add_(g / penalty_->lambda(round));
+    if (options_.clip) momentum_.clamp_(-options_.clip_threshold, options_.clip_threshold);
+    outer_ = outer_ - options_.outer_lr * momentum_;
+  }
+  previous_outer_ = current_outer;  // x_{t,0}: the start of the round whose average was just launched
+  pending_ = std::move(launched);
+  write_params(outer_);
+  ++rounds_;
+  return true;
+}
+
+}  // namespace gossamer::optim

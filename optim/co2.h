@@ -1,0 +1,81 @@
+// CO2 (Sun et al., ICLR 2024; ALGORITHMS.md section 4): local updating with an asynchronous all-reduce
+// of the parameters that overlaps the next round, so each outer update uses averages one round stale.
+// At the end of round t (every `inner_steps`):
+//   launch all-reduce(mean) of the local weights x_{t,tau}            (finishes during round t+1)
+//   wait for the all-reduce launched at round t-1 -> xbar_{t-1}        (normally long done)
+//   g <- x_{t-1,0} - xbar_{t-1}                                        (stale pseudo-gradient)
+//   m <- beta m + g / Lambda                                           (Lambda: staleness penalty)
+//   m <- clamp(m, -phi, +phi)  when clipping is on                     (it really clips, unlike the reference code)
+//   x_{t+1,0} <- x_{t,0} - alpha m;  local weights <- x_{t+1,0}
+// Round 1 has no previous average: it only launches. Defaults follow the reference code: alpha 1,
+// beta 0.5, Lambda 1, clipping off (phi 1 when on).
+//
+// Ownership: borrows the parameters and an AsyncCollectives (the communication thread); owns the
+// outer point x_{t,0}, x_{t-1,0}, the momentum and the pending Work. Errors: a failed or late average
+// returns its Status and changes nothing (the launched one stays pending for the next round).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/status.h"
+#include "optim/work.h"
+#include "quant/format.h"
+
+namespace gossamer::optim {
+
+// The staleness penalty Lambda. The reference code's constant is the default; the paper's adaptive
+// form can be plugged in.
+class StalenessPenalty {
+ public:
+  virtual ~StalenessPenalty() = default;
+  virtual double lambda(std::int64_t round) const = 0;
+};
+
+class ConstantPenalty final : public StalenessPenalty {
+ public:
+  explicit ConstantPenalty(double lambda) : lambda_(lambda) {}
+  double lambda(std::int64_t) const override { return lambda_; }
+
+ private:
+  double lambda_;
+};
+
+struct CO2Options {
+  std::int64_t inner_steps = 48;  // tau
+  double outer_lr = 1.0;          // alpha
+  double outer_momentum = 0.5;    // beta
+  double gap_penalty = 1.0;       // Lambda (ConstantPenalty) unless a StalenessPenalty is given
+  bool clip = false;
+  double clip_threshold = 1.0;    // phi
+  quant::EncodeOptions codec;
+  Nanos average_timeout = std::chrono::minutes(10);  // bound of each background all-reduce
+};
+
+class CO2 {
+ public:
+  CO2(std::vector<at::Tensor> params, AsyncCollectives& comm, CO2Options options, std::shared_ptr<const StalenessPenalty> penalty = nullptr);
+
+  [[nodiscard]] Result<bool> step(std::int64_t inner_steps_done, Deadline deadline);
+
+  const at::Tensor& outer_point() const { return outer_; }
+  const at::Tensor& momentum() const { return momentum_; }
+  std::int64_t rounds() const { return rounds_; }
+
+ private:
+  at::Tensor flatten_params() const;
+  void write_params(const at::Tensor& flat);
+
+  std::vector<at::Tensor> params_;
+  AsyncCollectives* comm_;
+  CO2Options options_;
+  std::shared_ptr<const StalenessPenalty> penalty_;
+  at::Tensor outer_, previous_outer_, momentum_;
+  std::shared_ptr<Work> pending_;
+  std::int64_t rounds_ = 0;
+};
+
+}  // namespace gossamer::optim

@@ -1,0 +1,67 @@
+#include "optim/work.h"
+
+namespace gossamer::optim {
+
+Status Work::wait(Deadline deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (deadline.is_never()) {
+    cv_.wait(lock, [&] { return done_; });
+  } else {
+    const auto until = std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(deadline.time()));
+    if (!cv_.wait_until(lock, until, [&] { return done_; })) {
+      return error(ErrorCode::kTimeout, "the collective is still running (wait again, or give up on this round)");
+    }
+  }
+  return status_;
+}
+
+bool Work::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+AsyncCollectives::AsyncCollectives(Group group) : group_(std::move(group)) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+AsyncCollectives::~AsyncCollectives() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    cv_.notify_all();
+  }
+  thread_.join();
+}
+
+std::shared_ptr<Work> AsyncCollectives::allreduce_mean(at::Tensor tensor, const quant::EncodeOptions& codec, transport::Tag tag,
+                                                       Deadline deadline) {
+  auto work = std::make_shared<Work>();
+  work->tensor_ = std::move(tensor);
+  std::lock_guard<std::mutex> lock(mu_);
+  jobs_.push_back([this, work, codec, tag, deadline] {
+    CommStats stats;
+    Status st = optim::allreduce_mean(group_, work->tensor_, codec, tag, deadline, &stats);
+    std::lock_guard<std::mutex> wl(work->mu_);
+    work->status_ = std::move(st);
+    work->stats_ = stats;
+    work->done_ = true;
+    work->cv_.notify_all();
+  });
+  cv_.notify_all();
+  return work;
+}
+
+void AsyncCollectives::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;  // stopping, and everything submitted has run
+    auto job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    job();
+    lock.lock();
+  }
+}
+
+}  // namespace gossamer::optim

@@ -1,0 +1,68 @@
+// Asynchronous collectives: overlap communication with computation through Work handles (the shape
+// of c10d's Work), with no thread hidden inside an optimizer's step().
+//
+// AsyncCollectives owns one communication thread, made explicitly by the caller, that runs submitted
+// collectives in submission order (so every rank runs them in the same order). A Work handle reports
+// when its collective finished; wait(deadline) blocks until then or the deadline: a kTimeout from
+// wait() leaves the operation running (wait again later); the collective's own deadline bounds it.
+// Ownership: the tensor handed to a collective belongs to it until its Work is done; read the result
+// through Work::tensor(). Threading: submit and wait from any thread. Destruction waits for the jobs
+// already submitted (each is bounded by its own deadline).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "optim/collectives.h"
+
+namespace gossamer::optim {
+
+class Work {
+ public:
+  [[nodiscard]] Status wait(Deadline deadline);
+  bool done() const;
+  // The collective's result (valid once wait() returned ok).
+  const at::Tensor& tensor() const { return tensor_; }
+  const CommStats& stats() const { return stats_; }
+
+ private:
+  friend class AsyncCollectives;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+  at::Tensor tensor_;
+  CommStats stats_;
+};
+
+class AsyncCollectives {
+ public:
+  explicit AsyncCollectives(Group group);
+  ~AsyncCollectives();
+  AsyncCollectives(const AsyncCollectives&) = delete;
+  AsyncCollectives& operator=(const AsyncCollectives&) = delete;
+
+  const Group& group() const { return group_; }
+  // allreduce_mean (collectives.h) on the communication thread.
+  std::shared_ptr<Work> allreduce_mean(at::Tensor tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline);
+
+ private:
+  void loop();
+
+  Group group_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace gossamer::optim
