@@ -1,0 +1,75 @@
+#include "optim/streaming_diloco.h"
+
+#include <torch/torch.h>
+
+#include "core/check.h"
+
+namespace gossamer::optim {
+
+namespace {
+constexpr transport::Tag kStreamingTagBase = 0x0D110000u;  // + fragment index
+}  // namespace
+
+StreamingDiLoCo::StreamingDiLoCo(std::vector<Fragment> fragments, AsyncCollectives& comm, StreamingDiLoCoOptions options)
+    : fragments_(std::move(fragments)), comm_thread_(&comm), options_(options) {
+  const auto p = static_cast<std::int64_t>(fragments_.size());
+  GOSSAMER_CHECK(p >= 1, "StreamingDiLoCo: at least one fragment");
+  GOSSAMER_CHECK(options_.inner_steps >= 1 && options_.inner_steps % p == 0, "StreamingDiLoCo: H must be a multiple of the fragment count");
+  GOSSAMER_CHECK(options_.overlap >= 0 && options_.overlap < options_.inner_steps / p, "StreamingDiLoCo: tau must be in [0, H/P)");
+  GOSSAMER_CHECK(options_.mixing >= 0 && options_.mixing <= 1, "StreamingDiLoCo: alpha must be in [0, 1]");
+  for (std::size_t f = 0; f < fragments_.size(); ++f) {
+    const at::Tensor flat = flatten(f);
+    state_.push_back(State{flat, torch::zeros_like(flat), nullptr});
+  }
+}
+
+at::Tensor StreamingDiLoCo::flatten(std::size_t f) const {
+  std::vector<at::Tensor> flat;
+  for (const auto& t : fragments_[f].tensors) flat.push_back(t.detach().to(at::kCPU, at::kFloat).reshape({-1}));
+  return torch::cat(flat);
+}
+
+void StreamingDiLoCo::write(std::size_t f, const at::Tensor& flat) {
+  torch::NoGradGuard no_grad;
+  std::int64_t offset = 0;
+  for (auto& t : fragments_[f].tensors) {
+    const std::int64_t n = t.numel();
+    t.copy_(flat.slice(0, offset, offset + n).view(t.sizes()));
+    offset += n;
+  }
+}
+
+Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
+  if (s <= 0) return 0;
+  const std::int64_t h = options_.inner_steps, p = static_cast<std::int64_t>(fragments_.size()), tau = options_.overlap;
+  int done = 0;
+  for (std::int64_t f = 0; f < p; ++f) {
+    const std::int64_t t_f = (f + 1) * h / p;  // completion offset within each window of H steps
+    State& st = state_[static_cast<std::size_t>(f)];
+    // LAUNCH tau steps before completion.
+    if ((s - (t_f - tau)) % h == 0 && s >= t_f - tau && !st.pending) {
+      st.pending = comm_thread_->allreduce_mean(st.outer - flatten(static_cast<std::size_t>(f)), options_.codec,
+                                                kStreamingTagBase + static_cast<transport::Tag>(f), deadline);
+    }
+    // COMPLETE at t_f.
+    if ((s - t_f) % h == 0 && s >= t_f && st.pending) {
+      if (Status w = st.pending->wait(deadline); !w.ok()) {
+        if (st.pending->done()) st.pending.reset();  // failed for good: the next window launches afresh
+        return w.with_context("Streaming DiLoCo fragment " + std::to_string(f) + " at step " + std::to_string(s));
+      }
+      comm_ += st.pending->stats();
+      const at::Tensor delta = st.pending->tensor();
+      st.pending.reset();
+      const double mu = options_.outer_momentum, lr = options_.outer_lr, alpha = options_.mixing;
+      st.momentum.mul_(mu).add_(delta);
+      st.outer.sub_((delta + mu * st.momentum) * lr);
+      const at::Tensor local = flatten(static_cast<std::size_t>(f));
+      write(static_cast<std::size_t>(f), alpha == 0.0 ? st.outer : local * alpha + st.outer * (1.0 - alpha));
+      ++completed_;
+      ++done;
+    }
+  }
+  return done;
+}
+
+}  // namespace gossamer::optim

@@ -1,0 +1,64 @@
+// Streaming DiLoCo (Douillard et al. 2025; ALGORITHMS.md section 2), with torchft's schedule: the
+// fragments take turns; fragment p (0-based) of P completes at local steps t_p = (p+1) H/P (mod H).
+// tau steps before that it LAUNCHES: Delta_p = outer_p - local_p, all-reduced (mean, with the codec,
+// fp32 accumulation) on the communication thread while training goes on; at t_p it COMPLETES:
+//   v_p <- mu v_p + mean Delta_p;  outer_p <- outer_p - lr (mean Delta_p + mu v_p)   (Nesterov)
+//   local_p <- alpha local_p + (1 - alpha) outer_p        (local_p now holds tau more local steps)
+// Constraints (checked): H mod P == 0, 0 <= tau < H/P, 0 <= alpha <= 1. With P = 1, tau = 0 and
+// alpha = 0 it is DiLoCo. Evaluate and export the outer weights (outer_weights()).
+//
+// Ownership: borrows the fragments' tensors and an AsyncCollectives; owns per-fragment outer weights,
+// momentum and the pending Work. Errors: a failed or late fragment returns its Status; that
+// fragment's state is unchanged (the caller may skip it).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/status.h"
+#include "optim/fragments.h"
+#include "optim/work.h"
+#include "quant/format.h"
+
+namespace gossamer::optim {
+
+struct StreamingDiLoCoOptions {
+  std::int64_t inner_steps = 100;  // H
+  std::int64_t overlap = 1;        // tau
+  double mixing = 0.5;             // alpha
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  quant::EncodeOptions codec;      // fp4 E3M0 in the paper
+};
+
+class StreamingDiLoCo {
+ public:
+  StreamingDiLoCo(std::vector<Fragment> fragments, AsyncCollectives& comm, StreamingDiLoCoOptions options);
+
+  // Call after each inner step; launches and completes the fragments that are due. Returns the number
+  // of fragments completed at this step.
+  [[nodiscard]] Result<int> step(std::int64_t inner_steps_done, Deadline deadline);
+
+  const std::vector<Fragment>& fragments() const { return fragments_; }
+  const at::Tensor& outer_weights(std::size_t fragment) const { return state_[fragment].outer; }
+  std::int64_t completed() const { return completed_; }
+  CommStats comm() const { return comm_; }
+
+ private:
+  struct State {
+    at::Tensor outer, momentum;
+    std::shared_ptr<Work> pending;
+  };
+  at::Tensor flatten(std::size_t f) const;
+  void write(std::size_t f, const at::Tensor& flat);
+
+  std::vector<Fragment> fragments_;
+  AsyncCollectives* comm_thread_;
+  StreamingDiLoCoOptions options_;
+  std::vector<State> state_;
+  std::int64_t completed_ = 0;
+  CommStats comm_;
+};
+
+}  // namespace gossamer::optim
