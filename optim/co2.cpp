@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "core/check.h"
+#include "optim/state_io.h"
 
 namespace gossamer::optim {
 
@@ -42,6 +43,7 @@ Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
   // The average launched last round, which used x_{t-1,tau}: it must be in before we go on.
   if (pending_) {
     if (Status st = pending_->wait(deadline); !st.ok()) return st.with_context("CO2 round " + std::to_string(round));
+    stats_ += pending_->stats();
   }
   // Launch this round's average; it completes while the next round trains.
   auto launched = comm_->allreduce_mean(flatten_params(), options_.codec, kCO2Tag, Deadline::after(real_clock(), options_.average_timeout));
@@ -57,6 +59,24 @@ Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
   write_params(outer_);
   ++rounds_;
   return true;
+}
+
+Bytes CO2::save() const {
+  const at::Tensor prev = previous_outer_.defined() ? previous_outer_ : torch::zeros_like(outer_);
+  return save_state("co2", {rounds_, skipped_rounds_}, {outer_, prev, momentum_});
+}
+
+Status CO2::load(ByteView bytes) {
+  std::vector<std::int64_t> counters(2);
+  std::vector<at::Tensor> tensors = {outer_, outer_, momentum_};
+  if (Status st = load_state(bytes, "co2", counters, tensors); !st.ok()) return st;
+  rounds_ = counters[0];
+  skipped_rounds_ = counters[1];
+  outer_ = tensors[0];
+  previous_outer_ = tensors[1];
+  momentum_ = tensors[2];
+  pending_.reset();
+  return Status();
 }
 
 }  // namespace gossamer::optim

@@ -21,6 +21,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "core/bytes.h"
 #include "core/status.h"
 #include "optim/work.h"
 #include "quant/format.h"
@@ -64,6 +65,14 @@ class CO2 {
   const at::Tensor& outer_point() const { return outer_; }
   const at::Tensor& momentum() const { return momentum_; }
   std::int64_t rounds() const { return rounds_; }
+  void skip_round() { ++skipped_rounds_; }
+  std::int64_t skipped_rounds() const { return skipped_rounds_; }
+  CommStats comm() const { return stats_; }
+
+  // The outer point, the previous one and the momentum. An average still in flight is not saved: after
+  // a load, the next round only launches (as the first round does).
+  Bytes save() const;
+  [[nodiscard]] Status load(ByteView bytes);
 
  private:
   at::Tensor flatten_params() const;
@@ -75,7 +84,8 @@ class CO2 {
   std::shared_ptr<const StalenessPenalty> penalty_;
   at::Tensor outer_, previous_outer_, momentum_;
   std::shared_ptr<Work> pending_;
-  std::int64_t rounds_ = 0;
+  std::int64_t rounds_ = 0, skipped_rounds_ = 0;
+  CommStats stats_;
 };
 
 }  // namespace gossamer::optim

@@ -4,13 +4,12 @@
 
 #include "core/check.h"
 #include "core/wire.h"
+#include "optim/state_io.h"
 #include "quant/codec.h"
 
 namespace gossamer::optim {
 
 namespace {
-constexpr char kStateMagic[4] = {'G', 'D', 'L', 'C'};
-constexpr std::uint32_t kStateVersion = 1;
 constexpr transport::Tag kDiLoCoTag = 0x0D100001u;  // the tag of DiLoCo rounds on every link
 }  // namespace
 
@@ -60,42 +59,16 @@ Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   return true;
 }
 
-Bytes DiLoCo::save() const {
-  Writer w(16 + static_cast<std::size_t>(outer_.numel()) * 8);
-  w.raw(as_bytes(std::string_view(kStateMagic, 4)));
-  w.u32(kStateVersion);
-  w.i64(rounds_);
-  w.i64(skipped_rounds_);
-  w.u64(static_cast<std::uint64_t>(outer_.numel()));
-  quant::EncodeOptions raw;
-  w.blob(quant::encode(outer_, raw));
-  w.blob(quant::encode(momentum_, raw));
-  return std::move(w).take();
-}
+Bytes DiLoCo::save() const { return save_state("diloco", {rounds_, skipped_rounds_}, {outer_, momentum_}); }
 
 Status DiLoCo::load(ByteView bytes) {
-  Reader r(bytes, "DiLoCo state");
-  ByteView magic = r.raw(4);
-  const std::uint32_t version = r.u32();
-  const std::int64_t rounds = r.i64(), skipped = r.i64();
-  const std::uint64_t n = r.u64();
-  ByteView outer = r.blob(bytes.size()), momentum = r.blob(bytes.size());
-  r.expect_end();
-  if (!r.ok()) return r.status();
-  if (std::memcmp(magic.data(), kStateMagic, 4) != 0) return error(ErrorCode::kMalformed, "not a DiLoCo state");
-  if (version != kStateVersion) return error(ErrorCode::kVersionMismatch, "DiLoCo state version " + std::to_string(version));
-  if (n != static_cast<std::uint64_t>(outer_.numel())) {
-    return error(ErrorCode::kMalformed, "DiLoCo state holds " + std::to_string(n) + " values, the model has " + std::to_string(outer_.numel()));
-  }
-  auto o = quant::decode(outer, outer_.numel());
-  if (!o.ok()) return o.status().with_context("DiLoCo outer weights");
-  auto m = quant::decode(momentum, outer_.numel());
-  if (!m.ok()) return m.status().with_context("DiLoCo momentum");
-  if (o->numel() != outer_.numel() || m->numel() != outer_.numel()) return error(ErrorCode::kMalformed, "DiLoCo state of the wrong size");
-  outer_ = o->to(at::kFloat).reshape({-1});
-  momentum_ = m->to(at::kFloat).reshape({-1});
-  rounds_ = rounds;
-  skipped_rounds_ = skipped;
+  std::vector<std::int64_t> counters(2);
+  std::vector<at::Tensor> tensors = {outer_, momentum_};
+  if (Status st = load_state(bytes, "diloco", counters, tensors); !st.ok()) return st;
+  rounds_ = counters[0];
+  skipped_rounds_ = counters[1];
+  outer_ = tensors[0];
+  momentum_ = tensors[1];
   return Status();
 }
 

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/check.h"
+#include "optim/state_io.h"
 
 namespace gossamer::optim {
 
@@ -102,6 +103,19 @@ Result<bool> NoLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   write_params(outer_);
   ++rounds_;
   return true;
+}
+
+Bytes NoLoCo::save() const { return save_state("noloco", {rounds_, skipped_rounds_}, {outer_, momentum_}); }
+
+Status NoLoCo::load(ByteView bytes) {
+  std::vector<std::int64_t> counters(2);
+  std::vector<at::Tensor> tensors = {outer_, momentum_};
+  if (Status st = load_state(bytes, "noloco", counters, tensors); !st.ok()) return st;
+  rounds_ = counters[0];
+  skipped_rounds_ = counters[1];
+  outer_ = tensors[0];
+  momentum_ = tensors[1];
+  return Status();
 }
 
 }  // namespace gossamer::optim

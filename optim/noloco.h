@@ -17,6 +17,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "core/bytes.h"
 #include "core/status.h"
 #include "optim/collectives.h"
 #include "quant/format.h"
@@ -47,6 +48,9 @@ class NoLoCo {
   std::int64_t rounds() const { return rounds_; }
   std::int64_t skipped_rounds() const { return skipped_rounds_; }
   const CommStats& comm() const { return comm_; }
+
+  Bytes save() const;
+  [[nodiscard]] Status load(ByteView bytes);
 
  private:
   at::Tensor flatten_params() const;

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "core/check.h"
+#include "optim/state_io.h"
 
 namespace gossamer::optim {
 
@@ -70,6 +71,33 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
     }
   }
   return done;
+}
+
+Bytes StreamingDiLoCo::save() const {
+  std::vector<at::Tensor> tensors;
+  for (const auto& st : state_) {
+    tensors.push_back(st.outer);
+    tensors.push_back(st.momentum);
+  }
+  return save_state("streaming_diloco", {completed_, skipped_}, tensors);
+}
+
+Status StreamingDiLoCo::load(ByteView bytes) {
+  std::vector<std::int64_t> counters(2);
+  std::vector<at::Tensor> tensors;
+  for (const auto& st : state_) {
+    tensors.push_back(st.outer);
+    tensors.push_back(st.momentum);
+  }
+  if (Status s = load_state(bytes, "streaming_diloco", counters, tensors); !s.ok()) return s;
+  completed_ = counters[0];
+  skipped_ = counters[1];
+  for (std::size_t f = 0; f < state_.size(); ++f) {
+    state_[f].outer = tensors[2 * f];
+    state_[f].momentum = tensors[2 * f + 1];
+    state_[f].pending.reset();
+  }
+  return Status();
 }
 
 }  // namespace gossamer::optim

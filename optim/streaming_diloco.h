@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/bytes.h"
 #include "core/status.h"
 #include "optim/fragments.h"
 #include "optim/work.h"
@@ -43,7 +44,14 @@ class StreamingDiLoCo {
   const std::vector<Fragment>& fragments() const { return fragments_; }
   const at::Tensor& outer_weights(std::size_t fragment) const { return state_[fragment].outer; }
   std::int64_t completed() const { return completed_; }
+  std::int64_t rounds() const { return completed_; }
+  void skip_round() { ++skipped_; }
+  std::int64_t skipped_rounds() const { return skipped_; }
   CommStats comm() const { return comm_; }
+
+  // Outer weights and momentum of every fragment; fragments in flight are not saved (they launch anew).
+  Bytes save() const;
+  [[nodiscard]] Status load(ByteView bytes);
 
  private:
   struct State {
@@ -57,7 +65,7 @@ class StreamingDiLoCo {
   AsyncCollectives* comm_thread_;
   StreamingDiLoCoOptions options_;
   std::vector<State> state_;
-  std::int64_t completed_ = 0;
+  std::int64_t completed_ = 0, skipped_ = 0;
   CommStats comm_;
 };
 

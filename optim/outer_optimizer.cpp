@@ -1,0 +1,137 @@
+#include "optim/outer_optimizer.h"
+
+#include <torch/torch.h>
+
+#include "optim/state_io.h"
+
+namespace gossamer::optim {
+
+namespace {
+
+constexpr transport::Tag kDdpTag = 0x0D100004u;
+
+std::vector<at::Tensor> all_tensors(const std::vector<ParamBlock>& blocks) {
+  std::vector<at::Tensor> out;
+  for (const auto& b : blocks) {
+    for (const auto& t : b.tensors) out.push_back(t);
+  }
+  return out;
+}
+
+// No communication at all: independent workers.
+class Local final : public OuterOptimizer {
+ public:
+  std::string_view name() const override { return "local"; }
+  Result<bool> step(std::int64_t, Deadline) override { return false; }
+  void skip_round() override {}
+  std::int64_t rounds() const override { return 0; }
+  std::int64_t skipped_rounds() const override { return 0; }
+  CommStats comm() const override { return {}; }
+  Bytes save() const override { return save_state("local", {}, {}); }
+  Status load(ByteView state) override {
+    std::vector<std::int64_t> c;
+    std::vector<at::Tensor> t;
+    return load_state(state, "local", c, t);
+  }
+};
+
+// Synchronous data parallelism: gradients averaged every step, no outer state.
+class DataParallel final : public OuterOptimizer, public GradientSync {
+ public:
+  DataParallel(Group group, quant::EncodeOptions codec) : group_(std::move(group)), codec_(codec) {}
+  std::string_view name() const override { return "ddp"; }
+  Result<bool> step(std::int64_t, Deadline) override { return false; }
+  void skip_round() override { ++skipped_; }
+  std::int64_t rounds() const override { return rounds_; }
+  std::int64_t skipped_rounds() const override { return skipped_; }
+  CommStats comm() const override { return comm_; }
+  Bytes save() const override { return save_state("ddp", {rounds_, skipped_}, {}); }
+  Status load(ByteView state) override {
+    std::vector<std::int64_t> c(2);
+    std::vector<at::Tensor> t;
+    if (Status st = load_state(state, "ddp", c, t); !st.ok()) return st;
+    rounds_ = c[0];
+    skipped_ = c[1];
+    return Status();
+  }
+
+  Status sync_gradients(const std::vector<at::Tensor>& params, Deadline deadline) override {
+    std::vector<at::Tensor> grads;
+    for (const auto& p : params) grads.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}));
+    at::Tensor flat = torch::cat(grads);
+    CommStats stats;
+    Status st = allreduce_mean(group_, flat, codec_, kDdpTag, deadline, &stats);
+    comm_ += stats;
+    if (!st.ok()) return st.with_context("ddp step " + std::to_string(rounds_ + 1));
+    std::int64_t offset = 0;
+    for (const auto& p : params) {
+      const std::int64_t n = p.numel();
+      if (p.grad().defined()) p.mutable_grad().copy_(flat.slice(0, offset, offset + n).view(p.sizes()));
+      offset += n;
+    }
+    ++rounds_;
+    return Status();
+  }
+
+ private:
+  Group group_;
+  quant::EncodeOptions codec_;
+  std::int64_t rounds_ = 0, skipped_ = 0;
+  CommStats comm_;
+};
+
+template <typename Impl>
+class Adapter final : public OuterOptimizer {
+ public:
+  template <typename... Args>
+  explicit Adapter(std::string_view name, Args&&... args) : name_(name), impl_(std::forward<Args>(args)...) {}
+  std::string_view name() const override { return name_; }
+  Result<bool> step(std::int64_t s, Deadline d) override {
+    auto r = impl_.step(s, d);
+    if (!r.ok()) return r.status();
+    return static_cast<bool>(*r);
+  }
+  void skip_round() override { impl_.skip_round(); }
+  std::int64_t rounds() const override { return impl_.rounds(); }
+  std::int64_t skipped_rounds() const override { return impl_.skipped_rounds(); }
+  CommStats comm() const override { return impl_.comm(); }
+  Bytes save() const override { return impl_.save(); }
+  Status load(ByteView state) override { return impl_.load(state); }
+  Impl& impl() { return impl_; }
+
+ private:
+  std::string_view name_;
+  Impl impl_;
+};
+
+}  // namespace
+
+std::vector<std::string> outer_methods() { return {"ddp", "diloco", "streaming_diloco", "noloco", "co2", "local"}; }
+
+Result<OuterSetup> make_outer_optimizer(const OuterConfig& c, const std::vector<ParamBlock>& blocks, Group group) {
+  OuterSetup setup;
+  if (c.method == "local") {
+    setup.outer = std::make_unique<Local>();
+  } else if (c.method == "ddp") {
+    auto ddp = std::make_unique<DataParallel>(std::move(group), c.ddp_codec);
+    setup.gradient_sync = ddp.get();
+    setup.outer = std::move(ddp);
+  } else if (c.method == "diloco") {
+    setup.outer = std::make_unique<Adapter<DiLoCo>>("diloco", all_tensors(blocks), std::move(group), c.diloco);
+  } else if (c.method == "noloco") {
+    setup.outer = std::make_unique<Adapter<NoLoCo>>("noloco", all_tensors(blocks), std::move(group), c.noloco);
+  } else if (c.method == "co2") {
+    setup.comm = std::make_unique<AsyncCollectives>(std::move(group));
+    setup.outer = std::make_unique<Adapter<CO2>>("co2", all_tensors(blocks), *setup.comm, c.co2);
+  } else if (c.method == "streaming_diloco") {
+    setup.comm = std::make_unique<AsyncCollectives>(std::move(group));
+    setup.outer = std::make_unique<Adapter<StreamingDiLoCo>>("streaming_diloco", make_fragments(blocks, c.fragments), *setup.comm, c.streaming);
+  } else {
+    std::string names;
+    for (const auto& m : outer_methods()) names += (names.empty() ? "" : ", ") + m;
+    return error(ErrorCode::kInvalidArgument, "unknown outer method '" + c.method + "': use one of " + names);
+  }
+  return setup;
+}
+
+}  // namespace gossamer::optim

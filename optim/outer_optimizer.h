@@ -1,0 +1,71 @@
+// OuterOptimizer: the one shape every method has (the torch::optim shape: options, step(), save and
+// load), selected by name: ddp, diloco, streaming_diloco, noloco, co2, local.
+//
+// The training thread calls step() after every inner step with the number of inner steps done; the
+// method communicates when due. Errors from peers are values: a failed step changes no optimizer
+// state, so the caller can retry it or skip_round() (counted). GradientSync is the separate, optional
+// capability of methods that average gradients before the inner step (ddp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/bytes.h"
+#include "core/status.h"
+#include "optim/co2.h"
+#include "optim/collectives.h"
+#include "optim/diloco.h"
+#include "optim/fragments.h"
+#include "optim/noloco.h"
+#include "optim/streaming_diloco.h"
+#include "optim/work.h"
+
+namespace gossamer::optim {
+
+class OuterOptimizer {
+ public:
+  virtual ~OuterOptimizer() = default;
+  virtual std::string_view name() const = 0;
+  // True when this step applied communicated state (a round or a fragment).
+  [[nodiscard]] virtual Result<bool> step(std::int64_t inner_steps_done, Deadline deadline) = 0;
+  virtual void skip_round() = 0;
+  virtual std::int64_t rounds() const = 0;
+  virtual std::int64_t skipped_rounds() const = 0;
+  virtual CommStats comm() const = 0;
+  virtual Bytes save() const = 0;
+  [[nodiscard]] virtual Status load(ByteView state) = 0;
+};
+
+// Averages gradients across the group before each inner step (ddp).
+class GradientSync {
+ public:
+  virtual ~GradientSync() = default;
+  [[nodiscard]] virtual Status sync_gradients(const std::vector<at::Tensor>& params, Deadline deadline) = 0;
+};
+
+struct OuterConfig {
+  std::string method = "diloco";
+  DiLoCoOptions diloco;
+  StreamingDiLoCoOptions streaming;
+  FragmentOptions fragments;
+  NoLoCoOptions noloco;
+  CO2Options co2;
+  quant::EncodeOptions ddp_codec;
+};
+
+struct OuterSetup {
+  std::unique_ptr<AsyncCollectives> comm;  // the communication thread, for methods that overlap
+  std::unique_ptr<OuterOptimizer> outer;
+  GradientSync* gradient_sync = nullptr;   // set for ddp; points into `outer`
+};
+
+std::vector<std::string> outer_methods();
+// blocks: the model's parameters by block (embedding, transformer blocks, final), in order.
+[[nodiscard]] Result<OuterSetup> make_outer_optimizer(const OuterConfig& config, const std::vector<ParamBlock>& blocks, Group group);
+
+}  // namespace gossamer::optim

@@ -1,0 +1,22 @@
+// Saving and loading an outer optimizer's state: a kind tag, integer counters and fp32 tensors, in a
+// versioned container. Loading treats the bytes as untrusted and requires every tensor to match the
+// size the optimizer already has (a checkpoint of another model is refused, never reshaped).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/bytes.h"
+#include "core/status.h"
+
+namespace gossamer::optim {
+
+Bytes save_state(std::string_view kind, const std::vector<std::int64_t>& counters, const std::vector<at::Tensor>& tensors);
+// On success, counters and tensors are replaced (tensors keep their sizes; values are copied in).
+[[nodiscard]] Status load_state(ByteView bytes, std::string_view kind, std::vector<std::int64_t>& counters,
+                                std::vector<at::Tensor>& tensors);
+
+}  // namespace gossamer::optim

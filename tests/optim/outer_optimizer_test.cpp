@@ -1,0 +1,103 @@
+#include <doctest/doctest.h>
+
+#include <torch/torch.h>
+
+#include "optim/outer_optimizer.h"
+#include "optim/ranks.h"
+
+using namespace gossamer;
+using namespace gossamer::optim;
+using namespace std::chrono_literals;
+using testing::mesh;
+using testing::on_ranks;
+
+namespace {
+Deadline in(Nanos d) { return Deadline::after(real_clock(), d); }
+
+std::vector<ParamBlock> toy(float v) {
+  std::vector<ParamBlock> b;
+  b.push_back({"embed", {torch::full({4}, v)}});
+  for (int l = 0; l < 4; ++l) b.push_back({"block." + std::to_string(l), {torch::full({3}, v + static_cast<float>(l))}});
+  b.push_back({"final", {torch::full({2}, v)}});
+  return b;
+}
+
+OuterConfig config(const std::string& method) {
+  OuterConfig c;
+  c.method = method;
+  c.diloco.inner_steps = 2;
+  c.noloco.inner_steps = 2;
+  c.co2.inner_steps = 2;
+  c.streaming.inner_steps = 4;
+  c.streaming.overlap = 1;
+  c.fragments.fragments = 2;
+  return c;
+}
+
+bool same_bytes(const Bytes& a, const Bytes& b) { return a == b; }
+}  // namespace
+
+TEST_CASE("every method is made by name and its state saves and loads exactly") {
+  for (const auto& method : outer_methods()) {
+    CAPTURE(method);
+    auto blocks_a = toy(1.0f), blocks_b = toy(5.0f);
+    auto ga = mesh(1), gb = mesh(1);
+    auto a = make_outer_optimizer(config(method), blocks_a, ga[0]);
+    auto b = make_outer_optimizer(config(method), blocks_b, gb[0]);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a->outer->name() == method);
+    CHECK((a->gradient_sync != nullptr) == (method == "ddp"));
+    // A few steps of "training" and outer steps.
+    for (std::int64_t s = 1; s <= 8; ++s) {
+      for (auto& blk : blocks_a) {
+        for (auto& t : blk.tensors) t += 0.5f;
+      }
+      REQUIRE(a->outer->step(s, in(5s)).ok());
+    }
+    const Bytes state = a->outer->save();
+    REQUIRE(b->outer->load(state).ok());
+    CHECK(same_bytes(b->outer->save(), state));
+    CHECK(b->outer->rounds() == a->outer->rounds());
+    // Another method's state, or a truncated one, is refused.
+    const std::string other = method == "diloco" ? "noloco" : "diloco";
+    auto c = make_outer_optimizer(config(other), toy(0.0f), mesh(1)[0]);
+    REQUIRE(c.ok());
+    CHECK_FALSE(c->outer->load(state).ok());
+    Bytes cut = state;
+    cut.resize(cut.size() - 1);
+    CHECK_FALSE(b->outer->load(cut).ok());
+  }
+  auto bad = make_outer_optimizer(config("sgd"), toy(0.0f), mesh(1)[0]);
+  CHECK(bad.status().code() == ErrorCode::kInvalidArgument);
+  CHECK(bad.status().message().find("streaming_diloco") != std::string::npos);
+}
+
+TEST_CASE("ddp averages gradients every step before the inner optimizer") {
+  const int m = 2;
+  auto groups = mesh(m);
+  std::vector<std::vector<ParamBlock>> blocks = {toy(0.0f), toy(0.0f)};
+  std::vector<OuterSetup> setups;
+  for (int r = 0; r < m; ++r) {
+    auto s = make_outer_optimizer(config("ddp"), blocks[static_cast<std::size_t>(r)], groups[static_cast<std::size_t>(r)]);
+    REQUIRE(s.ok());
+    setups.push_back(std::move(*s));
+  }
+  std::vector<std::vector<at::Tensor>> params(m);
+  for (int r = 0; r < m; ++r) {
+    for (auto& blk : blocks[static_cast<std::size_t>(r)]) {
+      for (auto& t : blk.tensors) {
+        t.mutable_grad() = torch::full(t.sizes(), static_cast<float>(2 * r + 1));  // rank 0: 1, rank 1: 3
+        params[static_cast<std::size_t>(r)].push_back(t);
+      }
+    }
+  }
+  on_ranks(m, [&](int r) {
+    REQUIRE(setups[static_cast<std::size_t>(r)].gradient_sync->sync_gradients(params[static_cast<std::size_t>(r)], in(5s)).ok());
+  });
+  for (int r = 0; r < m; ++r) {
+    for (const auto& p : params[static_cast<std::size_t>(r)]) CHECK(torch::equal(p.grad(), torch::full(p.sizes(), 2.0f)));
+    CHECK(setups[static_cast<std::size_t>(r)].outer->rounds() == 1);
+    CHECK(setups[static_cast<std::size_t>(r)].outer->comm().bytes_sent > 0);
+  }
+}
