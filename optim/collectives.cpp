@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <span>
+
 #include "core/check.h"
 #include "quant/codec.h"
 #include "transport/protocol.h"
@@ -38,6 +40,21 @@ Result<at::Tensor> recv_chunk(transport::Link& link, transport::Tag tag, std::in
   return t->to(at::kFloat).reshape({-1});
 }
 
+// Receives one encoded chunk and decodes it straight into `dst` (contiguous fp32, the expected size).
+Status recv_into(transport::Link& link, transport::Tag tag, at::Tensor dst, Deadline deadline, CommStats& stats) {
+  auto bytes = link.recv(tag, deadline);
+  if (!bytes.ok()) return bytes.status();
+  stats.bytes_received += bytes->size() + transport::kFrameHeaderBytes;
+  auto info = quant::inspect(*bytes, dst.numel());
+  if (!info.ok()) return info.status().with_context("chunk from peer " + link.peer().to_string());
+  if (info->numel != dst.numel()) {
+    return error(ErrorCode::kMalformed, "peer " + link.peer().to_string() + " sent a chunk of " + std::to_string(info->numel) +
+                                            " values where " + std::to_string(dst.numel()) + " were expected (group out of step?)");
+  }
+  return quant::decode_into(*bytes, std::span<float>(dst.data_ptr<float>(), static_cast<std::size_t>(dst.numel())))
+      .with_context("chunk from peer " + link.peer().to_string());
+}
+
 }  // namespace
 
 Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
@@ -54,45 +71,53 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   auto chunk = [&](const at::Tensor& t, int j) { return t.slice(0, chunk_begin(n, m, j), chunk_begin(n, m, j + 1)); };
   for (int j = 0; j < m; ++j) GOSSAMER_CHECK(j == r || g.peers[static_cast<std::size_t>(j)], "allreduce_mean: no link to rank " + std::to_string(j));
 
+  // Rank r talks to r+1, r+2, ... in turn (and hears from r-1, r-2, ...), so the ranks do not all
+  // queue on rank 0 first.
+  auto to = [&](int k) { return (r + k) % m; };
+  auto from = [&](int k) { return (r - k + m) % m; };
   // 1. Each chunk, encoded once, to its owner.
-  for (int j = 0; j < m; ++j) {
-    if (j == r) continue;
+  for (int k = 1; k < m; ++k) {
+    const int j = to(k);
     if (Status st = send_counted(*g.peers[static_cast<std::size_t>(j)], tag, quant::encode(chunk(flat, j), codec), deadline, stats); !st.ok()) {
       return st.with_context("allreduce: rank " + std::to_string(r) + " sending to rank " + std::to_string(j));
     }
   }
   // 2. The owner accumulates every contribution in fp32, in rank order, and takes the mean.
   const std::int64_t mine = chunk(flat, r).numel();
-  at::Tensor acc = torch::zeros({mine}, torch::kFloat);
-  for (int j = 0; j < m; ++j) {
-    if (j == r) {
-      auto own = quant::decode(quant::encode(chunk(flat, r), codec));  // our contribution passes the same codec
-      GOSSAMER_CHECK(own.ok(), "allreduce_mean: own payload failed to decode");
-      acc += own->to(at::kFloat).reshape({-1});
-      continue;
-    }
-    auto c = recv_chunk(*g.peers[static_cast<std::size_t>(j)], tag, mine, deadline, stats);
-    if (!c.ok()) return c.status().with_context("allreduce: rank " + std::to_string(r) + " receiving from rank " + std::to_string(j));
-    acc += *c;
+  at::Tensor contributions = torch::empty({m, mine}, torch::kFloat);  // row j: rank j's contribution
+  {
+    const Bytes own = quant::encode(chunk(flat, r), codec);  // our contribution passes the same codec
+    Status st = quant::decode_into(own, std::span<float>(contributions[r].data_ptr<float>(), static_cast<std::size_t>(mine)));
+    GOSSAMER_CHECK(st.ok(), "allreduce_mean: own payload failed to decode");
   }
+  for (int k = 1; k < m; ++k) {
+    const int j = from(k);
+    if (Status st = recv_into(*g.peers[static_cast<std::size_t>(j)], tag, contributions[j], deadline, stats); !st.ok()) {
+      return st.with_context("allreduce: rank " + std::to_string(r) + " receiving from rank " + std::to_string(j));
+    }
+  }
+  at::Tensor acc = contributions[0].clone();
+  for (int j = 1; j < m; ++j) acc += contributions[j];  // rank order: the same sum on every rank
   acc /= static_cast<float>(m);
   // 3. The mean, encoded once, to everyone; every rank (the owner too) decodes the same bytes.
   const Bytes mean = quant::encode(acc, codec);
-  for (int j = 0; j < m; ++j) {
-    if (j == r) continue;
+  for (int k = 1; k < m; ++k) {
+    const int j = to(k);
     if (Status st = send_counted(*g.peers[static_cast<std::size_t>(j)], tag, mean, deadline, stats); !st.ok()) {
       return st.with_context("allreduce: rank " + std::to_string(r) + " sending the mean to rank " + std::to_string(j));
     }
   }
   at::Tensor out = torch::empty({n}, torch::kFloat);
-  auto own_mean = quant::decode(mean);
-  GOSSAMER_CHECK(own_mean.ok(), "allreduce_mean: own payload failed to decode");
-  chunk(out, r).copy_(own_mean->reshape({-1}));
-  for (int j = 0; j < m; ++j) {
-    if (j == r) continue;
-    auto c = recv_chunk(*g.peers[static_cast<std::size_t>(j)], tag, chunk(out, j).numel(), deadline, stats);
-    if (!c.ok()) return c.status().with_context("allreduce: rank " + std::to_string(r) + " receiving the mean from rank " + std::to_string(j));
-    chunk(out, j).copy_(*c);
+  {
+    at::Tensor mine_out = chunk(out, r);
+    Status st = quant::decode_into(mean, std::span<float>(mine_out.data_ptr<float>(), static_cast<std::size_t>(mine_out.numel())));
+    GOSSAMER_CHECK(st.ok(), "allreduce_mean: own payload failed to decode");
+  }
+  for (int k = 1; k < m; ++k) {
+    const int j = from(k);
+    if (Status st = recv_into(*g.peers[static_cast<std::size_t>(j)], tag, chunk(out, j), deadline, stats); !st.ok()) {
+      return st.with_context("allreduce: rank " + std::to_string(r) + " receiving the mean from rank " + std::to_string(j));
+    }
   }
   // Only now, with every chunk in hand, does the caller's tensor change.
   tensor.copy_(out.view(tensor.sizes()));

@@ -18,11 +18,11 @@
 namespace gossamer::app {
 
 void add_bench_command(CLI::App& app, BenchArgs& args) {
-  auto* cmd = app.add_subcommand("bench", "Measure Gossamer against a reference (what: train, quant, transport)");
+  auto* cmd = app.add_subcommand("bench", "Measure Gossamer against a reference (what: train, quant, transport, allreduce)");
   cmd->add_option("what", args.what,
                   "train: inner loop vs bare LibTorch; quant: codec throughput vs memcpy and naive LibTorch ops; "
-                  "transport: link goodput vs plain sockets, small-frame rate")
-      ->check(CLI::IsMember({"train", "quant", "transport"}))
+                  "transport: link goodput vs plain sockets, small-frame rate; allreduce: our collective vs Gloo")
+      ->check(CLI::IsMember({"train", "quant", "transport", "allreduce"}))
       ->capture_default_str();
   add_config_source(*cmd, args.source);
   cmd->add_option("--steps", args.steps, "train: steps per timed block")->check(CLI::PositiveNumber)->capture_default_str();
@@ -32,6 +32,8 @@ void add_bench_command(CLI::App& app, BenchArgs& args) {
   cmd->add_option("--min-time", args.min_time, "quant: seconds per measurement")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_flag("!--no-naive", args.naive, "quant: skip the naive LibTorch-ops rows");
   cmd->add_option("--message-mib", args.message_mib, "transport: message size in MiB")->check(CLI::Range(1, 1024))->capture_default_str();
+  cmd->add_option("--ranks", args.ranks, "allreduce: in-process ranks")->check(CLI::Range(2, 16))->capture_default_str();
+  cmd->add_option("--values", args.elements_allreduce, "allreduce: fp32 values in the tensor")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_flag("!--insecure", args.encrypted, "transport: measure plain links only (no encrypted rows)");
   cmd->add_option("--gossip-peers", args.gossip_peers, "transport: gossip nodes for the convergence time")->check(CLI::Range(2, 512))->capture_default_str();
 }
@@ -124,6 +126,7 @@ int run_bench_command(const BenchArgs& args) {
   if (args.what == "train") return bench_train(args);
   if (args.what == "quant") return bench_quant(args);
   if (args.what == "transport") return bench_transport(args);
+  if (args.what == "allreduce") return bench_allreduce(args);
   return report_failure(error(ErrorCode::kInvalidArgument, "unknown benchmark '" + args.what + "'"));
 }
 

@@ -61,10 +61,14 @@ struct BenchArgs {
   std::int64_t message_mib = 64;
   std::int64_t gossip_peers = 32;
   bool encrypted = true;  // also measure encrypted links
+  // bench allreduce
+  std::int64_t ranks = 4;
+  std::int64_t elements_allreduce = 16 << 20;
 };
 void add_bench_command(CLI::App& app, BenchArgs& args);
 int run_bench_command(const BenchArgs& args);
 int bench_quant(const BenchArgs& args);
 int bench_transport(const BenchArgs& args);
+int bench_allreduce(const BenchArgs& args);
 
 }  // namespace gossamer::app

@@ -1,0 +1,129 @@
+// `gossamer bench allreduce`: the mean all-reduce of one large fp32 tensor across in-process ranks
+// that talk over TCP on loopback: Gossamer's collective (optim/collectives.h) with fp32, int8 and fp4
+// codecs, next to Gloo through LibTorch's c10d ProcessGroupGloo (the engine PyTorch DDP uses on CPUs),
+// interleaved in one run. Reports algorithm bandwidth (tensor bytes / time) and the ratio to Gloo.
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <algorithm>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "app/commands.h"
+#include "optim/collectives.h"
+#include "quant/codec.h"
+#include "transport/tcp_transport.h"
+
+namespace gossamer::app {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <typename F>
+void on_ranks(int m, F fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < m; ++r) threads.emplace_back([&fn, r] { fn(r); });
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace
+
+int bench_allreduce(const BenchArgs& args) {
+  const int m = static_cast<int>(args.ranks);
+  const std::int64_t n = args.elements_allreduce;
+  torch::set_num_threads(1);
+
+  // Gossamer: a full mesh of TCP links between m transports.
+  std::vector<std::unique_ptr<transport::Transport>> transports;
+  for (int r = 0; r < m; ++r) {
+    auto t = transport::make_tcp_transport(transport::TcpOptions{});
+    if (!t.ok()) return report_failure(t.status());
+    transports.push_back(std::move(*t));
+  }
+  std::vector<optim::Group> groups(static_cast<std::size_t>(m));
+  for (int r = 0; r < m; ++r) {
+    groups[static_cast<std::size_t>(r)].rank = r;
+    groups[static_cast<std::size_t>(r)].size = m;
+    groups[static_cast<std::size_t>(r)].peers.resize(static_cast<std::size_t>(m));
+  }
+  for (int a = 0; a < m; ++a) {
+    for (int b = a + 1; b < m; ++b) {
+      auto ab = transports[static_cast<std::size_t>(a)]->connect(transports[static_cast<std::size_t>(b)]->address(), Deadline::after(real_clock(), 10s));
+      if (!ab.ok()) return report_failure(ab.status());
+      auto ba = transports[static_cast<std::size_t>(b)]->accept(Deadline::after(real_clock(), 10s));
+      if (!ba.ok()) return report_failure(ba.status());
+      groups[static_cast<std::size_t>(a)].peers[static_cast<std::size_t>(b)] = *ab;
+      groups[static_cast<std::size_t>(b)].peers[static_cast<std::size_t>(a)] = *ba;
+    }
+  }
+
+  // Gloo: one process group per rank over a shared in-process store.
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<c10::intrusive_ptr<c10d::ProcessGroupGloo>> gloo(static_cast<std::size_t>(m));
+  on_ranks(m, [&](int r) {
+    auto opts = c10d::ProcessGroupGloo::Options::create();
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    gloo[static_cast<std::size_t>(r)] = c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, m, opts);
+  });
+
+  std::vector<at::Tensor> data(static_cast<std::size_t>(m));
+  for (int r = 0; r < m; ++r) data[static_cast<std::size_t>(r)] = torch::randn({n});
+  const double bytes = static_cast<double>(n) * 4;
+
+  auto time_ours = [&](quant::CodecId codec) {
+    quant::EncodeOptions o;
+    o.codec = codec;
+    Stopwatch w(real_clock());
+    bool ok = true;
+    on_ranks(m, [&](int r) {
+      at::Tensor t = data[static_cast<std::size_t>(r)].clone();
+      if (!optim::allreduce_mean(groups[static_cast<std::size_t>(r)], t, o, 1, Deadline::after(real_clock(), 120s)).ok()) ok = false;
+    });
+    return ok ? bytes / w.elapsed_seconds() : 0.0;
+  };
+  auto time_gloo = [&] {
+    Stopwatch w(real_clock());
+    on_ranks(m, [&](int r) {
+      std::vector<at::Tensor> ts{data[static_cast<std::size_t>(r)].clone()};
+      gloo[static_cast<std::size_t>(r)]->allreduce(ts)->wait();
+      ts[0].div_(m);  // Gloo sums; DDP divides afterwards
+    });
+    return bytes / w.elapsed_seconds();
+  };
+
+  fmt::print("bench allreduce: mean of {} fp32 values ({} MiB) over {} in-process ranks on TCP loopback, {} rounds\n", n,
+             (n * 4) >> 20, m, args.rounds);
+  std::vector<double> g, f32, i8, f4, ratio;
+  for (std::int64_t round = 0; round < args.rounds; ++round) {
+    double gl, a;
+    if (round % 2 == 0) {
+      gl = time_gloo();
+      a = time_ours(quant::CodecId::kFp32);
+    } else {
+      a = time_ours(quant::CodecId::kFp32);
+      gl = time_gloo();
+    }
+    const double b = time_ours(quant::CodecId::kInt8), c = time_ours(quant::CodecId::kFp4E2M1);
+    g.push_back(gl);
+    f32.push_back(a);
+    i8.push_back(b);
+    f4.push_back(c);
+    ratio.push_back(a / gl);
+    fmt::print("  round {}: gloo {:.2f} GB/s, gossamer fp32 {:.2f} GB/s (ratio {:.3f}), int8 {:.2f} GB/s, fp4 {:.2f} GB/s\n", round + 1, gl / 1e9,
+               a / 1e9, a / gl, b / 1e9, c / 1e9);
+  }
+  fmt::print("median: gloo {:.2f} GB/s, gossamer fp32 {:.2f} GB/s, ratio {:.3f}; int8 {:.2f} GB/s ({:.2f}x gloo), fp4 {:.2f} GB/s ({:.2f}x gloo)\n",
+             median(g) / 1e9, median(f32) / 1e9, median(ratio), median(i8) / 1e9, median(i8) / median(g), median(f4) / 1e9,
+             median(f4) / median(g));
+  return 0;
+}
+
+}  // namespace gossamer::app
