@@ -85,7 +85,10 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   // 2. The owner accumulates every contribution in fp32, in rank order, and takes the mean.
   const std::int64_t mine = chunk(flat, r).numel();
   at::Tensor contributions = torch::empty({m, mine}, torch::kFloat);  // row j: rank j's contribution
-  {
+  const bool exact = codec.codec == quant::CodecId::kFp32;  // fp32 round-trips bit for bit: no need to
+  if (exact) {                                             // pass our own values through it
+    contributions[r].copy_(chunk(flat, r));
+  } else {
     const Bytes own = quant::encode(chunk(flat, r), codec);  // our contribution passes the same codec
     Status st = quant::decode_into(own, std::span<float>(contributions[r].data_ptr<float>(), static_cast<std::size_t>(mine)));
     GOSSAMER_CHECK(st.ok(), "allreduce_mean: own payload failed to decode");
@@ -108,7 +111,9 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
     }
   }
   at::Tensor out = torch::empty({n}, torch::kFloat);
-  {
+  if (exact) {
+    chunk(out, r).copy_(acc);  // what the others decode from `mean`, bit for bit
+  } else {
     at::Tensor mine_out = chunk(out, r);
     Status st = quant::decode_into(mean, std::span<float>(mine_out.data_ptr<float>(), static_cast<std::size_t>(mine_out.numel())));
     GOSSAMER_CHECK(st.ok(), "allreduce_mean: own payload failed to decode");
