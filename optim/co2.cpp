@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "core/check.h"
+#include "optim/flat_params.h"
 #include "optim/state_io.h"
 
 namespace gossamer::optim {
@@ -17,24 +18,8 @@ CO2::CO2(std::vector<at::Tensor> params, AsyncCollectives& comm, CO2Options opti
   GOSSAMER_CHECK(options_.outer_momentum >= 0 && options_.outer_momentum < 1, "CO2: outer_momentum must be in [0, 1)");
   GOSSAMER_CHECK(options_.gap_penalty > 0 && options_.clip_threshold > 0, "CO2: gap_penalty and clip_threshold must be > 0");
   if (!penalty_) penalty_ = std::make_shared<ConstantPenalty>(options_.gap_penalty);
-  outer_ = flatten_params();
+  outer_ = flatten(params_);
   momentum_ = torch::zeros_like(outer_);
-}
-
-at::Tensor CO2::flatten_params() const {
-  std::vector<at::Tensor> flat;
-  for (const auto& p : params_) flat.push_back(p.detach().to(at::kCPU, at::kFloat).reshape({-1}));
-  return torch::cat(flat);
-}
-
-void CO2::write_params(const at::Tensor& flat) {
-  torch::NoGradGuard no_grad;
-  std::int64_t offset = 0;
-  for (auto& p : params_) {
-    const std::int64_t n = p.numel();
-    p.copy_(flat.slice(0, offset, offset + n).view(p.sizes()));
-    offset += n;
-  }
 }
 
 Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
@@ -46,7 +31,7 @@ Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
     stats_ += pending_->stats();
   }
   // Launch this round's average; it completes while the next round trains.
-  auto launched = comm_->allreduce_mean(flatten_params(), options_.codec, kCO2Tag, Deadline::after(real_clock(), options_.average_timeout));
+  auto launched = comm_->allreduce_mean(flatten(params_), options_.codec, kCO2Tag, Deadline::after(real_clock(), options_.average_timeout));
   const at::Tensor current_outer = outer_;
   if (pending_) {
     const at::Tensor g = previous_outer_ - pending_->tensor();  // x_{t-1,0} - xbar_{t-1}
@@ -56,7 +41,7 @@ Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
   }
   previous_outer_ = current_outer;  // x_{t,0}: the start of the round whose average was just launched
   pending_ = std::move(launched);
-  write_params(outer_);
+  write_flat(params_, outer_);
   ++rounds_;
   return true;
 }

@@ -75,9 +75,6 @@ class CO2 {
   [[nodiscard]] Status load(ByteView bytes);
 
  private:
-  at::Tensor flatten_params() const;
-  void write_params(const at::Tensor& flat);
-
   std::vector<at::Tensor> params_;
   AsyncCollectives* comm_;
   CO2Options options_;

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "core/check.h"
+#include "optim/flat_params.h"
 #include "core/wire.h"
 #include "optim/state_io.h"
 #include "quant/codec.h"
@@ -18,29 +19,13 @@ DiLoCo::DiLoCo(std::vector<at::Tensor> params, Group group, DiLoCoOptions option
   GOSSAMER_CHECK(options_.inner_steps >= 1, "DiLoCo: inner_steps must be >= 1");
   GOSSAMER_CHECK(options_.outer_lr > 0 && options_.outer_momentum >= 0 && options_.outer_momentum < 1,
                  "DiLoCo: outer_lr must be > 0 and outer_momentum in [0, 1)");
-  outer_ = flatten_params();
+  outer_ = flatten(params_);
   momentum_ = torch::zeros_like(outer_);
-}
-
-at::Tensor DiLoCo::flatten_params() const {
-  std::vector<at::Tensor> flat;
-  for (const auto& p : params_) flat.push_back(p.detach().to(at::kCPU, at::kFloat).reshape({-1}));
-  return torch::cat(flat);
-}
-
-void DiLoCo::write_params(const at::Tensor& flat) {
-  torch::NoGradGuard no_grad;
-  std::int64_t offset = 0;
-  for (auto& p : params_) {
-    const std::int64_t n = p.numel();
-    p.copy_(flat.slice(0, offset, offset + n).view(p.sizes()));
-    offset += n;
-  }
 }
 
 Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   if (inner_steps_done <= 0 || inner_steps_done % options_.inner_steps != 0) return false;
-  at::Tensor delta = outer_ - flatten_params();  // pseudo-gradient: outer - local
+  at::Tensor delta = outer_ - flatten(params_);  // pseudo-gradient: outer - local
   CommStats stats;
   if (Status st = allreduce_mean(group_, delta, options_.codec, kDiLoCoTag, deadline, &stats); !st.ok()) {
     comm_ += stats;
@@ -54,7 +39,7 @@ Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   } else {
     outer_.sub_(momentum_ * lr);
   }
-  write_params(outer_);
+  write_flat(params_, outer_);
   ++rounds_;
   return true;
 }

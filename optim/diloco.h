@@ -53,9 +53,6 @@ class DiLoCo {
   [[nodiscard]] Status load(ByteView bytes);
 
  private:
-  at::Tensor flatten_params() const;
-  void write_params(const at::Tensor& flat);
-
   std::vector<at::Tensor> params_;
   Group group_;
   DiLoCoOptions options_;

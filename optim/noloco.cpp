@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/check.h"
+#include "optim/flat_params.h"
 #include "optim/state_io.h"
 
 namespace gossamer::optim {
@@ -47,31 +48,15 @@ NoLoCo::NoLoCo(std::vector<at::Tensor> params, Group group, NoLoCoOptions option
     : params_(std::move(params)), group_(std::move(group)), options_(options) {
   GOSSAMER_CHECK(options_.inner_steps >= 1, "NoLoCo: inner_steps must be >= 1");
   GOSSAMER_CHECK(options_.outer_momentum >= 0 && options_.outer_momentum < 1, "NoLoCo: outer_momentum must be in [0, 1)");
-  outer_ = flatten_params();
+  outer_ = flatten(params_);
   momentum_ = torch::zeros_like(outer_);
-}
-
-at::Tensor NoLoCo::flatten_params() const {
-  std::vector<at::Tensor> flat;
-  for (const auto& p : params_) flat.push_back(p.detach().to(at::kCPU, at::kFloat).reshape({-1}));
-  return torch::cat(flat);
-}
-
-void NoLoCo::write_params(const at::Tensor& flat) {
-  torch::NoGradGuard no_grad;
-  std::int64_t offset = 0;
-  for (auto& p : params_) {
-    const std::int64_t n = p.numel();
-    p.copy_(flat.slice(0, offset, offset + n).view(p.sizes()));
-    offset += n;
-  }
 }
 
 Result<bool> NoLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   if (inner_steps_done <= 0 || inner_steps_done % options_.inner_steps != 0) return false;
   const std::int64_t round = inner_steps_done / options_.inner_steps;
   const int partner = noloco_pairing(group_.size, round, options_.seed)[static_cast<std::size_t>(group_.rank)];
-  const at::Tensor theta = flatten_params();
+  const at::Tensor theta = flatten(params_);
   const double alpha = options_.outer_momentum, beta = options_.outer_lr, gamma = options_.outer_lr_gamma;
   const bool same = beta == gamma;
 
@@ -100,7 +85,7 @@ Result<bool> NoLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
     momentum_.mul_(alpha).add_((mean_theta - mean_phi) * beta).add_((mean_phi - outer_) * gamma);
   }
   outer_.add_(momentum_);
-  write_params(outer_);
+  write_flat(params_, outer_);
   ++rounds_;
   return true;
 }

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "core/check.h"
+#include "optim/flat_params.h"
 #include "optim/state_io.h"
 
 namespace gossamer::optim {
@@ -19,24 +20,8 @@ StreamingDiLoCo::StreamingDiLoCo(std::vector<Fragment> fragments, AsyncCollectiv
   GOSSAMER_CHECK(options_.overlap >= 0 && options_.overlap < options_.inner_steps / p, "StreamingDiLoCo: tau must be in [0, H/P)");
   GOSSAMER_CHECK(options_.mixing >= 0 && options_.mixing <= 1, "StreamingDiLoCo: alpha must be in [0, 1]");
   for (std::size_t f = 0; f < fragments_.size(); ++f) {
-    const at::Tensor flat = flatten(f);
+    const at::Tensor flat = flatten(fragments_[f].tensors);
     state_.push_back(State{flat, torch::zeros_like(flat), nullptr});
-  }
-}
-
-at::Tensor StreamingDiLoCo::flatten(std::size_t f) const {
-  std::vector<at::Tensor> flat;
-  for (const auto& t : fragments_[f].tensors) flat.push_back(t.detach().to(at::kCPU, at::kFloat).reshape({-1}));
-  return torch::cat(flat);
-}
-
-void StreamingDiLoCo::write(std::size_t f, const at::Tensor& flat) {
-  torch::NoGradGuard no_grad;
-  std::int64_t offset = 0;
-  for (auto& t : fragments_[f].tensors) {
-    const std::int64_t n = t.numel();
-    t.copy_(flat.slice(0, offset, offset + n).view(t.sizes()));
-    offset += n;
   }
 }
 
@@ -49,7 +34,7 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
     State& st = state_[static_cast<std::size_t>(f)];
     // LAUNCH tau steps before completion.
     if ((s - (t_f - tau)) % h == 0 && s >= t_f - tau && !st.pending) {
-      st.pending = comm_thread_->allreduce_mean(st.outer - flatten(static_cast<std::size_t>(f)), options_.codec,
+      st.pending = comm_thread_->allreduce_mean(st.outer - flatten(fragments_[static_cast<std::size_t>(f)].tensors), options_.codec,
                                                 kStreamingTagBase + static_cast<transport::Tag>(f), deadline);
     }
     // COMPLETE at t_f.
@@ -64,8 +49,8 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
       const double mu = options_.outer_momentum, lr = options_.outer_lr, alpha = options_.mixing;
       st.momentum.mul_(mu).add_(delta);
       st.outer.sub_((delta + mu * st.momentum) * lr);
-      const at::Tensor local = flatten(static_cast<std::size_t>(f));
-      write(static_cast<std::size_t>(f), alpha == 0.0 ? st.outer : local * alpha + st.outer * (1.0 - alpha));
+      const at::Tensor local = flatten(fragments_[static_cast<std::size_t>(f)].tensors);
+      write_flat(fragments_[static_cast<std::size_t>(f)].tensors, alpha == 0.0 ? st.outer : local * alpha + st.outer * (1.0 - alpha));
       ++completed_;
       ++done;
     }

@@ -58,8 +58,6 @@ class StreamingDiLoCo {
     at::Tensor outer, momentum;
     std::shared_ptr<Work> pending;
   };
-  at::Tensor flatten(std::size_t f) const;
-  void write(std::size_t f, const at::Tensor& flat);
 
   std::vector<Fragment> fragments_;
   AsyncCollectives* comm_thread_;

@@ -10,10 +10,7 @@ using namespace gossamer::optim;
 using namespace std::chrono_literals;
 using testing::mesh;
 using testing::on_ranks;
-
-namespace {
-Deadline in(Nanos d) { return Deadline::after(real_clock(), d); }
-}  // namespace
+using testing::in;
 
 TEST_CASE("Work handles: results arrive asynchronously, a short wait times out without cancelling") {
   auto groups = mesh(2);

@@ -15,6 +15,7 @@ using namespace gossamer::optim;
 using namespace std::chrono_literals;
 using testing::mesh;
 using testing::on_ranks;
+using testing::in;
 
 namespace {
 
@@ -24,7 +25,6 @@ quant::EncodeOptions codec(quant::CodecId id) {
   return o;
 }
 
-Deadline in(Nanos d) { return Deadline::after(real_clock(), d); }
 
 }  // namespace
 

@@ -10,10 +10,7 @@ using namespace gossamer::optim;
 using namespace std::chrono_literals;
 using testing::mesh;
 using testing::on_ranks;
-
-namespace {
-Deadline in(Nanos d) { return Deadline::after(real_clock(), d); }
-}  // namespace
+using testing::in;
 
 TEST_CASE("DiLoCo with outer lr 1 and momentum 0 is plain averaging (FedAvg)") {
   const int m = 4;

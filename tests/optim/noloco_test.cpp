@@ -12,10 +12,7 @@ using namespace gossamer::optim;
 using namespace std::chrono_literals;
 using testing::mesh;
 using testing::on_ranks;
-
-namespace {
-Deadline in(Nanos d) { return Deadline::after(real_clock(), d); }
-}  // namespace
+using testing::in;
 
 TEST_CASE("NoLoCo pairing is a deterministic perfect matching every replica computes alike") {
   for (int n = 1; n <= 17; ++n) {

@@ -10,9 +10,9 @@ using namespace gossamer::optim;
 using namespace std::chrono_literals;
 using testing::mesh;
 using testing::on_ranks;
+using testing::in;
 
 namespace {
-Deadline in(Nanos d) { return Deadline::after(real_clock(), d); }
 
 std::vector<ParamBlock> toy(float v) {
   std::vector<ParamBlock> b;

@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/clock.h"
 #include "optim/collectives.h"
 #include "transport/memory_link.h"
 
@@ -26,6 +27,9 @@ inline std::vector<Group> mesh(int m) {
   }
   return groups;
 }
+
+// A real-time deadline d from now.
+inline Deadline in(Nanos d) { return Deadline::after(real_clock(), d); }
 
 template <typename F>
 void on_ranks(int m, F fn) {

@@ -12,9 +12,9 @@ using namespace gossamer::optim;
 using namespace std::chrono_literals;
 using testing::mesh;
 using testing::on_ranks;
+using testing::in;
 
 namespace {
-Deadline in(Nanos d) { return Deadline::after(real_clock(), d); }
 
 std::vector<ParamBlock> blocks(int layers) {
   std::vector<ParamBlock> b;

@@ -1,0 +1,16 @@
+// Parameters as one flat fp32 vector: what outer optimizers keep their state in and send.
+// flatten() copies the tensors (in order) into a new fp32 vector on the CPU; write_flat() copies such
+// a vector back into the tensors, without recording gradients. The sizes must match (a caller bug
+// otherwise).
+#pragma once
+
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace gossamer::optim {
+
+at::Tensor flatten(const std::vector<at::Tensor>& tensors);
+void write_flat(std::vector<at::Tensor>& tensors, const at::Tensor& flat);
+
+}  // namespace gossamer::optim
