@@ -19,42 +19,29 @@ DiLoCo::DiLoCo(std::vector<at::Tensor> params, Group group, DiLoCoOptions option
   GOSSAMER_CHECK(options_.inner_steps >= 1, "DiLoCo: inner_steps must be >= 1");
   GOSSAMER_CHECK(options_.outer_lr > 0 && options_.outer_momentum >= 0 && options_.outer_momentum < 1,
                  "DiLoCo: outer_lr must be > 0 and outer_momentum in [0, 1)");
-  outer_ = flatten(params_);
-  momentum_ = torch::zeros_like(outer_);
+  state_.outer = flatten(params_);
+  state_.momentum = torch::zeros_like(state_.outer);
 }
 
 Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   if (inner_steps_done <= 0 || inner_steps_done % options_.inner_steps != 0) return false;
-  at::Tensor delta = outer_ - flatten(params_);  // pseudo-gradient: outer - local
+  at::Tensor delta = state_.outer - flatten(params_);  // pseudo-gradient: outer - local
   CommStats stats;
   if (Status st = allreduce_mean(group_, delta, options_.codec, kDiLoCoTag, deadline, &stats); !st.ok()) {
     comm_ += stats;
-    return st.with_context("DiLoCo round " + std::to_string(rounds_ + 1));
+    return st.with_context("DiLoCo round " + std::to_string(state_.rounds + 1));
   }
   comm_ += stats;
   const double mu = options_.outer_momentum, lr = options_.outer_lr;
-  momentum_.mul_(mu).add_(delta);  // v <- mu v + Delta
+  state_.momentum.mul_(mu).add_(delta);  // v <- mu v + Delta
   if (options_.nesterov) {
-    outer_.sub_((delta + mu * momentum_) * lr);  // Nesterov look-ahead
+    state_.outer.sub_((delta + mu * state_.momentum) * lr);  // Nesterov look-ahead
   } else {
-    outer_.sub_(momentum_ * lr);
+    state_.outer.sub_(state_.momentum * lr);
   }
-  write_flat(params_, outer_);
-  ++rounds_;
+  write_flat(params_, state_.outer);
+  ++state_.rounds;
   return true;
-}
-
-Bytes DiLoCo::save() const { return save_state("diloco", {rounds_, skipped_rounds_}, {outer_, momentum_}); }
-
-Status DiLoCo::load(ByteView bytes) {
-  std::vector<std::int64_t> counters(2);
-  std::vector<at::Tensor> tensors = {outer_, momentum_};
-  if (Status st = load_state(bytes, "diloco", counters, tensors); !st.ok()) return st;
-  rounds_ = counters[0];
-  skipped_rounds_ = counters[1];
-  outer_ = tensors[0];
-  momentum_ = tensors[1];
-  return Status();
 }
 
 }  // namespace gossamer::optim

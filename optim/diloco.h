@@ -20,6 +20,7 @@
 #include "core/bytes.h"
 #include "core/status.h"
 #include "optim/collectives.h"
+#include "optim/state_io.h"
 #include "quant/format.h"
 
 namespace gossamer::optim {
@@ -40,24 +41,23 @@ class DiLoCo {
   // Returns true when a round was applied.
   [[nodiscard]] Result<bool> step(std::int64_t inner_steps_done, Deadline deadline);
   // Marks a round as skipped after step() failed (counted; the local weights go on training).
-  void skip_round() { ++skipped_rounds_; }
+  void skip_round() { ++state_.skipped; }
 
-  const at::Tensor& outer_weights() const { return outer_; }
-  const at::Tensor& momentum() const { return momentum_; }
-  std::int64_t rounds() const { return rounds_; }
-  std::int64_t skipped_rounds() const { return skipped_rounds_; }
+  const at::Tensor& outer_weights() const { return state_.outer; }
+  const at::Tensor& momentum() const { return state_.momentum; }
+  std::int64_t rounds() const { return state_.rounds; }
+  std::int64_t skipped_rounds() const { return state_.skipped; }
   const CommStats& comm() const { return comm_; }
 
   // Outer weights, momentum and counters; load() checks sizes (bytes from a checkpoint are untrusted).
-  Bytes save() const;
-  [[nodiscard]] Status load(ByteView bytes);
+  Bytes save() const { return state_.save("diloco"); }
+  [[nodiscard]] Status load(ByteView bytes) { return state_.load(bytes, "diloco"); }
 
  private:
   std::vector<at::Tensor> params_;
   Group group_;
   DiLoCoOptions options_;
-  at::Tensor outer_, momentum_;
-  std::int64_t rounds_ = 0, skipped_rounds_ = 0;
+  OuterState state_;
   CommStats comm_;
 };
 

@@ -48,8 +48,8 @@ NoLoCo::NoLoCo(std::vector<at::Tensor> params, Group group, NoLoCoOptions option
     : params_(std::move(params)), group_(std::move(group)), options_(options) {
   GOSSAMER_CHECK(options_.inner_steps >= 1, "NoLoCo: inner_steps must be >= 1");
   GOSSAMER_CHECK(options_.outer_momentum >= 0 && options_.outer_momentum < 1, "NoLoCo: outer_momentum must be in [0, 1)");
-  outer_ = flatten(params_);
-  momentum_ = torch::zeros_like(outer_);
+  state_.outer = flatten(params_);
+  state_.momentum = torch::zeros_like(state_.outer);
 }
 
 Result<bool> NoLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
@@ -60,11 +60,11 @@ Result<bool> NoLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   const double alpha = options_.outer_momentum, beta = options_.outer_lr, gamma = options_.outer_lr_gamma;
   const bool same = beta == gamma;
 
-  at::Tensor mean_theta = theta, mean_phi = outer_;
+  at::Tensor mean_theta = theta, mean_phi = state_.outer;
   if (partner != group_.rank) {
     GOSSAMER_CHECK(group_.peers[static_cast<std::size_t>(partner)] != nullptr, "NoLoCo: no link to rank " + std::to_string(partner));
     // beta == gamma: only the fast weights are needed; otherwise fast and outer weights, side by side.
-    const at::Tensor mine = same ? theta : torch::cat({theta, outer_});
+    const at::Tensor mine = same ? theta : torch::cat({theta, state_.outer});
     CommStats stats;
     auto theirs = pair_exchange(*group_.peers[static_cast<std::size_t>(partner)], mine, options_.codec, kNoLoCoTag, deadline, &stats);
     comm_ += stats;
@@ -75,32 +75,19 @@ Result<bool> NoLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
     mean_theta = group_.rank < partner ? (theta + their_theta) / 2 : (their_theta + theta) / 2;
     if (!same) {
       const at::Tensor their_phi = theirs->slice(0, n, 2 * n);
-      mean_phi = group_.rank < partner ? (outer_ + their_phi) / 2 : (their_phi + outer_) / 2;
+      mean_phi = group_.rank < partner ? (state_.outer + their_phi) / 2 : (their_phi + state_.outer) / 2;
     }
   }
   // delta <- alpha delta + beta mean(theta - phi) + gamma (mean(phi) - phi_i)
   if (same) {
-    momentum_.mul_(alpha).add_((mean_theta - outer_) * beta);
+    state_.momentum.mul_(alpha).add_((mean_theta - state_.outer) * beta);
   } else {
-    momentum_.mul_(alpha).add_((mean_theta - mean_phi) * beta).add_((mean_phi - outer_) * gamma);
+    state_.momentum.mul_(alpha).add_((mean_theta - mean_phi) * beta).add_((mean_phi - state_.outer) * gamma);
   }
-  outer_.add_(momentum_);
-  write_flat(params_, outer_);
-  ++rounds_;
+  state_.outer.add_(state_.momentum);
+  write_flat(params_, state_.outer);
+  ++state_.rounds;
   return true;
-}
-
-Bytes NoLoCo::save() const { return save_state("noloco", {rounds_, skipped_rounds_}, {outer_, momentum_}); }
-
-Status NoLoCo::load(ByteView bytes) {
-  std::vector<std::int64_t> counters(2);
-  std::vector<at::Tensor> tensors = {outer_, momentum_};
-  if (Status st = load_state(bytes, "noloco", counters, tensors); !st.ok()) return st;
-  rounds_ = counters[0];
-  skipped_rounds_ = counters[1];
-  outer_ = tensors[0];
-  momentum_ = tensors[1];
-  return Status();
 }
 
 }  // namespace gossamer::optim

@@ -20,6 +20,7 @@
 #include "core/bytes.h"
 #include "core/status.h"
 #include "optim/collectives.h"
+#include "optim/state_io.h"
 #include "quant/format.h"
 
 namespace gossamer::optim {
@@ -41,23 +42,22 @@ class NoLoCo {
   NoLoCo(std::vector<at::Tensor> params, Group group, NoLoCoOptions options);
 
   [[nodiscard]] Result<bool> step(std::int64_t inner_steps_done, Deadline deadline);
-  void skip_round() { ++skipped_rounds_; }
+  void skip_round() { ++state_.skipped; }
 
-  const at::Tensor& outer_weights() const { return outer_; }
-  const at::Tensor& momentum() const { return momentum_; }
-  std::int64_t rounds() const { return rounds_; }
-  std::int64_t skipped_rounds() const { return skipped_rounds_; }
+  const at::Tensor& outer_weights() const { return state_.outer; }
+  const at::Tensor& momentum() const { return state_.momentum; }
+  std::int64_t rounds() const { return state_.rounds; }
+  std::int64_t skipped_rounds() const { return state_.skipped; }
   const CommStats& comm() const { return comm_; }
 
-  Bytes save() const;
-  [[nodiscard]] Status load(ByteView bytes);
+  Bytes save() const { return state_.save("noloco"); }
+  [[nodiscard]] Status load(ByteView bytes) { return state_.load(bytes, "noloco"); }
 
  private:
   std::vector<at::Tensor> params_;
   Group group_;
   NoLoCoOptions options_;
-  at::Tensor outer_, momentum_;
-  std::int64_t rounds_ = 0, skipped_rounds_ = 0;
+  OuterState state_;
   CommStats comm_;
 };
 

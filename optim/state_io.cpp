@@ -64,4 +64,17 @@ Status load_state(ByteView bytes, std::string_view kind, std::vector<std::int64_
   return Status();
 }
 
+Bytes OuterState::save(std::string_view kind) const { return save_state(kind, {rounds, skipped}, {outer, momentum}); }
+
+Status OuterState::load(ByteView bytes, std::string_view kind) {
+  std::vector<std::int64_t> counters(2);
+  std::vector<at::Tensor> tensors = {outer, momentum};
+  if (Status st = load_state(bytes, kind, counters, tensors); !st.ok()) return st;
+  rounds = counters[0];
+  skipped = counters[1];
+  outer = tensors[0];
+  momentum = tensors[1];
+  return Status();
+}
+
 }  // namespace gossamer::optim

@@ -19,4 +19,14 @@ Bytes save_state(std::string_view kind, const std::vector<std::int64_t>& counter
 [[nodiscard]] Status load_state(ByteView bytes, std::string_view kind, std::vector<std::int64_t>& counters,
                                 std::vector<at::Tensor>& tensors);
 
+// The state DiLoCo and NoLoCo keep: flat outer weights, momentum and round counters.
+struct OuterState {
+  at::Tensor outer, momentum;
+  std::int64_t rounds = 0, skipped = 0;
+
+  Bytes save(std::string_view kind) const;
+  // Refuses another kind's state or other sizes; on success replaces every field.
+  [[nodiscard]] Status load(ByteView bytes, std::string_view kind);
+};
+
 }  // namespace gossamer::optim
