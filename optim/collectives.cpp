@@ -27,19 +27,6 @@ Status send_counted(transport::Link& link, transport::Tag tag, const Bytes& payl
   return st;
 }
 
-Result<at::Tensor> recv_chunk(transport::Link& link, transport::Tag tag, std::int64_t expected, Deadline deadline, CommStats& stats) {
-  auto bytes = link.recv(tag, deadline);
-  if (!bytes.ok()) return bytes.status();
-  stats.bytes_received += bytes->size() + transport::kFrameHeaderBytes;
-  auto t = quant::decode(*bytes, expected);
-  if (!t.ok()) return t.status().with_context("chunk from peer " + link.peer().to_string());
-  if (t->numel() != expected) {
-    return error(ErrorCode::kMalformed, "peer " + link.peer().to_string() + " sent a chunk of " + std::to_string(t->numel()) +
-                                            " values where " + std::to_string(expected) + " were expected (group out of step?)");
-  }
-  return t->to(at::kFloat).reshape({-1});
-}
-
 // Receives one encoded chunk and decodes it straight into `dst` (contiguous fp32, the expected size).
 Status recv_into(transport::Link& link, transport::Tag tag, at::Tensor dst, Deadline deadline, CommStats& stats) {
   auto bytes = link.recv(tag, deadline);
@@ -136,11 +123,11 @@ Result<at::Tensor> pair_exchange(transport::Link& peer, const at::Tensor& mine, 
   Stopwatch watch(real_clock());
   CommStats stats;
   if (Status st = send_counted(peer, tag, quant::encode(mine, codec), deadline, stats); !st.ok()) return st.with_context("pair exchange");
-  auto theirs = recv_chunk(peer, tag, mine.numel(), deadline, stats);
-  if (!theirs.ok()) return theirs.status().with_context("pair exchange");
+  at::Tensor theirs = torch::empty({mine.numel()}, torch::kFloat);
+  if (Status st = recv_into(peer, tag, theirs, deadline, stats); !st.ok()) return st.with_context("pair exchange");
   stats.seconds = watch.elapsed_seconds();
   if (stats_out != nullptr) *stats_out += stats;
-  return theirs->view(mine.sizes());
+  return theirs.view(mine.sizes());
 }
 
 }  // namespace gossamer::optim

@@ -7,8 +7,7 @@ Status Work::wait(Deadline deadline) {
   if (deadline.is_never()) {
     cv_.wait(lock, [&] { return done_; });
   } else {
-    const auto until = std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(deadline.time()));
-    if (!cv_.wait_until(lock, until, [&] { return done_; })) {
+    if (!cv_.wait_until(lock, deadline.steady_time(), [&] { return done_; })) {
       return error(ErrorCode::kTimeout, "the collective is still running (wait again, or give up on this round)");
     }
   }

@@ -49,9 +49,7 @@ class MemoryLink final : public Link {
   }
 
   Result<Bytes> recv(Tag tag, Deadline deadline) override {
-    const SteadyTime until = deadline.is_never()
-                                 ? SteadyTime::max()
-                                 : SteadyTime(std::chrono::duration_cast<std::chrono::steady_clock::duration>(deadline.time()));
+    const SteadyTime until = deadline.steady_time();
     std::unique_lock<std::mutex> lock(ch_->mu);
     for (;;) {
       auto& q = ch_->inbox[side_][tag];

@@ -19,11 +19,6 @@ using SteadyTime = std::chrono::steady_clock::time_point;
 
 SteadyTime steady_now() { return std::chrono::steady_clock::now(); }
 
-SteadyTime steady(Deadline d) {
-  if (d.is_never()) return SteadyTime::max();
-  return SteadyTime(std::chrono::duration_cast<std::chrono::steady_clock::duration>(d.time()));
-}
-
 class ShapedLink final : public Link {
  public:
   ShapedLink(std::shared_ptr<Link> inner, const LinkProfile& p, std::uint64_t seed)
@@ -59,7 +54,7 @@ class ShapedLink final : public Link {
       due = std::max(due, last_due_);  // in order: jitter never reorders a stream
       last_due_ = due;
     }
-    if (finish > steady(deadline)) {
+    if (finish > deadline.steady_time()) {
       return error(ErrorCode::kTimeout, "shaped send of " + std::to_string(payload.size()) + " bytes to peer " + peer().to_string() +
                                             " needs longer than its deadline at " + std::to_string(profile_.bandwidth_bytes_per_s * 8 / 1e6) +
                                             " Mbit/s");

@@ -25,12 +25,6 @@ namespace {
 using asio::ip::tcp;
 using SteadyTime = std::chrono::steady_clock::time_point;
 
-// Deadlines of the TCP transport are on the real (steady) clock.
-SteadyTime steady(Deadline d) {
-  if (d.is_never()) return SteadyTime::max();
-  return SteadyTime(std::chrono::duration_cast<std::chrono::steady_clock::duration>(d.time()));
-}
-
 Result<tcp::endpoint> parse_endpoint(const std::string& address) {
   const auto colon = address.rfind(':');
   if (colon == std::string::npos) return error(ErrorCode::kInvalidArgument, "address '" + address + "' is not host:port");
@@ -145,7 +139,7 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
   }
 
   Result<Bytes> recv(Tag tag, Deadline deadline) override {
-    const SteadyTime until = steady(deadline);
+    const SteadyTime until = deadline.steady_time();
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       auto it = inbox_.find(tag);
@@ -218,7 +212,7 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
   }
 
   Status finish_write(const std::shared_ptr<Completion>& done, Deadline deadline) {
-    if (!done->wait_until(steady(deadline))) {
+    if (!done->wait_until(deadline.steady_time())) {
       fail(error(ErrorCode::kPeerLost, "link to peer " + peer_.to_string() + " closed: a send timed out mid-frame"));
       done->wait();  // closing the socket aborts the write; its handler must run before the buffers go away
       return error(ErrorCode::kTimeout, "sending to peer " + peer_.to_string() + " did not finish before the deadline");
@@ -609,7 +603,7 @@ class TcpTransport final : public Transport {
     asio::post(*io_, [socket, ep = *ep, connected] {
       socket->async_connect(ep, [connected](asio::error_code ec) { connected->finish(ec); });
     });
-    if (!connected->wait_until(steady(deadline))) {
+    if (!connected->wait_until(deadline.steady_time())) {
       asio::post(*io_, [socket] {
         asio::error_code ec;
         socket->close(ec);
@@ -642,7 +636,7 @@ class TcpTransport final : public Transport {
 
   Result<std::shared_ptr<Link>> accept(Deadline deadline) override {
     std::unique_lock<std::mutex> lock(mu_);
-    const SteadyTime until = steady(deadline);
+    const SteadyTime until = deadline.steady_time();
     for (;;) {
       if (!accepted_.empty()) {
         auto link = accepted_.front();

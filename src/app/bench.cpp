@@ -40,11 +40,6 @@ void add_bench_command(CLI::App& app, BenchArgs& args) {
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 int bench_train(const BenchArgs& args) {
   auto config = build_config(args.source);
   if (!config.ok()) return report_failure(config.status());

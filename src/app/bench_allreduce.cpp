@@ -22,11 +22,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 template <typename F>
 void on_ranks(int m, F fn) {
   std::vector<std::thread> threads;

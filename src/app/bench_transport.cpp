@@ -26,11 +26,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Plain sockets: a blocking sender write()s each message after an 8-byte length; the receiver reads
 // the length, allocates the message (as any message receiver must) and reads it.
 double plain_goodput(std::size_t message_bytes, int messages) {

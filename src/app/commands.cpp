@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <iostream>
@@ -35,6 +36,11 @@ Result<train::RunConfig> build_config(const ConfigSource& source) {
   }
   if (Status st = train::validate(config); !st.ok()) return st;
   return config;
+}
+
+double median(std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
 }
 
 int report_failure(const Status& status) {

@@ -21,6 +21,8 @@ struct ConfigSource {
 void add_config_source(CLI::App& cmd, ConfigSource& source);
 // Defaults, then the file, then the overrides, then validation.
 [[nodiscard]] Result<train::RunConfig> build_config(const ConfigSource& source);
+// The median of benchmark samples (the upper one for an even count).
+double median(std::vector<double> samples);
 // Prints a Status for the user and returns the exit code it maps to.
 int report_failure(const Status& status);
 

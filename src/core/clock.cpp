@@ -18,6 +18,11 @@ Clock& real_clock() {
   return clock;
 }
 
+std::chrono::steady_clock::time_point Deadline::steady_time() const {
+  if (is_never()) return std::chrono::steady_clock::time_point::max();
+  return std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(at_));
+}
+
 Nanos Deadline::remaining(const Clock& clock) const {
   if (is_never()) return Nanos::max();
   const Nanos now = clock.now();

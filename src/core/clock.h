@@ -44,6 +44,9 @@ class Deadline {
   bool expired(const Clock& clock) const { return !is_never() && clock.now() >= at_; }
   // Zero once expired; Nanos::max() for never().
   Nanos remaining(const Clock& clock) const;
+  // The deadline as a std::chrono::steady_clock time point, for condition-variable waits in real-time
+  // components (valid for deadlines on the real clock); never() gives time_point::max().
+  std::chrono::steady_clock::time_point steady_time() const;
 
  private:
   explicit Deadline(Nanos at) : at_(at) {}

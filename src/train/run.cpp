@@ -77,7 +77,6 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
   if (ec) return error(ErrorCode::kIoError, "cannot create run folder " + req.out_dir.string() + ": " + ec.message());
   if (config.train.threads > 0) torch::set_num_threads(static_cast<int>(config.train.threads));
 
-
   const std::string config_toml = to_toml(config);
   if (Status st = write_file_atomic(req.out_dir / "config.toml", as_bytes(config_toml)); !st.ok()) return st;
 
