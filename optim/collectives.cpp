@@ -27,19 +27,32 @@ Status send_counted(transport::Link& link, transport::Tag tag, const Bytes& payl
   return st;
 }
 
-// Receives one encoded chunk and decodes it straight into `dst` (contiguous fp32, the expected size).
-Status recv_into(transport::Link& link, transport::Tag tag, at::Tensor dst, Deadline deadline, CommStats& stats) {
+// Receives one encoded chunk of `expect` values (the untrusted bytes are only inspected here).
+Result<Bytes> recv_chunk(transport::Link& link, transport::Tag tag, std::int64_t expect, Deadline deadline, CommStats& stats) {
   auto bytes = link.recv(tag, deadline);
   if (!bytes.ok()) return bytes.status();
   stats.bytes_received += bytes->size() + transport::kFrameHeaderBytes;
-  auto info = quant::inspect(*bytes, dst.numel());
+  auto info = quant::inspect(*bytes, expect);
   if (!info.ok()) return info.status().with_context("chunk from peer " + link.peer().to_string());
-  if (info->numel != dst.numel()) {
+  if (info->numel != expect) {
     return error(ErrorCode::kMalformed, "peer " + link.peer().to_string() + " sent a chunk of " + std::to_string(info->numel) +
-                                            " values where " + std::to_string(dst.numel()) + " were expected (group out of step?)");
+                                            " values where " + std::to_string(expect) + " were expected (group out of step?)");
   }
-  return quant::decode_into(*bytes, std::span<float>(dst.data_ptr<float>(), static_cast<std::size_t>(dst.numel())))
-      .with_context("chunk from peer " + link.peer().to_string());
+  return std::move(*bytes);
+}
+
+std::span<float> span_of(at::Tensor& t) { return {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())}; }
+
+Status decoded(Status st, const transport::Link* from) {
+  if (st.ok() || from == nullptr) return st;
+  return st.with_context("chunk from peer " + from->peer().to_string());
+}
+
+// Receives one encoded chunk and decodes it straight into `dst` (contiguous fp32, the expected size).
+Status recv_into(transport::Link& link, transport::Tag tag, at::Tensor dst, Deadline deadline, CommStats& stats) {
+  auto bytes = recv_chunk(link, tag, dst.numel(), deadline, stats);
+  if (!bytes.ok()) return bytes.status();
+  return decoded(quant::decode_into(*bytes, span_of(dst)), &link);
 }
 
 }  // namespace
@@ -56,63 +69,77 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   const std::int64_t n = flat.numel();
   const int r = g.rank, m = g.size;
   auto chunk = [&](const at::Tensor& t, int j) { return t.slice(0, chunk_begin(n, m, j), chunk_begin(n, m, j + 1)); };
+  auto link = [&](int j) -> transport::Link& { return *g.peers[static_cast<std::size_t>(j)]; };
+  auto rank_context = [&](Status st, const char* what, int j) {
+    return st.with_context("allreduce: rank " + std::to_string(r) + " " + what + " rank " + std::to_string(j));
+  };
   for (int j = 0; j < m; ++j) GOSSAMER_CHECK(j == r || g.peers[static_cast<std::size_t>(j)], "allreduce_mean: no link to rank " + std::to_string(j));
 
   // Rank r talks to r+1, r+2, ... in turn (and hears from r-1, r-2, ...), so the ranks do not all
   // queue on rank 0 first.
   auto to = [&](int k) { return (r + k) % m; };
   auto from = [&](int k) { return (r - k + m) % m; };
+  const bool exact = codec.codec == quant::CodecId::kFp32;  // fp32 round-trips bit for bit
   // 1. Each chunk, encoded once, to its owner.
   for (int k = 1; k < m; ++k) {
     const int j = to(k);
-    if (Status st = send_counted(*g.peers[static_cast<std::size_t>(j)], tag, quant::encode(chunk(flat, j), codec), deadline, stats); !st.ok()) {
-      return st.with_context("allreduce: rank " + std::to_string(r) + " sending to rank " + std::to_string(j));
+    if (Status st = send_counted(link(j), tag, quant::encode(chunk(flat, j), codec), deadline, stats); !st.ok()) {
+      return rank_context(st, "sending to", j);
     }
   }
-  // 2. The owner accumulates every contribution in fp32, in rank order, and takes the mean.
+  // 2. The owner collects every contribution, then sums them in fp32 in rank order (the same sum on
+  // every rank) straight from the payloads, and takes the mean.
   const std::int64_t mine = chunk(flat, r).numel();
-  at::Tensor contributions = torch::empty({m, mine}, torch::kFloat);  // row j: rank j's contribution
-  const bool exact = codec.codec == quant::CodecId::kFp32;  // fp32 round-trips bit for bit: no need to
-  if (exact) {                                             // pass our own values through it
-    contributions[r].copy_(chunk(flat, r));
-  } else {
-    const Bytes own = quant::encode(chunk(flat, r), codec);  // our contribution passes the same codec
-    Status st = quant::decode_into(own, std::span<float>(contributions[r].data_ptr<float>(), static_cast<std::size_t>(mine)));
-    GOSSAMER_CHECK(st.ok(), "allreduce_mean: own payload failed to decode");
-  }
+  std::vector<Bytes> parts(static_cast<std::size_t>(m));
   for (int k = 1; k < m; ++k) {
     const int j = from(k);
-    if (Status st = recv_into(*g.peers[static_cast<std::size_t>(j)], tag, contributions[j], deadline, stats); !st.ok()) {
-      return st.with_context("allreduce: rank " + std::to_string(r) + " receiving from rank " + std::to_string(j));
-    }
+    auto got = recv_chunk(link(j), tag, mine, deadline, stats);
+    if (!got.ok()) return rank_context(got.status(), "receiving from", j);
+    parts[static_cast<std::size_t>(j)] = std::move(*got);
   }
-  at::Tensor acc = contributions[0].clone();
-  for (int j = 1; j < m; ++j) acc += contributions[j];  // rank order: the same sum on every rank
-  acc /= static_cast<float>(m);
+  if (!exact) parts[static_cast<std::size_t>(r)] = quant::encode(chunk(flat, r), codec);  // ours passes the codec too
+  at::Tensor acc = torch::empty({mine}, torch::kFloat);
+  for (int j = 0; j < m; ++j) {
+    Status st;
+    if (j == r && exact) {
+      if (j == 0) acc.copy_(chunk(flat, r)); else acc.add_(chunk(flat, r));
+    } else {
+      const ByteView part = parts[static_cast<std::size_t>(j)];
+      st = j == 0 ? quant::decode_into(part, span_of(acc)) : quant::decode_add(part, span_of(acc));
+    }
+    if (!st.ok()) return rank_context(decoded(st, j == r ? nullptr : &link(j)), "reducing the chunk of", j);
+    parts[static_cast<std::size_t>(j)] = Bytes();
+  }
+  acc.div_(static_cast<float>(m));
   // 3. The mean, encoded once, to everyone; every rank (the owner too) decodes the same bytes.
-  const Bytes mean = quant::encode(acc, codec);
+  parts[static_cast<std::size_t>(r)] = quant::encode(acc, codec);
   for (int k = 1; k < m; ++k) {
     const int j = to(k);
-    if (Status st = send_counted(*g.peers[static_cast<std::size_t>(j)], tag, mean, deadline, stats); !st.ok()) {
-      return st.with_context("allreduce: rank " + std::to_string(r) + " sending the mean to rank " + std::to_string(j));
+    if (Status st = send_counted(link(j), tag, parts[static_cast<std::size_t>(r)], deadline, stats); !st.ok()) {
+      return rank_context(st, "sending the mean to", j);
     }
-  }
-  at::Tensor out = torch::empty({n}, torch::kFloat);
-  if (exact) {
-    chunk(out, r).copy_(acc);  // what the others decode from `mean`, bit for bit
-  } else {
-    at::Tensor mine_out = chunk(out, r);
-    Status st = quant::decode_into(mean, std::span<float>(mine_out.data_ptr<float>(), static_cast<std::size_t>(mine_out.numel())));
-    GOSSAMER_CHECK(st.ok(), "allreduce_mean: own payload failed to decode");
   }
   for (int k = 1; k < m; ++k) {
     const int j = from(k);
-    if (Status st = recv_into(*g.peers[static_cast<std::size_t>(j)], tag, chunk(out, j), deadline, stats); !st.ok()) {
-      return st.with_context("allreduce: rank " + std::to_string(r) + " receiving the mean from rank " + std::to_string(j));
-    }
+    auto got = recv_chunk(link(j), tag, chunk(flat, j).numel(), deadline, stats);
+    if (!got.ok()) return rank_context(got.status(), "receiving the mean from", j);
+    parts[static_cast<std::size_t>(j)] = std::move(*got);
   }
-  // Only now, with every chunk in hand, does the caller's tensor change.
-  tensor.copy_(out.view(tensor.sizes()));
+  // Only now, with every chunk in hand, does the caller's tensor change: decoded straight into it when
+  // it is contiguous CPU fp32, else through one staging tensor.
+  const bool direct = tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
+  at::Tensor out = direct ? flat : torch::empty({n}, torch::kFloat);
+  for (int j = 0; j < m; ++j) {
+    at::Tensor dst = chunk(out, j);
+    Status st;
+    if (j == r && exact) {
+      dst.copy_(acc);
+    } else {
+      st = quant::decode_into(parts[static_cast<std::size_t>(j)], span_of(dst));
+    }
+    if (!st.ok()) return rank_context(decoded(st, j == r ? nullptr : &link(j)), "decoding the mean of", j);
+  }
+  if (!direct) tensor.copy_(out.view(tensor.sizes()));
   stats.seconds = watch.elapsed_seconds();
   if (stats_out != nullptr) *stats_out += stats;
   return Status();

@@ -10,8 +10,10 @@
 //
 // Threading: call from one thread per rank; every rank of the group must make the same calls in the
 // same order with the same tag. Errors: a lost or timed-out peer returns its Status and leaves the
-// tensor untouched, so the caller can retry or skip the round. Misuse (a non-float tensor, a group
-// without a link to some rank) throws ContractError.
+// tensor untouched, so the caller can retry or skip the round; a mean chunk whose values a peer
+// corrupted (NaN, Inf) is refused while the result is being written, so after that error the
+// tensor's contents are unspecified: pass a buffer owned by this call (every optimizer here does).
+// Misuse (a non-float tensor, a group without a link to some rank) throws ContractError.
 #pragma once
 
 #include <cstdint>

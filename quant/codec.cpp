@@ -84,6 +84,13 @@ Bytes encode(const at::Tensor& tensor, const EncodeOptions& o) {
   // Without zstd the body is encoded straight into the payload, after its header: no extra copy.
   Bytes out = o.zstd ? Bytes(body_size) : header(body_size);
   const std::size_t body_at = o.zstd ? 0 : out.size();
+  if (o.codec == CodecId::kFp32 && !o.zstd) {  // appended, so the body is written once (no zero-fill first)
+    const auto* src = reinterpret_cast<const std::byte*>(data);
+    GOSSAMER_CHECK(kernels::check_finite_fp32(reinterpret_cast<const std::uint8_t*>(data), n), "quant::encode: the tensor holds NaN or Inf");
+    out.reserve(body_at + body_size);
+    out.insert(out.end(), src, src + n * 4);
+    return out;
+  }
   out.resize(body_at + body_size);
   auto* body = reinterpret_cast<std::uint8_t*>(out.data() + body_at);
   bool finite = true;

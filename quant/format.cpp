@@ -1,8 +1,10 @@
 #include "quant/format.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <zstd.h>
 
@@ -148,46 +150,88 @@ Result<PayloadInfo> inspect(ByteView payload, std::int64_t max_elements) {
   return read_header(r, body_len, raw_len, max_elements);
 }
 
-Status decode_into(ByteView payload, std::span<float> out) {
+namespace {
+
+// The payload's body (decompressed when zstd), checked against `n` output values.
+struct Body {
+  PayloadInfo info;
+  ByteView bytes;
+  Bytes decompressed;  // owns `bytes` when the payload was zstd-compressed
+};
+
+Status open_body(ByteView payload, std::size_t n, Body& body) {
   Reader r(payload, "quantized payload");
   std::uint64_t body_len = 0, raw_len = 0;
-  auto header = read_header(r, body_len, raw_len, static_cast<std::int64_t>(out.size()));
+  auto header = read_header(r, body_len, raw_len, static_cast<std::int64_t>(n));
   if (!header.ok()) return header.status();
-  const PayloadInfo& info = *header;
+  body.info = *header;
   Reader body_reader(payload, "quantized payload");
-  (void)body_reader.raw(info.header_bytes);  // read_header consumed the body when checking zstd: re-position
-  r = std::move(body_reader);
-  GOSSAMER_CHECK(out.size() == static_cast<std::size_t>(info.numel), "decode_into: output span does not hold the payload's elements");
-  ByteView body = r.raw(static_cast<std::size_t>(body_len));
-  if (!r.ok()) return r.status();
-
-  Bytes decompressed;
-  if (info.zstd) {
-    decompressed.resize(static_cast<std::size_t>(raw_len));
-    const std::size_t got = ZSTD_decompress(decompressed.data(), decompressed.size(), body.data(), body.size());
+  (void)body_reader.raw(body.info.header_bytes);  // read_header consumed the body when checking zstd: re-position
+  GOSSAMER_CHECK(n == static_cast<std::size_t>(body.info.numel), "decode: output span does not hold the payload's elements");
+  body.bytes = body_reader.raw(static_cast<std::size_t>(body_len));
+  if (!body_reader.ok()) return body_reader.status();
+  if (body.info.zstd) {
+    body.decompressed.resize(static_cast<std::size_t>(raw_len));
+    const std::size_t got = ZSTD_decompress(body.decompressed.data(), body.decompressed.size(), body.bytes.data(), body.bytes.size());
     if (ZSTD_isError(got)) return malformed(std::string("zstd: ") + ZSTD_getErrorName(got));
     if (got != raw_len) return malformed("zstd frame decompressed to the wrong size");
-    body = decompressed;
+    body.bytes = body.decompressed;
   }
+  return Status();
+}
 
-  const std::size_t n = out.size();
-  float* dst = out.data();
-  const auto* src = reinterpret_cast<const std::uint8_t*>(body.data());
-  bool finite = true;
+// Decodes values [first, first + count) of a body of n values into dst. `first` is a multiple of the
+// block size and even (4-bit codecs pack two values per byte). False on NaN, Inf or a bad scale.
+bool decode_range(const PayloadInfo& info, const std::uint8_t* src, std::size_t n, std::size_t first, std::size_t count, float* dst) {
   switch (info.codec) {
-    case CodecId::kFp32:
-      if (n > 0) std::memcpy(dst, src, n * 4);
-      finite = kernels::check_finite_fp32(src, n);
-      break;
-    case CodecId::kBf16: finite = kernels::decode_bf16(src, n, dst); break;
-    case CodecId::kFp16: finite = kernels::decode_fp16(src, n, dst); break;
+    case CodecId::kFp32: return kernels::copy_finite_fp32(src + 4 * first, count, dst);
+    case CodecId::kBf16: return kernels::decode_bf16(src + 2 * first, count, dst);
+    case CodecId::kFp16: return kernels::decode_fp16(src + 2 * first, count, dst);
     default: {
       const std::size_t blocks = n == 0 ? 0 : (n + info.block_size - 1) / info.block_size;
-      finite = kernels::decode_scaled(info.codec, src, src + blocks * kernels::scale_bytes(info.scale_format), n, info.block_size,
-                                      info.scale_format, dst);
+      const std::size_t sb = kernels::scale_bytes(info.scale_format);
+      return kernels::decode_scaled(info.codec, src + (first / info.block_size) * sb,
+                                    src + blocks * sb + kernels::packed_bytes(info.codec, first), count, info.block_size,
+                                    info.scale_format, dst);
     }
   }
-  if (!finite) return malformed("holds NaN, Inf or a negative scale (dropped: it would poison training)");
+}
+
+Status non_finite() { return malformed("holds NaN, Inf or a negative scale (dropped: it would poison training)"); }
+
+}  // namespace
+
+Status decode_into(ByteView payload, std::span<float> out) {
+  Body body;
+  if (Status st = open_body(payload, out.size(), body); !st.ok()) return st;
+  const auto* src = reinterpret_cast<const std::uint8_t*>(body.bytes.data());
+  if (!decode_range(body.info, src, out.size(), 0, out.size(), out.data())) return non_finite();
+  return Status();
+}
+
+Status decode_add(ByteView payload, std::span<float> acc) {
+  Body body;
+  if (Status st = open_body(payload, acc.size(), body); !st.ok()) return st;
+  const auto* src = reinterpret_cast<const std::uint8_t*>(body.bytes.data());
+  const std::size_t n = acc.size();
+  if (body.info.codec == CodecId::kFp32) {
+    if (!kernels::add_fp32(src, n, acc.data())) return non_finite();
+    return Status();
+  }
+  // Other codecs decode a cache-sized piece at a time and add it: no buffer of the payload's size.
+  constexpr std::size_t kPiece = 8192;
+  std::size_t step = kPiece;
+  if (body.info.block_size > 0 && body.info.codec != CodecId::kBf16 && body.info.codec != CodecId::kFp16) {
+    const std::size_t unit = body.info.block_size % 2 == 0 ? body.info.block_size : 2 * std::size_t{body.info.block_size};
+    step = std::max<std::size_t>(unit, kPiece / unit * unit);
+  }
+  std::vector<float> piece(std::min(step, n));
+  for (std::size_t first = 0; first < n; first += step) {
+    const std::size_t count = std::min(step, n - first);
+    if (!decode_range(body.info, src, n, first, count, piece.data())) return non_finite();
+    float* a = acc.data() + first;
+    for (std::size_t i = 0; i < count; ++i) a[i] += piece[i];
+  }
   return Status();
 }
 

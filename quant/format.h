@@ -95,5 +95,9 @@ struct PayloadInfo {
 // Decodes the payload's values as float32 into `out`, which must hold exactly info.numel values
 // (info from inspect() of the same payload). Errors as decode().
 [[nodiscard]] Status decode_into(ByteView payload, std::span<float> out);
+// Decodes the payload and adds its values to `acc` (acc[i] += value[i]), without a buffer of the
+// payload's size: the reduction step of the quantized all-reduce. Errors as decode(); on an error
+// `acc` may hold a partial sum (the caller discards it).
+[[nodiscard]] Status decode_add(ByteView payload, std::span<float> acc);
 
 }  // namespace gossamer::quant

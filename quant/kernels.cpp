@@ -275,6 +275,28 @@ bool decode_fp16(const std::uint8_t* in, std::size_t n, float* out) {
   return bad == 0;
 }
 
+[[gnu::target_clones("avx2", "default")]] bool copy_finite_fp32(const std::uint8_t* in, std::size_t n, float* out) {
+  std::uint32_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t b;
+    std::memcpy(&b, in + 4 * i, 4);  // little-endian host (checked in codec.cpp)
+    bad |= static_cast<std::uint32_t>((b & 0x7F800000u) == 0x7F800000u);
+    out[i] = std::bit_cast<float>(b);
+  }
+  return bad == 0;
+}
+
+[[gnu::target_clones("avx2", "default")]] bool add_fp32(const std::uint8_t* in, std::size_t n, float* acc) {
+  std::uint32_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t b;
+    std::memcpy(&b, in + 4 * i, 4);
+    bad |= static_cast<std::uint32_t>((b & 0x7F800000u) == 0x7F800000u);
+    acc[i] += std::bit_cast<float>(b);
+  }
+  return bad == 0;
+}
+
 bool check_finite_fp32(const std::uint8_t* in, std::size_t n) {
   std::uint32_t bad = 0;
   for (std::size_t i = 0; i < n; ++i) {

@@ -4,6 +4,8 @@
 //   gossamer keygen  write a run key that secures every link of a run
 //   gossamer bench   measure Gossamer against references (LibTorch, memcpy, plain sockets)
 // Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad configuration.
+#include <malloc.h>
+
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +20,13 @@
 #include "core/log.h"
 
 int main(int argc, char** argv) {
+  // Large buffers (encoded fragments, received messages, tensors) come and go every round. glibc's
+  // default hands each one fresh mmapped pages, zero-filled by the kernel on first touch and unmapped
+  // on free; keeping them in one heap that is not trimmed lets the next round reuse the same pages
+  // (measured: all-reduce of 64 MiB over 4 ranks 1.6x faster, Gloo's 1.5x; docs/benchmarks.md).
+  mallopt(M_ARENA_MAX, 2);
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   CLI::App app{"Gossamer: train neural networks across machines joined by slow, unreliable links"};
   app.require_subcommand(1);
   app.fallthrough();  // global options (--log-level) may follow the subcommand

@@ -238,3 +238,33 @@ TEST_CASE("golden bytes pin the payload format of every codec") {
     CHECK(got == hex);
   }
 }
+
+TEST_CASE("decode_add adds exactly what decode returns, for every codec and odd block sizes") {
+  for (CodecId c : kAll) {
+    for (std::uint32_t block : {std::uint32_t{128}, std::uint32_t{7}}) {
+      for (std::int64_t n : {std::int64_t{1}, std::int64_t{8191}, std::int64_t{20011}}) {
+        CAPTURE(traits(c).name);
+        CAPTURE(block);
+        CAPTURE(n);
+        const at::Tensor x = torch::randn({n});
+        EncodeOptions o = opts(c, block);
+        o.zstd = n == 20011 && block == 7;
+        const Bytes payload = encode(x, o);
+        at::Tensor acc = torch::randn({n});
+        const at::Tensor expected = acc + roundtrip(x, o);
+        REQUIRE(decode_add(payload, std::span<float>(acc.data_ptr<float>(), static_cast<std::size_t>(n))).ok());
+        CHECK(torch::equal(acc, expected));
+      }
+    }
+  }
+}
+
+TEST_CASE("decode_add refuses NaN in an fp32 payload") {
+  at::Tensor x = torch::ones({64});
+  Bytes payload = encode(x, opts(CodecId::kFp32));
+  const float nan = std::nanf("");
+  std::memcpy(payload.data() + payload.size() - 4 * 10, &nan, 4);
+  at::Tensor acc = torch::zeros({64});
+  Status st = decode_add(payload, std::span<float>(acc.data_ptr<float>(), 64));
+  CHECK(st.code() == ErrorCode::kMalformed);
+}
