@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "optim/gloo_sync.h"
 #include "optim/state_io.h"
 
 namespace gossamer::optim {
@@ -112,7 +113,13 @@ Result<OuterSetup> make_outer_optimizer(const OuterConfig& c, const std::vector<
   OuterSetup setup;
   if (c.method == "local") {
     setup.outer = std::make_unique<Local>();
+  } else if (c.method == "ddp" && c.ddp_engine == "gloo") {
+    auto gloo = make_gloo_data_parallel(c.gloo);
+    if (!gloo.ok()) return gloo.status();
+    setup.gradient_sync = gloo->gradient_sync;
+    setup.outer = std::move(gloo->outer);
   } else if (c.method == "ddp") {
+    if (c.ddp_engine != "links") return error(ErrorCode::kInvalidArgument, "unknown ddp engine '" + c.ddp_engine + "': use links or gloo");
     auto ddp = std::make_unique<DataParallel>(std::move(group), c.ddp_codec);
     setup.gradient_sync = ddp.get();
     setup.outer = std::move(ddp);

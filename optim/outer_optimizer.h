@@ -21,6 +21,7 @@
 #include "optim/collectives.h"
 #include "optim/diloco.h"
 #include "optim/fragments.h"
+#include "optim/gloo_options.h"
 #include "optim/noloco.h"
 #include "optim/streaming_diloco.h"
 #include "optim/work.h"
@@ -56,6 +57,10 @@ struct OuterConfig {
   NoLoCoOptions noloco;
   CO2Options co2;
   quant::EncodeOptions ddp_codec;
+  // ddp's engine: "links" (allreduce_mean over the group's Links, any codec) or "gloo" (c10d
+  // ProcessGroupGloo, fp32, rendezvous per `gloo`; the group's links are not used).
+  std::string ddp_engine = "links";
+  GlooOptions gloo;
 };
 
 struct OuterSetup {

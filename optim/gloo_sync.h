@@ -1,0 +1,29 @@
+// Gloo through LibTorch's c10d ProcessGroupGloo: the engine PyTorch DDP uses on CPUs, as the ddp
+// baseline's gradient averaging in real multi-process runs (beside our own all-reduce on Links).
+//
+// Rendezvous goes through a c10d store: a TCPStore served by rank 0 at store_host:store_port, or a
+// FileStore at store_file (every rank on one machine, or a shared file system). c10d types stay in the
+// .cpp file. Ownership: the returned object owns its process group. Threading: one training thread
+// calls sync_gradients(); every rank must call it with the same parameter shapes in the same order.
+// Errors: construction failures (store unreachable, peers missing past the timeout) and collective
+// failures (a peer died) come back as Status values; Gloo's own exceptions never escape.
+#pragma once
+
+#include <memory>
+
+#include "core/status.h"
+#include "optim/gloo_options.h"
+#include "optim/outer_optimizer.h"
+
+namespace gossamer::optim {
+
+// A GradientSync whose sync_gradients() averages every parameter's gradient with Gloo (one flat
+// buffer, summed by Gloo's ring, divided by size), and an OuterOptimizer named "ddp" that counts the
+// steps it synchronized.
+struct GlooDataParallel {
+  std::unique_ptr<OuterOptimizer> outer;
+  GradientSync* gradient_sync = nullptr;  // points into `outer`
+};
+[[nodiscard]] Result<GlooDataParallel> make_gloo_data_parallel(const GlooOptions& options);
+
+}  // namespace gossamer::optim
