@@ -31,7 +31,7 @@ Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
     stats_ += pending_->stats();
   }
   // Launch this round's average; it completes while the next round trains.
-  auto launched = comm_->allreduce_mean(flatten(params_), options_.codec, kCO2Tag, Deadline::after(real_clock(), options_.average_timeout));
+  auto launched = comm_->allreduce_mean(flatten(params_), options_.codec, kCO2Tag, Deadline::after(*comm_->group().clock, options_.average_timeout));
   const at::Tensor current_outer = outer_;
   if (pending_) {
     const at::Tensor g = previous_outer_ - pending_->tensor();  // x_{t-1,0} - xbar_{t-1}

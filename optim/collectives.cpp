@@ -62,7 +62,7 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   GOSSAMER_CHECK(g.size >= 1 && g.rank >= 0 && g.rank < g.size, "allreduce_mean: rank outside the group");
   GOSSAMER_CHECK(static_cast<int>(g.peers.size()) == g.size, "allreduce_mean: the group needs one link slot per rank");
   GOSSAMER_CHECK(tensor.is_floating_point(), "allreduce_mean: floating-point tensors only");
-  Stopwatch watch(real_clock());
+  Stopwatch watch(*g.clock);
   CommStats stats;
   if (g.size == 1) return Status();
   const at::Tensor flat = tensor.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1});
@@ -146,8 +146,8 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
 }
 
 Result<at::Tensor> pair_exchange(transport::Link& peer, const at::Tensor& mine, const quant::EncodeOptions& codec, transport::Tag tag,
-                                 Deadline deadline, CommStats* stats_out) {
-  Stopwatch watch(real_clock());
+                                 Deadline deadline, CommStats* stats_out, const Clock& clock) {
+  Stopwatch watch(clock);
   CommStats stats;
   if (Status st = send_counted(peer, tag, quant::encode(mine, codec), deadline, stats); !st.ok()) return st.with_context("pair exchange");
   at::Tensor theirs = torch::empty({mine.numel()}, torch::kFloat);

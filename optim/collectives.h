@@ -34,6 +34,7 @@ struct Group {
   int rank = 0;
   int size = 1;
   std::vector<std::shared_ptr<transport::Link>> peers;  // peers[rank] is unused
+  Clock* clock = &real_clock();  // the time deadlines, timings and waits use (virtual in a simulation)
 };
 
 // Bytes and time one collective cost this rank (payloads plus frame headers).
@@ -50,6 +51,7 @@ struct CommStats {
 // Sends `mine` to the peer and returns the peer's tensor (same shape), both encoded with the codec
 // (NoLoCo's pairwise averaging). Both sides call it with the same tag.
 [[nodiscard]] Result<at::Tensor> pair_exchange(transport::Link& peer, const at::Tensor& mine, const quant::EncodeOptions& codec,
-                                               transport::Tag tag, Deadline deadline, CommStats* stats = nullptr);
+                                               transport::Tag tag, Deadline deadline, CommStats* stats = nullptr,
+                                               const Clock& clock = real_clock());
 
 }  // namespace gossamer::optim

@@ -4,12 +4,8 @@ namespace gossamer::optim {
 
 Status Work::wait(Deadline deadline) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (deadline.is_never()) {
-    cv_.wait(lock, [&] { return done_; });
-  } else {
-    if (!cv_.wait_until(lock, deadline.steady_time(), [&] { return done_; })) {
-      return error(ErrorCode::kTimeout, "the collective is still running (wait again, or give up on this round)");
-    }
+  if (!cv_->wait(lock, deadline, [&] { return done_; })) {
+    return error(ErrorCode::kTimeout, "the collective is still running (wait again, or give up on this round)");
   }
   return status_;
 }
@@ -19,22 +15,22 @@ bool Work::done() const {
   return done_;
 }
 
-AsyncCollectives::AsyncCollectives(Group group) : group_(std::move(group)) {
-  thread_ = std::thread([this] { loop(); });
+AsyncCollectives::AsyncCollectives(Group group) : group_(std::move(group)), cv_(group_.clock->make_signal()) {
+  thread_ = group_.clock->start_thread([this] { loop(); });
 }
 
 AsyncCollectives::~AsyncCollectives() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
-    cv_.notify_all();
+    cv_->notify_all();
   }
-  thread_.join();
+  thread_->join();
 }
 
 std::shared_ptr<Work> AsyncCollectives::allreduce_mean(at::Tensor tensor, const quant::EncodeOptions& codec, transport::Tag tag,
                                                        Deadline deadline) {
-  auto work = std::make_shared<Work>();
+  auto work = std::make_shared<Work>(*group_.clock);
   work->tensor_ = std::move(tensor);
   std::lock_guard<std::mutex> lock(mu_);
   jobs_.push_back([this, work, codec, tag, deadline] {
@@ -44,16 +40,16 @@ std::shared_ptr<Work> AsyncCollectives::allreduce_mean(at::Tensor tensor, const 
     work->status_ = std::move(st);
     work->stats_ = stats;
     work->done_ = true;
-    work->cv_.notify_all();
+    work->cv_->notify_all();
   });
-  cv_.notify_all();
+  cv_->notify_all();
   return work;
 }
 
 void AsyncCollectives::loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+    cv_->wait(lock, Deadline::never(), [&] { return stopping_ || !jobs_.empty(); });
     if (jobs_.empty()) return;  // stopping, and everything submitted has run
     auto job = std::move(jobs_.front());
     jobs_.pop_front();

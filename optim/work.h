@@ -1,7 +1,8 @@
 // Asynchronous collectives: overlap communication with computation through Work handles (the shape
 // of c10d's Work), with no thread hidden inside an optimizer's step().
 //
-// AsyncCollectives owns one communication thread, made explicitly by the caller, that runs submitted
+// AsyncCollectives owns one communication thread, started on the group's Clock (so a simulation
+// schedules it like any other), made explicitly by the caller, that runs submitted
 // collectives in submission order (so every rank runs them in the same order). A Work handle reports
 // when its collective finished; wait(deadline) blocks until then or the deadline: a kTimeout from
 // wait() leaves the operation running (wait again later); the collective's own deadline bounds it.
@@ -10,16 +11,15 @@
 // already submitted (each is bounded by its own deadline).
 #pragma once
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <thread>
 
 #include <ATen/core/Tensor.h>
 
 #include "core/clock.h"
+#include "core/signal.h"
 #include "core/status.h"
 #include "optim/collectives.h"
 
@@ -27,6 +27,7 @@ namespace gossamer::optim {
 
 class Work {
  public:
+  explicit Work(Clock& clock) : cv_(clock.make_signal()) {}
   [[nodiscard]] Status wait(Deadline deadline);
   bool done() const;
   // The collective's result (valid once wait() returned ok).
@@ -36,7 +37,7 @@ class Work {
  private:
   friend class AsyncCollectives;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  std::unique_ptr<Signal> cv_;
   bool done_ = false;
   Status status_;
   at::Tensor tensor_;
@@ -59,10 +60,10 @@ class AsyncCollectives {
 
   Group group_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::unique_ptr<Signal> cv_;
   std::deque<std::function<void()>> jobs_;
   bool stopping_ = false;
-  std::thread thread_;
+  std::unique_ptr<ClockThread> thread_;
 };
 
 }  // namespace gossamer::optim

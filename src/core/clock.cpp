@@ -1,6 +1,9 @@
 #include "core/clock.h"
 
+#include <condition_variable>
 #include <thread>
+
+#include "core/signal.h"
 
 namespace gossamer {
 
@@ -12,6 +15,51 @@ void RealClock::sleep_until(Nanos t) {
   const auto target = std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(t));
   std::this_thread::sleep_until(target);
 }
+
+namespace {
+
+class RealSignal final : public Signal {
+ public:
+  explicit RealSignal(const Clock& clock) : clock_(clock) {}
+  bool wait(std::unique_lock<std::mutex>& lock, Deadline deadline, const std::function<bool()>& ready) override {
+    if (deadline.is_never()) {
+      cv_.wait(lock, ready);
+      return true;
+    }
+    // Deadlines are in this clock's time: wait in short real slices and re-check it, so a clock other
+    // than the steady clock (a test's manual clock) is still honoured.
+    while (!ready()) {
+      if (deadline.expired(clock_)) return false;
+      const Nanos left = deadline.remaining(clock_);
+      cv_.wait_for(lock, std::min<Nanos>(left, std::chrono::milliseconds(50)));
+    }
+    return true;
+  }
+  void notify_all() override { cv_.notify_all(); }
+
+ private:
+  const Clock& clock_;
+  std::condition_variable cv_;
+};
+
+class RealThread final : public ClockThread {
+ public:
+  explicit RealThread(std::function<void()> body) : thread_(std::move(body)) {}
+  ~RealThread() override {
+    if (thread_.joinable()) thread_.join();
+  }
+  void join() override {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<Signal> Clock::make_signal() { return std::make_unique<RealSignal>(*this); }
+std::unique_ptr<ClockThread> Clock::start_thread(std::function<void()> body) { return std::make_unique<RealThread>(std::move(body)); }
 
 Clock& real_clock() {
   static RealClock clock;

@@ -2,15 +2,20 @@
 // virtual clock (sim/) can stand in for the real one and a simulated run stays deterministic.
 //
 // Thread-safety: RealClock is stateless and safe from any thread. Deadline and Stopwatch are values.
-// Blocking: only sleep_until / sleep_for block (RealClock) or advance time (virtual clocks).
+// Blocking: only sleep_until / sleep_for and Signal waits block (RealClock) or advance time (virtual
+// clocks).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 
 namespace gossamer {
 
 using Nanos = std::chrono::nanoseconds;
+class Signal;       // core/signal.h
+class ClockThread;  // core/signal.h
 
 class Clock {
  public:
@@ -20,6 +25,10 @@ class Clock {
   // Returns once now() >= t.
   virtual void sleep_until(Nanos t) = 0;
   void sleep_for(Nanos d) { sleep_until(now() + d); }
+  // Waiting on another thread and starting one, in this clock's time (core/signal.h). The defaults are
+  // the real-time std primitives; a virtual clock overrides both.
+  virtual std::unique_ptr<Signal> make_signal();
+  virtual std::unique_ptr<ClockThread> start_thread(std::function<void()> body);
 };
 
 // std::chrono::steady_clock.
