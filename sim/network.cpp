@@ -1,0 +1,360 @@
+#include "sim/network.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <list>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "core/check.h"
+#include "core/signal.h"
+#include "transport/protocol.h"
+
+namespace gossamer::sim {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Mailbox {
+  std::mutex mu;
+  std::unique_ptr<Signal> signal;
+  std::map<transport::Tag, std::deque<Bytes>> queues;
+  bool closed = false;
+};
+
+struct Flow {
+  int from = 0, to = 0;
+  std::vector<int> path;  // resource indices
+  double remaining = 0;   // bytes on the wire still to send
+  double rate = 0;        // bytes per second, from the last fair-share computation
+  Nanos delay{0};         // latency + jitter + loss, drawn at send time
+  Bytes payload;
+  transport::Tag tag = 0;
+  std::mutex mu;
+  std::unique_ptr<Signal> signal;
+  bool done = false;
+  Status result;
+};
+
+}  // namespace
+
+struct Network::Impl {
+  Impl(Scheduler& s, NetworkSpec sp) : sched(s), spec(std::move(sp)) {
+    n = static_cast<int>(spec.nodes.size());
+    for (const auto& node : spec.nodes) {
+      GOSSAMER_CHECK(node.link.validate().ok(), "Network: " + node.link.validate().message());
+      GOSSAMER_CHECK(node.site < static_cast<int>(spec.sites.size()), "Network: a node names a site that does not exist");
+      capacity.push_back(node.link.bandwidth_bytes_per_s);  // uplink
+      capacity.push_back(node.link.bandwidth_bytes_per_s);  // downlink
+    }
+    for (const auto& site : spec.sites) {
+      GOSSAMER_CHECK(site.bandwidth_bytes_per_s > 0, "Network: site '" + site.name + "' needs a positive bandwidth");
+      capacity.push_back(site.bandwidth_bytes_per_s);
+      capacity.push_back(site.bandwidth_bytes_per_s);
+    }
+    const auto nn = static_cast<std::size_t>(n);
+    mailboxes.resize(nn * nn);
+    for (auto& m : mailboxes) {
+      m = std::make_unique<Mailbox>();
+      m->signal = sched.make_signal();
+    }
+    links.resize(nn * nn);
+    last_delivery.assign(nn * nn, Nanos{0});
+    rngs.resize(nn * nn);
+    for (std::size_t i = 0; i < nn * nn; ++i) rngs[i].seed(spec.seed * 0x9E3779B97F4A7C15ull + i);
+    dead.assign(nn, false);
+    traffic.resize(nn);
+  }
+
+  std::size_t pair(int a, int b) const { return static_cast<std::size_t>(a) * static_cast<std::size_t>(n) + static_cast<std::size_t>(b); }
+  Mailbox& mailbox(int receiver, int sender) { return *mailboxes[pair(receiver, sender)]; }
+
+  std::vector<int> path(int from, int to) const {
+    std::vector<int> p{2 * from};
+    const int sf = spec.nodes[static_cast<std::size_t>(from)].site, st = spec.nodes[static_cast<std::size_t>(to)].site;
+    if (sf != st) {
+      if (sf >= 0) p.push_back(2 * n + 2 * sf);
+      if (st >= 0) p.push_back(2 * n + 2 * st + 1);
+    }
+    p.push_back(2 * to + 1);
+    return p;
+  }
+
+  Nanos latency(int from, int to) const {
+    const auto& a = spec.nodes[static_cast<std::size_t>(from)];
+    const auto& b = spec.nodes[static_cast<std::size_t>(to)];
+    Nanos l = (a.link.latency + b.link.latency) / 2;
+    if (a.site != b.site) {
+      if (a.site >= 0) l += spec.sites[static_cast<std::size_t>(a.site)].latency;
+      if (b.site >= 0) l += spec.sites[static_cast<std::size_t>(b.site)].latency;
+    }
+    return l;
+  }
+
+  // Latency plus a seeded jitter and loss draw for one message of `payload_bytes`.
+  Nanos draw_delay(int from, int to, std::size_t payload_bytes) {
+    const auto& a = spec.nodes[static_cast<std::size_t>(from)].link;
+    const auto& b = spec.nodes[static_cast<std::size_t>(to)].link;
+    auto& rng = rngs[pair(from, to)];
+    const Nanos base = latency(from, to);
+    double extra_ns = 0;
+    const double jitter_ns = std::sqrt((std::pow(static_cast<double>(a.jitter.count()), 2) + std::pow(static_cast<double>(b.jitter.count()), 2)) / 2);
+    if (jitter_ns > 0) extra_ns += std::normal_distribution<double>(0.0, jitter_ns)(rng);
+    const double loss = 1.0 - (1.0 - a.loss) * (1.0 - b.loss);
+    if (loss > 0) {
+      const std::size_t mss = std::min(a.mtu_bytes, b.mtu_bytes) - 52;
+      const auto packets = static_cast<std::int64_t>((payload_bytes + transport::kFrameHeaderBytes + mss - 1) / mss);
+      const std::int64_t lost = std::binomial_distribution<std::int64_t>(packets, loss)(rng);
+      extra_ns += static_cast<double>(lost) * 2.0 * static_cast<double>(base.count());  // one round trip per lost packet
+    }
+    const double total = std::max(0.0, static_cast<double>(base.count()) + extra_ns);
+    return Nanos(static_cast<std::int64_t>(std::llround(total)));
+  }
+
+  // Max-min fair rates by progressive filling over the links the flows cross.
+  void recompute() {
+    std::vector<double> cap = capacity;
+    std::vector<int> count(cap.size(), 0);
+    std::vector<Flow*> open;
+    for (Flow* f : flows) {
+      open.push_back(f);
+      for (int r : f->path) ++count[static_cast<std::size_t>(r)];
+    }
+    while (!open.empty()) {
+      int best = -1;
+      double share = kInf;
+      for (std::size_t r = 0; r < cap.size(); ++r) {
+        if (count[r] == 0 || std::isinf(cap[r])) continue;
+        const double s = std::max(0.0, cap[r]) / count[r];
+        if (s < share) {
+          share = s;
+          best = static_cast<int>(r);
+        }
+      }
+      std::vector<Flow*> rest;
+      for (Flow* f : open) {
+        const bool through = best < 0 || std::find(f->path.begin(), f->path.end(), best) != f->path.end();
+        if (!through) {
+          rest.push_back(f);
+          continue;
+        }
+        f->rate = share;
+        for (int r : f->path) {
+          cap[static_cast<std::size_t>(r)] -= share;
+          --count[static_cast<std::size_t>(r)];
+        }
+      }
+      open.swap(rest);
+    }
+  }
+
+  void advance() {
+    const double dt = std::chrono::duration<double>(sched.now() - last_update).count();
+    if (dt > 0) {
+      for (Flow* f : flows) f->remaining -= std::isinf(f->rate) ? f->remaining : f->rate * dt;
+    }
+    last_update = sched.now();
+  }
+
+  void schedule_next() {
+    ++generation;
+    Nanos next = Nanos::max();
+    for (Flow* f : flows) {
+      Nanos t = sched.now();
+      if (!std::isinf(f->rate) && f->remaining > kDoneBytes) {
+        if (f->rate <= 0) continue;
+        const double ns = f->remaining / f->rate * 1e9;
+        t += Nanos(static_cast<std::int64_t>(std::ceil(ns - 1e-3)));
+      }
+      next = std::min(next, t);
+    }
+    if (next == Nanos::max()) return;
+    sched.call_at(next, [this, g = generation] {
+      if (g == generation) on_timer();
+    });
+  }
+
+  void on_timer() {
+    advance();
+    std::vector<Flow*> finished;
+    for (Flow* f : flows) {
+      if (f->remaining <= kDoneBytes) finished.push_back(f);
+    }
+    for (Flow* f : finished) complete(f);
+    recompute();
+    schedule_next();
+  }
+
+  void add(Flow* f) {
+    advance();
+    flows.push_back(f);
+    recompute();
+    schedule_next();
+  }
+
+  void remove(Flow* f) {
+    advance();
+    flows.erase(std::remove(flows.begin(), flows.end(), f), flows.end());
+    recompute();
+    schedule_next();
+  }
+
+  void finish(Flow* f, Status st) {
+    std::lock_guard<std::mutex> lock(f->mu);
+    f->done = true;
+    f->result = std::move(st);
+    f->signal->notify_all();
+  }
+
+  // The last byte left: the sender is free, and the message lands after its delay.
+  void complete(Flow* f) {
+    flows.erase(std::remove(flows.begin(), flows.end(), f), flows.end());
+    const int from = f->from, to = f->to;
+    Nanos at = std::max(sched.now() + f->delay, last_delivery[pair(from, to)]);
+    last_delivery[pair(from, to)] = at;
+    sched.call_at(at, [this, from, to, tag = f->tag, payload = std::move(f->payload)]() mutable {
+      if (dead[static_cast<std::size_t>(to)] || dead[static_cast<std::size_t>(from)]) return;
+      Mailbox& m = mailbox(to, from);
+      std::lock_guard<std::mutex> lock(m.mu);
+      if (m.closed) return;
+      m.queues[tag].push_back(std::move(payload));
+      m.signal->notify_all();
+    });
+    finish(f, Status());
+  }
+
+  void close_pair(int a, int b) {
+    for (auto [r, s] : {std::pair{a, b}, std::pair{b, a}}) {
+      Mailbox& m = mailbox(r, s);
+      std::lock_guard<std::mutex> lock(m.mu);
+      m.closed = true;
+      m.signal->notify_all();
+    }
+    std::vector<Flow*> cut;
+    for (Flow* f : flows) {
+      if ((f->from == a && f->to == b) || (f->from == b && f->to == a)) cut.push_back(f);
+    }
+    for (Flow* f : cut) {
+      remove(f);
+      finish(f, error(ErrorCode::kPeerLost, "link to node " + std::to_string(f->to) + " closed"));
+    }
+  }
+
+  static constexpr double kDoneBytes = 1e-3;
+  Scheduler& sched;
+  NetworkSpec spec;
+  int n = 0;
+  std::vector<double> capacity;
+  std::vector<Flow*> flows;
+  Nanos last_update{0};
+  std::uint64_t generation = 0;
+  std::vector<std::unique_ptr<Mailbox>> mailboxes;
+  std::vector<std::shared_ptr<transport::Link>> links;
+  std::vector<Nanos> last_delivery;
+  std::vector<std::mt19937_64> rngs;
+  std::vector<bool> dead;
+  std::vector<NodeTraffic> traffic;
+};
+
+namespace {
+
+class SimLink final : public transport::Link {
+ public:
+  SimLink(Network::Impl& net, int self, int peer) : net_(net), self_(self), peer_(peer) {}
+  transport::PeerId peer() const override { return transport::PeerId{static_cast<std::uint64_t>(peer_) + 1}; }
+  std::string remote_address() const override { return "sim://node-" + std::to_string(peer_); }
+
+  Status send(transport::Tag tag, ByteView payload, Deadline deadline) override {
+    if (net_.dead[static_cast<std::size_t>(self_)] || net_.dead[static_cast<std::size_t>(peer_)] || net_.mailbox(peer_, self_).closed) {
+      return lost();
+    }
+    Flow f;
+    f.from = self_;
+    f.to = peer_;
+    f.tag = tag;
+    f.path = net_.path(self_, peer_);
+    const auto& profile = net_.spec.nodes[static_cast<std::size_t>(self_)].link;
+    f.remaining = profile.wire_bytes(payload.size() + transport::kFrameHeaderBytes);
+    f.payload.assign(payload.begin(), payload.end());
+    f.delay = net_.draw_delay(self_, peer_, payload.size());
+    f.signal = net_.sched.make_signal();
+    const auto wire = static_cast<std::uint64_t>(f.remaining);
+    net_.add(&f);
+    std::unique_lock<std::mutex> lock(f.mu);
+    if (!f.signal->wait(lock, deadline, [&] { return f.done; })) {
+      lock.unlock();
+      net_.remove(&f);
+      close();  // a partial message is on the wire: the link is unusable, as with TCP
+      return error(ErrorCode::kTimeout, "sending to node " + std::to_string(peer_) + " did not finish before the deadline");
+    }
+    if (f.result.ok()) {
+      stats_.bytes_sent += wire;
+      stats_.messages_sent += 1;
+      net_.traffic[static_cast<std::size_t>(self_)].wire_bytes_sent += wire;
+      net_.traffic[static_cast<std::size_t>(self_)].messages_sent += 1;
+      net_.traffic[static_cast<std::size_t>(peer_)].wire_bytes_received += wire;
+    }
+    return f.result;
+  }
+
+  Result<Bytes> recv(transport::Tag tag, Deadline deadline) override {
+    Mailbox& m = net_.mailbox(self_, peer_);
+    std::unique_lock<std::mutex> lock(m.mu);
+    auto has = [&] {
+      auto it = m.queues.find(tag);
+      return m.closed || (it != m.queues.end() && !it->second.empty());
+    };
+    if (!m.signal->wait(lock, deadline, has)) {
+      return error(ErrorCode::kTimeout, "no message from node " + std::to_string(peer_) + " before the deadline");
+    }
+    auto it = m.queues.find(tag);
+    if (it == m.queues.end() || it->second.empty()) return lost();
+    Bytes out = std::move(it->second.front());
+    it->second.pop_front();
+    stats_.bytes_received += out.size() + transport::kFrameHeaderBytes;
+    stats_.messages_received += 1;
+    return out;
+  }
+
+  void close() override { net_.close_pair(self_, peer_); }
+  transport::LinkStats stats() const override { return stats_; }
+
+ private:
+  Status lost() const { return error(ErrorCode::kPeerLost, "node " + std::to_string(peer_) + " is gone (link closed)"); }
+
+  Network::Impl& net_;
+  int self_, peer_;
+  transport::LinkStats stats_;
+};
+
+}  // namespace
+
+Network::Network(Scheduler& scheduler, NetworkSpec spec) : impl_(std::make_unique<Impl>(scheduler, std::move(spec))) {}
+Network::~Network() = default;
+
+int Network::size() const { return impl_->n; }
+
+std::shared_ptr<transport::Link> Network::link(int from, int to) {
+  GOSSAMER_CHECK(from >= 0 && to >= 0 && from < impl_->n && to < impl_->n && from != to, "Network::link: no such pair of nodes");
+  auto& l = impl_->links[impl_->pair(from, to)];
+  if (!l) l = std::make_shared<SimLink>(*impl_, from, to);
+  return l;
+}
+
+void Network::crash(int node) {
+  GOSSAMER_CHECK(node >= 0 && node < impl_->n, "Network::crash: no such node");
+  impl_->dead[static_cast<std::size_t>(node)] = true;
+  for (int other = 0; other < impl_->n; ++other) {
+    if (other != node) impl_->close_pair(node, other);
+  }
+}
+
+bool Network::crashed(int node) const { return impl_->dead[static_cast<std::size_t>(node)]; }
+NodeTraffic Network::traffic(int node) const { return impl_->traffic[static_cast<std::size_t>(node)]; }
+Nanos Network::path_latency(int from, int to) const { return impl_->latency(from, to); }
+
+}  // namespace gossamer::sim

@@ -1,0 +1,80 @@
+// Network: emulated links between simulated nodes, in the Scheduler's virtual time.
+//
+// Each node reaches the others through its access link (a LinkProfile: bandwidth, one-way latency,
+// jitter, loss), and optionally through its site's shared uplink and downlink (workers behind one
+// uplink; a hub that every message crosses is a site holding everyone with a shared link). Messages
+// are fluid flows: every flow in progress gets a max-min fair share of each link it crosses
+// (uplink of the sender, site links when it leaves or enters a site, downlink of the receiver), so
+// contention is modelled; a message of n bytes on the wire alone on links of b bytes/s arrives
+// exactly latency + n/b after it was sent. Bytes on the wire are the payload plus the frame header,
+// with per-packet header overhead (LinkProfile::wire_bytes). Loss is retransmission delay: each
+// lost packet (seeded draw) adds one round trip. Jitter is a seeded normal draw per message, never
+// reordering a link's messages.
+//
+// Send blocks the sending actor until its last byte has left (that is how long the sender's link is
+// busy); the receiver's mailbox holds messages by tag until recv() takes them. crash(node) closes the
+// node's links: peers waiting on it get kPeerLost, as a TCP reset would tell them.
+//
+// Ownership: the Network owns the emulated links' state and must outlive the links it hands out.
+// Threading: used from the Scheduler's actors and callbacks only (one runs at a time).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "sim/scheduler.h"
+#include "transport/link.h"
+#include "transport/link_profile.h"
+
+namespace gossamer::sim {
+
+struct SiteSpec {
+  std::string name;
+  double bandwidth_bytes_per_s = 0;  // shared by all traffic leaving (and, separately, entering) the site
+  Nanos latency{0};                  // extra one-way latency to cross the site's link
+};
+
+struct NodeSpec {
+  transport::LinkProfile link;  // the node's access link
+  int site = -1;                // index into NetworkSpec::sites, or -1
+};
+
+struct NetworkSpec {
+  std::vector<NodeSpec> nodes;
+  std::vector<SiteSpec> sites;
+  std::uint64_t seed = 1;
+};
+
+struct NodeTraffic {
+  std::uint64_t wire_bytes_sent = 0;
+  std::uint64_t wire_bytes_received = 0;
+  std::uint64_t messages_sent = 0;
+};
+
+class Network {
+ public:
+  Network(Scheduler& scheduler, NetworkSpec spec);
+  ~Network();
+  Network(const Network&) = delete;
+  Network& operator=(const Network&) = delete;
+
+  int size() const;
+  // The link node `from` uses to talk to node `to` (from != to). The same object on every call.
+  std::shared_ptr<transport::Link> link(int from, int to);
+  // Closes every link of the node, in both directions, now.
+  void crash(int node);
+  bool crashed(int node) const;
+  NodeTraffic traffic(int node) const;
+  // One-way latency of the path from -> to, without jitter or loss.
+  Nanos path_latency(int from, int to) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gossamer::sim

@@ -1,0 +1,60 @@
+// Scheduler: the simulator's virtual Clock and its deterministic scheduler.
+//
+// Simulated threads ("actors": workers, their communication threads) are real OS threads, but exactly
+// one runs at a time and time only moves when every actor is waiting. An actor runs until it waits:
+// sleep_until(t) parks it until virtual time t; a Signal wait parks it until notified or its deadline.
+// When no actor can run, the scheduler advances virtual time to the earliest pending event (a wake-up
+// or a timer callback such as a network delivery) in (time, sequence) order, so a run with the same
+// inputs always takes the same path: bit-identical results, whatever the host's speed. Real compute
+// inside an actor takes no virtual time; the caller accounts for it with sleep_for (a compute model).
+//
+// Ownership: the Scheduler owns its actors' OS threads. Threading: start threads and call_at() before
+// run() from the owning thread, or from inside actors and callbacks during run(); now() from anywhere
+// while the scheduler holds still. Errors: run() returns kAborted when actors wait on each other with
+// nothing left that could wake them (a simulated deadlock), and rethrows an exception that escaped an
+// actor; the remaining actors are unwound (their waits throw SimulationStopped) and joined.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+
+#include "core/clock.h"
+#include "core/signal.h"
+#include "core/status.h"
+
+namespace gossamer::sim {
+
+// Thrown inside actors that are still waiting when the simulation stops; not to be caught by them.
+struct SimulationStopped : std::runtime_error {
+  SimulationStopped() : std::runtime_error("simulation stopped") {}
+};
+
+class Scheduler final : public Clock {
+ public:
+  Scheduler();
+  ~Scheduler() override;
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  Nanos now() const override;
+  void sleep_until(Nanos t) override;  // from an actor
+  std::unique_ptr<Signal> make_signal() override;
+  std::unique_ptr<ClockThread> start_thread(std::function<void()> body) override;
+
+  // Runs `fn` in the scheduler's own context at virtual time t (t >= now()). Callbacks must not wait.
+  void call_at(Nanos t, std::function<void()> fn);
+  // Runs until every actor has finished.
+  [[nodiscard]] Status run();
+
+  std::uint64_t context_switches() const;
+  bool in_actor() const;  // true on an actor's thread while it runs
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gossamer::sim
