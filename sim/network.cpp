@@ -56,6 +56,8 @@ struct Network::Impl {
       capacity.push_back(site.bandwidth_bytes_per_s);
       capacity.push_back(site.bandwidth_bytes_per_s);
     }
+    hub = spec.hub_bytes_per_s > 0 ? static_cast<int>(capacity.size()) : -1;
+    if (hub >= 0) capacity.push_back(spec.hub_bytes_per_s);
     const auto nn = static_cast<std::size_t>(n);
     mailboxes.resize(nn * nn);
     for (auto& m : mailboxes) {
@@ -80,6 +82,7 @@ struct Network::Impl {
       if (sf >= 0) p.push_back(2 * n + 2 * sf);
       if (st >= 0) p.push_back(2 * n + 2 * st + 1);
     }
+    if (hub >= 0) p.push_back(hub);
     p.push_back(2 * to + 1);
     return p;
   }
@@ -248,6 +251,7 @@ struct Network::Impl {
   Scheduler& sched;
   NetworkSpec spec;
   int n = 0;
+  int hub = -1;  // resource index of the hub's link, or -1
   std::vector<double> capacity;
   std::vector<Flow*> flows;
   Nanos last_update{0};

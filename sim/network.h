@@ -2,9 +2,10 @@
 //
 // Each node reaches the others through its access link (a LinkProfile: bandwidth, one-way latency,
 // jitter, loss), and optionally through its site's shared uplink and downlink (workers behind one
-// uplink; a hub that every message crosses is a site holding everyone with a shared link). Messages
+// uplink) and a hub whose one link every message crosses (hub and spokes). Messages
 // are fluid flows: every flow in progress gets a max-min fair share of each link it crosses
-// (uplink of the sender, site links when it leaves or enters a site, downlink of the receiver), so
+// (uplink of the sender, site links when it leaves or enters a site, the hub, downlink of the
+// receiver), so
 // contention is modelled; a message of n bytes on the wire alone on links of b bytes/s arrives
 // exactly latency + n/b after it was sent. Bytes on the wire are the payload plus the frame header,
 // with per-packet header overhead (LinkProfile::wire_bytes). Loss is retransmission delay: each
@@ -45,6 +46,7 @@ struct NodeSpec {
 struct NetworkSpec {
   std::vector<NodeSpec> nodes;
   std::vector<SiteSpec> sites;
+  double hub_bytes_per_s = 0;  // > 0: a hub whose one link every message crosses (hub and spokes)
   std::uint64_t seed = 1;
 };
 

@@ -1,5 +1,6 @@
 #include "sim/scheduler.h"
 
+#include <algorithm>
 #include <deque>
 #include <exception>
 #include <map>
@@ -212,13 +213,16 @@ Status Scheduler::run() {
       s.yielded.acquire();
       continue;
     }
-    if (s.events.empty()) break;
+    const bool all_done = std::all_of(s.actors.begin(), s.actors.end(), [](const auto& a) { return a->finished; });
+    if (s.events.empty() || all_done) break;  // what is left cannot affect a simulated thread
     Event e = s.events.top();
     s.events.pop();
-    s.now = std::max(s.now, e.time);
     if (e.wake != nullptr) {
-      if (e.wake->parked && e.wake->wait_token == e.token) s.make_ready(e.wake);
+      if (!e.wake->parked || e.wake->wait_token != e.token) continue;  // stale: that wait already ended; time stays
+      s.now = std::max(s.now, e.time);
+      s.make_ready(e.wake);
     } else {
+      s.now = std::max(s.now, e.time);
       e.call();
     }
   }

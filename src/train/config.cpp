@@ -71,6 +71,49 @@ const std::vector<KeySpec>& schema() {
       IntKey{"train.log_every", "write a metrics line every k steps", [](RunConfig& c) -> std::int64_t& { return c.train.log_every; }, 1, 1LL << 40},
       IntKey{"train.seed", "seed of data order and dropout", [](RunConfig& c) -> std::int64_t& { return c.train.seed; }, 0, std::numeric_limits<std::int64_t>::max()},
       IntKey{"train.threads", "CPU threads for LibTorch; 0 uses every core", [](RunConfig& c) -> std::int64_t& { return c.train.threads; }, 0, 1024},
+      StringKey{"outer.method", "outer optimizer: ddp, diloco, streaming_diloco, noloco, co2 or local", [](RunConfig& c) -> std::string& { return c.outer.method; }, {"ddp", "diloco", "streaming_diloco", "noloco", "co2", "local"}},
+      IntKey{"outer.codec_block", "values per scale block of the scaled codecs (int8, fp8, int4, fp4)", [](RunConfig& c) -> std::int64_t& { return c.outer.codec_block; }, 1, 1 << 20},
+      StringKey{"ddp.codec", "codec of the gradients ddp all-reduces", [](RunConfig& c) -> std::string& { return c.ddp.codec; }, {"fp32", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2", "int4", "fp4_e3m0", "fp4_e2m1"}},
+      StringKey{"ddp.engine", "links: our all-reduce; gloo: c10d ProcessGroupGloo (real runs, fp32)", [](RunConfig& c) -> std::string& { return c.ddp.engine; }, {"links", "gloo"}},
+      IntKey{"diloco.inner_steps", "H: inner steps per outer round", [](RunConfig& c) -> std::int64_t& { return c.diloco.inner_steps; }, 1, 1LL << 40},
+      FloatKey{"diloco.outer_lr", "outer Nesterov learning rate", [](RunConfig& c) -> double& { return c.diloco.outer_lr; }, 0.0, 10.0, true},
+      FloatKey{"diloco.outer_momentum", "outer Nesterov momentum", [](RunConfig& c) -> double& { return c.diloco.outer_momentum; }, 0.0, 0.999999, false},
+      StringKey{"diloco.codec", "codec of the pseudo-gradient on the wire", [](RunConfig& c) -> std::string& { return c.diloco.codec; }, {"fp32", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2", "int4", "fp4_e3m0", "fp4_e2m1"}},
+      IntKey{"streaming_diloco.inner_steps", "H: each fragment is synchronized once every H steps", [](RunConfig& c) -> std::int64_t& { return c.streaming_diloco.inner_steps; }, 1, 1LL << 40},
+      IntKey{"streaming_diloco.fragment_layers", "transformer blocks per fragment (the paper uses 3)", [](RunConfig& c) -> std::int64_t& { return c.streaming_diloco.fragment_layers; }, 1, 1024},
+      StringKey{"streaming_diloco.pattern", "how blocks are grouped into fragments", [](RunConfig& c) -> std::string& { return c.streaming_diloco.pattern; }, {"strided", "sequential"}},
+      StringKey{"streaming_diloco.edges", "embedding and final layer: with_neighbors (first / last fragment) or own_fragments", [](RunConfig& c) -> std::string& { return c.streaming_diloco.edges; }, {"with_neighbors", "own_fragments"}},
+      IntKey{"streaming_diloco.overlap", "tau: inner steps a fragment's all-reduce may overlap", [](RunConfig& c) -> std::int64_t& { return c.streaming_diloco.overlap; }, 0, 1LL << 40},
+      FloatKey{"streaming_diloco.mixing", "alpha: local share when merging a synchronized fragment (0: take the global one)", [](RunConfig& c) -> double& { return c.streaming_diloco.mixing; }, 0.0, 1.0, false},
+      FloatKey{"streaming_diloco.outer_lr", "outer Nesterov learning rate", [](RunConfig& c) -> double& { return c.streaming_diloco.outer_lr; }, 0.0, 10.0, true},
+      FloatKey{"streaming_diloco.outer_momentum", "outer Nesterov momentum", [](RunConfig& c) -> double& { return c.streaming_diloco.outer_momentum; }, 0.0, 0.999999, false},
+      StringKey{"streaming_diloco.codec", "codec of the fragments' pseudo-gradients", [](RunConfig& c) -> std::string& { return c.streaming_diloco.codec; }, {"fp32", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2", "int4", "fp4_e3m0", "fp4_e2m1"}},
+      IntKey{"noloco.inner_steps", "H: inner steps between pairwise averagings", [](RunConfig& c) -> std::int64_t& { return c.noloco.inner_steps; }, 1, 1LL << 40},
+      FloatKey{"noloco.outer_lr", "beta = gamma of the coded update", [](RunConfig& c) -> double& { return c.noloco.outer_lr; }, 0.0, 10.0, true},
+      FloatKey{"noloco.outer_momentum", "alpha: momentum of the outer update", [](RunConfig& c) -> double& { return c.noloco.outer_momentum; }, 0.0, 0.999999, false},
+      StringKey{"noloco.codec", "codec of the weights sent to the partner", [](RunConfig& c) -> std::string& { return c.noloco.codec; }, {"fp32", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2", "int4", "fp4_e3m0", "fp4_e2m1"}},
+      IntKey{"co2.inner_steps", "tau: inner steps per round (the average is applied one round late)", [](RunConfig& c) -> std::int64_t& { return c.co2.inner_steps; }, 1, 1LL << 40},
+      FloatKey{"co2.outer_lr", "outer learning rate", [](RunConfig& c) -> double& { return c.co2.outer_lr; }, 0.0, 10.0, true},
+      FloatKey{"co2.outer_momentum", "outer momentum beta", [](RunConfig& c) -> double& { return c.co2.outer_momentum; }, 0.0, 0.999999, false},
+      FloatKey{"co2.gap_penalty", "Lambda: the stale update is divided by it", [](RunConfig& c) -> double& { return c.co2.gap_penalty; }, 1e-6, 1e6, false},
+      FloatKey{"co2.clip_threshold", "clip outer momentum elementwise to +-this; 0 disables", [](RunConfig& c) -> double& { return c.co2.clip_threshold; }, 0.0, 1e6, false},
+      StringKey{"co2.codec", "codec of the averaged parameters", [](RunConfig& c) -> std::string& { return c.co2.codec; }, {"fp32", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2", "int4", "fp4_e3m0", "fp4_e2m1"}},
+      IntKey{"sim.workers", "simulated workers", [](RunConfig& c) -> std::int64_t& { return c.sim.workers; }, 1, 4096},
+      StringKey{"sim.network", "network preset of every worker's link, or custom", [](RunConfig& c) -> std::string& { return c.sim.network; }, {"custom", "loopback", "datacenter", "cross-region", "intercontinental", "home", "wan-100m-80ms"}},
+      FloatKey{"sim.bandwidth_mbit", "custom network: access bandwidth per worker (Mbit/s)", [](RunConfig& c) -> double& { return c.sim.bandwidth_mbit; }, 0.0, 1e9, true},
+      FloatKey{"sim.latency_ms", "custom network: one-way latency (ms)", [](RunConfig& c) -> double& { return c.sim.latency_ms; }, 0.0, 1e6, false},
+      FloatKey{"sim.jitter_ms", "custom network: jitter, standard deviation (ms)", [](RunConfig& c) -> double& { return c.sim.jitter_ms; }, 0.0, 1e6, false},
+      FloatKey{"sim.loss", "custom network: packet loss probability (costs retransmission delay)", [](RunConfig& c) -> double& { return c.sim.loss; }, 0.0, 0.5, false},
+      FloatKey{"sim.shared_uplink_mbit", "> 0 puts every worker behind one shared link of this bandwidth (a hub); 0: none", [](RunConfig& c) -> double& { return c.sim.shared_uplink_mbit; }, 0.0, 1e9, false},
+      StringKey{"sim.compute", "step time: fixed (sim.step_time_s), device (6 x params x tokens / (FLOP/s x utilization)) or measured (this machine; not deterministic)", [](RunConfig& c) -> std::string& { return c.sim.compute; }, {"fixed", "device", "measured"}},
+      FloatKey{"sim.step_time_s", "fixed compute: seconds per inner step", [](RunConfig& c) -> double& { return c.sim.step_time_s; }, 0.0, 1e6, true},
+      FloatKey{"sim.device_tflops", "device compute: peak TFLOP/s of each worker", [](RunConfig& c) -> double& { return c.sim.device_tflops; }, 0.0, 1e6, true},
+      FloatKey{"sim.device_utilization", "device compute: fraction of peak reached (MFU)", [](RunConfig& c) -> double& { return c.sim.device_utilization; }, 0.0, 1.0, true},
+      IntKey{"sim.crash_worker", "worker that crashes at sim.crash_at_step; -1: none", [](RunConfig& c) -> std::int64_t& { return c.sim.crash_worker; }, -1, 4095},
+      IntKey{"sim.crash_at_step", "inner step at which sim.crash_worker crashes", [](RunConfig& c) -> std::int64_t& { return c.sim.crash_at_step; }, 0, 1LL << 40},
+      IntKey{"sim.straggler", "worker whose compute is sim.straggler_factor times slower; -1: none", [](RunConfig& c) -> std::int64_t& { return c.sim.straggler; }, -1, 4095},
+      FloatKey{"sim.straggler_factor", "compute slowdown of the straggler", [](RunConfig& c) -> double& { return c.sim.straggler_factor; }, 1.0, 1e6, false},
+      IntKey{"sim.seed", "seed of the network's jitter and loss draws", [](RunConfig& c) -> std::int64_t& { return c.sim.seed; }, 0, std::numeric_limits<std::int64_t>::max()},
   };
   return keys;
 }
@@ -268,6 +311,17 @@ Status validate(const RunConfig& c) {
   if (c.data.synthetic.classes > c.data.synthetic.words) {
     return bad("data.synthetic.classes (" + std::to_string(c.data.synthetic.classes) + ") must not exceed data.synthetic.words (" +
                std::to_string(c.data.synthetic.words) + ")");
+  }
+  if (c.sim.crash_worker >= c.sim.workers) {
+    return bad("sim.crash_worker (" + std::to_string(c.sim.crash_worker) + ") must name one of the " + std::to_string(c.sim.workers) + " workers");
+  }
+  if (c.sim.straggler >= c.sim.workers) {
+    return bad("sim.straggler (" + std::to_string(c.sim.straggler) + ") must name one of the " + std::to_string(c.sim.workers) + " workers");
+  }
+  const auto& sd = c.streaming_diloco;
+  if (sd.overlap >= sd.inner_steps) {
+    return bad("streaming_diloco.overlap (" + std::to_string(sd.overlap) + ") must be below streaming_diloco.inner_steps (" +
+               std::to_string(sd.inner_steps) + ")");
   }
   return Status();
 }

@@ -59,10 +59,79 @@ struct TrainSection {
   std::int64_t threads = 0;  // 0: all cores
 };
 
+// The outer method and each method's options (the spec's defaults). Codecs are codec names
+// (quant/format.h: fp32, bf16, int8, fp8_e4m3, fp8_e5m2, fp16, int4, fp4_e3m0, fp4_e2m1).
+struct OuterSection {
+  std::string method = "diloco";  // ddp, diloco, streaming_diloco, noloco, co2, local
+  std::int64_t codec_block = 128;  // values per scale block of the scaled codecs
+};
+struct DdpSection {
+  std::string codec = "fp32";
+  std::string engine = "links";  // links (our all-reduce) or gloo (c10d ProcessGroupGloo, real runs)
+};
+struct DiLoCoSection {
+  std::int64_t inner_steps = 500;
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  std::string codec = "fp32";
+};
+struct StreamingSection {
+  std::int64_t inner_steps = 100;
+  std::int64_t fragment_layers = 3;  // transformer blocks per fragment
+  std::string pattern = "strided";
+  std::string edges = "with_neighbors";
+  std::int64_t overlap = 1;
+  double mixing = 0.5;
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  std::string codec = "fp4_e3m0";
+};
+struct NoLoCoSection {
+  std::int64_t inner_steps = 50;
+  double outer_lr = 0.7;
+  double outer_momentum = 0.5;
+  std::string codec = "fp32";
+};
+struct CO2Section {
+  std::int64_t inner_steps = 48;
+  double outer_lr = 1.0;
+  double outer_momentum = 0.5;
+  double gap_penalty = 1.0;
+  double clip_threshold = 0.0;  // 0: no clipping
+  std::string codec = "fp32";
+};
+
+// The simulator: workers, their network, their compute and what goes wrong.
+struct SimSection {
+  std::int64_t workers = 4;
+  std::string network = "wan-100m-80ms";  // a LinkProfile preset, or "custom" (the keys below)
+  double bandwidth_mbit = 100.0;          // custom: access link of every worker
+  double latency_ms = 40.0;               // custom: one way
+  double jitter_ms = 0.0;
+  double loss = 0.0;
+  double shared_uplink_mbit = 0.0;        // > 0: every worker sits behind one shared uplink (a hub)
+  std::string compute = "device";         // fixed (step_time_s), device (FLOP/s model) or measured
+  double step_time_s = 0.1;
+  double device_tflops = 100.0;           // peak
+  double device_utilization = 0.4;
+  std::int64_t crash_worker = -1;         // -1: nobody crashes
+  std::int64_t crash_at_step = 0;
+  std::int64_t straggler = -1;            // -1: no straggler
+  double straggler_factor = 2.0;          // its compute takes this many times longer
+  std::int64_t seed = 1;
+};
+
 struct RunConfig {
   ModelSection model;
   DataSection data;
   TrainSection train;
+  OuterSection outer;
+  DdpSection ddp;
+  DiLoCoSection diloco;
+  StreamingSection streaming_diloco;
+  NoLoCoSection noloco;
+  CO2Section co2;
+  SimSection sim;
 };
 
 // Overlays a TOML document onto `config`. Keys not given keep their current values.

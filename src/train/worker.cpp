@@ -78,7 +78,7 @@ Worker::Worker(const RunConfig& config, const data::Dataset& dataset, int rank, 
 
 Worker::~Worker() = default;
 
-StepResult Worker::step() {
+StepResult Worker::step(const GradientHook& before_update) {
   auto& s = *impl_;
   Stopwatch watch(*s.clock);
   const data::Batch batch = s.sampler.batch(s.next_batch);
@@ -86,6 +86,8 @@ StepResult Worker::step() {
   s.optimizer->zero_grad();
   auto loss = s.gpt.loss(batch.tokens, batch.targets);
   loss.backward();
+  Status sync;
+  if (before_update) sync = before_update(s.params);
   double norm = 0.0;
   if (s.config.train.grad_clip > 0.0) {
     norm = torch::nn::utils::clip_grad_norm_(s.params, s.config.train.grad_clip);
@@ -110,6 +112,7 @@ StepResult Worker::step() {
   s.tokens += r.tokens;
   r.step = s.step;
   r.seconds = watch.elapsed_seconds();
+  r.sync = std::move(sync);
   return r;
 }
 

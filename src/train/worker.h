@@ -9,8 +9,12 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
 
 #include "core/clock.h"
 #include "core/status.h"
@@ -28,7 +32,13 @@ struct StepResult {
   double lr = 0.0;
   std::int64_t tokens = 0;   // tokens in this step's batch
   double seconds = 0.0;      // time the step took on the Worker's Clock
+  Status sync;               // what the gradient hook returned (ok when there is none)
 };
+
+// Called between backward and the update with the model's parameters (their gradients filled in):
+// data parallelism averages the gradients here. If it fails, the step goes on with the local
+// gradients and StepResult::sync carries the error.
+using GradientHook = std::function<Status(const std::vector<at::Tensor>& params)>;
 
 // The model of a config, for worker `rank` (which seeds its dropout).
 model::GptConfig gpt_config(const RunConfig& config, int rank);
@@ -41,7 +51,7 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   // One inner step on the next batch of this worker's shard.
-  StepResult step();
+  StepResult step(const GradientHook& before_update = {});
   // Mean validation loss (nats per byte) over the fixed evaluation set.
   double evaluate();
 

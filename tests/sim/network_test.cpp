@@ -192,3 +192,24 @@ TEST_CASE("the all-reduce runs unchanged over emulated links and moves 2(M-1)/M 
     CHECK(stats[static_cast<std::size_t>(r)].seconds > 0.08);  // two latency-bound phases at least
   }
 }
+
+TEST_CASE("a hub's one link is shared by every message, whoever sends it") {
+  const auto p = profile(1e8, 2ms);
+  NetworkSpec spec = uniform(4, p);
+  spec.hub_bytes_per_s = 1e8;
+  const std::size_t payload = payload_for_wire(p, 1'000'000);
+  const double one = p.wire_bytes(payload + transport::kFrameHeaderBytes) / 1e8;
+  Scheduler s;
+  Network net(s, spec);
+  std::vector<Nanos> arrivals(2);
+  std::vector<std::unique_ptr<ClockThread>> threads;
+  for (int i = 0; i < 2; ++i) {  // 0 -> 1 and 2 -> 3: disjoint access links, one hub
+    threads.push_back(s.start_thread([&, i] { REQUIRE(net.link(2 * i, 2 * i + 1)->send(1, Bytes(payload), Deadline::never()).ok()); }));
+    threads.push_back(s.start_thread([&, i] {
+      REQUIRE(net.link(2 * i + 1, 2 * i)->recv(1, Deadline::never()).ok());
+      arrivals[static_cast<std::size_t>(i)] = s.now();
+    }));
+  }
+  REQUIRE(s.run().ok());
+  for (Nanos t : arrivals) CHECK(std::chrono::duration<double>(t - 2ms).count() == doctest::Approx(2 * one).epsilon(1e-6));
+}

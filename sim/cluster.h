@@ -1,0 +1,56 @@
+// Cluster: many Workers in one process, in virtual time, over an emulated network: what `gossamer
+// sim` and `gossamer compare` run.
+//
+// Each simulated worker is the real Worker with the real outer optimizer and codecs, driven by the
+// same loop as a real peer (train/outer.h); only its Clock (the Scheduler) and its links (Network)
+// are emulated. Compute time per inner step comes from a compute model: fixed, a device profile
+// (6 x params x tokens / (peak FLOP/s x utilization)) or measured on this machine (the one
+// non-deterministic choice). Scenarios: a worker that crashes at a given step (its links close;
+// the others skip the failed round and go on) and a straggler whose compute is k times slower.
+//
+// Determinism: with a fixed or device compute model, two runs with the same config give
+// bit-identical metrics and parameters. Threading: run_cluster blocks; `progress` is called from
+// simulated threads, one at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "sim/network.h"
+#include "train/config.h"
+#include "train/outer.h"
+#include "train/run.h"
+
+namespace gossamer::sim {
+
+// The network a config describes: every worker's access link from sim.network (a preset or the
+// custom keys), behind one shared link when sim.shared_uplink_mbit > 0.
+[[nodiscard]] Result<NetworkSpec> network_spec(const train::RunConfig& config);
+// Seconds one inner step of worker `rank` counts as (before the straggler factor), for the fixed and
+// device models; the measured model returns `measured_s`.
+double step_seconds(const train::RunConfig& config, std::int64_t parameters, double measured_s);
+
+struct ClusterResult {
+  std::vector<nlohmann::json> records;          // every worker's metrics records, in virtual-time order
+  std::vector<train::WorkerAccount> accounts;   // per worker
+  std::vector<bool> crashed;
+  double sim_time_s = 0;                        // virtual time at the end
+  double wall_s = 0;                            // real time the simulation took
+  double compute_wall_s = 0;                    // real time spent in the workers' inner steps
+  std::int64_t parameters = 0;
+  std::uint64_t context_switches = 0;
+  at::Tensor final_params;                      // flattened parameters of the evaluating worker
+};
+
+using ClusterProgress = std::function<void(int worker, std::int64_t step, std::int64_t steps)>;
+
+[[nodiscard]] Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::Corpus& corpus,
+                                                const ClusterProgress& progress = {});
+
+}  // namespace gossamer::sim

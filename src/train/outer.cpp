@@ -1,0 +1,176 @@
+#include "train/outer.h"
+
+#include <torch/torch.h>
+
+#include <spdlog/spdlog.h>
+
+namespace gossamer::train {
+
+namespace {
+
+Result<quant::EncodeOptions> codec(const std::string& name, std::int64_t block, const char* key) {
+  auto id = quant::codec_from_name(name);
+  if (!id.ok()) return error(ErrorCode::kInvalidArgument, std::string(key) + ": " + id.status().message());
+  quant::EncodeOptions o;
+  o.codec = *id;
+  o.block_size = static_cast<std::uint32_t>(block);
+  return o;
+}
+
+}  // namespace
+
+Result<optim::OuterConfig> outer_config(const RunConfig& c) {
+  optim::OuterConfig o;
+  o.method = c.outer.method;
+  const std::int64_t block = c.outer.codec_block;
+  auto ddp_codec = codec(c.ddp.codec, block, "ddp.codec");
+  auto diloco_codec = codec(c.diloco.codec, block, "diloco.codec");
+  auto streaming_codec = codec(c.streaming_diloco.codec, block, "streaming_diloco.codec");
+  auto noloco_codec = codec(c.noloco.codec, block, "noloco.codec");
+  auto co2_codec = codec(c.co2.codec, block, "co2.codec");
+  for (const auto* r : {&ddp_codec, &diloco_codec, &streaming_codec, &noloco_codec, &co2_codec}) {
+    if (!r->ok()) return r->status();
+  }
+  o.ddp_codec = *ddp_codec;
+  o.ddp_engine = c.ddp.engine;
+
+  o.diloco.inner_steps = c.diloco.inner_steps;
+  o.diloco.outer_lr = c.diloco.outer_lr;
+  o.diloco.outer_momentum = c.diloco.outer_momentum;
+  o.diloco.codec = *diloco_codec;
+
+  const auto& sd = c.streaming_diloco;
+  o.fragments.pattern = sd.pattern == "sequential" ? optim::FragmentPattern::kSequential : optim::FragmentPattern::kStrided;
+  o.fragments.edges = sd.edges == "own_fragments" ? optim::EdgePlacement::kOwnFragments : optim::EdgePlacement::kWithNeighbors;
+  o.fragments.fragments = static_cast<int>((c.model.layers + sd.fragment_layers - 1) / sd.fragment_layers);
+  const std::int64_t p = o.fragments.fragments + (o.fragments.edges == optim::EdgePlacement::kOwnFragments ? 2 : 0);
+  o.streaming.inner_steps = sd.inner_steps;
+  o.streaming.overlap = sd.overlap;
+  o.streaming.mixing = sd.mixing;
+  o.streaming.outer_lr = sd.outer_lr;
+  o.streaming.outer_momentum = sd.outer_momentum;
+  o.streaming.codec = *streaming_codec;
+  if (c.outer.method == "streaming_diloco") {
+    if (sd.inner_steps % p != 0) {
+      return error(ErrorCode::kInvalidArgument, "streaming_diloco.inner_steps (" + std::to_string(sd.inner_steps) + ") must be a multiple of the " +
+                                                    std::to_string(p) + " fragments (" + std::to_string(c.model.layers) + " layers in fragments of " +
+                                                    std::to_string(sd.fragment_layers) + ")");
+    }
+    if (sd.overlap >= sd.inner_steps / p) {
+      return error(ErrorCode::kInvalidArgument, "streaming_diloco.overlap (" + std::to_string(sd.overlap) + ") must be below inner_steps / fragments = " +
+                                                    std::to_string(sd.inner_steps / p));
+    }
+  }
+
+  o.noloco.inner_steps = c.noloco.inner_steps;
+  o.noloco.outer_lr = c.noloco.outer_lr;
+  o.noloco.outer_lr_gamma = c.noloco.outer_lr;
+  o.noloco.outer_momentum = c.noloco.outer_momentum;
+  o.noloco.seed = static_cast<std::uint64_t>(c.train.seed);
+  o.noloco.codec = *noloco_codec;
+
+  o.co2.inner_steps = c.co2.inner_steps;
+  o.co2.outer_lr = c.co2.outer_lr;
+  o.co2.outer_momentum = c.co2.outer_momentum;
+  o.co2.gap_penalty = c.co2.gap_penalty;
+  o.co2.clip = c.co2.clip_threshold > 0;
+  o.co2.clip_threshold = c.co2.clip_threshold > 0 ? c.co2.clip_threshold : 1.0;
+  o.co2.codec = *co2_codec;
+  return o;
+}
+
+std::int64_t sync_interval(const RunConfig& c) {
+  const std::string& m = c.outer.method;
+  if (m == "ddp") return 1;
+  if (m == "diloco") return c.diloco.inner_steps;
+  if (m == "streaming_diloco") return c.streaming_diloco.inner_steps;
+  if (m == "noloco") return c.noloco.inner_steps;
+  if (m == "co2") return c.co2.inner_steps;
+  return 0;
+}
+
+std::vector<optim::ParamBlock> param_blocks(const model::Gpt& gpt) {
+  std::vector<optim::ParamBlock> out;
+  for (const auto& b : gpt.blocks()) {
+    optim::ParamBlock pb;
+    pb.name = b.name;
+    for (const auto& p : b.parameters) pb.tensors.push_back(p.tensor);
+    out.push_back(std::move(pb));
+  }
+  return out;
+}
+
+nlohmann::json WorkerAccount::to_json() const {
+  return {{"steps", steps},           {"tokens", tokens},
+          {"rounds", rounds},         {"skipped_rounds", skipped_rounds},
+          {"bytes_sent", bytes_sent}, {"bytes_received", bytes_received},
+          {"compute_s", compute_s},   {"blocked_s", blocked_s}};
+}
+
+Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, Clock& clock, const LoopOptions& o, const LoopHooks& hooks) {
+  WorkerAccount acc;
+  optim::OuterOptimizer& outer = *setup.outer;
+  auto pace = [&](double measured) { return hooks.pace ? hooks.pace(measured) : measured; };
+  auto emit = [&](nlohmann::json rec) {
+    if (!hooks.record) return;
+    const optim::CommStats comm = outer.comm();
+    acc.bytes_sent = comm.bytes_sent;
+    acc.bytes_received = comm.bytes_received;
+    acc.rounds = outer.rounds();
+    acc.skipped_rounds = outer.skipped_rounds();
+    rec.update(acc.to_json());
+    rec["time_s"] = std::chrono::duration<double>(clock.now()).count();
+    hooks.record(rec);
+  };
+
+  while (worker.steps_done() < o.steps) {
+    if (hooks.keep_going && !hooks.keep_going(worker.steps_done() + 1)) break;
+    Stopwatch measured(real_clock());  // compute is measured in real time, whatever the clock
+    bool paced = false;
+    GradientHook hook;
+    if (setup.gradient_sync != nullptr) {
+      hook = [&](const std::vector<at::Tensor>& params) -> Status {
+        acc.compute_s += pace(measured.elapsed_seconds());
+        paced = true;
+        const Nanos t0 = clock.now();
+        Status st = setup.gradient_sync->sync_gradients(params, Deadline::after(clock, o.round_timeout));
+        acc.blocked_s += std::chrono::duration<double>(clock.now() - t0).count();
+        return st;
+      };
+    }
+    const StepResult r = worker.step(hook);
+    if (!paced) acc.compute_s += pace(measured.elapsed_seconds());
+    acc.steps = r.step;
+    acc.tokens = worker.tokens_seen();
+    if (!r.sync.ok()) {
+      spdlog::warn("step {}: gradient averaging failed, the step used local gradients: {}", r.step, r.sync.to_string());
+      outer.skip_round();
+    }
+
+    const Nanos t0 = clock.now();
+    auto synced = outer.step(r.step, Deadline::after(clock, o.round_timeout));
+    acc.blocked_s += std::chrono::duration<double>(clock.now() - t0).count();
+    if (!synced.ok()) {
+      spdlog::warn("step {}: {} round failed and was skipped: {}", r.step, outer.name(), synced.status().to_string());
+      outer.skip_round();
+    }
+
+    const bool last = r.step == o.steps;
+    std::optional<double> val;
+    if (o.evaluate && ((o.eval_every > 0 && r.step % o.eval_every == 0) || last)) val = worker.evaluate();
+    const bool round = synced.ok() && *synced && setup.gradient_sync == nullptr;
+    if (val || round || last || (o.record_every > 0 && r.step % o.record_every == 0)) {
+      nlohmann::json rec = {{"step", r.step}, {"train_loss", r.loss}, {"lr", r.lr}};
+      if (val) rec["val_loss"] = *val;
+      emit(std::move(rec));
+    }
+  }
+  const optim::CommStats comm = outer.comm();
+  acc.bytes_sent = comm.bytes_sent;
+  acc.bytes_received = comm.bytes_received;
+  acc.rounds = outer.rounds();
+  acc.skipped_rounds = outer.skipped_rounds();
+  return acc;
+}
+
+}  // namespace gossamer::train

@@ -1,0 +1,69 @@
+// From a RunConfig to the outer optimizer it asks for, and the loop that drives one Worker with it.
+//
+// run_worker_loop is the one training loop of every multi-worker run (the simulator's workers, and
+// real peers): inner step, gradient averaging for ddp, outer step when due, evaluation, and the
+// per-worker accounting (bytes sent and received, time computing, time blocked on communication).
+// It does not know whether its Clock and links are real or simulated.
+//
+// Threading: one thread drives a loop. Errors: a failed round (a peer lost or late) is logged,
+// skipped (counted) and training goes on; other failures return their Status.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "model/gpt.h"
+#include "optim/outer_optimizer.h"
+#include "train/config.h"
+#include "train/worker.h"
+
+namespace gossamer::train {
+
+// kInvalidArgument (naming the keys) for combinations the method refuses, e.g. a fragment count that
+// does not divide H.
+[[nodiscard]] Result<optim::OuterConfig> outer_config(const RunConfig& config);
+// Inner steps between the chosen method's synchronizations (1 for ddp; 0 for local).
+std::int64_t sync_interval(const RunConfig& config);
+std::vector<optim::ParamBlock> param_blocks(const model::Gpt& gpt);
+
+// What one worker spent and sent so far.
+struct WorkerAccount {
+  std::int64_t steps = 0;
+  std::int64_t tokens = 0;
+  std::int64_t rounds = 0;          // synchronizations applied
+  std::int64_t skipped_rounds = 0;  // failed and skipped
+  std::uint64_t bytes_sent = 0;     // payloads plus frame headers
+  std::uint64_t bytes_received = 0;
+  double compute_s = 0.0;           // inner steps (as the pace hook counts them)
+  double blocked_s = 0.0;           // waiting on communication
+  nlohmann::json to_json() const;
+};
+
+struct LoopOptions {
+  std::int64_t steps = 0;                // run until this many inner steps are done
+  std::int64_t eval_every = 0;           // 0: never
+  bool evaluate = false;                 // this worker evaluates (at eval_every and the end)
+  std::int64_t record_every = 0;         // also write an accounting record every k steps; 0: rounds only
+  Nanos round_timeout = std::chrono::minutes(10);
+};
+
+struct LoopHooks {
+  // After the compute of each inner step, with its measured seconds: waits out the step's modelled
+  // time (simulation) and returns the seconds it counts as. Default: the measured time.
+  std::function<double(double measured_s)> pace;
+  // Before each step: false stops this worker now (a crash in a scenario).
+  std::function<bool(std::int64_t next_step)> keep_going;
+  // Each metrics record (the caller adds who wrote it and writes it out).
+  std::function<void(const nlohmann::json&)> record;
+};
+
+[[nodiscard]] Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& outer, Clock& clock, const LoopOptions& options,
+                                                    const LoopHooks& hooks);
+
+}  // namespace gossamer::train

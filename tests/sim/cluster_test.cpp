@@ -1,0 +1,108 @@
+#include <doctest/doctest.h>
+
+#include <torch/torch.h>
+
+#include "sim/cluster.h"
+
+using namespace gossamer;
+using namespace gossamer::sim;
+
+namespace {
+
+train::RunConfig tiny(const std::string& method) {
+  train::RunConfig c;
+  c.model.layers = 2;
+  c.model.width = 32;
+  c.model.heads = 2;
+  c.model.context = 16;
+  c.data.synthetic.bytes = 60'000;
+  c.train.batch_size = 4;
+  c.train.steps = 24;
+  c.train.warmup_steps = 4;
+  c.train.eval_every = 12;
+  c.train.eval_batches = 2;
+  c.outer.method = method;
+  c.diloco.inner_steps = 6;
+  c.noloco.inner_steps = 6;
+  c.co2.inner_steps = 6;
+  c.streaming_diloco.inner_steps = 6;
+  c.streaming_diloco.fragment_layers = 1;
+  c.sim.workers = 3;
+  c.sim.compute = "fixed";
+  c.sim.step_time_s = 0.05;
+  return c;
+}
+
+ClusterResult run(const train::RunConfig& c) {
+  auto corpus = train::load_corpus(c);
+  REQUIRE(corpus.ok());
+  auto r = run_cluster(c, *corpus);
+  REQUIRE(r.ok());
+  return std::move(*r);
+}
+
+}  // namespace
+
+TEST_CASE("a seeded simulation reruns bit-identically: metrics and final parameters") {
+  for (const char* method : {"diloco", "streaming_diloco", "co2"}) {
+    CAPTURE(method);
+    const auto a = run(tiny(method)), b = run(tiny(method));
+    REQUIRE(a.records.size() == b.records.size());
+    for (std::size_t i = 0; i < a.records.size(); ++i) CHECK(a.records[i].dump() == b.records[i].dump());
+    CHECK(torch::equal(a.final_params, b.final_params));
+    CHECK(a.sim_time_s == b.sim_time_s);
+  }
+}
+
+TEST_CASE("every method trains in the simulator and accounts its bytes and time") {
+  for (const char* method : {"ddp", "diloco", "streaming_diloco", "noloco", "co2", "local"}) {
+    CAPTURE(method);
+    const auto r = run(tiny(method));
+    REQUIRE(r.accounts.size() == 3);
+    for (const auto& a : r.accounts) {
+      CHECK(a.steps == 24);
+      CHECK(a.compute_s == doctest::Approx(24 * 0.05));
+      if (std::string(method) == "local") {
+        CHECK(a.bytes_sent == 0);
+      } else {
+        CHECK(a.bytes_sent > 0);
+        const std::string m = method;
+        if (m == "ddp" || m == "diloco" || m == "noloco") CHECK(a.blocked_s > 0);  // synchronous rounds wait
+      }
+    }
+    CHECK(r.sim_time_s >= 24 * 0.05 - 1e-9);
+    bool has_val = false;
+    for (const auto& rec : r.records) has_val = has_val || rec.contains("val_loss");
+    CHECK(has_val);
+  }
+}
+
+TEST_CASE("ddp sends every step what diloco sends once per round") {
+  const auto ddp = run(tiny("ddp")), diloco = run(tiny("diloco"));
+  const double ratio = static_cast<double>(ddp.accounts[0].bytes_sent) / static_cast<double>(diloco.accounts[0].bytes_sent);
+  CHECK(ratio == doctest::Approx(6.0).epsilon(0.02));  // H = 6: same payload, 6 times as often
+}
+
+TEST_CASE("a crashed worker stops contributing and the rest go on") {
+  auto c = tiny("diloco");
+  c.sim.crash_worker = 2;
+  c.sim.crash_at_step = 10;
+  const auto r = run(c);
+  CHECK(r.crashed[2]);
+  CHECK(r.accounts[2].steps == 9);
+  CHECK(r.accounts[0].steps == 24);
+  CHECK(r.accounts[1].steps == 24);
+  CHECK(r.accounts[0].rounds >= 1);          // the round before the crash
+  CHECK(r.accounts[0].skipped_rounds >= 1);  // rounds that needed the dead worker
+}
+
+TEST_CASE("a straggler stretches the simulated time of synchronous methods") {
+  auto c = tiny("diloco");
+  const auto even = run(c);
+  c.sim.straggler = 1;
+  c.sim.straggler_factor = 3.0;
+  const auto slow = run(c);
+  CHECK(slow.sim_time_s > even.sim_time_s * 2);  // compute is 3x; the rounds wait for the slow one
+  CHECK(slow.accounts[1].compute_s == doctest::Approx(3 * even.accounts[1].compute_s));
+  CHECK(slow.accounts[0].blocked_s > even.accounts[0].blocked_s);  // the others wait for it
+}
