@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Quick start, command 1: install what is missing, build, and run the main job on built-in defaults.
-# Arguments are passed to the main job, e.g. scripts/run.sh --out runs/first
+# The main job is `gossamer compare`: ddp, diloco, streaming_diloco, noloco and co2 on the same model,
+# data and emulated network, with summary.json and report.html. Arguments are passed to it, e.g.
+# scripts/run.sh --out runs/first --methods ddp,diloco
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
-out="runs/quickstart-$(date +%Y%m%d-%H%M%S)"
-exec ./build/src/app/gossamer train --out "$out" "$@"
+out="runs/compare-$(date +%Y%m%d-%H%M%S)"
+exec ./build/src/app/gossamer compare --out "$out" "$@"

@@ -26,8 +26,8 @@ void add_config_source(CLI::App& cmd, ConfigSource& source) {
   cmd.add_option("--set", source.overrides, "override one key, e.g. --set model.layers=4 (repeatable)")->take_all();
 }
 
-Result<train::RunConfig> build_config(const ConfigSource& source) {
-  train::RunConfig config;
+Result<train::RunConfig> build_config(const ConfigSource& source, const train::RunConfig& base) {
+  train::RunConfig config = base;
   if (!source.config_file.empty()) {
     if (Status st = train::apply_toml_file(config, source.config_file); !st.ok()) return st;
   }

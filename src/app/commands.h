@@ -19,8 +19,8 @@ struct ConfigSource {
   std::vector<std::string> overrides;
 };
 void add_config_source(CLI::App& cmd, ConfigSource& source);
-// Defaults, then the file, then the overrides, then validation.
-[[nodiscard]] Result<train::RunConfig> build_config(const ConfigSource& source);
+// Defaults (`base`), then the file, then the overrides, then validation.
+[[nodiscard]] Result<train::RunConfig> build_config(const ConfigSource& source, const train::RunConfig& base = {});
 // The median of benchmark samples (the upper one for an even count).
 double median(std::vector<double> samples);
 // Prints a Status for the user and returns the exit code it maps to.
@@ -48,6 +48,26 @@ struct KeygenArgs {
 };
 void add_keygen_command(CLI::App& app, KeygenArgs& args);
 int run_keygen_command(const KeygenArgs& args);
+
+struct SimArgs {
+  ConfigSource source;
+  std::string out = "runs/sim";
+  double target_loss = 0;  // 0: the default target
+};
+void add_sim_command(CLI::App& app, SimArgs& args);
+int run_sim_command(const SimArgs& args);
+
+struct CompareArgs {
+  ConfigSource source;
+  std::string out = "runs/compare";
+  std::vector<std::string> methods = {"ddp", "diloco", "streaming_diloco", "noloco", "co2"};
+  double target_loss = 0;
+};
+// The built-in comparison: 4 workers behind 100 Mbit/s, 80 ms links, a small GPT on the synthetic
+// language, each method's period chosen so the whole run takes a few minutes on two cores.
+train::RunConfig compare_defaults();
+void add_compare_command(CLI::App& app, CompareArgs& args);
+int run_compare_command(const CompareArgs& args);
 
 struct BenchArgs {
   std::string what = "train";

@@ -85,4 +85,20 @@ run 0 "$G" bench transport --rounds 1 --message-mib 1 --gossip-peers 4
 says "ratio"
 says "gossip: 4 peers reached full membership"
 
+# Simulation: one method, then a comparison, each with its summary and report.
+SIMTINY=("${TINY[@]}" --set sim.workers=2 --set sim.compute=fixed --set diloco.inner_steps=4 --set noloco.inner_steps=4)
+run 0 "$G" compare --help
+says "--methods"
+run 2 "$G" compare --methods ddp,sgd --out "$tmp/cmpbad"
+says "sgd"
+run 2 "$G" sim "${SIMTINY[@]}" --set sim.crash_worker=5 --out "$tmp/simbad"
+says "sim.crash_worker"
+run 0 "$G" sim "${SIMTINY[@]}" --set outer.method=diloco --out "$tmp/sim"
+says "report:"
+grep -q '"time_to_target_s"' "$tmp/sim/summary.json" || fail "sim: summary.json lacks time_to_target_s"
+[ -s "$tmp/sim/diloco/metrics.jsonl" ] || fail "sim: no metrics.jsonl"
+run 0 "$G" compare "${SIMTINY[@]}" --methods ddp,noloco --out "$tmp/cmp"
+says "ddp"; says "noloco"; says "x less"
+grep -q '<svg' "$tmp/cmp/report.html" || fail "compare: report.html has no chart"
+
 echo "cli: all checks passed"

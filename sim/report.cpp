@@ -1,0 +1,283 @@
+#include "sim/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "core/file.h"
+
+namespace gossamer::sim {
+
+namespace {
+
+int evaluator_of(const MethodRun& run) {
+  for (const auto& rec : run.result.records) {
+    if (rec.contains("val_loss")) return rec["worker"].get<int>();
+  }
+  return 0;
+}
+
+struct Point {
+  double step, bytes, time, loss;
+};
+
+std::vector<Point> eval_curve(const MethodRun& run) {
+  std::vector<Point> out;
+  for (const auto& rec : run.result.records) {
+    if (!rec.contains("val_loss")) continue;
+    out.push_back(Point{rec["step"].get<double>(), rec["bytes_sent"].get<double>(), rec["time_s"].get<double>(), rec["val_loss"].get<double>()});
+  }
+  return out;
+}
+
+std::string escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '&': o += "&amp;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+  int u = 0;
+  while (b >= 1000 && u < 5) b /= 1000, ++u;
+  return fmt::format("{:.3g} {}", b, units[u]);
+}
+
+std::string human_seconds(double s) {
+  if (s < 120) return fmt::format("{:.3g} s", s);
+  if (s < 7200) return fmt::format("{:.3g} min", s / 60);
+  return fmt::format("{:.3g} h", s / 3600);
+}
+
+const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
+
+struct Series {
+  std::string name;
+  std::string color;
+  std::vector<std::pair<double, double>> points;
+};
+
+std::vector<double> nice_ticks(double lo, double hi) {
+  const double span = hi - lo;
+  if (!(span > 0)) return {lo};
+  const double raw = span / 5;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0}) {
+    if (raw <= m * mag) {
+      step = m * mag;
+      break;
+    }
+  }
+  std::vector<double> t;
+  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) t.push_back(v);
+  return t;
+}
+
+// A line chart as inline SVG: x linear or log10, y linear, optional horizontal reference line.
+std::string svg_chart(const std::string& title, const std::string& xlabel, const std::vector<Series>& series, bool log_x,
+                      const std::function<std::string(double)>& xfmt, std::optional<double> hline, const std::string& hline_label) {
+  constexpr double W = 560, H = 340, L = 62, R = 16, T = 30, B = 48;
+  double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
+  for (const auto& s : series) {
+    for (auto [x, y] : s.points) {
+      if (log_x && x <= 0) continue;
+      const double xv = log_x ? std::log10(x) : x;
+      x0 = std::min(x0, xv), x1 = std::max(x1, xv), y0 = std::min(y0, y), y1 = std::max(y1, y);
+    }
+  }
+  if (hline) y0 = std::min(y0, *hline), y1 = std::max(y1, *hline);
+  std::ostringstream o;
+  o << fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {} {}" width="{}" height="{}" role="img" aria-label="{}">)", W, H, W, H,
+                   escape(title));
+  o << fmt::format(R"(<text x="{}" y="18" text-anchor="middle" class="t">{}</text>)", W / 2, escape(title));
+  if (!std::isfinite(x0)) {
+    o << fmt::format(R"(<text x="{}" y="{}" text-anchor="middle">no data</text></svg>)", W / 2, H / 2);
+    return o.str();
+  }
+  if (x1 <= x0) x1 = x0 + 1;
+  const double pad = (y1 - y0) * 0.05 + 1e-9;
+  y0 -= pad, y1 += pad;
+  auto px = [&](double x) { return L + ((log_x ? std::log10(x) : x) - x0) / (x1 - x0) * (W - L - R); };
+  auto py = [&](double y) { return T + (y1 - y) / (y1 - y0) * (H - T - B); };
+  o << fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#999"/>)", L, T, W - L - R, H - T - B);
+  for (double v : nice_ticks(y0, y1)) {
+    o << fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#eee"/><text x="{}" y="{:.1f}" text-anchor="end" class="k">{:.3g}</text>)", L,
+                     W - R, py(v), py(v), L - 6, py(v) + 4, v);
+  }
+  std::vector<double> xt;
+  if (log_x) {
+    for (double e = std::ceil(x0); e <= std::floor(x1); e += 1) xt.push_back(std::pow(10.0, e));
+    if (xt.size() < 2) xt = {std::pow(10.0, x0), std::pow(10.0, x1)};
+  } else {
+    xt = nice_ticks(x0, x1);
+  }
+  for (double v : xt) {
+    o << fmt::format(R"(<line x1="{:.1f}" x2="{:.1f}" y1="{}" y2="{}" stroke="#eee"/><text x="{:.1f}" y="{}" text-anchor="middle" class="k">{}</text>)", px(v),
+                     px(v), T, H - B, px(v), H - B + 16, escape(xfmt(v)));
+  }
+  o << fmt::format(R"(<text x="{}" y="{}" text-anchor="middle" class="a">{}</text>)", L + (W - L - R) / 2, H - 10, escape(xlabel));
+  o << fmt::format(R"~(<text x="14" y="{}" text-anchor="middle" class="a" transform="rotate(-90 14 {})">validation loss (nats/byte)</text>)~", T + (H - T - B) / 2,
+                   T + (H - T - B) / 2);
+  if (hline) {
+    o << fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#555" stroke-dasharray="5 4"/><text x="{}" y="{:.1f}" text-anchor="end" class="k">{}</text>)",
+                     L, W - R, py(*hline), py(*hline), W - R - 4, py(*hline) - 5, escape(hline_label));
+  }
+  for (const auto& s : series) {
+    std::string pts;
+    for (auto [x, y] : s.points) {
+      if (log_x && x <= 0) continue;
+      pts += fmt::format("{:.1f},{:.1f} ", px(x), py(y));
+    }
+    if (pts.empty()) continue;
+    o << fmt::format(R"(<polyline fill="none" stroke="{}" stroke-width="2" points="{}"/>)", s.color, pts);
+  }
+  double ly = T + 14;
+  for (const auto& s : series) {
+    o << fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="{}" stroke-width="3"/><text x="{}" y="{:.1f}" class="k">{}</text>)", W - R - 150,
+                     W - R - 130, ly, ly, s.color, W - R - 125, ly + 4, escape(s.name));
+    ly += 16;
+  }
+  o << "</svg>";
+  return o.str();
+}
+
+}  // namespace
+
+nlohmann::json method_summary(const MethodRun& run, double target_loss) {
+  const auto& r = run.result;
+  const int evaluator = evaluator_of(run);
+  const auto curve = eval_curve(run);
+  double sent = 0, received = 0, util = 0;
+  std::int64_t tokens = 0, rounds = 0, skipped = 0;
+  int alive = 0;
+  for (std::size_t i = 0; i < r.accounts.size(); ++i) {
+    const auto& a = r.accounts[i];
+    tokens += a.tokens;
+    if (r.crashed[i]) continue;
+    ++alive;
+    sent += static_cast<double>(a.bytes_sent);
+    received += static_cast<double>(a.bytes_received);
+    util += a.compute_s + a.blocked_s > 0 ? a.compute_s / (a.compute_s + a.blocked_s) : 1.0;
+    rounds = std::max(rounds, a.rounds);
+    skipped = std::max(skipped, a.skipped_rounds);
+  }
+  nlohmann::json s = {{"name", run.name},
+                      {"workers", r.accounts.size()},
+                      {"crashed_workers", std::count(r.crashed.begin(), r.crashed.end(), true)},
+                      {"tokens", tokens},
+                      {"bytes_sent_per_worker", alive > 0 ? sent / alive : 0.0},
+                      {"bytes_received_per_worker", alive > 0 ? received / alive : 0.0},
+                      {"sim_time_s", r.sim_time_s},
+                      {"compute_utilization", alive > 0 ? util / alive : 0.0},
+                      {"rounds", rounds},
+                      {"skipped_rounds", skipped},
+                      {"parameters", r.parameters},
+                      {"evaluated_worker", evaluator},
+                      {"wall_s", r.wall_s},
+                      {"target_loss", target_loss}};
+  s["final_val_loss"] = curve.empty() ? nlohmann::json(nullptr) : nlohmann::json(curve.back().loss);
+  s["time_to_target_s"] = nullptr;
+  for (const auto& p : curve) {
+    if (p.loss <= target_loss) {
+      s["time_to_target_s"] = p.time;
+      break;
+    }
+  }
+  return s;
+}
+
+double default_target_loss(const std::vector<MethodRun>& runs) {
+  double best = std::numeric_limits<double>::infinity();
+  for (const auto& run : runs) {
+    const auto curve = eval_curve(run);
+    if (curve.empty()) continue;
+    if (run.name == "ddp") return curve.back().loss * 1.05;
+    best = std::min(best, curve.back().loss);
+  }
+  return std::isfinite(best) ? best * 1.05 : 0.0;
+}
+
+std::string report_html(const std::vector<MethodRun>& runs, const nlohmann::json& summary, const ReportContext& ctx) {
+  std::vector<Series> by_step, by_bytes, by_time;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const std::string color = kColors[i % std::size(kColors)];
+    Series a{runs[i].name, color, {}}, b = a, c = a;
+    for (const auto& p : eval_curve(runs[i])) {
+      a.points.emplace_back(p.step, p.loss);
+      b.points.emplace_back(p.bytes, p.loss);
+      c.points.emplace_back(p.time, p.loss);
+    }
+    by_step.push_back(std::move(a));
+    by_bytes.push_back(std::move(b));
+    by_time.push_back(std::move(c));
+  }
+  const std::string floor_label = ctx.entropy_floor ? fmt::format("entropy floor {:.3f}", *ctx.entropy_floor) : "";
+  std::ostringstream o;
+  o << "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>" << escape(ctx.title) << "</title>\n<style>"
+    << "body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}h1{font-size:22px}"
+    << ".charts{display:flex;flex-wrap:wrap;gap:12px}svg{background:#fff;border:1px solid #ddd}"
+    << "svg .t{font-size:14px;font-weight:600}svg .k{font-size:11px;fill:#444}svg .a{font-size:12px;fill:#222}"
+    << "table{border-collapse:collapse;margin-top:16px;font-size:14px}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+    << "th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}.note{color:#555;font-size:13px}</style></head><body>\n";
+  o << "<h1>" << escape(ctx.title) << "</h1>\n<p class=\"note\">Data: " << escape(ctx.data_description) << "<br>Network: "
+    << escape(ctx.network_description) << "<br>Validation loss of one worker per method, in nats per byte; bytes are those one worker sent "
+    << "(payloads and frame headers). Time is simulated wall-clock.</p>\n<div class=\"charts\">\n";
+  o << svg_chart("Validation loss vs inner steps", "inner steps", by_step, false, [](double v) { return fmt::format("{:.0f}", v); }, ctx.entropy_floor,
+                 floor_label);
+  o << svg_chart("Validation loss vs bytes sent per worker", "bytes sent per worker (log scale)", by_bytes, true, human_bytes, ctx.entropy_floor,
+                 floor_label);
+  o << svg_chart("Validation loss vs simulated wall-clock", "simulated time", by_time, false, human_seconds, ctx.entropy_floor, floor_label);
+  o << "</div>\n<table><tr><th>method</th><th>final val loss</th><th>tokens</th><th>bytes sent / worker</th><th>vs ddp</th>"
+    << "<th>simulated time</th><th>compute utilization</th><th>time to " << fmt::format("{:.3f}", ctx.target_loss)
+    << "</th><th>rounds</th><th>skipped</th></tr>\n";
+  double ddp_bytes = 0;
+  for (const auto& m : summary["methods"]) {
+    if (m["name"] == "ddp") ddp_bytes = m["bytes_sent_per_worker"].get<double>();
+  }
+  for (const auto& m : summary["methods"]) {
+    const double bytes = m["bytes_sent_per_worker"].get<double>();
+    std::string vs = "";
+    if (ddp_bytes > 0 && bytes > 0 && m["name"] != "ddp") vs = fmt::format("{:.0f}x fewer", ddp_bytes / bytes);
+    o << "<tr><td>" << escape(m["name"].get<std::string>()) << "</td><td>"
+      << (m["final_val_loss"].is_null() ? std::string("-") : fmt::format("{:.4f}", m["final_val_loss"].get<double>())) << "</td><td>"
+      << m["tokens"].get<std::int64_t>() << "</td><td>" << human_bytes(bytes) << "</td><td>" << vs << "</td><td>"
+      << human_seconds(m["sim_time_s"].get<double>()) << "</td><td>" << fmt::format("{:.1f}%", 100 * m["compute_utilization"].get<double>()) << "</td><td>"
+      << (m["time_to_target_s"].is_null() ? std::string("not reached") : human_seconds(m["time_to_target_s"].get<double>())) << "</td><td>"
+      << m["rounds"].get<std::int64_t>() << "</td><td>" << m["skipped_rounds"].get<std::int64_t>() << "</td></tr>\n";
+  }
+  o << "</table>\n<p class=\"note\">Generated by gossamer " << escape(summary.value("generator", std::string())) << ".</p>\n</body></html>\n";
+  return o.str();
+}
+
+Status write_comparison(const std::filesystem::path& out, const std::vector<MethodRun>& runs, const ReportContext& ctx) {
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (ec) return error(ErrorCode::kIoError, "cannot create " + out.string() + ": " + ec.message());
+  nlohmann::json summary = {{"title", ctx.title}, {"data", ctx.data_description}, {"network", ctx.network_description},
+                            {"target_loss", ctx.target_loss}, {"methods", nlohmann::json::array()}};
+  if (ctx.entropy_floor) summary["entropy_floor"] = *ctx.entropy_floor;
+  for (const auto& run : runs) {
+    std::string lines;
+    for (const auto& rec : run.result.records) lines += rec.dump() + "\n";
+    std::filesystem::create_directories(out / run.name, ec);
+    if (ec) return error(ErrorCode::kIoError, "cannot create " + (out / run.name).string() + ": " + ec.message());
+    if (Status st = write_file_atomic(out / run.name / "metrics.jsonl", as_bytes(lines)); !st.ok()) return st;
+    summary["methods"].push_back(method_summary(run, ctx.target_loss));
+  }
+  if (Status st = write_file_atomic(out / "summary.json", as_bytes(summary.dump(2) + "\n")); !st.ok()) return st;
+  return write_file_atomic(out / "report.html", as_bytes(report_html(runs, summary, ctx)));
+}
+
+}  // namespace gossamer::sim

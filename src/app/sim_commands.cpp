@@ -1,0 +1,199 @@
+// `gossamer sim` (one method) and `gossamer compare` (several, same model, data and network): workers
+// in virtual time over an emulated network, with metrics, summary.json and report.html.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "app/commands.h"
+#include "core/file.h"
+#include "sim/cluster.h"
+#include "sim/report.h"
+
+namespace gossamer::app {
+
+namespace {
+
+std::string network_text(const train::RunConfig& c) {
+  std::string s;
+  if (c.sim.network == "custom") {
+    s = fmt::format("{} workers, each on a {:g} Mbit/s link, {:g} ms one way", c.sim.workers, c.sim.bandwidth_mbit, c.sim.latency_ms);
+    if (c.sim.jitter_ms > 0) s += fmt::format(", jitter {:g} ms", c.sim.jitter_ms);
+    if (c.sim.loss > 0) s += fmt::format(", loss {:g}", c.sim.loss);
+  } else {
+    auto p = transport::link_profile_preset(c.sim.network);
+    s = fmt::format("{} workers, each on a '{}' link", c.sim.workers, c.sim.network);
+    if (p.ok()) {
+      s += fmt::format(" ({:g} Mbit/s, {:g} ms one way)", p->bandwidth_bytes_per_s * 8 / 1e6,
+                       std::chrono::duration<double, std::milli>(p->latency).count());
+    }
+  }
+  if (c.sim.shared_uplink_mbit > 0) s += fmt::format(", all behind one shared {:g} Mbit/s link", c.sim.shared_uplink_mbit);
+  if (c.sim.compute == "fixed") s += fmt::format("; compute {:g} s per inner step", c.sim.step_time_s);
+  if (c.sim.compute == "device") s += fmt::format("; compute {:g} TFLOP/s at {:g}% utilization", c.sim.device_tflops, 100 * c.sim.device_utilization);
+  if (c.sim.compute == "measured") s += "; compute as measured on this machine (not deterministic)";
+  if (c.sim.straggler >= 0) s += fmt::format("; worker {} is {:g}x slower", c.sim.straggler, c.sim.straggler_factor);
+  if (c.sim.crash_worker >= 0) s += fmt::format("; worker {} crashes at step {}", c.sim.crash_worker, c.sim.crash_at_step);
+  return s;
+}
+
+// Progress of one method's simulation: a bar on a terminal, a log line per quarter otherwise.
+class MethodProgress {
+ public:
+  MethodProgress(std::string name, std::int64_t workers, std::int64_t steps)
+      : name_(std::move(name)), total_(workers * steps), terminal_(::isatty(STDERR_FILENO) != 0) {}
+  void update(std::int64_t done_delta) {
+    done_ += done_delta;
+    const int pct = static_cast<int>(100 * done_ / std::max<std::int64_t>(1, total_));
+    if (terminal_) {
+      if (pct == last_pct_) return;
+      const int filled = pct * 30 / 100;
+      std::fprintf(stderr, "\r  %-18s [%s%s] %3d%%", name_.c_str(), std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                   std::string(static_cast<std::size_t>(30 - filled), '.').c_str(), pct);
+      std::fflush(stderr);
+    } else if (pct / 25 != last_pct_ / 25 && pct < 100) {
+      spdlog::info("{}: {}% of the inner steps simulated", name_, pct / 25 * 25);
+    }
+    last_pct_ = pct;
+  }
+  void finish() {
+    if (terminal_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  std::string name_;
+  std::int64_t total_, done_ = 0;
+  bool terminal_;
+  int last_pct_ = -1;
+};
+
+Result<sim::MethodRun> simulate(const train::RunConfig& config, const train::Corpus& corpus) {
+  MethodProgress bar(config.outer.method, config.sim.workers, config.train.steps);
+  std::vector<std::int64_t> seen(static_cast<std::size_t>(config.sim.workers), 0);
+  auto result = sim::run_cluster(config, corpus, [&](int worker, std::int64_t step, std::int64_t) {
+    auto& s = seen[static_cast<std::size_t>(worker)];
+    if (step > s) {
+      bar.update(step - s);
+      s = step;
+    }
+  });
+  bar.finish();
+  if (!result.ok()) return result.status().with_context(config.outer.method);
+  return sim::MethodRun{config.outer.method, config, std::move(*result)};
+}
+
+void print_summary(const nlohmann::json& summary) {
+  double ddp_bytes = 0;
+  for (const auto& m : summary["methods"]) {
+    if (m["name"] == "ddp") ddp_bytes = m["bytes_sent_per_worker"].get<double>();
+  }
+  std::printf("%-18s %10s %14s %10s %12s %11s %14s\n", "method", "val loss", "sent/worker", "vs ddp", "sim time", "compute", "to target");
+  for (const auto& m : summary["methods"]) {
+    const double bytes = m["bytes_sent_per_worker"].get<double>();
+    const std::string vs = ddp_bytes > 0 && bytes > 0 && m["name"] != "ddp" ? fmt::format("{:.0f}x less", ddp_bytes / bytes) : "";
+    const std::string loss = m["final_val_loss"].is_null() ? "-" : fmt::format("{:.4f}", m["final_val_loss"].get<double>());
+    const std::string target = m["time_to_target_s"].is_null() ? "not reached" : fmt::format("{:.1f} s", m["time_to_target_s"].get<double>());
+    std::printf("%-18s %10s %11.2f MB %10s %10.1f s %10.1f%% %14s\n", m["name"].get<std::string>().c_str(), loss.c_str(), bytes / 1e6, vs.c_str(),
+                m["sim_time_s"].get<double>(), 100 * m["compute_utilization"].get<double>(), target.c_str());
+  }
+}
+
+int run_and_report(const std::vector<train::RunConfig>& configs, const std::string& out, double target, const std::string& title) {
+  auto corpus = train::load_corpus(configs.front());
+  if (!corpus.ok()) return report_failure(corpus.status());
+  spdlog::info("data: {}", corpus->description);
+  spdlog::info("network: {}", network_text(configs.front()));
+  std::vector<sim::MethodRun> runs;
+  for (const auto& c : configs) {
+    auto run = simulate(c, *corpus);
+    if (!run.ok()) return report_failure(run.status());
+    const auto& r = run->result;
+    const double overhead = r.wall_s > 0 ? 1.0 - r.compute_wall_s / r.wall_s : 0.0;
+    spdlog::info("{}: {:.1f} s simulated in {:.1f} s ({:.1f}% of it outside the workers' inner steps)", c.outer.method, r.sim_time_s, r.wall_s,
+                 100 * overhead);
+    runs.push_back(std::move(*run));
+  }
+  sim::ReportContext ctx;
+  ctx.title = title;
+  ctx.data_description = corpus->description;
+  ctx.network_description = network_text(configs.front());
+  ctx.entropy_floor = corpus->entropy_floor;
+  ctx.target_loss = target > 0 ? target : sim::default_target_loss(runs);
+  if (Status st = sim::write_comparison(out, runs, ctx); !st.ok()) return report_failure(st);
+  auto summary_text = read_text_file(std::filesystem::path(out) / "summary.json", 64 << 20);
+  if (summary_text.ok()) print_summary(nlohmann::json::parse(*summary_text));
+  spdlog::info("report: {}/report.html (summary.json, <method>/metrics.jsonl beside it)", out);
+  return 0;
+}
+
+}  // namespace
+
+train::RunConfig compare_defaults() {
+  train::RunConfig c;
+  c.model.layers = 2;
+  c.model.width = 96;
+  c.model.heads = 4;
+  c.model.context = 64;
+  c.train.batch_size = 16;
+  c.train.steps = 400;
+  c.train.warmup_steps = 40;
+  c.train.eval_every = 50;
+  c.train.eval_batches = 4;
+  c.sim.workers = 4;
+  c.sim.network = "wan-100m-80ms";
+  c.sim.compute = "fixed";
+  c.sim.step_time_s = 0.1;
+  c.diloco.inner_steps = 50;
+  c.streaming_diloco.inner_steps = 50;
+  c.streaming_diloco.fragment_layers = 1;
+  c.noloco.inner_steps = 50;
+  c.co2.inner_steps = 50;
+  return c;
+}
+
+void add_sim_command(CLI::App& app, SimArgs& args) {
+  auto* cmd = app.add_subcommand("sim", "Simulate one method (outer.method) with many workers in virtual time over an emulated network");
+  add_config_source(*cmd, args.source);
+  cmd->add_option("--out", args.out, "output folder: metrics.jsonl, summary.json, report.html")->capture_default_str();
+  cmd->add_option("--target-loss", args.target_loss, "validation loss whose first crossing is time_to_target_s (default: final loss + 5%)");
+}
+
+int run_sim_command(const SimArgs& args) {
+  auto config = build_config(args.source);
+  if (!config.ok()) return report_failure(config.status());
+  return run_and_report({*config}, args.out, args.target_loss, "Gossamer simulation: " + config->outer.method);
+}
+
+void add_compare_command(CLI::App& app, CompareArgs& args) {
+  auto* cmd = app.add_subcommand("compare",
+                                 "Compare methods on the same model, data and network in simulation; writes summary.json and report.html.\n"
+                                 "Built-in defaults: 4 workers behind 100 Mbit/s, 80 ms RTT links, a small GPT on the synthetic language "
+                                 "(`gossamer config` with --set shows any key; --config and --set change them)");
+  add_config_source(*cmd, args.source);
+  cmd->add_option("--out", args.out, "output folder: summary.json, report.html, <method>/metrics.jsonl")->capture_default_str();
+  cmd->add_option("--methods", args.methods, "methods to run, comma-separated")->delimiter(',')->capture_default_str()
+      ->check(CLI::IsMember({"ddp", "diloco", "streaming_diloco", "noloco", "co2", "local"}));
+  cmd->add_option("--target-loss", args.target_loss, "validation loss for time_to_target_s (default: ddp's final loss + 5%)");
+}
+
+int run_compare_command(const CompareArgs& args) {
+  std::vector<train::RunConfig> configs;
+  for (const auto& m : args.methods) {
+    train::RunConfig base = compare_defaults();
+    base.outer.method = m;
+    auto config = build_config(args.source, base);
+    if (!config.ok()) return report_failure(config.status());
+    config->outer.method = m;  // --methods wins over a method named in --config
+    if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
+    configs.push_back(*config);
+  }
+  if (configs.empty()) return report_failure(error(ErrorCode::kInvalidArgument, "--methods names no method"));
+  spdlog::info("compare: {} methods, {} workers, {} inner steps each", configs.size(), configs.front().sim.workers, configs.front().train.steps);
+  return run_and_report(configs, args.out, args.target_loss, "Gossamer comparison");
+}
+
+}  // namespace gossamer::app

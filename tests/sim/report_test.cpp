@@ -1,0 +1,109 @@
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <unistd.h>
+
+#include "core/file.h"
+#include "sim/report.h"
+
+using namespace gossamer;
+using namespace gossamer::sim;
+
+namespace {
+
+train::RunConfig tiny(const std::string& method) {
+  train::RunConfig c;
+  c.model.layers = 2;
+  c.model.width = 32;
+  c.model.heads = 2;
+  c.model.context = 16;
+  c.data.synthetic.bytes = 60'000;
+  c.train.batch_size = 4;
+  c.train.steps = 12;
+  c.train.warmup_steps = 2;
+  c.train.eval_every = 6;
+  c.train.eval_batches = 2;
+  c.outer.method = method;
+  c.diloco.inner_steps = 4;
+  c.sim.workers = 2;
+  c.sim.compute = "fixed";
+  c.sim.step_time_s = 0.05;
+  return c;
+}
+
+nlohmann::json read_json(const std::filesystem::path& p) {
+  auto text = read_text_file(p, 1 << 24);
+  REQUIRE(text.ok());
+  return nlohmann::json::parse(*text);
+}
+
+}  // namespace
+
+TEST_CASE("summary.json holds every field, consistent with the metrics; report.html is self-contained") {
+  std::vector<MethodRun> runs;
+  for (const char* m : {"ddp", "diloco"}) {
+    const auto c = tiny(m);
+    auto corpus = train::load_corpus(c);
+    REQUIRE(corpus.ok());
+    auto r = run_cluster(c, *corpus);
+    REQUIRE(r.ok());
+    runs.push_back(MethodRun{m, c, std::move(*r)});
+  }
+  const auto out = std::filesystem::temp_directory_path() / ("gossamer-report-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(out);
+  ReportContext ctx;
+  ctx.title = "test comparison";
+  ctx.data_description = "synthetic";
+  ctx.network_description = "2 workers";
+  ctx.entropy_floor = 0.6;
+  ctx.target_loss = default_target_loss(runs);
+  REQUIRE(write_comparison(out, runs, ctx).ok());
+
+  const auto summary = read_json(out / "summary.json");
+  REQUIRE(summary["methods"].size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto& m = summary["methods"][i];
+    for (const char* key : {"name", "final_val_loss", "tokens", "bytes_sent_per_worker", "sim_time_s", "compute_utilization", "time_to_target_s"}) {
+      CAPTURE(key);
+      CHECK(m.contains(key));
+    }
+    // Consistent with the metrics stream written beside it.
+    std::ifstream metrics(out / m["name"].get<std::string>() / "metrics.jsonl");
+    std::string line;
+    double last_val = -1, sent_sum = 0;
+    std::map<int, double> last_sent;
+    std::int64_t tokens = 0;
+    std::map<int, std::int64_t> last_tokens;
+    while (std::getline(metrics, line)) {
+      const auto rec = nlohmann::json::parse(line);
+      if (rec.contains("val_loss")) last_val = rec["val_loss"].get<double>();
+      last_sent[rec["worker"].get<int>()] = rec["bytes_sent"].get<double>();
+      last_tokens[rec["worker"].get<int>()] = rec["tokens"].get<std::int64_t>();
+    }
+    for (auto [w, s] : last_sent) sent_sum += s;
+    for (auto [w, t] : last_tokens) tokens += t;
+    CHECK(m["final_val_loss"].get<double>() == last_val);
+    CHECK(m["bytes_sent_per_worker"].get<double>() == doctest::Approx(sent_sum / 2));
+    CHECK(m["tokens"].get<std::int64_t>() == tokens);
+    CHECK(m["tokens"].get<std::int64_t>() == 2 * 12 * 4 * 16);
+    CHECK(m["compute_utilization"].get<double>() > 0);
+    CHECK(m["compute_utilization"].get<double>() <= 1);
+    CHECK(m["sim_time_s"].get<double>() >= 12 * 0.05 - 1e-9);
+    if (!m["time_to_target_s"].is_null()) CHECK(m["time_to_target_s"].get<double>() <= m["sim_time_s"].get<double>());
+  }
+  // ddp talks every step, diloco every 4: 4 times the bytes.
+  CHECK(summary["methods"][0]["bytes_sent_per_worker"].get<double>() ==
+        doctest::Approx(4 * summary["methods"][1]["bytes_sent_per_worker"].get<double>()).epsilon(0.02));
+
+  auto html = read_text_file(out / "report.html", 1 << 24);
+  REQUIRE(html.ok());
+  CHECK(html->find("<svg") != std::string::npos);
+  CHECK(html->find("Validation loss vs bytes sent per worker") != std::string::npos);
+  CHECK(html->find("entropy floor 0.600") != std::string::npos);
+  CHECK(html->find("<td>diloco</td>") != std::string::npos);
+  CHECK(html->find("<script") == std::string::npos);
+  CHECK(html->find("src=\"http") == std::string::npos);  // nothing fetched from elsewhere
+  std::filesystem::remove_all(out);
+}
