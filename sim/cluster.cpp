@@ -107,7 +107,10 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
       };
       auto account = train::run_worker_loop(worker, setup, scheduler, lo, hooks);
       if (!account.ok() && failure.ok()) failure = account.status().with_context("worker " + std::to_string(r));
-      if (account.ok()) result.accounts[static_cast<std::size_t>(r)] = *account;
+      if (account.ok()) {
+        result.accounts[static_cast<std::size_t>(r)] = *account;
+        compute_wall += account->eval_wall_s;
+      }
       if (progress) progress(r, worker.steps_done(), config.train.steps);
       if (r == evaluator) result.final_params = optim::flatten(worker.model().parameters());
       setup.outer.reset();

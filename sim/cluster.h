@@ -42,7 +42,7 @@ struct ClusterResult {
   std::vector<bool> crashed;
   double sim_time_s = 0;                        // virtual time at the end
   double wall_s = 0;                            // real time the simulation took
-  double compute_wall_s = 0;                    // real time spent in the workers' inner steps
+  double compute_wall_s = 0;                    // real time spent in model compute (inner steps, evaluation)
   std::int64_t parameters = 0;
   std::uint64_t context_switches = 0;
   at::Tensor final_params;                      // flattened parameters of the evaluating worker

@@ -203,10 +203,10 @@ double default_target_loss(const std::vector<MethodRun>& runs) {
   for (const auto& run : runs) {
     const auto curve = eval_curve(run);
     if (curve.empty()) continue;
-    if (run.name == "ddp") return curve.back().loss * 1.05;
+    if (run.name == "ddp") return curve.back().loss * 1.10;
     best = std::min(best, curve.back().loss);
   }
-  return std::isfinite(best) ? best * 1.05 : 0.0;
+  return std::isfinite(best) ? best * 1.10 : 0.0;
 }
 
 std::string report_html(const std::vector<MethodRun>& runs, const nlohmann::json& summary, const ReportContext& ctx) {

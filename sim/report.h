@@ -26,7 +26,7 @@ struct MethodRun {
 // One method's summary: name, final_val_loss, tokens, bytes_sent_per_worker, sim_time_s,
 // compute_utilization, time_to_target_s (null when the target was never reached), and more.
 nlohmann::json method_summary(const MethodRun& run, double target_loss);
-// The default target: 5% above ddp's final validation loss, else above the best method's.
+// The default target: 10% above ddp's final validation loss, else above the best method's.
 double default_target_loss(const std::vector<MethodRun>& runs);
 
 struct ReportContext {

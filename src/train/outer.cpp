@@ -157,7 +157,11 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
 
     const bool last = r.step == o.steps;
     std::optional<double> val;
-    if (o.evaluate && ((o.eval_every > 0 && r.step % o.eval_every == 0) || last)) val = worker.evaluate();
+    if (o.evaluate && ((o.eval_every > 0 && r.step % o.eval_every == 0) || last)) {
+      Stopwatch eval_watch(real_clock());
+      val = worker.evaluate();
+      acc.eval_wall_s += eval_watch.elapsed_seconds();
+    }
     const bool round = synced.ok() && *synced && setup.gradient_sync == nullptr;
     if (val || round || last || (o.record_every > 0 && r.step % o.record_every == 0)) {
       nlohmann::json rec = {{"step", r.step}, {"train_loss", r.loss}, {"lr", r.lr}};

@@ -42,6 +42,7 @@ struct WorkerAccount {
   std::uint64_t bytes_received = 0;
   double compute_s = 0.0;           // inner steps (as the pace hook counts them)
   double blocked_s = 0.0;           // waiting on communication
+  double eval_wall_s = 0.0;         // real time spent evaluating (not in the metrics: not deterministic)
   nlohmann::json to_json() const;
 };
 
