@@ -51,7 +51,8 @@ struct Scheduler::Impl {
   std::priority_queue<Event, std::vector<Event>, Later> events;
   std::deque<Actor*> ready;
   std::vector<std::unique_ptr<Actor>> actors;
-  std::binary_semaphore yielded{0};  // posted by the running actor when it parks or finishes
+  std::size_t finished = 0;
+  std::binary_semaphore idle{0};  // posted to run()'s thread when nothing can run any more
   bool stopping = false;
   std::exception_ptr failure;
 
@@ -61,11 +62,48 @@ struct Scheduler::Impl {
     ready.push_back(a);
   }
 
-  // Called on the actor's own thread: hand control back and wait to be resumed.
+  // The scheduling loop, run by whichever thread holds control (one at a time): the next actor that
+  // may run, advancing virtual time through pending events as needed; nullptr when nothing can.
+  Actor* next() {
+    for (;;) {
+      if (failure) return nullptr;
+      if (!ready.empty()) {
+        Actor* a = ready.front();
+        ready.pop_front();
+        return a;
+      }
+      if (events.empty() || finished == actors.size()) return nullptr;  // what is left cannot affect an actor
+      Event e = events.top();
+      events.pop();
+      if (e.wake != nullptr) {
+        if (!e.wake->parked || e.wake->wait_token != e.token) continue;  // stale: that wait already ended; time stays
+        now = std::max(now, e.time);
+        make_ready(e.wake);
+      } else {
+        now = std::max(now, e.time);
+        e.call();
+      }
+    }
+  }
+
+  // Hands control from `self` (parking, or finished) straight to the next actor, without a round
+  // trip through run()'s thread; when `self` is next it simply goes on.
+  void hand_off(Actor* self) {
+    Actor* n = stopping ? nullptr : next();
+    if (n == self) return;
+    if (n != nullptr) {
+      ++switches;
+      n->resume.release();
+    } else {
+      idle.release();
+    }
+    if (!self->finished) self->resume.acquire();
+  }
+
+  // Called on the actor's own thread: give up control until woken.
   void park(Actor* a) {
     a->parked = true;
-    yielded.release();
-    a->resume.acquire();
+    hand_off(a);
     if (stopping) throw SimulationStopped();
   }
 
@@ -138,8 +176,8 @@ Scheduler::~Scheduler() {
   s.stopping = true;
   for (auto& a : s.actors) {
     if (!a->finished && a->thread.joinable()) {
-      a->resume.release();  // unwinds it with SimulationStopped
-      s.yielded.acquire();
+      a->resume.release();  // unwinds it with SimulationStopped; it posts `idle` as it finishes
+      s.idle.acquire();
     }
   }
   for (auto& a : s.actors) {
@@ -181,13 +219,14 @@ std::unique_ptr<ClockThread> Scheduler::start_thread(std::function<void()> body)
         if (!st.failure) st.failure = std::current_exception();
       }
     }
-    t_current = nullptr;
     {
       std::lock_guard<std::mutex> lock(a->done_mu);
+      a->done->notify_all();  // joiners become ready before control moves on
       a->finished = true;
-      a->done->notify_all();
     }
-    st.yielded.release();
+    t_current = nullptr;
+    ++st.finished;
+    st.hand_off(a);
   });
   a->parked = true;
   s.make_ready(a);
@@ -203,28 +242,11 @@ void Scheduler::call_at(Nanos t, std::function<void()> fn) {
 Status Scheduler::run() {
   auto& s = *impl_;
   GOSSAMER_CHECK(t_current == nullptr, "Scheduler::run called from a simulated thread");
-  for (;;) {
-    if (s.failure) break;
-    if (!s.ready.empty()) {
-      Actor* a = s.ready.front();
-      s.ready.pop_front();
-      ++s.switches;
-      a->resume.release();
-      s.yielded.acquire();
-      continue;
-    }
-    const bool all_done = std::all_of(s.actors.begin(), s.actors.end(), [](const auto& a) { return a->finished; });
-    if (s.events.empty() || all_done) break;  // what is left cannot affect a simulated thread
-    Event e = s.events.top();
-    s.events.pop();
-    if (e.wake != nullptr) {
-      if (!e.wake->parked || e.wake->wait_token != e.token) continue;  // stale: that wait already ended; time stays
-      s.now = std::max(s.now, e.time);
-      s.make_ready(e.wake);
-    } else {
-      s.now = std::max(s.now, e.time);
-      e.call();
-    }
+  // Control passes from actor to actor; this thread only starts the first and waits for the end.
+  if (Actor* first = s.next(); first != nullptr) {
+    ++s.switches;
+    first->resume.release();
+    s.idle.acquire();
   }
   if (s.failure) std::rethrow_exception(s.failure);
   std::size_t waiting = 0;
