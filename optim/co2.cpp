@@ -9,7 +9,7 @@
 namespace gossamer::optim {
 
 namespace {
-constexpr transport::Tag kCO2Tag = 0x0D100003u;
+constexpr transport::Tag kCO2Tag = 0x0D030000u;  // + round (round_tag)
 }  // namespace
 
 CO2::CO2(std::vector<at::Tensor> params, AsyncCollectives& comm, CO2Options options, std::shared_ptr<const StalenessPenalty> penalty)
@@ -27,11 +27,14 @@ Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
   const std::int64_t round = inner_steps_done / options_.inner_steps;
   // The average launched last round, which used x_{t-1,tau}: it must be in before we go on.
   if (pending_) {
-    if (Status st = pending_->wait(deadline); !st.ok()) return st.with_context("CO2 round " + std::to_string(round));
+    if (Status st = pending_->wait(deadline); !st.ok()) {
+      if (pending_->done()) pending_.reset();  // failed for good: that average is lost, the next round launches afresh
+      return st.with_context("CO2 round " + std::to_string(round));
+    }
     stats_ += pending_->stats();
   }
   // Launch this round's average; it completes while the next round trains.
-  auto launched = comm_->allreduce_mean(flatten(params_), options_.codec, kCO2Tag, Deadline::after(*comm_->group().clock, options_.average_timeout));
+  auto launched = comm_->allreduce_mean(flatten(params_), options_.codec, round_tag(kCO2Tag, round), Deadline::after(comm_->clock(), options_.average_timeout));
   const at::Tensor current_outer = outer_;
   if (pending_) {
     const at::Tensor g = previous_outer_ - pending_->tensor();  // x_{t-1,0} - xbar_{t-1}
@@ -44,6 +47,12 @@ Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
   write_flat(params_, outer_);
   ++rounds_;
   return true;
+}
+
+Status CO2::regroup(Group group) {
+  comm_->set_group(std::move(group));
+  pending_.reset();
+  return Status();
 }
 
 Bytes CO2::save() const {

@@ -66,6 +66,8 @@ class CO2 {
   const at::Tensor& momentum() const { return momentum_; }
   std::int64_t rounds() const { return rounds_; }
   void skip_round() { ++skipped_rounds_; }
+  // The average in flight over the old group is dropped: the next round only launches one.
+  [[nodiscard]] Status regroup(Group group);
   std::int64_t skipped_rounds() const { return skipped_rounds_; }
   CommStats comm() const { return stats_; }
 

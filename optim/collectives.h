@@ -45,6 +45,12 @@ struct CommStats {
   CommStats& operator+=(const CommStats& o);
 };
 
+// The tag of one round of a method's collective: the method's base (low 16 bits zero) and the round
+// number modulo 2^16, so a message left over from an abandoned round is never taken for another's.
+inline transport::Tag round_tag(transport::Tag method_base, std::int64_t round) {
+  return method_base | static_cast<transport::Tag>(static_cast<std::uint64_t>(round) & 0xFFFFu);
+}
+
 [[nodiscard]] Status allreduce_mean(const Group& group, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag,
                                     Deadline deadline, CommStats* stats = nullptr);
 

@@ -11,7 +11,7 @@
 namespace gossamer::optim {
 
 namespace {
-constexpr transport::Tag kDiLoCoTag = 0x0D100001u;  // the tag of DiLoCo rounds on every link
+constexpr transport::Tag kDiLoCoTag = 0x0D010000u;  // + round (round_tag)
 }  // namespace
 
 DiLoCo::DiLoCo(std::vector<at::Tensor> params, Group group, DiLoCoOptions options)
@@ -27,7 +27,7 @@ Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   if (inner_steps_done <= 0 || inner_steps_done % options_.inner_steps != 0) return false;
   at::Tensor delta = state_.outer - flatten(params_);  // pseudo-gradient: outer - local
   CommStats stats;
-  if (Status st = allreduce_mean(group_, delta, options_.codec, kDiLoCoTag, deadline, &stats); !st.ok()) {
+  if (Status st = allreduce_mean(group_, delta, options_.codec, round_tag(kDiLoCoTag, inner_steps_done / options_.inner_steps), deadline, &stats); !st.ok()) {
     comm_ += stats;
     return st.with_context("DiLoCo round " + std::to_string(state_.rounds + 1));
   }

@@ -42,6 +42,10 @@ class DiLoCo {
   [[nodiscard]] Result<bool> step(std::int64_t inner_steps_done, Deadline deadline);
   // Marks a round as skipped after step() failed (counted; the local weights go on training).
   void skip_round() { ++state_.skipped; }
+  [[nodiscard]] Status regroup(Group group) {
+    group_ = std::move(group);
+    return Status();
+  }
 
   const at::Tensor& outer_weights() const { return state_.outer; }
   const at::Tensor& momentum() const { return state_.momentum; }

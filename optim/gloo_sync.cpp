@@ -18,6 +18,9 @@ class GlooDdp final : public OuterOptimizer, public GradientSync {
   std::string_view name() const override { return "ddp"; }
   Result<bool> step(std::int64_t, Deadline) override { return false; }
   void skip_round() override { ++skipped_; }
+  Status regroup(Group) override {
+    return error(ErrorCode::kUnavailable, "the gloo ddp engine cannot change its members mid-run (use ddp.engine = \"links\")");
+  }
   std::int64_t rounds() const override { return rounds_; }
   std::int64_t skipped_rounds() const override { return skipped_; }
   CommStats comm() const override { return comm_; }
@@ -31,7 +34,7 @@ class GlooDdp final : public OuterOptimizer, public GradientSync {
     return Status();
   }
 
-  Status sync_gradients(const std::vector<at::Tensor>& params, Deadline deadline) override {
+  Status sync_gradients(const std::vector<at::Tensor>& params, std::int64_t, Deadline deadline) override {
     Stopwatch watch(real_clock());
     std::vector<at::Tensor> grads;
     for (const auto& p : params) grads.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));

@@ -43,6 +43,10 @@ class NoLoCo {
 
   [[nodiscard]] Result<bool> step(std::int64_t inner_steps_done, Deadline deadline);
   void skip_round() { ++state_.skipped; }
+  [[nodiscard]] Status regroup(Group group) {
+    group_ = std::move(group);
+    return Status();
+  }
 
   const at::Tensor& outer_weights() const { return state_.outer; }
   const at::Tensor& momentum() const { return state_.momentum; }

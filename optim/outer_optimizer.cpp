@@ -9,7 +9,7 @@ namespace gossamer::optim {
 
 namespace {
 
-constexpr transport::Tag kDdpTag = 0x0D100004u;
+constexpr transport::Tag kDdpTag = 0x0D040000u;  // + step (round_tag)
 
 std::vector<at::Tensor> all_tensors(const std::vector<ParamBlock>& blocks) {
   std::vector<at::Tensor> out;
@@ -25,6 +25,7 @@ class Local final : public OuterOptimizer {
   std::string_view name() const override { return "local"; }
   Result<bool> step(std::int64_t, Deadline) override { return false; }
   void skip_round() override {}
+  Status regroup(Group) override { return Status(); }
   std::int64_t rounds() const override { return 0; }
   std::int64_t skipped_rounds() const override { return 0; }
   CommStats comm() const override { return {}; }
@@ -43,6 +44,10 @@ class DataParallel final : public OuterOptimizer, public GradientSync {
   std::string_view name() const override { return "ddp"; }
   Result<bool> step(std::int64_t, Deadline) override { return false; }
   void skip_round() override { ++skipped_; }
+  Status regroup(Group group) override {
+    group_ = std::move(group);
+    return Status();
+  }
   std::int64_t rounds() const override { return rounds_; }
   std::int64_t skipped_rounds() const override { return skipped_; }
   CommStats comm() const override { return comm_; }
@@ -56,14 +61,14 @@ class DataParallel final : public OuterOptimizer, public GradientSync {
     return Status();
   }
 
-  Status sync_gradients(const std::vector<at::Tensor>& params, Deadline deadline) override {
+  Status sync_gradients(const std::vector<at::Tensor>& params, std::int64_t step, Deadline deadline) override {
     std::vector<at::Tensor> grads;
     for (const auto& p : params) grads.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}));
     at::Tensor flat = torch::cat(grads);
     CommStats stats;
-    Status st = allreduce_mean(group_, flat, codec_, kDdpTag, deadline, &stats);
+    Status st = allreduce_mean(group_, flat, codec_, round_tag(kDdpTag, step), deadline, &stats);
     comm_ += stats;
-    if (!st.ok()) return st.with_context("ddp step " + std::to_string(rounds_ + 1));
+    if (!st.ok()) return st.with_context("ddp step " + std::to_string(step));
     std::int64_t offset = 0;
     for (const auto& p : params) {
       const std::int64_t n = p.numel();
@@ -93,6 +98,7 @@ class Adapter final : public OuterOptimizer {
     return static_cast<bool>(*r);
   }
   void skip_round() override { impl_.skip_round(); }
+  Status regroup(Group group) override { return impl_.regroup(std::move(group)); }
   std::int64_t rounds() const override { return impl_.rounds(); }
   std::int64_t skipped_rounds() const override { return impl_.skipped_rounds(); }
   CommStats comm() const override { return impl_.comm(); }

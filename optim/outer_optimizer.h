@@ -35,6 +35,9 @@ class OuterOptimizer {
   // True when this step applied communicated state (a round or a fragment).
   [[nodiscard]] virtual Result<bool> step(std::int64_t inner_steps_done, Deadline deadline) = 0;
   virtual void skip_round() = 0;
+  // The members changed (a peer left or joined): later rounds run over `group`. Outer state is kept;
+  // a round in flight over the old group is abandoned. Fails for engines that cannot change members.
+  [[nodiscard]] virtual Status regroup(Group group) = 0;
   virtual std::int64_t rounds() const = 0;
   virtual std::int64_t skipped_rounds() const = 0;
   virtual CommStats comm() const = 0;
@@ -46,7 +49,8 @@ class OuterOptimizer {
 class GradientSync {
  public:
   virtual ~GradientSync() = default;
-  [[nodiscard]] virtual Status sync_gradients(const std::vector<at::Tensor>& params, Deadline deadline) = 0;
+  // `step` numbers the inner step (the same on every member): it tags the round on the wire.
+  [[nodiscard]] virtual Status sync_gradients(const std::vector<at::Tensor>& params, std::int64_t step, Deadline deadline) = 0;
 };
 
 struct OuterConfig {

@@ -9,13 +9,13 @@
 namespace gossamer::optim {
 
 namespace {
-constexpr transport::Tag kStreamingTagBase = 0x0D110000u;  // + fragment index
+constexpr transport::Tag kStreamingTagBase = 0x0E000000u;  // | fragment << 16, + window (round_tag)
 }  // namespace
 
 StreamingDiLoCo::StreamingDiLoCo(std::vector<Fragment> fragments, AsyncCollectives& comm, StreamingDiLoCoOptions options)
     : fragments_(std::move(fragments)), comm_thread_(&comm), options_(options) {
   const auto p = static_cast<std::int64_t>(fragments_.size());
-  GOSSAMER_CHECK(p >= 1, "StreamingDiLoCo: at least one fragment");
+  GOSSAMER_CHECK(p >= 1 && p <= 256, "StreamingDiLoCo: 1 to 256 fragments");
   GOSSAMER_CHECK(options_.inner_steps >= 1 && options_.inner_steps % p == 0, "StreamingDiLoCo: H must be a multiple of the fragment count");
   GOSSAMER_CHECK(options_.overlap >= 0 && options_.overlap < options_.inner_steps / p, "StreamingDiLoCo: tau must be in [0, H/P)");
   GOSSAMER_CHECK(options_.mixing >= 0 && options_.mixing <= 1, "StreamingDiLoCo: alpha must be in [0, 1]");
@@ -35,7 +35,7 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
     // LAUNCH tau steps before completion.
     if ((s - (t_f - tau)) % h == 0 && s >= t_f - tau && !st.pending) {
       st.pending = comm_thread_->allreduce_mean(st.outer - flatten(fragments_[static_cast<std::size_t>(f)].tensors), options_.codec,
-                                                kStreamingTagBase + static_cast<transport::Tag>(f), deadline);
+                                                round_tag(kStreamingTagBase | (static_cast<transport::Tag>(f & 0xFF) << 16), (s + tau) / h), deadline);
     }
     // COMPLETE at t_f.
     if ((s - t_f) % h == 0 && s >= t_f && st.pending) {
@@ -56,6 +56,12 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
     }
   }
   return done;
+}
+
+Status StreamingDiLoCo::regroup(Group group) {
+  comm_thread_->set_group(std::move(group));
+  for (auto& st : state_) st.pending.reset();
+  return Status();
 }
 
 Bytes StreamingDiLoCo::save() const {

@@ -46,6 +46,8 @@ class StreamingDiLoCo {
   std::int64_t completed() const { return completed_; }
   std::int64_t rounds() const { return completed_; }
   void skip_round() { ++skipped_; }
+  // Fragments in flight over the old group are dropped; they launch again in their next window.
+  [[nodiscard]] Status regroup(Group group);
   std::int64_t skipped_rounds() const { return skipped_; }
   CommStats comm() const { return comm_; }
 

@@ -1,5 +1,7 @@
 #include "optim/work.h"
 
+#include "core/check.h"
+
 namespace gossamer::optim {
 
 Status Work::wait(Deadline deadline) {
@@ -15,7 +17,7 @@ bool Work::done() const {
   return done_;
 }
 
-AsyncCollectives::AsyncCollectives(Group group) : group_(std::move(group)), cv_(group_.clock->make_signal()) {
+AsyncCollectives::AsyncCollectives(Group group) : group_(std::move(group)), clock_(group_.clock), cv_(clock_->make_signal()) {
   thread_ = group_.clock->start_thread([this] { loop(); });
 }
 
@@ -44,6 +46,13 @@ std::shared_ptr<Work> AsyncCollectives::allreduce_mean(at::Tensor tensor, const 
   });
   cv_->notify_all();
   return work;
+}
+
+void AsyncCollectives::set_group(Group group) {
+  GOSSAMER_CHECK(group.clock == clock_, "AsyncCollectives::set_group: the group must keep its clock");
+  std::lock_guard<std::mutex> lock(mu_);
+  jobs_.push_back([this, g = std::move(group)] { group_ = g; });
+  cv_->notify_all();
 }
 
 void AsyncCollectives::loop() {

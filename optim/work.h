@@ -51,14 +51,17 @@ class AsyncCollectives {
   AsyncCollectives(const AsyncCollectives&) = delete;
   AsyncCollectives& operator=(const AsyncCollectives&) = delete;
 
-  const Group& group() const { return group_; }
+  Clock& clock() const { return *clock_; }
+  // Later collectives run over `group` (members left or joined); those already submitted keep theirs.
+  void set_group(Group group);
   // allreduce_mean (collectives.h) on the communication thread.
   std::shared_ptr<Work> allreduce_mean(at::Tensor tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline);
 
  private:
   void loop();
 
-  Group group_;
+  Group group_;  // touched by the communication thread only, after construction
+  Clock* clock_;
   std::mutex mu_;
   std::unique_ptr<Signal> cv_;
   std::deque<std::function<void()>> jobs_;

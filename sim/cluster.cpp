@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "optim/flat_params.h"
 #include "train/worker.h"
 
@@ -52,6 +54,7 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
   ClusterResult result;
   result.accounts.resize(static_cast<std::size_t>(m));
   result.crashed.assign(static_cast<std::size_t>(m), false);
+  result.final_params.resize(static_cast<std::size_t>(m));
 
   std::vector<std::unique_ptr<train::Worker>> workers;
   std::vector<optim::OuterSetup> setups(static_cast<std::size_t>(m));
@@ -71,6 +74,29 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
   }
   result.parameters = workers.front()->model().num_parameters();
 
+  // Membership: the scenario knows who is alive; each worker moves to a new group (and a new epoch of
+  // links, so nothing of an abandoned round reaches it) at its first step or failed round after a crash.
+  int epoch = 0;
+  std::vector<int> worker_epoch(static_cast<std::size_t>(m), 0);
+  auto group_of = [&](int r) {
+    optim::Group g;
+    g.clock = &scheduler;
+    std::vector<int> members;
+    for (int j = 0; j < m; ++j) {
+      if (!result.crashed[static_cast<std::size_t>(j)]) members.push_back(j);
+    }
+    g.size = static_cast<int>(members.size());
+    g.peers.resize(members.size());
+    for (std::size_t k = 0; k < members.size(); ++k) {
+      if (members[k] == r) {
+        g.rank = static_cast<int>(k);
+      } else {
+        g.peers[k] = net.link(r, members[k], epoch);
+      }
+    }
+    return g;
+  };
+
   Status failure;
   double compute_wall = 0;
   std::vector<std::unique_ptr<ClockThread>> threads;
@@ -83,6 +109,7 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
       lo.steps = config.train.steps;
       lo.eval_every = config.train.eval_every;
       lo.evaluate = r == evaluator;
+      lo.round_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config.train.round_timeout_s));
       train::LoopHooks hooks;
       hooks.pace = [&, slow](double measured) {
         compute_wall += measured;
@@ -96,9 +123,20 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
           spdlog::info("sim: worker {} crashes before step {} (t = {:.1f} s)", r, next, std::chrono::duration<double>(scheduler.now()).count());
           net.crash(r);
           result.crashed[static_cast<std::size_t>(r)] = true;
+          ++epoch;
           return false;
         }
         return true;
+      };
+      hooks.regroup = [&, r]() -> std::optional<optim::Group> {
+        int& mine = worker_epoch[static_cast<std::size_t>(r)];
+        if (mine == epoch) return std::nullopt;
+        for (int j = 0; j < m; ++j) {
+          if (j != r) net.close(r, j, mine);  // peers still waiting on us there fail now, and follow
+        }
+        mine = epoch;
+        spdlog::info("sim: worker {} continues with the {} remaining workers", r, m - static_cast<int>(std::count(result.crashed.begin(), result.crashed.end(), true)));
+        return group_of(r);
       };
       hooks.record = [&, r](const nlohmann::json& rec) {
         nlohmann::json out = rec;
@@ -112,7 +150,7 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
         compute_wall += account->eval_wall_s;
       }
       if (progress) progress(r, worker.steps_done(), config.train.steps);
-      if (r == evaluator) result.final_params = optim::flatten(worker.model().parameters());
+      result.final_params[static_cast<std::size_t>(r)] = optim::flatten(worker.model().parameters());
       setup.outer.reset();
       setup.comm.reset();  // joins the communication thread, in virtual time
     }));

@@ -45,7 +45,7 @@ struct ClusterResult {
   double compute_wall_s = 0;                    // real time spent in model compute (inner steps, evaluation)
   std::int64_t parameters = 0;
   std::uint64_t context_switches = 0;
-  at::Tensor final_params;                      // flattened parameters of the evaluating worker
+  std::vector<at::Tensor> final_params;         // each worker's parameters at its end, flattened
 };
 
 using ClusterProgress = std::function<void(int worker, std::int64_t step, std::int64_t steps)>;

@@ -8,6 +8,8 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
+#include <tuple>
 
 #include "core/check.h"
 #include "core/signal.h"
@@ -27,7 +29,7 @@ struct Mailbox {
 };
 
 struct Flow {
-  int from = 0, to = 0;
+  int from = 0, to = 0, epoch = 0;
   std::vector<int> path;  // resource indices
   double remaining = 0;   // bytes on the wire still to send
   double rate = 0;        // bytes per second, from the last fair-share computation
@@ -59,12 +61,6 @@ struct Network::Impl {
     hub = spec.hub_bytes_per_s > 0 ? static_cast<int>(capacity.size()) : -1;
     if (hub >= 0) capacity.push_back(spec.hub_bytes_per_s);
     const auto nn = static_cast<std::size_t>(n);
-    mailboxes.resize(nn * nn);
-    for (auto& m : mailboxes) {
-      m = std::make_unique<Mailbox>();
-      m->signal = sched.make_signal();
-    }
-    links.resize(nn * nn);
     last_delivery.assign(nn * nn, Nanos{0});
     rngs.resize(nn * nn);
     for (std::size_t i = 0; i < nn * nn; ++i) rngs[i].seed(spec.seed * 0x9E3779B97F4A7C15ull + i);
@@ -73,7 +69,15 @@ struct Network::Impl {
   }
 
   std::size_t pair(int a, int b) const { return static_cast<std::size_t>(a) * static_cast<std::size_t>(n) + static_cast<std::size_t>(b); }
-  Mailbox& mailbox(int receiver, int sender) { return *mailboxes[pair(receiver, sender)]; }
+  Mailbox& mailbox(int receiver, int sender, int epoch) {
+    auto& m = mailboxes[{receiver, sender, epoch}];
+    if (!m) {
+      m = std::make_unique<Mailbox>();
+      m->signal = sched.make_signal();
+      m->closed = dead[static_cast<std::size_t>(receiver)] || dead[static_cast<std::size_t>(sender)];
+    }
+    return *m;
+  }
 
   std::vector<int> path(int from, int to) const {
     std::vector<int> p{2 * from};
@@ -216,12 +220,12 @@ struct Network::Impl {
   // The last byte left: the sender is free, and the message lands after its delay.
   void complete(Flow* f) {
     flows.erase(std::remove(flows.begin(), flows.end(), f), flows.end());
-    const int from = f->from, to = f->to;
+    const int from = f->from, to = f->to, epoch = f->epoch;
     Nanos at = std::max(sched.now() + f->delay, last_delivery[pair(from, to)]);
     last_delivery[pair(from, to)] = at;
-    sched.call_at(at, [this, from, to, tag = f->tag, payload = std::move(f->payload)]() mutable {
+    sched.call_at(at, [this, from, to, epoch, tag = f->tag, payload = std::move(f->payload)]() mutable {
       if (dead[static_cast<std::size_t>(to)] || dead[static_cast<std::size_t>(from)]) return;
-      Mailbox& m = mailbox(to, from);
+      Mailbox& m = mailbox(to, from, epoch);
       std::lock_guard<std::mutex> lock(m.mu);
       if (m.closed) return;
       m.queues[tag].push_back(std::move(payload));
@@ -230,16 +234,16 @@ struct Network::Impl {
     finish(f, Status());
   }
 
-  void close_pair(int a, int b) {
+  void close_pair(int a, int b, int epoch) {
     for (auto [r, s] : {std::pair{a, b}, std::pair{b, a}}) {
-      Mailbox& m = mailbox(r, s);
+      Mailbox& m = mailbox(r, s, epoch);
       std::lock_guard<std::mutex> lock(m.mu);
       m.closed = true;
       m.signal->notify_all();
     }
     std::vector<Flow*> cut;
     for (Flow* f : flows) {
-      if ((f->from == a && f->to == b) || (f->from == b && f->to == a)) cut.push_back(f);
+      if (f->epoch == epoch && ((f->from == a && f->to == b) || (f->from == b && f->to == a))) cut.push_back(f);
     }
     for (Flow* f : cut) {
       remove(f);
@@ -256,8 +260,8 @@ struct Network::Impl {
   std::vector<Flow*> flows;
   Nanos last_update{0};
   std::uint64_t generation = 0;
-  std::vector<std::unique_ptr<Mailbox>> mailboxes;
-  std::vector<std::shared_ptr<transport::Link>> links;
+  std::map<std::tuple<int, int, int>, std::unique_ptr<Mailbox>> mailboxes;  // (receiver, sender, epoch)
+  std::map<std::tuple<int, int, int>, std::shared_ptr<transport::Link>> links;  // (from, to, epoch)
   std::vector<Nanos> last_delivery;
   std::vector<std::mt19937_64> rngs;
   std::vector<bool> dead;
@@ -268,17 +272,18 @@ namespace {
 
 class SimLink final : public transport::Link {
  public:
-  SimLink(Network::Impl& net, int self, int peer) : net_(net), self_(self), peer_(peer) {}
+  SimLink(Network::Impl& net, int self, int peer, int epoch) : net_(net), self_(self), peer_(peer), epoch_(epoch) {}
   transport::PeerId peer() const override { return transport::PeerId{static_cast<std::uint64_t>(peer_) + 1}; }
   std::string remote_address() const override { return "sim://node-" + std::to_string(peer_); }
 
   Status send(transport::Tag tag, ByteView payload, Deadline deadline) override {
-    if (net_.dead[static_cast<std::size_t>(self_)] || net_.dead[static_cast<std::size_t>(peer_)] || net_.mailbox(peer_, self_).closed) {
+    if (net_.dead[static_cast<std::size_t>(self_)] || net_.dead[static_cast<std::size_t>(peer_)] || net_.mailbox(peer_, self_, epoch_).closed) {
       return lost();
     }
     Flow f;
     f.from = self_;
     f.to = peer_;
+    f.epoch = epoch_;
     f.tag = tag;
     f.path = net_.path(self_, peer_);
     const auto& profile = net_.spec.nodes[static_cast<std::size_t>(self_)].link;
@@ -306,7 +311,7 @@ class SimLink final : public transport::Link {
   }
 
   Result<Bytes> recv(transport::Tag tag, Deadline deadline) override {
-    Mailbox& m = net_.mailbox(self_, peer_);
+    Mailbox& m = net_.mailbox(self_, peer_, epoch_);
     std::unique_lock<std::mutex> lock(m.mu);
     auto has = [&] {
       auto it = m.queues.find(tag);
@@ -324,14 +329,14 @@ class SimLink final : public transport::Link {
     return out;
   }
 
-  void close() override { net_.close_pair(self_, peer_); }
+  void close() override { net_.close_pair(self_, peer_, epoch_); }
   transport::LinkStats stats() const override { return stats_; }
 
  private:
   Status lost() const { return error(ErrorCode::kPeerLost, "node " + std::to_string(peer_) + " is gone (link closed)"); }
 
   Network::Impl& net_;
-  int self_, peer_;
+  int self_, peer_, epoch_;
   transport::LinkStats stats_;
 };
 
@@ -342,19 +347,25 @@ Network::~Network() = default;
 
 int Network::size() const { return impl_->n; }
 
-std::shared_ptr<transport::Link> Network::link(int from, int to) {
+std::shared_ptr<transport::Link> Network::link(int from, int to, int epoch) {
   GOSSAMER_CHECK(from >= 0 && to >= 0 && from < impl_->n && to < impl_->n && from != to, "Network::link: no such pair of nodes");
-  auto& l = impl_->links[impl_->pair(from, to)];
-  if (!l) l = std::make_shared<SimLink>(*impl_, from, to);
+  auto& l = impl_->links[{from, to, epoch}];
+  if (!l) l = std::make_shared<SimLink>(*impl_, from, to, epoch);
   return l;
 }
+
+void Network::close(int a, int b, int epoch) { impl_->close_pair(a, b, epoch); }
 
 void Network::crash(int node) {
   GOSSAMER_CHECK(node >= 0 && node < impl_->n, "Network::crash: no such node");
   impl_->dead[static_cast<std::size_t>(node)] = true;
-  for (int other = 0; other < impl_->n; ++other) {
-    if (other != node) impl_->close_pair(node, other);
+  std::set<std::pair<int, int>> pairs;  // (other node, epoch) of every connection the node has had
+  for (const auto& [key, m] : impl_->mailboxes) {
+    const auto [r, s, e] = key;
+    if (r == node) pairs.insert({s, e});
+    if (s == node) pairs.insert({r, e});
   }
+  for (auto [other, epoch] : pairs) impl_->close_pair(node, other, epoch);
 }
 
 bool Network::crashed(int node) const { return impl_->dead[static_cast<std::size_t>(node)]; }

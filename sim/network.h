@@ -64,8 +64,12 @@ class Network {
   Network& operator=(const Network&) = delete;
 
   int size() const;
-  // The link node `from` uses to talk to node `to` (from != to). The same object on every call.
-  std::shared_ptr<transport::Link> link(int from, int to);
+  // The link node `from` uses to talk to node `to` (from != to). The same object on every call with
+  // the same epoch. Each epoch is a fresh connection with its own mailboxes: a group that re-forms
+  // after a failure moves to a new epoch, so nothing of an abandoned round reaches it.
+  std::shared_ptr<transport::Link> link(int from, int to, int epoch = 0);
+  // Closes the link between a and b of one epoch, in both directions (peers blocked on it fail).
+  void close(int a, int b, int epoch);
   // Closes every link of the node, in both directions, now.
   void crash(int node);
   bool crashed(int node) const;

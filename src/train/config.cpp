@@ -71,6 +71,7 @@ const std::vector<KeySpec>& schema() {
       IntKey{"train.log_every", "write a metrics line every k steps", [](RunConfig& c) -> std::int64_t& { return c.train.log_every; }, 1, 1LL << 40},
       IntKey{"train.seed", "seed of data order and dropout", [](RunConfig& c) -> std::int64_t& { return c.train.seed; }, 0, std::numeric_limits<std::int64_t>::max()},
       IntKey{"train.threads", "CPU threads for LibTorch; 0 uses every core", [](RunConfig& c) -> std::int64_t& { return c.train.threads; }, 0, 1024},
+      FloatKey{"train.round_timeout_s", "a synchronization round (all-reduce, pair exchange) gives up after this many seconds and is skipped", [](RunConfig& c) -> double& { return c.train.round_timeout_s; }, 0.0, 1e7, true},
       StringKey{"outer.method", "outer optimizer: ddp, diloco, streaming_diloco, noloco, co2 or local", [](RunConfig& c) -> std::string& { return c.outer.method; }, {"ddp", "diloco", "streaming_diloco", "noloco", "co2", "local"}},
       IntKey{"outer.codec_block", "values per scale block of the scaled codecs (int8, fp8, int4, fp4)", [](RunConfig& c) -> std::int64_t& { return c.outer.codec_block; }, 1, 1 << 20},
       StringKey{"ddp.codec", "codec of the gradients ddp all-reduces", [](RunConfig& c) -> std::string& { return c.ddp.codec; }, {"fp32", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2", "int4", "fp4_e3m0", "fp4_e2m1"}},

@@ -57,6 +57,7 @@ struct TrainSection {
   std::int64_t log_every = 1;
   std::int64_t seed = 42;
   std::int64_t threads = 0;  // 0: all cores
+  double round_timeout_s = 600;  // a synchronization round gives up after this long
 };
 
 // The outer method and each method's options (the spec's defaults). Codecs are codec names

@@ -123,8 +123,21 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
     hooks.record(rec);
   };
 
+  // True when the members changed and the optimizer now runs over the new group.
+  auto regroup = [&]() {
+    if (!hooks.regroup) return false;
+    auto group = hooks.regroup();
+    if (!group) return false;
+    if (Status st = outer.regroup(std::move(*group)); !st.ok()) {
+      spdlog::warn("members changed but {} cannot follow: {}", outer.name(), st.to_string());
+      return false;
+    }
+    return true;
+  };
+
   while (worker.steps_done() < o.steps) {
     if (hooks.keep_going && !hooks.keep_going(worker.steps_done() + 1)) break;
+    regroup();
     Stopwatch measured(real_clock());  // compute is measured in real time, whatever the clock
     bool paced = false;
     GradientHook hook;
@@ -133,7 +146,12 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
         acc.compute_s += pace(measured.elapsed_seconds());
         paced = true;
         const Nanos t0 = clock.now();
-        Status st = setup.gradient_sync->sync_gradients(params, Deadline::after(clock, o.round_timeout));
+        const std::int64_t step = worker.steps_done() + 1;
+        Status st = setup.gradient_sync->sync_gradients(params, step, Deadline::after(clock, o.round_timeout));
+        if (!st.ok() && regroup()) {
+          spdlog::info("step {}: gradient averaging failed ({}); retrying it with the remaining members", step, st.to_string());
+          st = setup.gradient_sync->sync_gradients(params, step, Deadline::after(clock, o.round_timeout));
+        }
         acc.blocked_s += std::chrono::duration<double>(clock.now() - t0).count();
         return st;
       };
@@ -149,10 +167,15 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
 
     const Nanos t0 = clock.now();
     auto synced = outer.step(r.step, Deadline::after(clock, o.round_timeout));
+    if (!synced.ok() && regroup()) {
+      spdlog::info("step {}: {} round failed ({}); retrying it with the remaining members", r.step, outer.name(), synced.status().to_string());
+      synced = outer.step(r.step, Deadline::after(clock, o.round_timeout));
+    }
     acc.blocked_s += std::chrono::duration<double>(clock.now() - t0).count();
     if (!synced.ok()) {
       spdlog::warn("step {}: {} round failed and was skipped: {}", r.step, outer.name(), synced.status().to_string());
       outer.skip_round();
+      regroup();
     }
 
     const bool last = r.step == o.steps;

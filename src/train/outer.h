@@ -62,6 +62,10 @@ struct LoopHooks {
   std::function<bool(std::int64_t next_step)> keep_going;
   // Each metrics record (the caller adds who wrote it and writes it out).
   std::function<void(const nlohmann::json&)> record;
+  // Asked before every step and after a failed round: the new group when the members changed since
+  // the last call (membership comes from outside: gossip in real runs, the scenario in simulation).
+  // After a failed round whose group changed, the round is retried once over the new group.
+  std::function<std::optional<optim::Group>()> regroup;
 };
 
 [[nodiscard]] Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& outer, Clock& clock, const LoopOptions& options,

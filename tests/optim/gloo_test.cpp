@@ -37,7 +37,7 @@ TEST_CASE("gloo ddp averages every gradient exactly and agrees with our all-redu
     quant::EncodeOptions fp32;
     REQUIRE(allreduce_mean(groups[static_cast<std::size_t>(r)], flat, fp32, 7, testing::in(30s)).ok());
     ours[static_cast<std::size_t>(r)] = {flat};
-    ok[static_cast<std::size_t>(r)] = ddp->gradient_sync->sync_gradients(params[static_cast<std::size_t>(r)], testing::in(30s)).ok();
+    ok[static_cast<std::size_t>(r)] = ddp->gradient_sync->sync_gradients(params[static_cast<std::size_t>(r)], 1, testing::in(30s)).ok();
     CHECK(ddp->outer->rounds() == 1);
     CHECK(ddp->outer->comm().bytes_sent > 0);
   });

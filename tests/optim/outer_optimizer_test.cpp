@@ -93,7 +93,7 @@ TEST_CASE("ddp averages gradients every step before the inner optimizer") {
     }
   }
   on_ranks(m, [&](int r) {
-    REQUIRE(setups[static_cast<std::size_t>(r)].gradient_sync->sync_gradients(params[static_cast<std::size_t>(r)], in(5s)).ok());
+    REQUIRE(setups[static_cast<std::size_t>(r)].gradient_sync->sync_gradients(params[static_cast<std::size_t>(r)], 1, in(5s)).ok());
   });
   for (int r = 0; r < m; ++r) {
     for (const auto& p : params[static_cast<std::size_t>(r)]) CHECK(torch::equal(p.grad(), torch::full(p.sizes(), 2.0f)));
