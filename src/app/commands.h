@@ -69,6 +69,24 @@ train::RunConfig compare_defaults();
 void add_compare_command(CLI::App& app, CompareArgs& args);
 int run_compare_command(const CompareArgs& args);
 
+struct PlanArgs {
+  double params = 1e9;
+  int layers = 24;
+  double step_time = 0.1;
+  int workers = 2;
+  int inner_steps = 100;
+  int fragment_layers = 3;
+  int overlap = 1;
+  std::string codec = "bf16";
+  std::string streaming_codec = "fp4_e3m0";
+  double utilization = 0.95;
+  double backward_overlap = 0.0;
+  double latency_ms = 0.0;
+  bool table4 = false;
+};
+void add_plan_command(CLI::App& app, PlanArgs& args);
+int run_plan_command(const PlanArgs& args);
+
 struct BenchArgs {
   std::string what = "train";
   ConfigSource source;

@@ -2,6 +2,7 @@
 //   gossamer train   train one worker on one machine
 //   gossamer sim     simulate one method with many workers over an emulated network
 //   gossamer compare compare methods in simulation and write a report
+//   gossamer plan    bandwidth each method needs for a target compute utilization
 //   gossamer config  print the effective configuration, or every key with its meaning
 //   gossamer keygen  write a run key that secures every link of a run
 //   gossamer bench   measure Gossamer against references (LibTorch, memcpy, plain sockets)
@@ -46,6 +47,8 @@ int main(int argc, char** argv) {
   gossamer::app::add_sim_command(app, sim_args);
   gossamer::app::CompareArgs compare_args;
   gossamer::app::add_compare_command(app, compare_args);
+  gossamer::app::PlanArgs plan_args;
+  gossamer::app::add_plan_command(app, plan_args);
   gossamer::app::BenchArgs bench_args;
   gossamer::app::add_bench_command(app, bench_args);
 
@@ -69,6 +72,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("train")) return gossamer::app::run_train_command(train_args);
     if (app.got_subcommand("sim")) return gossamer::app::run_sim_command(sim_args);
     if (app.got_subcommand("compare")) return gossamer::app::run_compare_command(compare_args);
+    if (app.got_subcommand("plan")) return gossamer::app::run_plan_command(plan_args);
     if (app.got_subcommand("config")) return gossamer::app::run_config_command(config_args);
     if (app.got_subcommand("bench")) return gossamer::app::run_bench_command(bench_args);
     if (app.got_subcommand("keygen")) return gossamer::app::run_keygen_command(keygen_args);

@@ -101,4 +101,13 @@ run 0 "$G" compare "${SIMTINY[@]}" --methods ddp,noloco --out "$tmp/cmp"
 says "ddp"; says "noloco"; says "x less"
 grep -q '<svg' "$tmp/cmp/report.html" || fail "compare: report.html has no chart"
 
+# The plan: Table 4 within 25%, and a plan for a given model.
+run 0 "$G" plan --table4
+says "largest difference"
+worst=$(grep -o 'largest difference: [0-9]*' "$tmp/out" | grep -o '[0-9]*$')
+[ "$worst" -le 25 ] || fail "plan: Table 4 off by $worst%"
+run 0 "$G" plan --params 1e8 --layers 12 --workers 8 --inner-steps 100
+says "streaming_diloco"
+run 2 "$G" plan --codec fp7
+
 echo "cli: all checks passed"

@@ -1,0 +1,123 @@
+// `gossamer plan`: the bandwidth each method needs for a target compute utilization (sim/plan.h),
+// and the reproduction of Streaming DiLoCo's Table 4.
+#include <cmath>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "app/commands.h"
+#include "quant/format.h"
+#include "sim/plan.h"
+
+namespace gossamer::app {
+
+namespace {
+
+Result<double> bits_of(const std::string& name, const char* option) {
+  auto id = quant::codec_from_name(name);
+  if (!id.ok()) return error(ErrorCode::kInvalidArgument, std::string(option) + ": " + id.status().message());
+  return static_cast<double>(quant::traits(*id).bits);
+}
+
+std::string gbit(double bits_per_s) { return std::isfinite(bits_per_s) ? fmt::format("{:.3g}", bits_per_s / 1e9) : "latency-bound"; }
+
+int table4() {
+  // Streaming DiLoCo, Table 4 (ALGORITHMS.md section 2.7): Gbit/s for 95% compute utilization, H = 100,
+  // fragments of 3 layers, two replicas; columns DP, DiLoCo, Streaming, + overlap, + overlap + FP4.
+  struct Row {
+    const char* name;
+    double params;
+    int layers;
+    double step;
+    double paper[5];
+  };
+  const Row rows[] = {{"1B", 1e9, 24, 0.1, {222.3, 23.3, 16.0, 9.1, 2.0}},
+                      {"10B", 1e10, 48, 0.8, {268.3, 33.9, 13.3, 6.2, 1.4}},
+                      {"100B", 1e11, 108, 4.9, {390.7, 49.4, 11.0, 5.2, 1.1}}};
+  std::printf("Streaming DiLoCo Table 4: Gbit/s for 95%% compute utilization; ours (paper, difference)\n");
+  std::printf("assumptions: 2 replicas, bf16 on the wire (fp4 in the last column), gradients of the last step sent during\n"
+              "its backward pass (2/3 of the step), no latency, H = 100, fragments of 3 layers, overlap tau = 1 step\n");
+  std::printf("%-6s %22s %22s %22s %22s %22s\n", "model", "DP", "DiLoCo", "Streaming", "+ overlap", "+ overlap + FP4");
+  double worst = 0;
+  for (const auto& r : rows) {
+    sim::PlanInput in;
+    in.parameters = r.params;
+    in.layers = r.layers;
+    in.step_time_s = r.step;
+    in.workers = 2;
+    in.inner_steps = 100;
+    in.fragment_layers = 3;
+    in.bits_per_value = 16;
+    in.backward_overlap = 2.0 / 3.0;
+    in.overlap = 0;
+    const auto plain = sim::plan(in);
+    in.overlap = 1;
+    const auto overlapped = sim::plan(in);
+    const auto fp4 = sim::plan(in, 4);
+    const double ours[5] = {plain[0].required_bits_per_s, plain[1].required_bits_per_s, plain[2].required_bits_per_s,
+                            overlapped[2].required_bits_per_s, fp4[2].required_bits_per_s};
+    std::printf("%-6s", r.name);
+    for (int i = 0; i < 5; ++i) {
+      const double diff = ours[i] / 1e9 / r.paper[i] - 1;
+      worst = std::max(worst, std::abs(diff));
+      std::printf(" %22s", fmt::format("{:.1f} ({:.1f}, {:+.0f}%)", ours[i] / 1e9, r.paper[i], 100 * diff).c_str());
+    }
+    std::printf("\n");
+  }
+  std::printf("largest difference: %.0f%%\n", 100 * worst);
+  return 0;
+}
+
+}  // namespace
+
+void add_plan_command(CLI::App& app, PlanArgs& a) {
+  auto* cmd = app.add_subcommand("plan",
+                                 "Bandwidth each method needs to keep workers computing a target share of the time (analytic; the model is in "
+                                 "sim/plan.h, checked against the simulator)");
+  cmd->add_option("--params", a.params, "model parameters")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--layers", a.layers, "transformer blocks")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--step-time", a.step_time, "seconds per inner step")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--workers", a.workers, "replicas")->capture_default_str()->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--inner-steps", a.inner_steps, "H: inner steps between synchronizations")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--fragment-layers", a.fragment_layers, "streaming_diloco: blocks per fragment")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--overlap", a.overlap, "streaming_diloco: tau, steps a fragment's all-reduce may overlap")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--codec", a.codec, "codec of ddp, diloco, noloco and co2")->capture_default_str();
+  cmd->add_option("--streaming-codec", a.streaming_codec, "codec of streaming_diloco")->capture_default_str();
+  cmd->add_option("--utilization", a.utilization, "target compute utilization")->capture_default_str()->check(CLI::Range(0.01, 0.9999));
+  cmd->add_option("--backward-overlap", a.backward_overlap,
+                  "share of a step during which the last step's gradients may already be sent (2/3 for layer-by-layer sends "
+                  "during backward; 0 for Gossamer today)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--latency-ms", a.latency_ms, "one-way latency per hop")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--table4", a.table4, "reproduce Table 4 of Streaming DiLoCo with this model, beside the paper's figures");
+}
+
+int run_plan_command(const PlanArgs& a) {
+  if (a.table4) return table4();
+  auto bits = bits_of(a.codec, "--codec");
+  if (!bits.ok()) return report_failure(bits.status());
+  auto sbits = bits_of(a.streaming_codec, "--streaming-codec");
+  if (!sbits.ok()) return report_failure(sbits.status());
+  sim::PlanInput in;
+  in.parameters = a.params;
+  in.layers = a.layers;
+  in.step_time_s = a.step_time;
+  in.workers = a.workers;
+  in.inner_steps = a.inner_steps;
+  in.fragment_layers = a.fragment_layers;
+  in.overlap = a.overlap;
+  in.bits_per_value = *bits;
+  in.target_utilization = a.utilization;
+  in.backward_overlap = a.backward_overlap;
+  in.latency_s = a.latency_ms / 1e3;
+  std::printf("bandwidth per worker for %.0f%% compute utilization: %.3g parameters, %d layers, %.3g s per step, %d workers, H = %d\n",
+              100 * a.utilization, a.params, a.layers, a.step_time, a.workers, a.inner_steps);
+  std::printf("%-18s %16s %18s %16s\n", "method", "sync every", "bits per sync", "Gbit/s needed");
+  for (const auto& r : sim::plan(in, *sbits)) {
+    std::printf("%-18s %11.3g steps %18.3g %16s\n", r.method.c_str(), r.steps_between_syncs, r.bits_per_sync, gbit(r.required_bits_per_s).c_str());
+  }
+  return 0;
+}
+
+}  // namespace gossamer::app
