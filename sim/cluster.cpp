@@ -28,7 +28,14 @@ Result<NetworkSpec> network_spec(const train::RunConfig& c) {
   NetworkSpec spec;
   spec.seed = static_cast<std::uint64_t>(c.sim.seed);
   spec.hub_bytes_per_s = c.sim.shared_uplink_mbit * 1e6 / 8;
-  for (std::int64_t i = 0; i < c.sim.workers; ++i) spec.nodes.push_back(NodeSpec{link, -1});
+  for (std::int64_t i = 0; i < c.sim.workers; ++i) {
+    NodeSpec node{link, -1};
+    if (i >= c.sim.workers - c.sim.slow_link_workers) {
+      node.link.name = link.name + " (slow)";
+      node.link.bandwidth_bytes_per_s = c.sim.slow_link_mbit * 1e6 / 8;
+    }
+    spec.nodes.push_back(node);
+  }
   return spec;
 }
 

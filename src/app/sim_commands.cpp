@@ -32,6 +32,7 @@ std::string network_text(const train::RunConfig& c) {
                        std::chrono::duration<double, std::milli>(p->latency).count());
     }
   }
+  if (c.sim.slow_link_workers > 0) s += fmt::format(", except the last {} at {:g} Mbit/s", c.sim.slow_link_workers, c.sim.slow_link_mbit);
   if (c.sim.shared_uplink_mbit > 0) s += fmt::format(", all behind one shared {:g} Mbit/s link", c.sim.shared_uplink_mbit);
   if (c.sim.compute == "fixed") s += fmt::format("; compute {:g} s per inner step", c.sim.step_time_s);
   if (c.sim.compute == "device") s += fmt::format("; compute {:g} TFLOP/s at {:g}% utilization", c.sim.device_tflops, 100 * c.sim.device_utilization);

@@ -105,6 +105,8 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"sim.latency_ms", "custom network: one-way latency (ms)", [](RunConfig& c) -> double& { return c.sim.latency_ms; }, 0.0, 1e6, false},
       FloatKey{"sim.jitter_ms", "custom network: jitter, standard deviation (ms)", [](RunConfig& c) -> double& { return c.sim.jitter_ms; }, 0.0, 1e6, false},
       FloatKey{"sim.loss", "custom network: packet loss probability (costs retransmission delay)", [](RunConfig& c) -> double& { return c.sim.loss; }, 0.0, 0.5, false},
+      IntKey{"sim.slow_link_workers", "heterogeneous links: the last N workers have sim.slow_link_mbit access links", [](RunConfig& c) -> std::int64_t& { return c.sim.slow_link_workers; }, 0, 4096},
+      FloatKey{"sim.slow_link_mbit", "bandwidth of the slow workers' links (Mbit/s)", [](RunConfig& c) -> double& { return c.sim.slow_link_mbit; }, 0.0, 1e9, true},
       FloatKey{"sim.shared_uplink_mbit", "> 0 puts every worker behind one shared link of this bandwidth (a hub); 0: none", [](RunConfig& c) -> double& { return c.sim.shared_uplink_mbit; }, 0.0, 1e9, false},
       StringKey{"sim.compute", "step time: fixed (sim.step_time_s), device (6 x params x tokens / (FLOP/s x utilization)) or measured (this machine; not deterministic)", [](RunConfig& c) -> std::string& { return c.sim.compute; }, {"fixed", "device", "measured"}},
       FloatKey{"sim.step_time_s", "fixed compute: seconds per inner step", [](RunConfig& c) -> double& { return c.sim.step_time_s; }, 0.0, 1e6, true},
@@ -315,6 +317,9 @@ Status validate(const RunConfig& c) {
   }
   if (c.sim.crash_worker >= c.sim.workers) {
     return bad("sim.crash_worker (" + std::to_string(c.sim.crash_worker) + ") must name one of the " + std::to_string(c.sim.workers) + " workers");
+  }
+  if (c.sim.slow_link_workers > c.sim.workers) {
+    return bad("sim.slow_link_workers (" + std::to_string(c.sim.slow_link_workers) + ") exceeds sim.workers (" + std::to_string(c.sim.workers) + ")");
   }
   if (c.sim.straggler >= c.sim.workers) {
     return bad("sim.straggler (" + std::to_string(c.sim.straggler) + ") must name one of the " + std::to_string(c.sim.workers) + " workers");

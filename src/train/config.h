@@ -111,6 +111,8 @@ struct SimSection {
   double jitter_ms = 0.0;
   double loss = 0.0;
   double shared_uplink_mbit = 0.0;        // > 0: every worker sits behind one shared uplink (a hub)
+  std::int64_t slow_link_workers = 0;     // the last N workers have slow_link_mbit links instead
+  double slow_link_mbit = 10.0;
   std::string compute = "device";         // fixed (step_time_s), device (FLOP/s model) or measured
   double step_time_s = 0.1;
   double device_tflops = 100.0;           // peak

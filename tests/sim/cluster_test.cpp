@@ -138,3 +138,23 @@ TEST_CASE("a straggler stretches the simulated time of synchronous methods") {
   CHECK(slow.accounts[1].compute_s == doctest::Approx(3 * even.accounts[1].compute_s));
   CHECK(slow.accounts[0].blocked_s > even.accounts[0].blocked_s);  // the others wait for it
 }
+
+TEST_CASE("heterogeneous links: a slow worker's link stretches the synchronous rounds") {
+  auto c = tiny("diloco");
+  c.sim.network = "custom";
+  c.sim.bandwidth_mbit = 1000;
+  c.sim.latency_ms = 1;
+  auto spec = network_spec(c);
+  REQUIRE(spec.ok());
+  CHECK(spec->nodes[2].link.bandwidth_bytes_per_s == doctest::Approx(1000e6 / 8));
+  const auto fast = run(c);
+  c.sim.slow_link_workers = 1;
+  c.sim.slow_link_mbit = 1;
+  spec = network_spec(c);
+  REQUIRE(spec.ok());
+  CHECK(spec->nodes[2].link.bandwidth_bytes_per_s == doctest::Approx(1e6 / 8));
+  CHECK(spec->nodes[1].link.bandwidth_bytes_per_s == doctest::Approx(1000e6 / 8));
+  const auto slow = run(c);
+  CHECK(slow.accounts[0].blocked_s > 5 * fast.accounts[0].blocked_s);
+  CHECK(slow.accounts[0].bytes_sent == fast.accounts[0].bytes_sent);  // same traffic, slower
+}
