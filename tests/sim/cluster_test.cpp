@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "sim/cluster.h"
+#include "tiny.h"
 
 using namespace gossamer;
 using namespace gossamer::sim;
@@ -10,26 +11,12 @@ using namespace gossamer::sim;
 namespace {
 
 train::RunConfig tiny(const std::string& method) {
-  train::RunConfig c;
-  c.model.layers = 2;
-  c.model.width = 32;
-  c.model.heads = 2;
-  c.model.context = 16;
-  c.data.synthetic.bytes = 60'000;
-  c.train.batch_size = 4;
-  c.train.steps = 24;
-  c.train.warmup_steps = 4;
-  c.train.eval_every = 12;
-  c.train.eval_batches = 2;
-  c.outer.method = method;
+  train::RunConfig c = testing::tiny_run(method, 3, 24);
   c.diloco.inner_steps = 6;
   c.noloco.inner_steps = 6;
   c.co2.inner_steps = 6;
   c.streaming_diloco.inner_steps = 6;
   c.streaming_diloco.fragment_layers = 1;
-  c.sim.workers = 3;
-  c.sim.compute = "fixed";
-  c.sim.step_time_s = 0.05;
   return c;
 }
 

@@ -4,6 +4,7 @@
 
 #include "sim/cluster.h"
 #include "sim/plan.h"
+#include "tiny.h"
 
 using namespace gossamer;
 using namespace gossamer::sim;
@@ -44,22 +45,9 @@ TEST_CASE("the plan reproduces Table 4 of Streaming DiLoCo within 25%") {
 
 TEST_CASE("the plan's utilization agrees with the simulator's") {
   // A small diloco run over a custom network whose bandwidth the plan says gives 80% utilization.
-  train::RunConfig c;
-  c.model.layers = 2;
-  c.model.width = 32;
-  c.model.heads = 2;
-  c.model.context = 16;
-  c.data.synthetic.bytes = 60'000;
-  c.train.batch_size = 4;
-  c.train.steps = 40;
-  c.train.warmup_steps = 4;
-  c.train.eval_every = 40;
+  train::RunConfig c = testing::tiny_run("diloco", 4, 40);
   c.train.eval_batches = 1;
-  c.outer.method = "diloco";
   c.diloco.inner_steps = 10;
-  c.sim.workers = 4;
-  c.sim.compute = "fixed";
-  c.sim.step_time_s = 0.05;
   c.sim.network = "custom";
   c.sim.latency_ms = 5;
   auto corpus = train::load_corpus(c);

@@ -7,6 +7,7 @@
 
 #include "core/file.h"
 #include "sim/report.h"
+#include "tiny.h"
 
 using namespace gossamer;
 using namespace gossamer::sim;
@@ -14,22 +15,8 @@ using namespace gossamer::sim;
 namespace {
 
 train::RunConfig tiny(const std::string& method) {
-  train::RunConfig c;
-  c.model.layers = 2;
-  c.model.width = 32;
-  c.model.heads = 2;
-  c.model.context = 16;
-  c.data.synthetic.bytes = 60'000;
-  c.train.batch_size = 4;
-  c.train.steps = 12;
-  c.train.warmup_steps = 2;
-  c.train.eval_every = 6;
-  c.train.eval_batches = 2;
-  c.outer.method = method;
+  train::RunConfig c = testing::tiny_run(method, 2, 12);
   c.diloco.inner_steps = 4;
-  c.sim.workers = 2;
-  c.sim.compute = "fixed";
-  c.sim.step_time_s = 0.05;
   return c;
 }
 
