@@ -4,18 +4,20 @@
 
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
-
 #include "optim/flat_params.h"
 #include "train/worker.h"
 
 namespace gossamer::sim {
 
+namespace {
+double mbit_to_bytes_per_s(double mbit) { return mbit * 1e6 / 8; }
+}  // namespace
+
 Result<NetworkSpec> network_spec(const train::RunConfig& c) {
   transport::LinkProfile link;
   if (c.sim.network == "custom") {
     link.name = "custom";
-    link.bandwidth_bytes_per_s = c.sim.bandwidth_mbit * 1e6 / 8;
+    link.bandwidth_bytes_per_s = mbit_to_bytes_per_s(c.sim.bandwidth_mbit);
     link.latency = std::chrono::duration_cast<Nanos>(std::chrono::duration<double, std::milli>(c.sim.latency_ms));
     link.jitter = std::chrono::duration_cast<Nanos>(std::chrono::duration<double, std::milli>(c.sim.jitter_ms));
     link.loss = c.sim.loss;
@@ -27,12 +29,12 @@ Result<NetworkSpec> network_spec(const train::RunConfig& c) {
   if (Status st = link.validate(); !st.ok()) return error(ErrorCode::kInvalidArgument, "sim.network: " + st.message());
   NetworkSpec spec;
   spec.seed = static_cast<std::uint64_t>(c.sim.seed);
-  spec.hub_bytes_per_s = c.sim.shared_uplink_mbit * 1e6 / 8;
+  spec.hub_bytes_per_s = mbit_to_bytes_per_s(c.sim.shared_uplink_mbit);
   for (std::int64_t i = 0; i < c.sim.workers; ++i) {
     NodeSpec node{link, -1};
     if (i >= c.sim.workers - c.sim.slow_link_workers) {
       node.link.name = link.name + " (slow)";
-      node.link.bandwidth_bytes_per_s = c.sim.slow_link_mbit * 1e6 / 8;
+      node.link.bandwidth_bytes_per_s = mbit_to_bytes_per_s(c.sim.slow_link_mbit);
     }
     spec.nodes.push_back(node);
   }
@@ -60,38 +62,28 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
   Network net(scheduler, *spec);
   ClusterResult result;
   result.accounts.resize(static_cast<std::size_t>(m));
-  result.crashed.assign(static_cast<std::size_t>(m), false);
   result.final_params.resize(static_cast<std::size_t>(m));
 
-  std::vector<std::unique_ptr<train::Worker>> workers;
-  std::vector<optim::OuterSetup> setups(static_cast<std::size_t>(m));
-  for (int r = 0; r < m; ++r) {
-    workers.push_back(std::make_unique<train::Worker>(config, corpus.dataset, r, m, scheduler));
-    optim::Group group;
-    group.rank = r;
-    group.size = m;
-    group.clock = &scheduler;
-    group.peers.resize(static_cast<std::size_t>(m));
-    for (int j = 0; j < m; ++j) {
-      if (j != r) group.peers[static_cast<std::size_t>(j)] = net.link(r, j);
-    }
-    auto setup = optim::make_outer_optimizer(*outer_config, train::param_blocks(workers.back()->model()), std::move(group));
-    if (!setup.ok()) return setup.status();
-    setups[static_cast<std::size_t>(r)] = std::move(*setup);
-  }
-  result.parameters = workers.front()->model().num_parameters();
-
-  // Membership: the scenario knows who is alive; each worker moves to a new group (and a new epoch of
-  // links, so nothing of an abandoned round reaches it) at its first step or failed round after a crash.
-  int epoch = 0;
-  std::vector<int> worker_epoch(static_cast<std::size_t>(m), 0);
-  auto group_of = [&](int r) {
-    optim::Group g;
-    g.clock = &scheduler;
+  // Membership: the scenario knows who is alive (the network's crash list); after a crash each worker
+  // moves, at its next step or failed round, to the group of the survivors over a new epoch of links
+  // (one epoch per crash), so nothing of an abandoned round reaches it.
+  auto alive = [&] {
     std::vector<int> members;
     for (int j = 0; j < m; ++j) {
-      if (!result.crashed[static_cast<std::size_t>(j)]) members.push_back(j);
+      if (!net.crashed(j)) members.push_back(j);
     }
+    return members;
+  };
+  auto epoch_now = [&] {  // asked every step: count, do not build the list
+    int crashes = 0;
+    for (int j = 0; j < m; ++j) crashes += net.crashed(j) ? 1 : 0;
+    return crashes;
+  };
+  auto group_of = [&](int r) {
+    const std::vector<int> members = alive();
+    const int epoch = m - static_cast<int>(members.size());
+    optim::Group g;
+    g.clock = &scheduler;
     g.size = static_cast<int>(members.size());
     g.peers.resize(members.size());
     for (std::size_t k = 0; k < members.size(); ++k) {
@@ -103,6 +95,17 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
     }
     return g;
   };
+
+  std::vector<std::unique_ptr<train::Worker>> workers;
+  std::vector<optim::OuterSetup> setups(static_cast<std::size_t>(m));
+  for (int r = 0; r < m; ++r) {
+    workers.push_back(std::make_unique<train::Worker>(config, corpus.dataset, r, m, scheduler));
+    auto setup = optim::make_outer_optimizer(*outer_config, train::param_blocks(workers.back()->model()), group_of(r));
+    if (!setup.ok()) return setup.status();
+    setups[static_cast<std::size_t>(r)] = std::move(*setup);
+  }
+  result.parameters = workers.front()->model().num_parameters();
+  std::vector<int> worker_epoch(static_cast<std::size_t>(m), 0);
 
   Status failure;
   double compute_wall = 0;
@@ -129,21 +132,21 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
         if (r == config.sim.crash_worker && next == config.sim.crash_at_step) {
           spdlog::info("sim: worker {} crashes before step {} (t = {:.1f} s)", r, next, std::chrono::duration<double>(scheduler.now()).count());
           net.crash(r);
-          result.crashed[static_cast<std::size_t>(r)] = true;
-          ++epoch;
           return false;
         }
         return true;
       };
       hooks.regroup = [&, r]() -> std::optional<optim::Group> {
         int& mine = worker_epoch[static_cast<std::size_t>(r)];
+        const int epoch = epoch_now();
         if (mine == epoch) return std::nullopt;
         for (int j = 0; j < m; ++j) {
           if (j != r) net.close(r, j, mine);  // peers still waiting on us there fail now, and follow
         }
         mine = epoch;
-        spdlog::info("sim: worker {} continues with the {} remaining workers", r, m - static_cast<int>(std::count(result.crashed.begin(), result.crashed.end(), true)));
-        return group_of(r);
+        optim::Group g = group_of(r);
+        spdlog::info("sim: worker {} continues with the {} remaining workers", r, g.size);
+        return g;
       };
       hooks.record = [&, r](const nlohmann::json& rec) {
         nlohmann::json out = rec;
@@ -169,7 +172,7 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
   result.sim_time_s = std::chrono::duration<double>(scheduler.now()).count();
   result.wall_s = wall.elapsed_seconds();
   result.compute_wall_s = compute_wall;
-  result.context_switches = scheduler.context_switches();
+  for (int r = 0; r < m; ++r) result.crashed.push_back(net.crashed(r));
   return result;
 }
 

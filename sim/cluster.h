@@ -39,12 +39,11 @@ double step_seconds(const train::RunConfig& config, std::int64_t parameters, dou
 struct ClusterResult {
   std::vector<nlohmann::json> records;          // every worker's metrics records, in virtual-time order
   std::vector<train::WorkerAccount> accounts;   // per worker
-  std::vector<bool> crashed;
+  std::vector<bool> crashed;                    // per worker, from the scenario
   double sim_time_s = 0;                        // virtual time at the end
   double wall_s = 0;                            // real time the simulation took
   double compute_wall_s = 0;                    // real time spent in model compute (inner steps, evaluation)
   std::int64_t parameters = 0;
-  std::uint64_t context_switches = 0;
   std::vector<at::Tensor> final_params;         // each worker's parameters at its end, flattened
 };
 

@@ -44,7 +44,6 @@ struct PlanRow {
   std::string method;
   double steps_between_syncs = 0;
   double bits_per_sync = 0;
-  double hidden_s = 0;           // time a synchronization may take without stalling compute
   double required_bits_per_s = 0;  // for the target utilization; infinity when latency alone exceeds it
 };
 

@@ -261,7 +261,7 @@ std::string report_html(const std::vector<MethodRun>& runs, const nlohmann::json
   return o.str();
 }
 
-Status write_comparison(const std::filesystem::path& out, const std::vector<MethodRun>& runs, const ReportContext& ctx) {
+Result<nlohmann::json> write_comparison(const std::filesystem::path& out, const std::vector<MethodRun>& runs, const ReportContext& ctx) {
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
   if (ec) return error(ErrorCode::kIoError, "cannot create " + out.string() + ": " + ec.message());
@@ -277,7 +277,8 @@ Status write_comparison(const std::filesystem::path& out, const std::vector<Meth
     summary["methods"].push_back(method_summary(run, ctx.target_loss));
   }
   if (Status st = write_file_atomic(out / "summary.json", as_bytes(summary.dump(2) + "\n")); !st.ok()) return st;
-  return write_file_atomic(out / "report.html", as_bytes(report_html(runs, summary, ctx)));
+  if (Status st = write_file_atomic(out / "report.html", as_bytes(report_html(runs, summary, ctx))); !st.ok()) return st;
+  return summary;
 }
 
 }  // namespace gossamer::sim

@@ -37,8 +37,9 @@ struct ReportContext {
   double target_loss = 0;
 };
 
-// Writes <out>/<method>/metrics.jsonl for each run, <out>/summary.json and <out>/report.html.
-[[nodiscard]] Status write_comparison(const std::filesystem::path& out, const std::vector<MethodRun>& runs, const ReportContext& context);
+// Writes <out>/<method>/metrics.jsonl for each run, <out>/summary.json and <out>/report.html, and
+// returns the summary it wrote.
+[[nodiscard]] Result<nlohmann::json> write_comparison(const std::filesystem::path& out, const std::vector<MethodRun>& runs, const ReportContext& context);
 std::string report_html(const std::vector<MethodRun>& runs, const nlohmann::json& summary, const ReportContext& context);
 
 }  // namespace gossamer::sim

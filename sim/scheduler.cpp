@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <deque>
 #include <exception>
-#include <map>
 #include <mutex>
 #include <queue>
 #include <semaphore>
@@ -18,7 +17,6 @@ namespace gossamer::sim {
 namespace {
 
 struct Actor {
-  std::uint64_t id = 0;
   std::binary_semaphore resume{0};  // posted by the scheduler to let this actor run
   std::thread thread;
   bool finished = false;
@@ -47,7 +45,6 @@ thread_local Actor* t_current = nullptr;
 struct Scheduler::Impl {
   Nanos now{0};
   std::uint64_t seq = 0;
-  std::uint64_t switches = 0;
   std::priority_queue<Event, std::vector<Event>, Later> events;
   std::deque<Actor*> ready;
   std::vector<std::unique_ptr<Actor>> actors;
@@ -92,7 +89,6 @@ struct Scheduler::Impl {
     Actor* n = stopping ? nullptr : next();
     if (n == self) return;
     if (n != nullptr) {
-      ++switches;
       n->resume.release();
     } else {
       idle.release();
@@ -186,7 +182,6 @@ Scheduler::~Scheduler() {
 }
 
 Nanos Scheduler::now() const { return impl_->now; }
-std::uint64_t Scheduler::context_switches() const { return impl_->switches; }
 bool Scheduler::in_actor() const { return t_current != nullptr; }
 
 void Scheduler::sleep_until(Nanos t) {
@@ -205,7 +200,6 @@ std::unique_ptr<ClockThread> Scheduler::start_thread(std::function<void()> body)
   auto& s = *impl_;
   auto actor = std::make_unique<Actor>();
   Actor* a = actor.get();
-  a->id = s.actors.size();
   a->done = make_signal();
   a->thread = std::thread([this, a, body = std::move(body)] {
     auto& st = *impl_;
@@ -244,7 +238,6 @@ Status Scheduler::run() {
   GOSSAMER_CHECK(t_current == nullptr, "Scheduler::run called from a simulated thread");
   // Control passes from actor to actor; this thread only starts the first and waits for the end.
   if (Actor* first = s.next(); first != nullptr) {
-    ++s.switches;
     first->resume.release();
     s.idle.acquire();
   }

@@ -48,7 +48,6 @@ class Scheduler final : public Clock {
   // Runs until every actor has finished.
   [[nodiscard]] Status run();
 
-  std::uint64_t context_switches() const;
   bool in_actor() const;  // true on an actor's thread while it runs
 
   struct Impl;

@@ -10,7 +10,6 @@
 #include <spdlog/spdlog.h>
 
 #include "app/commands.h"
-#include "core/file.h"
 #include "sim/cluster.h"
 #include "sim/report.h"
 
@@ -124,9 +123,9 @@ int run_and_report(const std::vector<train::RunConfig>& configs, const std::stri
   ctx.network_description = network_text(configs.front());
   ctx.entropy_floor = corpus->entropy_floor;
   ctx.target_loss = target > 0 ? target : sim::default_target_loss(runs);
-  if (Status st = sim::write_comparison(out, runs, ctx); !st.ok()) return report_failure(st);
-  auto summary_text = read_text_file(std::filesystem::path(out) / "summary.json", 64 << 20);
-  if (summary_text.ok()) print_summary(nlohmann::json::parse(*summary_text));
+  auto summary = sim::write_comparison(out, runs, ctx);
+  if (!summary.ok()) return report_failure(summary.status());
+  print_summary(*summary);
   spdlog::info("report: {}/report.html (summary.json, <method>/metrics.jsonl beside it)", out);
   return 0;
 }

@@ -79,16 +79,6 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   return o;
 }
 
-std::int64_t sync_interval(const RunConfig& c) {
-  const std::string& m = c.outer.method;
-  if (m == "ddp") return 1;
-  if (m == "diloco") return c.diloco.inner_steps;
-  if (m == "streaming_diloco") return c.streaming_diloco.inner_steps;
-  if (m == "noloco") return c.noloco.inner_steps;
-  if (m == "co2") return c.co2.inner_steps;
-  return 0;
-}
-
 std::vector<optim::ParamBlock> param_blocks(const model::Gpt& gpt) {
   std::vector<optim::ParamBlock> out;
   for (const auto& b : gpt.blocks()) {
@@ -111,13 +101,16 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
   WorkerAccount acc;
   optim::OuterOptimizer& outer = *setup.outer;
   auto pace = [&](double measured) { return hooks.pace ? hooks.pace(measured) : measured; };
-  auto emit = [&](nlohmann::json rec) {
-    if (!hooks.record) return;
+  auto take_counters = [&] {  // the optimizer keeps the communication counters
     const optim::CommStats comm = outer.comm();
     acc.bytes_sent = comm.bytes_sent;
     acc.bytes_received = comm.bytes_received;
     acc.rounds = outer.rounds();
     acc.skipped_rounds = outer.skipped_rounds();
+  };
+  auto emit = [&](nlohmann::json rec) {
+    if (!hooks.record) return;
+    take_counters();
     rec.update(acc.to_json());
     rec["time_s"] = std::chrono::duration<double>(clock.now()).count();
     hooks.record(rec);
@@ -186,17 +179,13 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
       acc.eval_wall_s += eval_watch.elapsed_seconds();
     }
     const bool round = synced.ok() && *synced && setup.gradient_sync == nullptr;
-    if (val || round || last || (o.record_every > 0 && r.step % o.record_every == 0)) {
+    if (val || round || last) {
       nlohmann::json rec = {{"step", r.step}, {"train_loss", r.loss}, {"lr", r.lr}};
       if (val) rec["val_loss"] = *val;
       emit(std::move(rec));
     }
   }
-  const optim::CommStats comm = outer.comm();
-  acc.bytes_sent = comm.bytes_sent;
-  acc.bytes_received = comm.bytes_received;
-  acc.rounds = outer.rounds();
-  acc.skipped_rounds = outer.skipped_rounds();
+  take_counters();
   return acc;
 }
 

@@ -28,8 +28,6 @@ namespace gossamer::train {
 // kInvalidArgument (naming the keys) for combinations the method refuses, e.g. a fragment count that
 // does not divide H.
 [[nodiscard]] Result<optim::OuterConfig> outer_config(const RunConfig& config);
-// Inner steps between the chosen method's synchronizations (1 for ddp; 0 for local).
-std::int64_t sync_interval(const RunConfig& config);
 std::vector<optim::ParamBlock> param_blocks(const model::Gpt& gpt);
 
 // What one worker spent and sent so far.
@@ -50,7 +48,6 @@ struct LoopOptions {
   std::int64_t steps = 0;                // run until this many inner steps are done
   std::int64_t eval_every = 0;           // 0: never
   bool evaluate = false;                 // this worker evaluates (at eval_every and the end)
-  std::int64_t record_every = 0;         // also write an accounting record every k steps; 0: rounds only
   Nanos round_timeout = std::chrono::minutes(10);
 };
 
@@ -60,7 +57,8 @@ struct LoopHooks {
   std::function<double(double measured_s)> pace;
   // Before each step: false stops this worker now (a crash in a scenario).
   std::function<bool(std::int64_t next_step)> keep_going;
-  // Each metrics record (the caller adds who wrote it and writes it out).
+  // A metrics record at every applied round, evaluation and the last step (the caller adds who wrote
+  // it and writes it out).
   std::function<void(const nlohmann::json&)> record;
   // Asked before every step and after a failed round: the new group when the members changed since
   // the last call (membership comes from outside: gossip in real runs, the scenario in simulation).
