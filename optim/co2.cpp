@@ -28,7 +28,10 @@ Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
   // The average launched last round, which used x_{t-1,tau}: it must be in before we go on.
   if (pending_) {
     if (Status st = pending_->wait(deadline); !st.ok()) {
-      if (pending_->done()) pending_.reset();  // failed for good: that average is lost, the next round launches afresh
+      if (pending_->done()) {  // failed for good: that average is lost (its bytes count), the next round launches afresh
+        stats_ += pending_->stats();
+        pending_.reset();
+      }
       return st.with_context("CO2 round " + std::to_string(round));
     }
     stats_ += pending_->stats();

@@ -62,7 +62,6 @@ class CO2 {
 
   [[nodiscard]] Result<bool> step(std::int64_t inner_steps_done, Deadline deadline);
 
-  const at::Tensor& outer_point() const { return outer_; }
   const at::Tensor& momentum() const { return momentum_; }
   std::int64_t rounds() const { return rounds_; }
   void skip_round() { ++skipped_rounds_; }

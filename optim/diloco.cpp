@@ -4,9 +4,6 @@
 
 #include "core/check.h"
 #include "optim/flat_params.h"
-#include "core/wire.h"
-#include "optim/state_io.h"
-#include "quant/codec.h"
 
 namespace gossamer::optim {
 
@@ -27,11 +24,9 @@ Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   if (inner_steps_done <= 0 || inner_steps_done % options_.inner_steps != 0) return false;
   at::Tensor delta = state_.outer - flatten(params_);  // pseudo-gradient: outer - local
   CommStats stats;
-  if (Status st = allreduce_mean(group_, delta, options_.codec, round_tag(kDiLoCoTag, inner_steps_done / options_.inner_steps), deadline, &stats); !st.ok()) {
-    comm_ += stats;
-    return st.with_context("DiLoCo round " + std::to_string(state_.rounds + 1));
-  }
-  comm_ += stats;
+  const Status st = allreduce_mean(group_, delta, options_.codec, round_tag(kDiLoCoTag, inner_steps_done / options_.inner_steps), deadline, &stats);
+  comm_ += stats;  // a failed round's bytes were sent all the same
+  if (!st.ok()) return st.with_context("DiLoCo round " + std::to_string(state_.rounds + 1));
   const double mu = options_.outer_momentum, lr = options_.outer_lr;
   state_.momentum.mul_(mu).add_(delta);  // v <- mu v + Delta
   if (options_.nesterov) {

@@ -2,14 +2,13 @@
 
 #include <torch/torch.h>
 
+#include "optim/data_parallel.h"
 #include "optim/gloo_sync.h"
 #include "optim/state_io.h"
 
 namespace gossamer::optim {
 
 namespace {
-
-constexpr transport::Tag kDdpTag = 0x0D040000u;  // + step (round_tag)
 
 std::vector<at::Tensor> all_tensors(const std::vector<ParamBlock>& blocks) {
   std::vector<at::Tensor> out;
@@ -37,55 +36,6 @@ class Local final : public OuterOptimizer {
   }
 };
 
-// Synchronous data parallelism: gradients averaged every step, no outer state.
-class DataParallel final : public OuterOptimizer, public GradientSync {
- public:
-  DataParallel(Group group, quant::EncodeOptions codec) : group_(std::move(group)), codec_(codec) {}
-  std::string_view name() const override { return "ddp"; }
-  Result<bool> step(std::int64_t, Deadline) override { return false; }
-  void skip_round() override { ++skipped_; }
-  Status regroup(Group group) override {
-    group_ = std::move(group);
-    return Status();
-  }
-  std::int64_t rounds() const override { return rounds_; }
-  std::int64_t skipped_rounds() const override { return skipped_; }
-  CommStats comm() const override { return comm_; }
-  Bytes save() const override { return save_state("ddp", {rounds_, skipped_}, {}); }
-  Status load(ByteView state) override {
-    std::vector<std::int64_t> c(2);
-    std::vector<at::Tensor> t;
-    if (Status st = load_state(state, "ddp", c, t); !st.ok()) return st;
-    rounds_ = c[0];
-    skipped_ = c[1];
-    return Status();
-  }
-
-  Status sync_gradients(const std::vector<at::Tensor>& params, std::int64_t step, Deadline deadline) override {
-    std::vector<at::Tensor> grads;
-    for (const auto& p : params) grads.push_back(p.grad().defined() ? p.grad().reshape({-1}) : torch::zeros({p.numel()}));
-    at::Tensor flat = torch::cat(grads);
-    CommStats stats;
-    Status st = allreduce_mean(group_, flat, codec_, round_tag(kDdpTag, step), deadline, &stats);
-    comm_ += stats;
-    if (!st.ok()) return st.with_context("ddp step " + std::to_string(step));
-    std::int64_t offset = 0;
-    for (const auto& p : params) {
-      const std::int64_t n = p.numel();
-      if (p.grad().defined()) p.mutable_grad().copy_(flat.slice(0, offset, offset + n).view(p.sizes()));
-      offset += n;
-    }
-    ++rounds_;
-    return Status();
-  }
-
- private:
-  Group group_;
-  quant::EncodeOptions codec_;
-  std::int64_t rounds_ = 0, skipped_ = 0;
-  CommStats comm_;
-};
-
 template <typename Impl>
 class Adapter final : public OuterOptimizer {
  public:
@@ -104,7 +54,6 @@ class Adapter final : public OuterOptimizer {
   CommStats comm() const override { return impl_.comm(); }
   Bytes save() const override { return impl_.save(); }
   Status load(ByteView state) override { return impl_.load(state); }
-  Impl& impl() { return impl_; }
 
  private:
   std::string_view name_;
@@ -126,7 +75,7 @@ Result<OuterSetup> make_outer_optimizer(const OuterConfig& c, const std::vector<
     setup.outer = std::move(gloo->outer);
   } else if (c.method == "ddp") {
     if (c.ddp_engine != "links") return error(ErrorCode::kInvalidArgument, "unknown ddp engine '" + c.ddp_engine + "': use links or gloo");
-    auto ddp = std::make_unique<DataParallel>(std::move(group), c.ddp_codec);
+    auto ddp = make_links_data_parallel(std::move(group), c.ddp_codec);
     setup.gradient_sync = ddp.get();
     setup.outer = std::move(ddp);
   } else if (c.method == "diloco") {

@@ -40,7 +40,10 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
     // COMPLETE at t_f.
     if ((s - t_f) % h == 0 && s >= t_f && st.pending) {
       if (Status w = st.pending->wait(deadline); !w.ok()) {
-        if (st.pending->done()) st.pending.reset();  // failed for good: the next window launches afresh
+        if (st.pending->done()) {  // failed for good (its bytes count): the next window launches afresh
+          comm_ += st.pending->stats();
+          st.pending.reset();
+        }
         return w.with_context("Streaming DiLoCo fragment " + std::to_string(f) + " at step " + std::to_string(s));
       }
       comm_ += st.pending->stats();
@@ -49,8 +52,8 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
       const double mu = options_.outer_momentum, lr = options_.outer_lr, alpha = options_.mixing;
       st.momentum.mul_(mu).add_(delta);
       st.outer.sub_((delta + mu * st.momentum) * lr);
-      const at::Tensor local = flatten(fragments_[static_cast<std::size_t>(f)].tensors);
-      write_flat(fragments_[static_cast<std::size_t>(f)].tensors, alpha == 0.0 ? st.outer : local * alpha + st.outer * (1.0 - alpha));
+      auto& tensors = fragments_[static_cast<std::size_t>(f)].tensors;
+      write_flat(tensors, alpha == 0.0 ? st.outer : flatten(tensors) * alpha + st.outer * (1.0 - alpha));
       ++completed_;
       ++done;
     }

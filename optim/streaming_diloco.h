@@ -41,9 +41,7 @@ class StreamingDiLoCo {
   // of fragments completed at this step.
   [[nodiscard]] Result<int> step(std::int64_t inner_steps_done, Deadline deadline);
 
-  const std::vector<Fragment>& fragments() const { return fragments_; }
   const at::Tensor& outer_weights(std::size_t fragment) const { return state_[fragment].outer; }
-  std::int64_t completed() const { return completed_; }
   std::int64_t rounds() const { return completed_; }
   void skip_round() { ++skipped_; }
   // Fragments in flight over the old group are dropped; they launch again in their next window.

@@ -32,7 +32,7 @@ AsyncCollectives::~AsyncCollectives() {
 
 std::shared_ptr<Work> AsyncCollectives::allreduce_mean(at::Tensor tensor, const quant::EncodeOptions& codec, transport::Tag tag,
                                                        Deadline deadline) {
-  auto work = std::make_shared<Work>(*group_.clock);
+  auto work = std::make_shared<Work>(*clock_);  // group_ belongs to the communication thread
   work->tensor_ = std::move(tensor);
   std::lock_guard<std::mutex> lock(mu_);
   jobs_.push_back([this, work, codec, tag, deadline] {
@@ -51,7 +51,7 @@ std::shared_ptr<Work> AsyncCollectives::allreduce_mean(at::Tensor tensor, const 
 void AsyncCollectives::set_group(Group group) {
   GOSSAMER_CHECK(group.clock == clock_, "AsyncCollectives::set_group: the group must keep its clock");
   std::lock_guard<std::mutex> lock(mu_);
-  jobs_.push_back([this, g = std::move(group)] { group_ = g; });
+  jobs_.push_back([this, g = std::move(group)]() mutable { group_ = std::move(g); });
   cv_->notify_all();
 }
 

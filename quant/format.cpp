@@ -221,7 +221,7 @@ Status decode_add(ByteView payload, std::span<float> acc) {
   // Other codecs decode a cache-sized piece at a time and add it: no buffer of the payload's size.
   constexpr std::size_t kPiece = 8192;
   std::size_t step = kPiece;
-  if (body.info.block_size > 0 && body.info.codec != CodecId::kBf16 && body.info.codec != CodecId::kFp16) {
+  if (body.info.block_size > 0) {  // scaled codecs: pieces of whole blocks (unscaled ones carry block 0)
     const std::size_t unit = body.info.block_size % 2 == 0 ? body.info.block_size : 2 * std::size_t{body.info.block_size};
     step = std::max<std::size_t>(unit, kPiece / unit * unit);
   }

