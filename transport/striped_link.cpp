@@ -147,7 +147,9 @@ Result<std::shared_ptr<Link>> connect_striped(Transport& transport, const std::s
     }
     if (Status st = (*l)->send(kLaneTag, lane_message(link_id, static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(o.lanes)), deadline);
         !st.ok()) {
-      return st;
+      (*l)->close();
+      for (auto& done : lanes) done->close();
+      return st.with_context("lane " + std::to_string(i));
     }
     lanes.push_back(*l);
   }

@@ -73,32 +73,44 @@ int bench_allreduce(const BenchArgs& args) {
   for (int r = 0; r < m; ++r) data[static_cast<std::size_t>(r)] = torch::randn({n});
   const double bytes = static_cast<double>(n) * 4;
 
-  auto time_ours = [&](quant::CodecId codec) {
+  // Each returns the algorithm bandwidth, or the first rank's failure (never a figure for a failed run).
+  auto time_ours = [&](quant::CodecId codec) -> Result<double> {
     quant::EncodeOptions o;
     o.codec = codec;
     Stopwatch w(real_clock());
-    bool ok = true;
+    std::vector<Status> st(static_cast<std::size_t>(m));
     on_ranks(m, [&](int r) {
       at::Tensor t = data[static_cast<std::size_t>(r)].clone();
-      if (!optim::allreduce_mean(groups[static_cast<std::size_t>(r)], t, o, 1, Deadline::after(real_clock(), 120s)).ok()) ok = false;
+      st[static_cast<std::size_t>(r)] = optim::allreduce_mean(groups[static_cast<std::size_t>(r)], t, o, 1, Deadline::after(real_clock(), 120s));
     });
-    return ok ? bytes / w.elapsed_seconds() : 0.0;
+    const double seconds = w.elapsed_seconds();
+    for (const auto& s : st) {
+      if (!s.ok()) return s.with_context("gossamer all-reduce");
+    }
+    return bytes / seconds;
   };
-  auto time_gloo = [&] {
+  auto time_gloo = [&]() -> Result<double> {
     Stopwatch w(real_clock());
+    std::vector<int> ok(static_cast<std::size_t>(m), 1);
     on_ranks(m, [&](int r) {
       std::vector<at::Tensor> ts{data[static_cast<std::size_t>(r)].clone()};
-      gloo[static_cast<std::size_t>(r)]->allreduce(ts)->wait();
+      try {
+        ok[static_cast<std::size_t>(r)] = gloo[static_cast<std::size_t>(r)]->allreduce(ts)->wait() ? 1 : 0;
+      } catch (const std::exception&) {
+        ok[static_cast<std::size_t>(r)] = 0;
+      }
       ts[0].div_(m);  // Gloo sums; DDP divides afterwards
     });
-    return bytes / w.elapsed_seconds();
+    const double seconds = w.elapsed_seconds();
+    if (std::count(ok.begin(), ok.end(), 0) > 0) return error(ErrorCode::kInternal, "the gloo all-reduce failed");
+    return bytes / seconds;
   };
 
   fmt::print("bench allreduce: mean of {} fp32 values ({} MiB) over {} in-process ranks on TCP loopback, {} rounds\n", n,
              (n * 4) >> 20, m, args.rounds);
   std::vector<double> g, f32, i8, f4, ratio;
   for (std::int64_t round = 0; round < args.rounds; ++round) {
-    double gl, a;
+    Result<double> gl = 0.0, a = 0.0;
     if (round % 2 == 0) {
       gl = time_gloo();
       a = time_ours(quant::CodecId::kFp32);
@@ -106,14 +118,17 @@ int bench_allreduce(const BenchArgs& args) {
       a = time_ours(quant::CodecId::kFp32);
       gl = time_gloo();
     }
-    const double b = time_ours(quant::CodecId::kInt8), c = time_ours(quant::CodecId::kFp4E2M1);
-    g.push_back(gl);
-    f32.push_back(a);
-    i8.push_back(b);
-    f4.push_back(c);
-    ratio.push_back(a / gl);
-    fmt::print("  round {}: gloo {:.2f} GB/s, gossamer fp32 {:.2f} GB/s (ratio {:.3f}), int8 {:.2f} GB/s, fp4 {:.2f} GB/s\n", round + 1, gl / 1e9,
-               a / 1e9, a / gl, b / 1e9, c / 1e9);
+    const Result<double> b = time_ours(quant::CodecId::kInt8), c = time_ours(quant::CodecId::kFp4E2M1);
+    for (const Result<double>* r : std::initializer_list<const Result<double>*>{&gl, &a, &b, &c}) {
+      if (!r->ok()) return report_failure(r->status());
+    }
+    g.push_back(*gl);
+    f32.push_back(*a);
+    i8.push_back(*b);
+    f4.push_back(*c);
+    ratio.push_back(*a / *gl);
+    fmt::print("  round {}: gloo {:.2f} GB/s, gossamer fp32 {:.2f} GB/s (ratio {:.3f}), int8 {:.2f} GB/s, fp4 {:.2f} GB/s\n", round + 1, *gl / 1e9,
+               *a / 1e9, *a / *gl, *b / 1e9, *c / 1e9);
   }
   fmt::print("median: gloo {:.2f} GB/s, gossamer fp32 {:.2f} GB/s, ratio {:.3f}; int8 {:.2f} GB/s ({:.2f}x gloo), fp4 {:.2f} GB/s ({:.2f}x gloo)\n",
              median(g) / 1e9, median(f32) / 1e9, median(ratio), median(i8) / 1e9, median(i8) / median(g), median(f4) / 1e9,

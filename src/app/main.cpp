@@ -23,13 +23,17 @@
 #include "core/log.h"
 
 int main(int argc, char** argv) {
+#ifdef __GLIBC__
   // Large buffers (encoded fragments, received messages, tensors) come and go every round. glibc's
   // default hands each one fresh mmapped pages, zero-filled by the kernel on first touch and unmapped
-  // on free; keeping them in one heap that is not trimmed lets the next round reuse the same pages
-  // (measured: all-reduce of 64 MiB over 4 ranks 1.6x faster, Gloo's 1.5x; docs/benchmarks.md).
+  // on free; keeping them in heaps that are not trimmed lets the next round reuse the same pages. A
+  // profile of the all-reduce put a third of its time in those page faults (docs/benchmarks.md has
+  // the figures, together with the collective's own changes). Limit: a heap of a thread other than
+  // the main one holds at most 64 MiB, so larger blocks allocated there are still mmapped.
   mallopt(M_ARENA_MAX, 2);
   mallopt(M_MMAP_THRESHOLD, 1 << 30);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
   CLI::App app{"Gossamer: train neural networks across machines joined by slow, unreliable links"};
   app.require_subcommand(1);
   app.fallthrough();  // global options (--log-level) may follow the subcommand

@@ -11,10 +11,7 @@ Nanos RealClock::now() const {
   return std::chrono::duration_cast<Nanos>(std::chrono::steady_clock::now().time_since_epoch());
 }
 
-void RealClock::sleep_until(Nanos t) {
-  const auto target = std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(t));
-  std::this_thread::sleep_until(target);
-}
+void RealClock::sleep_until(Nanos t) { std::this_thread::sleep_until(Deadline::at(t).steady_time()); }
 
 namespace {
 
@@ -26,8 +23,8 @@ class RealSignal final : public Signal {
       cv_.wait(lock, ready);
       return true;
     }
-    // Deadlines are in this clock's time: wait in short real slices and re-check it, so a clock other
-    // than the steady clock (a test's manual clock) is still honoured.
+    if (&clock_ == &real_clock()) return cv_.wait_until(lock, deadline.steady_time(), ready);
+    // Another clock (a test's manual clock): wait in short real slices and re-check its deadline.
     while (!ready()) {
       if (deadline.expired(clock_)) return false;
       const Nanos left = deadline.remaining(clock_);
@@ -45,9 +42,7 @@ class RealSignal final : public Signal {
 class RealThread final : public ClockThread {
  public:
   explicit RealThread(std::function<void()> body) : thread_(std::move(body)) {}
-  ~RealThread() override {
-    if (thread_.joinable()) thread_.join();
-  }
+  ~RealThread() override { join(); }
   void join() override {
     if (thread_.joinable()) thread_.join();
   }

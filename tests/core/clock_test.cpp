@@ -1,6 +1,9 @@
 #include <doctest/doctest.h>
 
+#include <mutex>
+
 #include "core/clock.h"
+#include "core/signal.h"
 
 using namespace gossamer;
 using namespace std::chrono_literals;
@@ -38,4 +41,35 @@ TEST_CASE("RealClock is monotonic and sleeps at least as long as asked") {
   clock.sleep_for(2ms);
   const Nanos b = clock.now();
   CHECK(b - a >= 2ms);
+}
+
+TEST_CASE("a real Signal returns true when notified and false at its deadline; threads start and join") {
+  std::mutex mu;
+  auto sig = real_clock().make_signal();
+  bool flag = false;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    CHECK_FALSE(sig->wait(lock, Deadline::after(real_clock(), 20ms), [&] { return flag; }));
+  }
+  auto t = real_clock().start_thread([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    flag = true;
+    sig->notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    CHECK(sig->wait(lock, Deadline::after(real_clock(), 10s), [&] { return flag; }));
+  }
+  t->join();
+  t->join();  // joining twice is harmless
+  CHECK(Deadline::never().steady_time() == std::chrono::steady_clock::time_point::max());
+}
+
+TEST_CASE("a Signal of another clock honours that clock's deadline") {
+  ManualClock clock;
+  std::mutex mu;
+  auto sig = clock.make_signal();
+  std::unique_lock<std::mutex> lock(mu);
+  clock.sleep_for(5ms);  // the manual deadline below is already past: no real waiting
+  CHECK_FALSE(sig->wait(lock, Deadline::at(Nanos(1)), [] { return false; }));
 }
