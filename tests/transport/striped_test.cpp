@@ -56,7 +56,7 @@ TEST_CASE("a striped link carries small and large messages over several lanes") 
   CHECK(ba->recv(5, in(5s)).status().code() == ErrorCode::kPeerLost);
 }
 
-TEST_CASE("the striped acceptor drops connections that do not announce a lane") {
+TEST_CASE("the striped acceptor drops connections whose lane announcement is malformed") {
   auto a = make(), b = make();
   StripedAcceptor acceptor(*b);
   auto plain = a->connect(b->address(), in(5s));
