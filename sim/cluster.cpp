@@ -1,11 +1,14 @@
 #include "sim/cluster.h"
 
-#include <torch/torch.h>
+#include <mutex>
 
 #include <spdlog/spdlog.h>
+#include <torch/torch.h>
 
 #include "optim/flat_params.h"
+#include "train/checkpoint.h"
 #include "train/worker.h"
+#include "transport/protocol.h"
 
 namespace gossamer::sim {
 
@@ -30,8 +33,13 @@ Result<NetworkSpec> network_spec(const train::RunConfig& c) {
   NetworkSpec spec;
   spec.seed = static_cast<std::uint64_t>(c.sim.seed);
   spec.hub_bytes_per_s = mbit_to_bytes_per_s(c.sim.shared_uplink_mbit);
+  for (std::int64_t k = 0; k < c.sim.sites; ++k) {
+    spec.sites.push_back(SiteSpec{"site " + std::to_string(k), mbit_to_bytes_per_s(c.sim.site_uplink_mbit),
+                                  std::chrono::duration_cast<Nanos>(std::chrono::duration<double, std::milli>(c.sim.site_latency_ms))});
+  }
   for (std::int64_t i = 0; i < c.sim.workers; ++i) {
-    NodeSpec node{link, -1};
+    // Sites take contiguous blocks of workers, as even as they divide.
+    NodeSpec node{link, c.sim.sites > 0 ? static_cast<int>(i * c.sim.sites / c.sim.workers) : -1};
     if (i >= c.sim.workers - c.sim.slow_link_workers) {
       node.link.name = link.name + " (slow)";
       node.link.bandwidth_bytes_per_s = mbit_to_bytes_per_s(c.sim.slow_link_mbit);
@@ -55,7 +63,9 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
   auto spec = network_spec(config);
   if (!spec.ok()) return spec.status();
   const int m = static_cast<int>(config.sim.workers);
-  const int evaluator = config.sim.crash_worker == 0 && m > 1 ? 1 : 0;
+  if (config.outer.method == "ddp" && config.ddp.engine != "links") {
+    return error(ErrorCode::kInvalidArgument, "the simulator runs ddp over its emulated links: set ddp.engine = \"links\" (gloo is for real peers)");
+  }
 
   Stopwatch wall(real_clock());
   Scheduler scheduler;
@@ -64,48 +74,106 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
   result.accounts.resize(static_cast<std::size_t>(m));
   result.final_params.resize(static_cast<std::size_t>(m));
 
-  // Membership: the scenario knows who is alive (the network's crash list); after a crash each worker
-  // moves, at its next step or failed round, to the group of the survivors over a new epoch of links
-  // (one epoch per crash), so nothing of an abandoned round reaches it.
-  auto alive = [&] {
-    std::vector<int> members;
-    for (int j = 0; j < m; ++j) {
-      if (!net.crashed(j)) members.push_back(j);
-    }
-    return members;
-  };
-  auto epoch_now = [&] {  // asked every step: count, do not build the list
-    int crashes = 0;
-    for (int j = 0; j < m; ++j) crashes += net.crashed(j) ? 1 : 0;
-    return crashes;
-  };
-  auto group_of = [&](int r) {
-    const std::vector<int> members = alive();
-    const int epoch = m - static_cast<int>(members.size());
+  // Membership: the scenario knows who is alive (the network's crash list) and whether the late joiner
+  // is in yet (from step sim.join_at_step on). Each membership has its own epoch of links, so nothing
+  // of an abandoned round reaches a re-formed group. A crash is noticed when it happens (each worker
+  // moves to the survivors' group at its next step or failed round); a join is scheduled, so every
+  // member switches exactly before step join_at_step and no round is cut short by it.
+  const int joiner = static_cast<int>(config.sim.join_worker);
+  const std::int64_t join_step = config.sim.join_at_step;
+  int crashes = 0;
+  auto epoch_for = [&](std::int64_t next_step) { return 2 * crashes + (joiner >= 0 && next_step >= join_step ? 1 : 0); };
+  auto group_of = [&](int r, int epoch) {
     optim::Group g;
     g.clock = &scheduler;
-    g.size = static_cast<int>(members.size());
-    g.peers.resize(members.size());
-    for (std::size_t k = 0; k < members.size(); ++k) {
-      if (members[k] == r) {
-        g.rank = static_cast<int>(k);
-      } else {
-        g.peers[k] = net.link(r, members[k], epoch);
-      }
+    const bool joined = epoch % 2 == 1;
+    if (r == joiner && !joined) {  // not in yet: alone until it joins
+      g.size = 1;
+      g.peers.resize(1);
+      return g;
+    }
+    g.size = 0;
+    for (int j = 0; j < m; ++j) {
+      if (net.crashed(j) || (j == joiner && !joined)) continue;
+      if (j == r) g.rank = g.size;
+      g.peers.push_back(j == r ? nullptr : net.link(r, j, epoch));
+      ++g.size;
     }
     return g;
   };
+  int evaluator = 0;
+  while (m > 1 && (evaluator == config.sim.crash_worker || evaluator == joiner)) ++evaluator;
+  if (evaluator >= m) evaluator = 0;
 
   std::vector<std::unique_ptr<train::Worker>> workers;
   std::vector<optim::OuterSetup> setups(static_cast<std::size_t>(m));
   for (int r = 0; r < m; ++r) {
     workers.push_back(std::make_unique<train::Worker>(config, corpus.dataset, r, m, scheduler));
-    auto setup = optim::make_outer_optimizer(*outer_config, train::param_blocks(workers.back()->model()), group_of(r));
+    auto setup = optim::make_outer_optimizer(*outer_config, train::param_blocks(workers.back()->model()), group_of(r, epoch_for(1)));
     if (!setup.ok()) return setup.status();
     setups[static_cast<std::size_t>(r)] = std::move(*setup);
   }
   result.parameters = workers.front()->model().num_parameters();
-  std::vector<int> worker_epoch(static_cast<std::size_t>(m), 0);
+  std::vector<int> worker_epoch(static_cast<std::size_t>(m), epoch_for(1));
+
+  // The late join: the first member to reach join_at_step captures its training state (model, inner
+  // and outer optimizer, step) and streams it to the newcomer from a thread of its own while it trains
+  // on; the newcomer loads it and takes part from that step. The transfer's bytes are counted on both.
+  constexpr int kStateEpoch = 1 << 24;  // the links state transfers use
+  constexpr transport::Tag kStateTag = 0x05A7E000u;
+  std::mutex join_mu;
+  auto join_signal = scheduler.make_signal();
+  int donor = -1;
+  int members_done = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> state_traffic(static_cast<std::size_t>(m));
+  std::vector<std::unique_ptr<ClockThread>> transfers;
+  auto serve_newcomer = [&](int r) {
+    auto& worker = *workers[static_cast<std::size_t>(r)];
+    train::CheckpointState state = worker.checkpoint_state("");
+    state.outer_state = setups[static_cast<std::size_t>(r)].outer->save();
+    auto blob = std::make_shared<Bytes>(train::encode_checkpoint(state));
+    spdlog::info("sim: worker {} sends its training state at step {} ({:.1f} MB) to newcomer {}", r, worker.steps_done(), blob->size() / 1e6, joiner);
+    {
+      std::lock_guard lock(join_mu);
+      donor = r;
+    }
+    join_signal->notify_all();
+    transfers.push_back(scheduler.start_thread([&, r, blob] {
+      auto link = net.link(r, joiner, kStateEpoch);
+      if (Status st = link->send(kStateTag, *blob, Deadline::never()); !st.ok()) {
+        spdlog::warn("sim: worker {} could not send its state to newcomer {}: {}", r, joiner, st.to_string());
+        return;
+      }
+      state_traffic[static_cast<std::size_t>(r)].first += blob->size() + transport::kFrameHeaderBytes;
+    }));
+  };
+  // The newcomer's side: waits for a donor, fetches and loads its state. kUnavailable: nobody could
+  // serve it (no member reached the step, or the donor died mid-transfer).
+  auto fetch_state = [&](int r) -> Status {
+    auto& worker = *workers[static_cast<std::size_t>(r)];
+    int from = -1;
+    {
+      std::unique_lock lock(join_mu);
+      join_signal->wait(lock, Deadline::never(), [&] { return donor >= 0 || members_done == m - 1; });
+      from = donor;
+    }
+    if (from < 0) return error(ErrorCode::kUnavailable, "no member reached step " + std::to_string(join_step) + " to hand it the training state");
+    auto bytes = net.link(r, from, kStateEpoch)->recv(kStateTag, Deadline::never());
+    if (!bytes.ok()) {
+      return error(ErrorCode::kUnavailable, "fetching the training state from worker " + std::to_string(from) + " failed: " + bytes.status().to_string());
+    }
+    state_traffic[static_cast<std::size_t>(r)].second += bytes->size() + transport::kFrameHeaderBytes;
+    auto state = train::decode_checkpoint(*bytes, "state from worker " + std::to_string(from));
+    if (!state.ok()) return state.status();
+    const train::CheckpointState own = worker.checkpoint_state("");
+    state->rng_state = own.rng_state;  // its own dropout stream, and only the tokens it trains on
+    state->tokens_seen = 0;
+    if (Status st = worker.restore(*state); !st.ok()) return st;
+    if (Status st = setups[static_cast<std::size_t>(r)].outer->load(state->outer_state); !st.ok()) return st;
+    spdlog::info("sim: newcomer {} loaded worker {}'s state and joins at step {} (t = {:.1f} s)", r, from, worker.steps_done() + 1,
+                 std::chrono::duration<double>(scheduler.now()).count());
+    return Status();
+  };
 
   Status failure;
   double compute_wall = 0;
@@ -114,6 +182,27 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
     threads.push_back(scheduler.start_thread([&, r] {
       auto& worker = *workers[static_cast<std::size_t>(r)];
       auto& setup = setups[static_cast<std::size_t>(r)];
+      auto finish = [&] {
+        result.final_params[static_cast<std::size_t>(r)] = optim::flatten(worker.model().parameters());
+        setup.outer.reset();
+        setup.comm.reset();  // joins the communication thread, in virtual time
+        if (r != joiner) {
+          std::lock_guard lock(join_mu);
+          ++members_done;
+        }
+        join_signal->notify_all();
+      };
+      if (r == joiner) {
+        if (Status st = fetch_state(r); !st.ok()) {
+          // The members already count it in: it leaves like a crashed worker, so they re-form without it.
+          spdlog::warn("sim: newcomer {} does not join: {}", r, st.to_string());
+          if (failure.ok() && st.code() != ErrorCode::kUnavailable) failure = st.with_context("worker " + std::to_string(r));
+          net.crash(r);
+          ++crashes;
+          finish();
+          return;
+        }
+      }
       const double slow = r == config.sim.straggler ? config.sim.straggler_factor : 1.0;
       train::LoopOptions lo;
       lo.steps = config.train.steps;
@@ -132,20 +221,22 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
         if (r == config.sim.crash_worker && next == config.sim.crash_at_step) {
           spdlog::info("sim: worker {} crashes before step {} (t = {:.1f} s)", r, next, std::chrono::duration<double>(scheduler.now()).count());
           net.crash(r);
+          ++crashes;
           return false;
         }
+        if (r != joiner && next == join_step && donor < 0 && joiner >= 0) serve_newcomer(r);
         return true;
       };
       hooks.regroup = [&, r]() -> std::optional<optim::Group> {
         int& mine = worker_epoch[static_cast<std::size_t>(r)];
-        const int epoch = epoch_now();
+        const int epoch = epoch_for(worker.steps_done() + 1);
         if (mine == epoch) return std::nullopt;
         for (int j = 0; j < m; ++j) {
           if (j != r) net.close(r, j, mine);  // peers still waiting on us there fail now, and follow
         }
         mine = epoch;
-        optim::Group g = group_of(r);
-        spdlog::info("sim: worker {} continues with the {} remaining workers", r, g.size);
+        optim::Group g = group_of(r, epoch);
+        spdlog::info("sim: worker {} continues in a group of {} workers", r, g.size);
         return g;
       };
       hooks.record = [&, r](const nlohmann::json& rec) {
@@ -153,6 +244,7 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
         out["worker"] = r;
         result.records.push_back(std::move(out));
       };
+      hooks.state_traffic = [&, r] { return state_traffic[static_cast<std::size_t>(r)]; };
       auto account = train::run_worker_loop(worker, setup, scheduler, lo, hooks);
       if (!account.ok() && failure.ok()) failure = account.status().with_context("worker " + std::to_string(r));
       if (account.ok()) {
@@ -160,13 +252,21 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
         compute_wall += account->eval_wall_s;
       }
       if (progress) progress(r, worker.steps_done(), config.train.steps);
-      result.final_params[static_cast<std::size_t>(r)] = optim::flatten(worker.model().parameters());
-      setup.outer.reset();
-      setup.comm.reset();  // joins the communication thread, in virtual time
+      finish();
     }));
   }
   Status ran = scheduler.run();
   threads.clear();
+  transfers.clear();
+  // A transfer that ended after its donor's last record: the totals still count it.
+  for (int r = 0; r < m; ++r) {
+    auto& acc = result.accounts[static_cast<std::size_t>(r)];
+    const auto [sent, received] = state_traffic[static_cast<std::size_t>(r)];
+    acc.bytes_sent += sent - acc.state_bytes_sent;
+    acc.bytes_received += received - acc.state_bytes_received;
+    acc.state_bytes_sent = sent;
+    acc.state_bytes_received = received;
+  }
   if (!ran.ok()) return ran;
   if (!failure.ok()) return failure;
   result.sim_time_s = std::chrono::duration<double>(scheduler.now()).count();

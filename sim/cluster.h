@@ -6,7 +6,11 @@
 // are emulated. Compute time per inner step comes from a compute model: fixed, a device profile
 // (6 x params x tokens / (peak FLOP/s x utilization)) or measured on this machine (the one
 // non-deterministic choice). Scenarios: a worker that crashes at a given step (its links close;
-// the others skip the failed round and go on) and a straggler whose compute is k times slower.
+// the others skip the failed round and go on over a re-formed group), a late joiner (absent until
+// a given step; the first member to reach that step sends it its training state over the network,
+// model, inner and outer optimizer state, while it trains on, and every member takes the newcomer in
+// from that step: a round boundary joins cleanly; a round in flight then is abandoned and counted)
+// and a straggler whose compute is k times slower.
 //
 // Determinism: with a fixed or device compute model, two runs with the same config give
 // bit-identical metrics and parameters. Threading: run_cluster blocks; `progress` is called from
@@ -30,7 +34,9 @@
 namespace gossamer::sim {
 
 // The network a config describes: every worker's access link from sim.network (a preset or the
-// custom keys), behind one shared link when sim.shared_uplink_mbit > 0.
+// custom keys), the last sim.slow_link_workers on slower links, in sim.sites sites (contiguous
+// blocks of workers behind a shared link each) and behind one shared hub link when
+// sim.shared_uplink_mbit > 0.
 [[nodiscard]] Result<NetworkSpec> network_spec(const train::RunConfig& config);
 // Seconds one inner step of worker `rank` counts as (before the straggler factor), for the fixed and
 // device models; the measured model returns `measured_s`.

@@ -251,6 +251,35 @@ struct Network::Impl {
     }
   }
 
+  // a hangs up as TCP does with a FIN: it stops reading now (b's messages to it, in flight or not,
+  // are dropped and b's sends fail), while a's messages already sent still reach b, which sees the
+  // link closed only after the last of them, one path latency from now at the earliest.
+  void close_gracefully(int a, int b, int epoch) {
+    {
+      Mailbox& m = mailbox(a, b, epoch);
+      std::lock_guard<std::mutex> lock(m.mu);
+      if (m.closed) return;
+      m.closed = true;
+      m.signal->notify_all();
+    }
+    std::vector<Flow*> cut;
+    for (Flow* f : flows) {
+      if (f->epoch == epoch && ((f->from == a && f->to == b) || (f->from == b && f->to == a))) cut.push_back(f);
+    }
+    for (Flow* f : cut) {
+      remove(f);
+      finish(f, error(ErrorCode::kPeerLost, "link to node " + std::to_string(f->to) + " closed"));
+    }
+    const Nanos at = std::max(sched.now() + latency(a, b), last_delivery[pair(a, b)]);
+    last_delivery[pair(a, b)] = at;
+    sched.call_at(at, [this, a, b, epoch] {
+      Mailbox& m = mailbox(b, a, epoch);
+      std::lock_guard<std::mutex> lock(m.mu);
+      m.closed = true;
+      m.signal->notify_all();
+    });
+  }
+
   static constexpr double kDoneBytes = 1e-3;
   Scheduler& sched;
   NetworkSpec spec;
@@ -277,7 +306,8 @@ class SimLink final : public transport::Link {
   std::string remote_address() const override { return "sim://node-" + std::to_string(peer_); }
 
   Status send(transport::Tag tag, ByteView payload, Deadline deadline) override {
-    if (net_.dead[static_cast<std::size_t>(self_)] || net_.dead[static_cast<std::size_t>(peer_)] || net_.mailbox(peer_, self_, epoch_).closed) {
+    if (net_.dead[static_cast<std::size_t>(self_)] || net_.dead[static_cast<std::size_t>(peer_)] || net_.mailbox(peer_, self_, epoch_).closed ||
+        net_.mailbox(self_, peer_, epoch_).closed) {
       return lost();
     }
     Flow f;
@@ -354,7 +384,7 @@ std::shared_ptr<transport::Link> Network::link(int from, int to, int epoch) {
   return l;
 }
 
-void Network::close(int a, int b, int epoch) { impl_->close_pair(a, b, epoch); }
+void Network::close(int a, int b, int epoch) { impl_->close_gracefully(a, b, epoch); }
 
 void Network::crash(int node) {
   GOSSAMER_CHECK(node >= 0 && node < impl_->n, "Network::crash: no such node");

@@ -68,7 +68,9 @@ class Network {
   // the same epoch. Each epoch is a fresh connection with its own mailboxes: a group that re-forms
   // after a failure moves to a new epoch, so nothing of an abandoned round reaches it.
   std::shared_ptr<transport::Link> link(int from, int to, int epoch = 0);
-  // Closes the link between a and b of one epoch, in both directions (peers blocked on it fail).
+  // a hangs up its link to b of one epoch, as a TCP close does: a stops reading and sending now; what
+  // a already sent still reaches b, which then sees the link closed (kPeerLost), one path latency
+  // after the close at the earliest.
   void close(int a, int b, int epoch);
   // Closes every link of the node, in both directions, now.
   void crash(int node);

@@ -14,12 +14,14 @@ constexpr std::size_t kMaxConfigBytes = 16 << 20;
 }  // namespace
 
 Bytes encode_checkpoint(const CheckpointState& s) {
-  Writer payload(s.tensors.size() + s.rng_state.size() + s.config_toml.size() + 64);
+  Writer payload(s.tensors.size() + s.outer_state.size() + s.rng_state.size() + s.config_toml.size() + 64);
   payload.str(s.config_toml);
   payload.i64(s.step);
   payload.i64(s.next_batch);
   payload.i64(s.tokens_seen);
   payload.blob(s.rng_state);
+  payload.u64(s.outer_state.size());
+  payload.raw(s.outer_state);
   payload.u64(s.tensors.size());  // may exceed 4 GiB: 64-bit length
   payload.raw(s.tensors);
   const Digest digest = digest_of(payload.bytes());
@@ -40,7 +42,7 @@ Result<CheckpointState> decode_checkpoint(ByteView file, const std::string& name
     return error(ErrorCode::kMalformed, "checkpoint " + name + " is not a Gossamer checkpoint (bad magic)");
   }
   const std::uint32_t version = header.u32();
-  if (header.ok() && version != kCheckpointVersion) {
+  if (header.ok() && version != kCheckpointVersion && version != 1) {
     return error(ErrorCode::kVersionMismatch, "checkpoint " + name + " has format version " + std::to_string(version) +
                                                   "; this build reads version " + std::to_string(kCheckpointVersion) +
                                                   (version > kCheckpointVersion ? ": upgrade Gossamer" : ""));
@@ -66,6 +68,15 @@ Result<CheckpointState> decode_checkpoint(ByteView file, const std::string& name
   s.next_batch = r.i64();
   s.tokens_seen = r.i64();
   ByteView rng = r.blob(1 << 20);
+  ByteView outer;
+  if (version >= 2) {
+    const std::uint64_t outer_len = r.u64();
+    if (r.ok() && outer_len > r.remaining()) {
+      r.fail(ErrorCode::kMalformed, "outer state length " + std::to_string(outer_len) + " exceeds the " + std::to_string(r.remaining()) +
+                                        " bytes left");
+    }
+    outer = r.raw(r.ok() ? static_cast<std::size_t>(outer_len) : 0);
+  }
   const std::uint64_t tensor_len = r.u64();
   if (r.ok() && tensor_len != r.remaining()) {
     r.fail(ErrorCode::kMalformed, "tensor section length " + std::to_string(tensor_len) + " does not match the " +
@@ -78,6 +89,7 @@ Result<CheckpointState> decode_checkpoint(ByteView file, const std::string& name
     return error(ErrorCode::kMalformed, "checkpoint " + name + " holds a negative step or position");
   }
   s.rng_state.assign(rng.begin(), rng.end());
+  s.outer_state.assign(outer.begin(), outer.end());
   s.tensors.assign(tensors.begin(), tensors.end());
   return s;
 }

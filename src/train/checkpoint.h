@@ -1,12 +1,14 @@
 // Checkpoint files: the container around a training state.
 //
-// Layout (little-endian), version 1:
+// Layout (little-endian), version 2:
 //   magic     8 bytes  "GSMRCKPT"
 //   version   u32      kCheckpointVersion
 //   length    u64      payload bytes
 //   digest    32 bytes BLAKE2b-256 of the payload
 //   payload:  str config_toml | i64 step | i64 next_batch | i64 tokens_seen |
-//             blob rng_state | blob tensors (a LibTorch archive: model and inner optimizer)
+//             blob rng_state | blob64 outer_state (the outer optimizer's save(); may be empty) |
+//             blob64 tensors (a LibTorch archive: model and inner optimizer)
+// Version 1 files (no outer_state) are still read.
 // Files are written atomically (temporary file, fsync, rename): a crash mid-write keeps the last good
 // checkpoint. Reading treats the file as untrusted: wrong magic, unknown version, truncation, a bad
 // digest or inconsistent fields each return a clear Status; nothing is allocated beyond the file size.
@@ -22,7 +24,7 @@
 namespace gossamer::train {
 
 inline constexpr char kCheckpointMagic[8] = {'G', 'S', 'M', 'R', 'C', 'K', 'P', 'T'};
-inline constexpr std::uint32_t kCheckpointVersion = 1;
+inline constexpr std::uint32_t kCheckpointVersion = 2;
 inline constexpr std::size_t kCheckpointHeaderBytes = 8 + 4 + 8 + 32;
 
 struct CheckpointState {
@@ -31,6 +33,7 @@ struct CheckpointState {
   std::int64_t next_batch = 0;
   std::int64_t tokens_seen = 0;
   Bytes rng_state;
+  Bytes outer_state;  // OuterOptimizer::save(), empty for a single worker
   Bytes tensors;
 };
 

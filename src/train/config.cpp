@@ -108,12 +108,17 @@ const std::vector<KeySpec>& schema() {
       IntKey{"sim.slow_link_workers", "heterogeneous links: the last N workers have sim.slow_link_mbit access links", [](RunConfig& c) -> std::int64_t& { return c.sim.slow_link_workers; }, 0, 4096},
       FloatKey{"sim.slow_link_mbit", "bandwidth of the slow workers' links (Mbit/s)", [](RunConfig& c) -> double& { return c.sim.slow_link_mbit; }, 0.0, 1e9, true},
       FloatKey{"sim.shared_uplink_mbit", "> 0 puts every worker behind one shared link of this bandwidth (a hub); 0: none", [](RunConfig& c) -> double& { return c.sim.shared_uplink_mbit; }, 0.0, 1e9, false},
+      IntKey{"sim.sites", "> 0 splits the workers into this many sites (contiguous blocks), each behind its own shared link; 0: none", [](RunConfig& c) -> std::int64_t& { return c.sim.sites; }, 0, 4096},
+      FloatKey{"sim.site_uplink_mbit", "bandwidth of each site's shared uplink (and, separately, downlink) (Mbit/s)", [](RunConfig& c) -> double& { return c.sim.site_uplink_mbit; }, 0.0, 1e9, true},
+      FloatKey{"sim.site_latency_ms", "extra one-way latency to leave or enter a site (ms)", [](RunConfig& c) -> double& { return c.sim.site_latency_ms; }, 0.0, 1e6, false},
       StringKey{"sim.compute", "step time: fixed (sim.step_time_s), device (6 x params x tokens / (FLOP/s x utilization)) or measured (this machine; not deterministic)", [](RunConfig& c) -> std::string& { return c.sim.compute; }, {"fixed", "device", "measured"}},
       FloatKey{"sim.step_time_s", "fixed compute: seconds per inner step", [](RunConfig& c) -> double& { return c.sim.step_time_s; }, 0.0, 1e6, true},
       FloatKey{"sim.device_tflops", "device compute: peak TFLOP/s of each worker", [](RunConfig& c) -> double& { return c.sim.device_tflops; }, 0.0, 1e6, true},
       FloatKey{"sim.device_utilization", "device compute: fraction of peak reached (MFU)", [](RunConfig& c) -> double& { return c.sim.device_utilization; }, 0.0, 1.0, true},
       IntKey{"sim.crash_worker", "worker that crashes at sim.crash_at_step; -1: none", [](RunConfig& c) -> std::int64_t& { return c.sim.crash_worker; }, -1, 4095},
       IntKey{"sim.crash_at_step", "inner step at which sim.crash_worker crashes", [](RunConfig& c) -> std::int64_t& { return c.sim.crash_at_step; }, 0, 1LL << 40},
+      IntKey{"sim.join_worker", "worker that joins late, at sim.join_at_step, fetching the training state from a member; -1: none", [](RunConfig& c) -> std::int64_t& { return c.sim.join_worker; }, -1, 4095},
+      IntKey{"sim.join_at_step", "inner step from which sim.join_worker takes part (a round boundary joins cleanly)", [](RunConfig& c) -> std::int64_t& { return c.sim.join_at_step; }, 0, 1LL << 40},
       IntKey{"sim.straggler", "worker whose compute is sim.straggler_factor times slower; -1: none", [](RunConfig& c) -> std::int64_t& { return c.sim.straggler; }, -1, 4095},
       FloatKey{"sim.straggler_factor", "compute slowdown of the straggler", [](RunConfig& c) -> double& { return c.sim.straggler_factor; }, 1.0, 1e6, false},
       IntKey{"sim.seed", "seed of the network's jitter and loss draws", [](RunConfig& c) -> std::int64_t& { return c.sim.seed; }, 0, std::numeric_limits<std::int64_t>::max()},
@@ -323,6 +328,20 @@ Status validate(const RunConfig& c) {
   }
   if (c.sim.straggler >= c.sim.workers) {
     return bad("sim.straggler (" + std::to_string(c.sim.straggler) + ") must name one of the " + std::to_string(c.sim.workers) + " workers");
+  }
+  if (c.sim.sites > c.sim.workers) {
+    return bad("sim.sites (" + std::to_string(c.sim.sites) + ") exceeds sim.workers (" + std::to_string(c.sim.workers) + "): every site needs a worker");
+  }
+  if (c.sim.join_worker >= 0) {
+    if (c.sim.join_worker >= c.sim.workers) {
+      return bad("sim.join_worker (" + std::to_string(c.sim.join_worker) + ") must name one of the " + std::to_string(c.sim.workers) + " workers");
+    }
+    if (c.sim.workers < 2) return bad("sim.join_worker needs sim.workers >= 2: a newcomer joins a running group");
+    if (c.sim.join_worker == c.sim.crash_worker) return bad("sim.join_worker and sim.crash_worker must be different workers");
+    if (c.sim.join_at_step < 2 || c.sim.join_at_step > c.train.steps) {
+      return bad("sim.join_at_step (" + std::to_string(c.sim.join_at_step) + ") must lie in [2, train.steps = " + std::to_string(c.train.steps) +
+                 "]: the newcomer takes the state after step sim.join_at_step - 1");
+    }
   }
   const auto& sd = c.streaming_diloco;
   if (sd.overlap >= sd.inner_steps) {

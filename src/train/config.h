@@ -113,12 +113,17 @@ struct SimSection {
   double shared_uplink_mbit = 0.0;        // > 0: every worker sits behind one shared uplink (a hub)
   std::int64_t slow_link_workers = 0;     // the last N workers have slow_link_mbit links instead
   double slow_link_mbit = 10.0;
+  std::int64_t sites = 0;                 // > 0: workers split into this many sites (contiguous blocks),
+  double site_uplink_mbit = 100.0;        //   each behind its own shared uplink and downlink
+  double site_latency_ms = 0.0;           //   extra one-way latency to leave or enter a site
   std::string compute = "device";         // fixed (step_time_s), device (FLOP/s model) or measured
   double step_time_s = 0.1;
   double device_tflops = 100.0;           // peak
   double device_utilization = 0.4;
   std::int64_t crash_worker = -1;         // -1: nobody crashes
   std::int64_t crash_at_step = 0;
+  std::int64_t join_worker = -1;          // -1: nobody joins late; else absent until sim.join_at_step
+  std::int64_t join_at_step = 0;
   std::int64_t straggler = -1;            // -1: no straggler
   double straggler_factor = 2.0;          // its compute takes this many times longer
   std::int64_t seed = 1;

@@ -91,10 +91,13 @@ std::vector<optim::ParamBlock> param_blocks(const model::Gpt& gpt) {
 }
 
 nlohmann::json WorkerAccount::to_json() const {
-  return {{"steps", steps},           {"tokens", tokens},
-          {"rounds", rounds},         {"skipped_rounds", skipped_rounds},
-          {"bytes_sent", bytes_sent}, {"bytes_received", bytes_received},
-          {"compute_s", compute_s},   {"blocked_s", blocked_s}};
+  nlohmann::json j = {{"steps", steps},           {"tokens", tokens},
+                       {"rounds", rounds},         {"skipped_rounds", skipped_rounds},
+                       {"bytes_sent", bytes_sent}, {"bytes_received", bytes_received},
+                       {"compute_s", compute_s},   {"blocked_s", blocked_s}};
+  if (state_bytes_sent > 0) j["state_bytes_sent"] = state_bytes_sent;
+  if (state_bytes_received > 0) j["state_bytes_received"] = state_bytes_received;
+  return j;
 }
 
 Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, Clock& clock, const LoopOptions& o, const LoopHooks& hooks) {
@@ -103,8 +106,9 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
   auto pace = [&](double measured) { return hooks.pace ? hooks.pace(measured) : measured; };
   auto take_counters = [&] {  // the optimizer keeps the communication counters
     const optim::CommStats comm = outer.comm();
-    acc.bytes_sent = comm.bytes_sent;
-    acc.bytes_received = comm.bytes_received;
+    if (hooks.state_traffic) std::tie(acc.state_bytes_sent, acc.state_bytes_received) = hooks.state_traffic();
+    acc.bytes_sent = comm.bytes_sent + acc.state_bytes_sent;
+    acc.bytes_received = comm.bytes_received + acc.state_bytes_received;
     acc.rounds = outer.rounds();
     acc.skipped_rounds = outer.skipped_rounds();
   };

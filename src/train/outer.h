@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -36,8 +37,10 @@ struct WorkerAccount {
   std::int64_t tokens = 0;
   std::int64_t rounds = 0;          // synchronizations applied
   std::int64_t skipped_rounds = 0;  // failed and skipped
-  std::uint64_t bytes_sent = 0;     // payloads plus frame headers
+  std::uint64_t bytes_sent = 0;     // payloads plus frame headers, state transfers to newcomers included
   std::uint64_t bytes_received = 0;
+  std::uint64_t state_bytes_sent = 0;      // training state sent to newcomers (part of bytes_sent)
+  std::uint64_t state_bytes_received = 0;  // training state fetched when joining (part of bytes_received)
   double compute_s = 0.0;           // inner steps (as the pace hook counts them)
   double blocked_s = 0.0;           // waiting on communication
   double eval_wall_s = 0.0;         // real time spent evaluating (not in the metrics: not deterministic)
@@ -64,6 +67,9 @@ struct LoopHooks {
   // the last call (membership comes from outside: gossip in real runs, the scenario in simulation).
   // After a failed round whose group changed, the round is retried once over the new group.
   std::function<std::optional<optim::Group>()> regroup;
+  // Bytes this worker sent to and received from newcomers moving training state so far (first:
+  // sent, second: received); counted into bytes_sent and bytes_received.
+  std::function<std::pair<std::uint64_t, std::uint64_t>()> state_traffic;
 };
 
 [[nodiscard]] Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& outer, Clock& clock, const LoopOptions& options,

@@ -145,3 +145,86 @@ TEST_CASE("heterogeneous links: a slow worker's link stretches the synchronous r
   CHECK(slow.accounts[0].blocked_s > 5 * fast.accounts[0].blocked_s);
   CHECK(slow.accounts[0].bytes_sent == fast.accounts[0].bytes_sent);  // same traffic, slower
 }
+
+TEST_CASE("sites: workers in contiguous blocks behind a shared link that slows their rounds") {
+  auto c = tiny("diloco");
+  c.sim.workers = 4;
+  c.sim.network = "custom";
+  c.sim.bandwidth_mbit = 1000;
+  c.sim.latency_ms = 1;
+  auto spec = network_spec(c);
+  REQUIRE(spec.ok());
+  CHECK(spec->sites.empty());
+  const auto flat = run(c);
+  c.sim.sites = 2;
+  c.sim.site_uplink_mbit = 10;
+  c.sim.site_latency_ms = 20;
+  spec = network_spec(c);
+  REQUIRE(spec.ok());
+  REQUIRE(spec->sites.size() == 2);
+  CHECK(spec->nodes[0].site == 0);
+  CHECK(spec->nodes[1].site == 0);
+  CHECK(spec->nodes[2].site == 1);
+  CHECK(spec->nodes[3].site == 1);
+  CHECK(spec->sites[1].bandwidth_bytes_per_s == doctest::Approx(10e6 / 8));
+  const auto sited = run(c);
+  CHECK(sited.accounts[0].blocked_s > 5 * flat.accounts[0].blocked_s);
+  CHECK(sited.accounts[0].bytes_sent == flat.accounts[0].bytes_sent);
+  c.sim.sites = 5;
+  CHECK_FALSE(train::validate(c).ok());  // more sites than workers
+}
+
+TEST_CASE("a late joiner fetches the state, takes part from its step and then holds the group's weights") {
+  for (const std::string method : {"diloco", "ddp", "streaming_diloco", "noloco", "co2"}) {
+    CAPTURE(method);
+    auto c = tiny(method);
+    c.sim.workers = 4;  // even: NoLoCo pairs everyone every round
+    c.sim.join_worker = 3;
+    c.sim.join_at_step = 13;  // just after the second round (H = 6)
+    const auto r = run(c);
+    const auto& newcomer = r.accounts[3];
+    CHECK(newcomer.steps == 24);
+    CHECK(newcomer.tokens == 12 * c.train.batch_size * c.model.context);  // only the steps it trained
+    CHECK(newcomer.compute_s == doctest::Approx(12 * 0.05));
+    CHECK(newcomer.state_bytes_received > 100'000);  // model, AdamW moments and outer state
+    CHECK(newcomer.bytes_received > newcomer.state_bytes_received);  // and the rounds after
+    // One donor sent it exactly what it received.
+    std::uint64_t donated = 0;
+    for (int w = 0; w < 3; ++w) donated += r.accounts[static_cast<std::size_t>(w)].state_bytes_sent;
+    CHECK(donated == newcomer.state_bytes_received);
+    for (int w = 0; w < 3; ++w) CHECK(r.accounts[static_cast<std::size_t>(w)].steps == 24);
+    bool newcomer_recorded_early = false;
+    for (const auto& rec : r.records) newcomer_recorded_early = newcomer_recorded_early || (rec["worker"] == 3 && rec["step"].get<int>() < 13);
+    CHECK_FALSE(newcomer_recorded_early);
+    if (method == "diloco" || method == "ddp") {
+      // Synchronous methods: after the last round every member, the newcomer included, holds the same
+      // bits, and joining at a round boundary cut no round short.
+      for (int w = 1; w < 4; ++w) CHECK(torch::equal(r.final_params[static_cast<std::size_t>(w)], r.final_params[0]));
+      for (const auto& a : r.accounts) CHECK(a.skipped_rounds == 0);
+    }
+  }
+}
+
+TEST_CASE("a late join reruns bit-identically") {
+  auto c = tiny("diloco");
+  c.sim.join_worker = 1;
+  c.sim.join_at_step = 7;
+  const auto a = run(c), b = run(c);
+  REQUIRE(a.records.size() == b.records.size());
+  for (std::size_t i = 0; i < a.records.size(); ++i) CHECK(a.records[i].dump() == b.records[i].dump());
+  CHECK(torch::equal(a.final_params[1], b.final_params[1]));
+  CHECK(a.sim_time_s == b.sim_time_s);
+}
+
+TEST_CASE("a newcomer nobody can serve does not join, and the run still ends") {
+  auto c = tiny("diloco");
+  c.sim.workers = 2;
+  c.sim.join_worker = 1;
+  c.sim.join_at_step = 12;
+  c.sim.crash_worker = 0;  // the only member dies before the join step
+  c.sim.crash_at_step = 5;
+  const auto r = run(c);
+  CHECK(r.accounts[0].steps == 4);
+  CHECK(r.accounts[1].steps == 0);
+  CHECK(r.accounts[1].state_bytes_received == 0);
+}

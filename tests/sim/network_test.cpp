@@ -213,3 +213,29 @@ TEST_CASE("a hub's one link is shared by every message, whoever sends it") {
   REQUIRE(s.run().ok());
   for (Nanos t : arrivals) CHECK(std::chrono::duration<double>(t - 2ms).count() == doctest::Approx(2 * one).epsilon(1e-6));
 }
+
+TEST_CASE("a graceful close delivers what was sent first, then tells the peer the link is gone") {
+  const auto p = profile(1e8, 20ms);
+  Scheduler s;
+  Network net(s, uniform(2, p));
+  Nanos closed_seen{-1};
+  auto a = s.start_thread([&] {
+    REQUIRE(net.link(0, 1)->send(5, Bytes(1000, std::byte{1}), Deadline::never()).ok());
+    net.close(0, 1, 0);  // the message is still on its way
+    CHECK(net.link(0, 1)->send(5, Bytes(10), Deadline::never()).code() == ErrorCode::kPeerLost);
+  });
+  auto b = s.start_thread([&] {
+    s.sleep_for(1ms);
+    auto first = net.link(1, 0)->recv(5, Deadline::never());
+    REQUIRE(first.ok());
+    CHECK(first->size() == 1000);
+    CHECK(s.now() >= 20ms);
+    auto second = net.link(1, 0)->recv(5, Deadline::never());
+    CHECK(second.status().code() == ErrorCode::kPeerLost);
+    closed_seen = s.now();
+    // b's sends to a node that hung up fail at once.
+    CHECK(net.link(1, 0)->send(6, Bytes(10), Deadline::never()).code() == ErrorCode::kPeerLost);
+  });
+  REQUIRE(s.run().ok());
+  CHECK(closed_seen >= 20ms);
+}

@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include "core/file.h"
+#include "core/hash.h"
+#include "core/wire.h"
 #include "train/checkpoint.h"
 
 using namespace gossamer;
@@ -22,6 +24,7 @@ CheckpointState sample() {
   s.next_batch = 13;
   s.tokens_seen = 4096;
   s.rng_state = Bytes(40, std::byte{7});
+  s.outer_state = Bytes(24, std::byte{9});
   for (int i = 0; i < 1000; ++i) s.tensors.push_back(static_cast<std::byte>(i * 31));
   return s;
 }
@@ -30,7 +33,7 @@ CheckpointState sample() {
 TEST_CASE("checkpoint container round-trips and pins its header") {
   const Bytes file = encode_checkpoint(sample());
   CHECK(std::string(reinterpret_cast<const char*>(file.data()), 8) == "GSMRCKPT");
-  CHECK(static_cast<int>(file[8]) == 1);  // version 1, little-endian
+  CHECK(static_cast<int>(file[8]) == 2);  // version 2, little-endian
   auto back = decode_checkpoint(file, "x");
   REQUIRE(back.ok());
   CHECK(back->config_toml == sample().config_toml);
@@ -38,7 +41,32 @@ TEST_CASE("checkpoint container round-trips and pins its header") {
   CHECK(back->next_batch == 13);
   CHECK(back->tokens_seen == 4096);
   CHECK((back->rng_state == sample().rng_state));
+  CHECK((back->outer_state == sample().outer_state));
   CHECK((back->tensors == sample().tensors));
+}
+
+TEST_CASE("a version 1 checkpoint (no outer state) is still read") {
+  const CheckpointState s = sample();
+  Writer payload;
+  payload.str(s.config_toml);
+  payload.i64(s.step);
+  payload.i64(s.next_batch);
+  payload.i64(s.tokens_seen);
+  payload.blob(s.rng_state);
+  payload.u64(s.tensors.size());
+  payload.raw(s.tensors);
+  const Digest digest = digest_of(payload.bytes());
+  Writer file;
+  file.raw(as_bytes(std::string_view(kCheckpointMagic, sizeof(kCheckpointMagic))));
+  file.u32(1);
+  file.u64(payload.size());
+  file.raw(ByteView(reinterpret_cast<const std::byte*>(digest.bytes.data()), digest.bytes.size()));
+  file.raw(payload.bytes());
+  auto back = decode_checkpoint(file.bytes(), "v1");
+  REQUIRE(back.ok());
+  CHECK(back->step == 12);
+  CHECK(back->outer_state.empty());
+  CHECK((back->tensors == s.tensors));
 }
 
 TEST_CASE("a corrupted, truncated or foreign file is rejected with a clear error") {
@@ -69,7 +97,7 @@ TEST_CASE("a corrupted, truncated or foreign file is rejected with a clear error
   }
   SUBCASE("a newer format version") {
     Bytes bad = good;
-    bad[8] = std::byte{2};
+    bad[8] = std::byte{3};
     auto r = decode_checkpoint(bad, "ckpt");
     CHECK(r.status().code() == ErrorCode::kVersionMismatch);
     CHECK(r.status().message().find("upgrade") != std::string::npos);
