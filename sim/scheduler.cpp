@@ -1,24 +1,74 @@
 #include "sim/scheduler.h"
 
+#include <sys/mman.h>
+#include <ucontext.h>
+
 #include <algorithm>
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <queue>
-#include <semaphore>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include <ATen/ThreadLocalState.h>
+
 #include "core/check.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define GOSSAMER_FIBER_ASAN 1
+#endif
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#define GOSSAMER_FIBER_TSAN 1
+#endif
 
 namespace gossamer::sim {
 
 namespace {
 
+constexpr std::size_t kStackBytes = std::size_t{8} << 20;  // reserved, committed as touched
+constexpr std::size_t kGuardBytes = 64 << 10;               // unmapped below the stack: overflow faults
+
+// A stack for one fiber: mapped lazily, with a guard region at its low end.
+class FiberStack {
+ public:
+  FiberStack() {
+    void* p = mmap(nullptr, kStackBytes + kGuardBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+    GOSSAMER_CHECK(p != MAP_FAILED, "simulator: cannot map a stack for a simulated thread");
+    GOSSAMER_CHECK(mprotect(p, kGuardBytes, PROT_NONE) == 0, "simulator: cannot protect a stack guard");
+    base_ = static_cast<std::byte*>(p);
+  }
+  ~FiberStack() { munmap(base_, kStackBytes + kGuardBytes); }
+  FiberStack(const FiberStack&) = delete;
+  FiberStack& operator=(const FiberStack&) = delete;
+  void* bottom() const { return base_ + kGuardBytes; }
+  std::size_t size() const { return kStackBytes; }
+
+ private:
+  std::byte* base_ = nullptr;
+};
+
+// One execution context: a simulated thread (a fiber with its own stack) or the thread that called
+// run() (no stack of ours). Each keeps LibTorch's thread-local state (grad mode, dispatch keys) across
+// switches, since every fiber runs on the same OS thread.
+struct Context {
+  ucontext_t uc{};
+  std::optional<at::ThreadLocalState> torch_tls;
+  const void* stack_bottom = nullptr;  // for the sanitizers
+  std::size_t stack_size = 0;
+#if defined(GOSSAMER_FIBER_TSAN)
+  void* tsan_fiber = nullptr;
+#endif
+};
+
 struct Actor {
-  std::binary_semaphore resume{0};  // posted by the scheduler to let this actor run
-  std::thread thread;
+  Context ctx;
+  std::unique_ptr<FiberStack> stack;
+  std::function<void()> body;
+  Scheduler::Impl* scheduler = nullptr;
   bool finished = false;
   std::uint64_t wait_token = 0;     // bumped each time the actor parks; stale wake-ups carry an old one
   bool parked = false;
@@ -38,7 +88,7 @@ struct Later {
   bool operator()(const Event& a, const Event& b) const { return a.time != b.time ? a.time > b.time : a.seq > b.seq; }
 };
 
-thread_local Actor* t_current = nullptr;
+thread_local Actor* t_current = nullptr;  // the actor running on this thread, if any
 
 }  // namespace
 
@@ -49,7 +99,8 @@ struct Scheduler::Impl {
   std::deque<Actor*> ready;
   std::vector<std::unique_ptr<Actor>> actors;
   std::size_t finished = 0;
-  std::binary_semaphore idle{0};  // posted to run()'s thread when nothing can run any more
+  Context main;                       // the thread in run() (or the destructor)
+  at::ThreadLocalState fresh_tls;     // what a new simulated thread starts with, as a new OS thread would
   bool stopping = false;
   std::exception_ptr failure;
 
@@ -59,7 +110,7 @@ struct Scheduler::Impl {
     ready.push_back(a);
   }
 
-  // The scheduling loop, run by whichever thread holds control (one at a time): the next actor that
+  // The scheduling loop, run by whichever context holds control (one at a time): the next actor that
   // may run, advancing virtual time through pending events as needed; nullptr when nothing can.
   Actor* next() {
     for (;;) {
@@ -83,20 +134,45 @@ struct Scheduler::Impl {
     }
   }
 
-  // Hands control from `self` (parking, or finished) straight to the next actor, without a round
-  // trip through run()'s thread; when `self` is next it simply goes on.
+  // Switches from the running context to `to` (nullptr: the thread in run()); returns when something
+  // switches back. A finished actor's switch never returns.
+  void switch_to(Actor* from, Actor* to) {
+    Context& a = from != nullptr ? from->ctx : main;
+    Context& b = to != nullptr ? to->ctx : main;
+    a.torch_tls.emplace();  // captures this context's LibTorch thread-local state
+    t_current = to;
+#if defined(GOSSAMER_FIBER_ASAN)
+    void* fake_stack = nullptr;
+    __sanitizer_start_switch_fiber(from != nullptr && from->finished ? nullptr : &fake_stack, b.stack_bottom, b.stack_size);
+#endif
+#if defined(GOSSAMER_FIBER_TSAN)
+    if (a.tsan_fiber == nullptr) a.tsan_fiber = __tsan_get_current_fiber();  // the thread in run(), first time
+    __tsan_switch_to_fiber(b.tsan_fiber, 0);
+#endif
+    GOSSAMER_CHECK(swapcontext(&a.uc, &b.uc) == 0, "simulator: swapcontext failed");
+    // Back in `from`.
+#if defined(GOSSAMER_FIBER_ASAN)
+    const void* prev_bottom = nullptr;
+    std::size_t prev_size = 0;
+    __sanitizer_finish_switch_fiber(fake_stack, &prev_bottom, &prev_size);
+    if (main.stack_bottom == nullptr && from == nullptr) {
+      main.stack_bottom = prev_bottom;
+      main.stack_size = prev_size;
+    }
+#endif
+    t_current = from;
+    if (a.torch_tls) at::ThreadLocalState::setThreadLocalState(*a.torch_tls);
+  }
+
+  // Hands control from `self` (parking, or finished) straight to the next actor, or back to run()
+  // when nothing can run; when `self` is next it simply goes on.
   void hand_off(Actor* self) {
     Actor* n = stopping ? nullptr : next();
     if (n == self) return;
-    if (n != nullptr) {
-      n->resume.release();
-    } else {
-      idle.release();
-    }
-    if (!self->finished) self->resume.acquire();
+    switch_to(self, n);
   }
 
-  // Called on the actor's own thread: give up control until woken.
+  // Called by the running actor: give up control until woken.
   void park(Actor* a) {
     a->parked = true;
     hand_off(a);
@@ -105,6 +181,39 @@ struct Scheduler::Impl {
 
   void schedule_wake(Actor* a, Nanos t) { events.push(Event{t, seq++, a, a->wait_token + 1, {}}); }
   // wait_token + 1 is the token the actor will hold while parked (make_ready bumps it on wake-up).
+
+  // A simulated thread's first frame: runs the body, then hands control on for good.
+  static void entry() {
+    Actor* a = t_current;
+    Impl& st = *a->scheduler;
+#if defined(GOSSAMER_FIBER_ASAN)
+    const void* prev_bottom = nullptr;
+    std::size_t prev_size = 0;
+    __sanitizer_finish_switch_fiber(nullptr, &prev_bottom, &prev_size);
+    if (st.main.stack_bottom == nullptr) {
+      st.main.stack_bottom = prev_bottom;
+      st.main.stack_size = prev_size;
+    }
+#endif
+    at::ThreadLocalState::setThreadLocalState(st.fresh_tls);
+    if (!st.stopping) {
+      try {
+        a->body();
+      } catch (const SimulationStopped&) {
+      } catch (...) {
+        if (!st.failure) st.failure = std::current_exception();
+      }
+    }
+    a->body = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(a->done_mu);
+      a->done->notify_all();  // joiners become ready before control moves on
+      a->finished = true;
+    }
+    ++st.finished;
+    st.hand_off(a);
+    GOSSAMER_CHECK(false, "simulator: a finished simulated thread was resumed");
+  }
 };
 
 namespace {
@@ -148,12 +257,11 @@ class SimThread final : public ClockThread {
   SimThread(Scheduler& scheduler, Actor* a) : scheduler_(scheduler), actor_(a) {}
   void join() override {
     if (joined_) return;
-    if (scheduler_.in_actor()) {  // wait in virtual time for the actor to finish, then reap its OS thread
+    if (scheduler_.in_actor()) {  // wait in virtual time for the actor to finish
       std::unique_lock<std::mutex> lock(actor_->done_mu);
       actor_->done->wait(lock, Deadline::never(), [&] { return actor_->finished; });
     }
-    if (actor_->thread.joinable()) actor_->thread.join();
-    joined_ = true;
+    joined_ = true;  // its stack goes with the Scheduler
   }
   ~SimThread() override = default;  // the Scheduler joins what is left
 
@@ -169,16 +277,16 @@ Scheduler::Scheduler() : impl_(std::make_unique<Impl>()) {}
 
 Scheduler::~Scheduler() {
   auto& s = *impl_;
+  GOSSAMER_CHECK(t_current == nullptr, "a Scheduler was destroyed from one of its simulated threads");
   s.stopping = true;
   for (auto& a : s.actors) {
-    if (!a->finished && a->thread.joinable()) {
-      a->resume.release();  // unwinds it with SimulationStopped; it posts `idle` as it finishes
-      s.idle.acquire();
-    }
+    if (!a->finished) s.switch_to(nullptr, a.get());  // unwinds it with SimulationStopped; it switches back as it finishes
   }
+#if defined(GOSSAMER_FIBER_TSAN)
   for (auto& a : s.actors) {
-    if (a->thread.joinable()) a->thread.join();
+    if (a->ctx.tsan_fiber != nullptr) __tsan_destroy_fiber(a->ctx.tsan_fiber);
   }
+#endif
 }
 
 Nanos Scheduler::now() const { return impl_->now; }
@@ -201,27 +309,19 @@ std::unique_ptr<ClockThread> Scheduler::start_thread(std::function<void()> body)
   auto actor = std::make_unique<Actor>();
   Actor* a = actor.get();
   a->done = make_signal();
-  a->thread = std::thread([this, a, body = std::move(body)] {
-    auto& st = *impl_;
-    a->resume.acquire();
-    t_current = a;
-    if (!st.stopping) {
-      try {
-        body();
-      } catch (const SimulationStopped&) {
-      } catch (...) {
-        if (!st.failure) st.failure = std::current_exception();
-      }
-    }
-    {
-      std::lock_guard<std::mutex> lock(a->done_mu);
-      a->done->notify_all();  // joiners become ready before control moves on
-      a->finished = true;
-    }
-    t_current = nullptr;
-    ++st.finished;
-    st.hand_off(a);
-  });
+  a->body = std::move(body);
+  a->scheduler = &s;
+  a->stack = std::make_unique<FiberStack>();
+  a->ctx.stack_bottom = a->stack->bottom();
+  a->ctx.stack_size = a->stack->size();
+  GOSSAMER_CHECK(getcontext(&a->ctx.uc) == 0, "simulator: getcontext failed");
+  a->ctx.uc.uc_stack.ss_sp = a->stack->bottom();
+  a->ctx.uc.uc_stack.ss_size = a->stack->size();
+  a->ctx.uc.uc_link = nullptr;  // entry() never returns
+  makecontext(&a->ctx.uc, &Impl::entry, 0);
+#if defined(GOSSAMER_FIBER_TSAN)
+  a->ctx.tsan_fiber = __tsan_create_fiber(0);
+#endif
   a->parked = true;
   s.make_ready(a);
   s.actors.push_back(std::move(actor));
@@ -236,11 +336,8 @@ void Scheduler::call_at(Nanos t, std::function<void()> fn) {
 Status Scheduler::run() {
   auto& s = *impl_;
   GOSSAMER_CHECK(t_current == nullptr, "Scheduler::run called from a simulated thread");
-  // Control passes from actor to actor; this thread only starts the first and waits for the end.
-  if (Actor* first = s.next(); first != nullptr) {
-    first->resume.release();
-    s.idle.acquire();
-  }
+  // Control passes from actor to actor; this thread only starts the first and gets control back at the end.
+  if (Actor* first = s.next(); first != nullptr) s.switch_to(nullptr, first);
   if (s.failure) std::rethrow_exception(s.failure);
   std::size_t waiting = 0;
   for (const auto& a : s.actors) waiting += a->finished ? 0 : 1;

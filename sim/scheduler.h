@@ -1,18 +1,23 @@
 // Scheduler: the simulator's virtual Clock and its deterministic scheduler.
 //
-// Simulated threads ("actors": workers, their communication threads) are real OS threads, but exactly
-// one runs at a time and time only moves when every actor is waiting. An actor runs until it waits:
+// Simulated threads ("actors": workers, their communication threads) are fibers: each has its own
+// stack, all run on the thread that calls run(), exactly one at a time, and control passes from one
+// to the next by a user-space context switch (no kernel wake-up; LibTorch's thread-local state, such
+// as grad mode, is saved and restored with each). Time only moves when every actor is waiting. An actor runs until it waits:
 // sleep_until(t) parks it until virtual time t; a Signal wait parks it until notified or its deadline.
 // When no actor can run, the scheduler advances virtual time to the earliest pending event (a wake-up
 // or a timer callback such as a network delivery) in (time, sequence) order, so a run with the same
 // inputs always takes the same path: bit-identical results, whatever the host's speed. Real compute
 // inside an actor takes no virtual time; the caller accounts for it with sleep_for (a compute model).
 //
-// Ownership: the Scheduler owns its actors' OS threads. Threading: start threads and call_at() before
-// run() from the owning thread, or from inside actors and callbacks during run(); now() from anywhere
-// while the scheduler holds still. Errors: run() returns kAborted when actors wait on each other with
-// nothing left that could wake them (a simulated deadlock), and rethrows an exception that escaped an
-// actor; the remaining actors are unwound (their waits throw SimulationStopped) and joined.
+// Ownership: the Scheduler owns its actors and their stacks (8 MiB reserved each, committed as used,
+// with a guard region). Threading: start threads and call_at() before run() from the owning thread,
+// or from inside actors and callbacks during run(); now() from anywhere while the scheduler holds
+// still. An actor must not hold a mutex across a wait other than the one it waits with (another actor
+// locking it would block the one OS thread all actors share). Errors: run() returns kAborted when
+// actors wait on each other with nothing left that could wake them (a simulated deadlock), and
+// rethrows an exception that escaped an actor; the remaining actors are unwound (their waits throw
+// SimulationStopped) when the Scheduler is destroyed.
 #pragma once
 
 #include <cstdint>

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <torch/torch.h>
+
 #include "core/signal.h"
 #include "sim/scheduler.h"
 
@@ -104,4 +106,46 @@ TEST_CASE("timer callbacks run at their time, between simulated threads") {
   REQUIRE(s.run().ok());
   CHECK(at == std::vector<Nanos>{3ms, 4ms});
   CHECK(s.now() == 12ms);
+}
+
+TEST_CASE("each simulated thread keeps its own LibTorch grad mode across switches") {
+  Scheduler s;
+  bool a_saw_disabled = false, b_saw_enabled = false, b_after = false;
+  auto a = s.start_thread([&] {
+    torch::NoGradGuard no_grad;
+    s.sleep_for(2s);  // b runs meanwhile
+    a_saw_disabled = !torch::GradMode::is_enabled();
+  });
+  auto b = s.start_thread([&] {
+    s.sleep_for(1s);  // a is parked with grad mode off
+    b_saw_enabled = torch::GradMode::is_enabled();
+    auto x = torch::ones({2}, torch::requires_grad());
+    b_after = (x * 2).sum().requires_grad();
+  });
+  REQUIRE(s.run().ok());
+  CHECK(a_saw_disabled);
+  CHECK(b_saw_enabled);
+  CHECK(b_after);
+  CHECK(torch::GradMode::is_enabled());  // the caller's own state is back
+}
+
+TEST_CASE("many simulated threads switch thousands of times, deterministically") {
+  auto trace = [] {
+    Scheduler s;
+    std::vector<int> order;
+    std::vector<std::unique_ptr<ClockThread>> threads;
+    for (int i = 0; i < 200; ++i) {
+      threads.push_back(s.start_thread([&, i] {
+        for (int k = 0; k < 50; ++k) {
+          s.sleep_for(std::chrono::milliseconds(1 + (i * 7 + k) % 5));
+          order.push_back(i);
+        }
+      }));
+    }
+    REQUIRE(s.run().ok());
+    return order;
+  };
+  const auto first = trace();
+  CHECK(first.size() == 200 * 50);
+  CHECK(first == trace());
 }
