@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <span>
 
 #include "core/check.h"
@@ -23,6 +24,14 @@ std::int64_t chunk_begin(std::int64_t n, int size, int j) { return n * j / size;
 
 Status send_counted(transport::Link& link, transport::Tag tag, const Bytes& payload, Deadline deadline, CommStats& stats) {
   Status st = link.send(tag, payload, deadline);
+  if (st.ok()) stats.bytes_sent += payload.size() + transport::kFrameHeaderBytes;
+  return st;
+}
+
+// Sends an encoding in its two pieces (an fp32 body straight from the tensor: no joining copy).
+Status send_counted(transport::Link& link, transport::Tag tag, const quant::EncodedView& payload, Deadline deadline, CommStats& stats) {
+  const std::array<ByteView, 2> parts = {ByteView(payload.head), payload.body};
+  Status st = link.send_parts(tag, parts, deadline);
   if (st.ok()) stats.bytes_sent += payload.size() + transport::kFrameHeaderBytes;
   return st;
 }
@@ -52,7 +61,9 @@ Status decoded(Status st, const transport::Link* from) {
 Status recv_into(transport::Link& link, transport::Tag tag, at::Tensor dst, Deadline deadline, CommStats& stats) {
   auto bytes = recv_chunk(link, tag, dst.numel(), deadline, stats);
   if (!bytes.ok()) return bytes.status();
-  return decoded(quant::decode_into(*bytes, span_of(dst)), &link);
+  Status st = decoded(quant::decode_into(*bytes, span_of(dst)), &link);
+  link.recycle(std::move(*bytes));
+  return st;
 }
 
 }  // namespace
@@ -80,10 +91,10 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   auto to = [&](int k) { return (r + k) % m; };
   auto from = [&](int k) { return (r - k + m) % m; };
   const bool exact = codec.codec == quant::CodecId::kFp32;  // fp32 round-trips bit for bit
-  // 1. Each chunk, encoded once, to its owner.
+  // 1. Each chunk, encoded once, to its owner (fp32 straight from `flat`).
   for (int k = 1; k < m; ++k) {
     const int j = to(k);
-    if (Status st = send_counted(link(j), tag, quant::encode(chunk(flat, j), codec), deadline, stats); !st.ok()) {
+    if (Status st = send_counted(link(j), tag, quant::encode_view(chunk(flat, j), codec), deadline, stats); !st.ok()) {
       return rank_context(st, "sending to", j);
     }
   }
@@ -108,14 +119,19 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
       st = j == 0 ? quant::decode_into(part, span_of(acc)) : quant::decode_add(part, span_of(acc));
     }
     if (!st.ok()) return rank_context(decoded(st, j == r ? nullptr : &link(j)), "reducing the chunk of", j);
+    if (j != r) link(j).recycle(std::move(parts[static_cast<std::size_t>(j)]));
     parts[static_cast<std::size_t>(j)] = Bytes();
   }
   acc.div_(static_cast<float>(m));
   // 3. The mean, encoded once, to everyone; every rank (the owner too) decodes the same bytes.
-  parts[static_cast<std::size_t>(r)] = quant::encode(acc, codec);
+  const quant::EncodedView mean = quant::encode_view(acc, codec);
+  if (!exact) {
+    parts[static_cast<std::size_t>(r)] = mean.head;
+    parts[static_cast<std::size_t>(r)].insert(parts[static_cast<std::size_t>(r)].end(), mean.body.begin(), mean.body.end());
+  }
   for (int k = 1; k < m; ++k) {
     const int j = to(k);
-    if (Status st = send_counted(link(j), tag, parts[static_cast<std::size_t>(r)], deadline, stats); !st.ok()) {
+    if (Status st = send_counted(link(j), tag, mean, deadline, stats); !st.ok()) {
       return rank_context(st, "sending the mean to", j);
     }
   }
@@ -138,6 +154,7 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
       st = quant::decode_into(parts[static_cast<std::size_t>(j)], span_of(dst));
     }
     if (!st.ok()) return rank_context(decoded(st, j == r ? nullptr : &link(j)), "decoding the mean of", j);
+    if (j != r) link(j).recycle(std::move(parts[static_cast<std::size_t>(j)]));
   }
   if (!direct) tensor.copy_(out.view(tensor.sizes()));
   stats.seconds = watch.elapsed_seconds();

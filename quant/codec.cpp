@@ -123,6 +123,31 @@ Bytes encode(const at::Tensor& tensor, const EncodeOptions& o) {
   return payload;
 }
 
+EncodedView encode_view(const at::Tensor& tensor, const EncodeOptions& o) {
+  const bool borrow = o.codec == CodecId::kFp32 && !o.zstd && tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat &&
+                      tensor.is_contiguous() && tensor.numel() > 0;
+  if (!borrow) return {encode(tensor, o), {}};
+  // The fp32 header as encode() writes it (a test pins the two to the same bytes).
+  GOSSAMER_CHECK(tensor.dim() <= kMaxDims, "quant::encode: more than " + std::to_string(kMaxDims) + " dimensions");
+  GOSSAMER_CHECK(tensor.numel() <= kMaxElements, "quant::encode: tensor too large");
+  const auto n = static_cast<std::size_t>(tensor.numel());
+  const auto* data = static_cast<const std::uint8_t*>(tensor.data_ptr());
+  GOSSAMER_CHECK(kernels::check_finite_fp32(data, n), "quant::encode: the tensor holds NaN or Inf");
+  Writer w(48 + 8 * static_cast<std::size_t>(tensor.dim()));
+  w.raw(as_bytes(std::string_view(kPayloadMagic, sizeof(kPayloadMagic))));
+  w.u8(kPayloadVersion);
+  w.u8(static_cast<std::uint8_t>(CodecId::kFp32));
+  w.u8(static_cast<std::uint8_t>(SourceDtype::kFloat32));
+  w.u8(0);  // flags
+  w.u8(static_cast<std::uint8_t>(tensor.dim()));
+  w.u8(static_cast<std::uint8_t>(ScaleFormat::kNone));
+  w.u16(0);
+  w.u32(0);  // block
+  for (auto d : tensor.sizes()) w.i64(d);
+  w.u64(n * 4);
+  return {std::move(w).take(), ByteView(reinterpret_cast<const std::byte*>(data), n * 4)};
+}
+
 Result<at::Tensor> decode(ByteView payload, std::int64_t max_elements) {
   auto info = inspect(payload, max_elements);
   if (!info.ok()) return info.status();

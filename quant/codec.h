@@ -34,6 +34,17 @@
 namespace gossamer::quant {
 
 Bytes encode(const at::Tensor& tensor, const EncodeOptions& options);
+
+// The same payload in two pieces, for a gathered send: `head` then `body`. For fp32 without zstd of
+// a contiguous CPU float tensor, head is the header alone and body borrows the tensor's own bytes
+// (checked finite; no copy), so the tensor must stay alive and unchanged until the bytes are sent.
+// Otherwise head is the whole payload and body is empty.
+struct EncodedView {
+  Bytes head;
+  ByteView body;
+  std::size_t size() const { return head.size() + body.size(); }
+};
+EncodedView encode_view(const at::Tensor& tensor, const EncodeOptions& options);
 // max_elements: see inspect() in quant/format.h.
 [[nodiscard]] Result<at::Tensor> decode(ByteView payload, std::int64_t max_elements = kMaxElements);
 

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "core/bytes.h"
@@ -36,6 +37,20 @@ class Link {
   virtual std::string remote_address() const = 0;
   [[nodiscard]] virtual Status send(Tag tag, ByteView payload, Deadline deadline) = 0;
   [[nodiscard]] virtual Result<Bytes> recv(Tag tag, Deadline deadline) = 0;
+  // Sends one message made of `parts` back to back. Transports that can write them out gathered (no
+  // joining copy) do; the default joins them and calls send().
+  [[nodiscard]] virtual Status send_parts(Tag tag, std::span<const ByteView> parts, Deadline deadline) {
+    std::size_t total = 0;
+    for (ByteView p : parts) total += p.size();
+    Bytes joined;
+    joined.reserve(total);
+    for (ByteView p : parts) joined.insert(joined.end(), p.begin(), p.end());
+    return send(tag, joined, deadline);
+  }
+  // Hands back the buffer of a message recv() returned, once the caller is done with it, so a later
+  // message of up to its size is read into it (no allocation, no clearing). Optional: the default
+  // drops it.
+  virtual void recycle(Bytes buffer) { (void)buffer; }
   // Closes the link; pending and later operations fail with kPeerLost. Idempotent.
   virtual void close() = 0;
   virtual LinkStats stats() const = 0;

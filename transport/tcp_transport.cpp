@@ -138,6 +138,37 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
     return send_frame(FrameHeader{FrameType::kData, 0, tag, payload.size()}, payload, deadline);
   }
 
+  Status send_parts(Tag tag, std::span<const ByteView> parts, Deadline deadline) override {
+    if (secure_) return Link::send_parts(tag, parts, deadline);  // records are sealed from one buffer
+    std::size_t total = 0;
+    for (ByteView p : parts) total += p.size();
+    std::lock_guard<std::mutex> serial(send_mu_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failed_.ok()) return failed_;
+    }
+    std::array<std::uint8_t, kFrameHeaderBytes> header{};
+    encode_frame_header(FrameHeader{FrameType::kData, 0, tag, total}, header.data());
+    std::vector<asio::const_buffer> buffers = {asio::buffer(header)};
+    for (ByteView p : parts) {
+      if (!p.empty()) buffers.push_back(asio::buffer(p.data(), p.size()));
+    }
+    if (Status st = finish_write(start_write(std::move(buffers)), deadline); !st.ok()) return st;
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.bytes_sent += kFrameHeaderBytes + total;
+    stats_.messages_sent += 1;
+    return Status();
+  }
+
+  void recycle(Bytes buffer) override {
+    if (secure_ || buffer.empty()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    std::size_t pooled = 0;
+    for (const auto& b : pool_) pooled += b.size();
+    if (pool_.size() >= kPoolBuffers || pooled + buffer.size() > max_buffered_) return;
+    pool_.push_back(std::move(buffer));
+  }
+
   Result<Bytes> recv(Tag tag, Deadline deadline) override {
     const SteadyTime until = deadline.steady_time();
     std::unique_lock<std::mutex> lock(mu_);
@@ -202,10 +233,10 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
  private:
   // Hands two buffers to the I/O thread to write; finish_write() waits for it. The buffers are the
   // caller's and must stay valid until finish_write() returns.
-  std::shared_ptr<Completion> start_write(asio::const_buffer a, asio::const_buffer b) {
+  std::shared_ptr<Completion> start_write(asio::const_buffer a, asio::const_buffer b) { return start_write(std::vector<asio::const_buffer>{a, b}); }
+  std::shared_ptr<Completion> start_write(std::vector<asio::const_buffer> buffers) {
     auto done = std::make_shared<Completion>();
-    asio::post(socket_.get_executor(), [self = shared_from_this(), a, b, done] {
-      const std::array<asio::const_buffer, 2> buffers = {a, b};
+    asio::post(socket_.get_executor(), [self = shared_from_this(), buffers = std::move(buffers), done] {
       asio::async_write(self->socket_, buffers, TransferAllInLargeSteps{}, [done](asio::error_code ec, std::size_t) { done->finish(ec); });
     });
     return done;
@@ -297,8 +328,23 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
     });
   }
 
+  // A buffer for a payload of n bytes: the smallest recycled one that holds it (shrunk to n, so not
+  // cleared), else a new one.
+  Bytes take_buffer(std::size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto best = pool_.end();
+    for (auto it = pool_.begin(); it != pool_.end(); ++it) {
+      if (it->size() >= n && (best == pool_.end() || it->size() < best->size())) best = it;
+    }
+    if (best == pool_.end()) return Bytes(n);
+    Bytes b = std::move(*best);
+    pool_.erase(best);
+    b.resize(n);
+    return b;
+  }
+
   void read_payload(const FrameHeader& h) {
-    auto buf = std::make_shared<Bytes>(h.length);  // length checked against the cap in decode_frame_header
+    auto buf = std::make_shared<Bytes>(take_buffer(h.length));  // length checked against the cap in decode_frame_header
     asio::async_read(socket_, asio::buffer(buf->data(), buf->size()), TransferAllInLargeSteps{},
                      [self = shared_from_this(), buf, tag = h.tag](asio::error_code ec, std::size_t) {
                        if (ec) return self->fail_read(ec);
@@ -421,6 +467,8 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<Tag, std::deque<Bytes>> inbox_;
+  static constexpr std::size_t kPoolBuffers = 8;
+  std::vector<Bytes> pool_;  // recycled receive buffers (plaintext links)
   std::uint64_t buffered_ = 0;
   bool paused_ = false;
   Status failed_;

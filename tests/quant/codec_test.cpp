@@ -268,3 +268,27 @@ TEST_CASE("decode_add refuses NaN in an fp32 payload") {
   Status st = decode_add(payload, std::span<float>(acc.data_ptr<float>(), 64));
   CHECK(st.code() == ErrorCode::kMalformed);
 }
+
+TEST_CASE("encode_view gives encode's bytes in two pieces, borrowing an fp32 tensor's storage") {
+  const at::Tensor t = torch::randn({3, 50});
+  for (int c = 0; c < kNumCodecs; ++c) {
+    EncodeOptions o;
+    o.codec = static_cast<CodecId>(c);
+    CAPTURE(c);
+    const EncodedView v = encode_view(t, o);
+    Bytes joined = v.head;
+    joined.insert(joined.end(), v.body.begin(), v.body.end());
+    CHECK((joined == encode(t, o)));
+    if (o.codec == CodecId::kFp32) {
+      CHECK(static_cast<const void*>(v.body.data()) == t.data_ptr());  // no copy
+      CHECK(v.body.size() == 150 * 4);
+    } else {
+      CHECK(v.body.empty());
+    }
+  }
+  EncodeOptions fp32;
+  CHECK(encode_view(t.t(), fp32).body.empty());  // not contiguous: encoded whole
+  at::Tensor bad = t.clone();
+  bad[1][2] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS(encode_view(bad, fp32));
+}
