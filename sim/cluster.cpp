@@ -211,7 +211,6 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
       lo.round_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config.train.round_timeout_s));
       train::LoopHooks hooks;
       hooks.pace = [&, slow](double measured) {
-        compute_wall += measured;
         const double s = step_seconds(config, result.parameters, measured) * slow;
         scheduler.sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(s)));
         return s;
@@ -249,7 +248,7 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
       if (!account.ok() && failure.ok()) failure = account.status().with_context("worker " + std::to_string(r));
       if (account.ok()) {
         result.accounts[static_cast<std::size_t>(r)] = *account;
-        compute_wall += account->eval_wall_s;
+        compute_wall += account->step_wall_s + account->eval_wall_s;
       }
       if (progress) progress(r, worker.steps_done(), config.train.steps);
       finish();

@@ -1,6 +1,7 @@
 #include "sim/network.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <deque>
 #include <limits>
@@ -192,22 +193,31 @@ struct Network::Impl {
       if (f->remaining <= kDoneBytes) finished.push_back(f);
     }
     for (Flow* f : finished) complete(f);
-    recompute();
-    schedule_next();
+    rates_changed();
   }
 
   void add(Flow* f) {
     advance();
     flows.push_back(f);
-    recompute();
-    schedule_next();
+    rates_changed();
   }
 
   void remove(Flow* f) {
     advance();
     flows.erase(std::remove(flows.begin(), flows.end(), f), flows.end());
-    recompute();
-    schedule_next();
+    rates_changed();
+  }
+
+  // The set of flows changed: rates are recomputed once for every change made at this instant (many
+  // flows often start together, as in an all-reduce), before virtual time moves on.
+  void rates_changed() {
+    if (recompute_pending) return;
+    recompute_pending = true;
+    sched.call_at(sched.now(), [this] {
+      recompute_pending = false;
+      recompute();
+      schedule_next();
+    });
   }
 
   void finish(Flow* f, Status st) {
@@ -281,6 +291,7 @@ struct Network::Impl {
   }
 
   static constexpr double kDoneBytes = 1e-3;
+  bool recompute_pending = false;
   Scheduler& sched;
   NetworkSpec spec;
   int n = 0;
@@ -306,6 +317,12 @@ class SimLink final : public transport::Link {
   std::string remote_address() const override { return "sim://node-" + std::to_string(peer_); }
 
   Status send(transport::Tag tag, ByteView payload, Deadline deadline) override {
+    const std::array<ByteView, 1> parts = {payload};
+    return send_parts(tag, parts, deadline);
+  }
+
+  // The message is copied once, into the flow that carries it.
+  Status send_parts(transport::Tag tag, std::span<const ByteView> parts, Deadline deadline) override {
     if (net_.dead[static_cast<std::size_t>(self_)] || net_.dead[static_cast<std::size_t>(peer_)] || net_.mailbox(peer_, self_, epoch_).closed ||
         net_.mailbox(self_, peer_, epoch_).closed) {
       return lost();
@@ -317,9 +334,12 @@ class SimLink final : public transport::Link {
     f.tag = tag;
     f.path = net_.path(self_, peer_);
     const auto& profile = net_.spec.nodes[static_cast<std::size_t>(self_)].link;
-    f.remaining = profile.wire_bytes(payload.size() + transport::kFrameHeaderBytes);
-    f.payload.assign(payload.begin(), payload.end());
-    f.delay = net_.draw_delay(self_, peer_, payload.size());
+    std::size_t size = 0;
+    for (ByteView p : parts) size += p.size();
+    f.remaining = profile.wire_bytes(size + transport::kFrameHeaderBytes);
+    f.payload.reserve(size);
+    for (ByteView p : parts) f.payload.insert(f.payload.end(), p.begin(), p.end());
+    f.delay = net_.draw_delay(self_, peer_, size);
     f.signal = net_.sched.make_signal();
     const auto wire = static_cast<std::uint64_t>(f.remaining);
     net_.add(&f);

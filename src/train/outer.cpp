@@ -137,11 +137,18 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
     regroup();
     Stopwatch measured(real_clock());  // compute is measured in real time, whatever the clock
     bool paced = false;
+    double before_sync = 0;                 // real compute up to the gradient averaging
+    std::optional<Stopwatch> after_sync;    // real compute after it (the update)
     GradientHook hook;
     if (setup.gradient_sync != nullptr) {
       hook = [&](const std::vector<at::Tensor>& params) -> Status {
-        acc.compute_s += pace(measured.elapsed_seconds());
+        before_sync = measured.elapsed_seconds();
+        acc.compute_s += pace(before_sync);
         paced = true;
+        struct StartAfter {  // whichever way the hook returns
+          std::optional<Stopwatch>& w;
+          ~StartAfter() { w.emplace(real_clock()); }
+        } start_after{after_sync};
         const Nanos t0 = clock.now();
         const std::int64_t step = worker.steps_done() + 1;
         Status st = setup.gradient_sync->sync_gradients(params, step, Deadline::after(clock, o.round_timeout));
@@ -154,7 +161,9 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
       };
     }
     const StepResult r = worker.step(hook);
-    if (!paced) acc.compute_s += pace(measured.elapsed_seconds());
+    const double step_real = paced && after_sync ? before_sync + after_sync->elapsed_seconds() : measured.elapsed_seconds();
+    acc.step_wall_s += step_real;
+    if (!paced) acc.compute_s += pace(step_real);
     acc.steps = r.step;
     acc.tokens = worker.tokens_seen();
     if (!r.sync.ok()) {

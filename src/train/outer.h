@@ -44,6 +44,8 @@ struct WorkerAccount {
   double compute_s = 0.0;           // inner steps (as the pace hook counts them)
   double blocked_s = 0.0;           // waiting on communication
   double eval_wall_s = 0.0;         // real time spent evaluating (not in the metrics: not deterministic)
+  double step_wall_s = 0.0;         // real time spent in inner steps (forward, backward, update), gradient
+                                    // averaging excluded (not in the metrics either)
   nlohmann::json to_json() const;
 };
 
