@@ -98,29 +98,28 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
       return rank_context(st, "sending to", j);
     }
   }
-  // 2. The owner collects every contribution, then sums them in fp32 in rank order (the same sum on
-  // every rank) straight from the payloads, and takes the mean.
+  // 2. The owner sums every contribution in fp32 in rank order (the same order every run), each
+  // straight from its payload as soon as it is in, while later ones still arrive; then the mean.
   const std::int64_t mine = chunk(flat, r).numel();
   std::vector<Bytes> parts(static_cast<std::size_t>(m));
-  for (int k = 1; k < m; ++k) {
-    const int j = from(k);
-    auto got = recv_chunk(link(j), tag, mine, deadline, stats);
-    if (!got.ok()) return rank_context(got.status(), "receiving from", j);
-    parts[static_cast<std::size_t>(j)] = std::move(*got);
-  }
-  if (!exact) parts[static_cast<std::size_t>(r)] = quant::encode(chunk(flat, r), codec);  // ours passes the codec too
   at::Tensor acc = torch::empty({mine}, torch::kFloat);
   for (int j = 0; j < m; ++j) {
     Status st;
     if (j == r && exact) {
       if (j == 0) acc.copy_(chunk(flat, r)); else acc.add_(chunk(flat, r));
-    } else {
-      const ByteView part = parts[static_cast<std::size_t>(j)];
-      st = j == 0 ? quant::decode_into(part, span_of(acc)) : quant::decode_add(part, span_of(acc));
+      continue;
     }
+    Bytes part;
+    if (j == r) {
+      part = quant::encode(chunk(flat, r), codec);  // ours passes the codec too
+    } else {
+      auto got = recv_chunk(link(j), tag, mine, deadline, stats);
+      if (!got.ok()) return rank_context(got.status(), "receiving from", j);
+      part = std::move(*got);
+    }
+    st = j == 0 ? quant::decode_into(part, span_of(acc)) : quant::decode_add(part, span_of(acc));
     if (!st.ok()) return rank_context(decoded(st, j == r ? nullptr : &link(j)), "reducing the chunk of", j);
-    if (j != r) link(j).recycle(std::move(parts[static_cast<std::size_t>(j)]));
-    parts[static_cast<std::size_t>(j)] = Bytes();
+    if (j != r) link(j).recycle(std::move(part));
   }
   acc.div_(static_cast<float>(m));
   // 3. The mean, encoded once, to everyone; every rank (the owner too) decodes the same bytes.
