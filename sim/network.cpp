@@ -125,9 +125,14 @@ struct Network::Impl {
 
   // Max-min fair rates by progressive filling over the links the flows cross.
   void recompute() {
-    std::vector<double> cap = capacity;
-    std::vector<int> count(cap.size(), 0);
-    std::vector<Flow*> open;
+    // Scratch kept between calls: this runs once per instant that flows change.
+    std::vector<double>& cap = scratch_cap;
+    std::vector<int>& count = scratch_count;
+    std::vector<Flow*>& open = scratch_open;
+    std::vector<Flow*>& rest = scratch_rest;
+    cap = capacity;
+    count.assign(cap.size(), 0);
+    open.clear();
     for (Flow* f : flows) {
       open.push_back(f);
       for (int r : f->path) ++count[static_cast<std::size_t>(r)];
@@ -143,7 +148,7 @@ struct Network::Impl {
           best = static_cast<int>(r);
         }
       }
-      std::vector<Flow*> rest;
+      rest.clear();
       for (Flow* f : open) {
         const bool through = best < 0 || std::find(f->path.begin(), f->path.end(), best) != f->path.end();
         if (!through) {
@@ -244,13 +249,8 @@ struct Network::Impl {
     finish(f, Status());
   }
 
-  void close_pair(int a, int b, int epoch) {
-    for (auto [r, s] : {std::pair{a, b}, std::pair{b, a}}) {
-      Mailbox& m = mailbox(r, s, epoch);
-      std::lock_guard<std::mutex> lock(m.mu);
-      m.closed = true;
-      m.signal->notify_all();
-    }
+  // Fails every message still leaving between a and b on that epoch, either way.
+  void cut_flows(int a, int b, int epoch) {
     std::vector<Flow*> cut;
     for (Flow* f : flows) {
       if (f->epoch == epoch && ((f->from == a && f->to == b) || (f->from == b && f->to == a))) cut.push_back(f);
@@ -259,6 +259,16 @@ struct Network::Impl {
       remove(f);
       finish(f, error(ErrorCode::kPeerLost, "link to node " + std::to_string(f->to) + " closed"));
     }
+  }
+
+  void close_pair(int a, int b, int epoch) {
+    for (auto [r, s] : {std::pair{a, b}, std::pair{b, a}}) {
+      Mailbox& m = mailbox(r, s, epoch);
+      std::lock_guard<std::mutex> lock(m.mu);
+      m.closed = true;
+      m.signal->notify_all();
+    }
+    cut_flows(a, b, epoch);
   }
 
   // a hangs up as TCP does with a FIN: it stops reading now (b's messages to it, in flight or not,
@@ -272,14 +282,7 @@ struct Network::Impl {
       m.closed = true;
       m.signal->notify_all();
     }
-    std::vector<Flow*> cut;
-    for (Flow* f : flows) {
-      if (f->epoch == epoch && ((f->from == a && f->to == b) || (f->from == b && f->to == a))) cut.push_back(f);
-    }
-    for (Flow* f : cut) {
-      remove(f);
-      finish(f, error(ErrorCode::kPeerLost, "link to node " + std::to_string(f->to) + " closed"));
-    }
+    cut_flows(a, b, epoch);
     const Nanos at = std::max(sched.now() + latency(a, b), last_delivery[pair(a, b)]);
     last_delivery[pair(a, b)] = at;
     sched.call_at(at, [this, a, b, epoch] {
@@ -290,8 +293,32 @@ struct Network::Impl {
     });
   }
 
+  // A payload buffer of at least n bytes' capacity, empty: a recycled one when there is one.
+  Bytes take_buffer(std::size_t n) {
+    for (std::size_t i = pool.size(); i-- > 0;) {
+      if (pool[i].capacity() >= n) {
+        Bytes b = std::move(pool[i]);
+        pool[i] = std::move(pool.back());
+        pool.pop_back();
+        b.clear();
+        return b;
+      }
+    }
+    Bytes b;
+    b.reserve(n);
+    return b;
+  }
+  void recycle(Bytes b) {
+    if (pool.size() < kPoolBuffers && b.capacity() > 0) pool.push_back(std::move(b));
+  }
+
   static constexpr double kDoneBytes = 1e-3;
+  static constexpr std::size_t kPoolBuffers = 256;
   bool recompute_pending = false;
+  std::vector<Bytes> pool;  // recycled payload buffers
+  std::vector<double> scratch_cap;
+  std::vector<int> scratch_count;
+  std::vector<Flow*> scratch_open, scratch_rest;
   Scheduler& sched;
   NetworkSpec spec;
   int n = 0;
@@ -337,7 +364,7 @@ class SimLink final : public transport::Link {
     std::size_t size = 0;
     for (ByteView p : parts) size += p.size();
     f.remaining = profile.wire_bytes(size + transport::kFrameHeaderBytes);
-    f.payload.reserve(size);
+    f.payload = net_.take_buffer(size);
     for (ByteView p : parts) f.payload.insert(f.payload.end(), p.begin(), p.end());
     f.delay = net_.draw_delay(self_, peer_, size);
     f.signal = net_.sched.make_signal();
@@ -380,6 +407,7 @@ class SimLink final : public transport::Link {
   }
 
   void close() override { net_.close_pair(self_, peer_, epoch_); }
+  void recycle(Bytes buffer) override { net_.recycle(std::move(buffer)); }
   transport::LinkStats stats() const override { return stats_; }
 
  private:
