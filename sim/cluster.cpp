@@ -226,9 +226,9 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
         if (r != joiner && next == join_step && donor < 0 && joiner >= 0) serve_newcomer(r);
         return true;
       };
-      hooks.regroup = [&, r]() -> std::optional<optim::Group> {
+      hooks.regroup = [&, r](std::int64_t step) -> std::optional<optim::Group> {
         int& mine = worker_epoch[static_cast<std::size_t>(r)];
-        const int epoch = epoch_for(worker.steps_done() + 1);
+        const int epoch = epoch_for(step);
         if (mine == epoch) return std::nullopt;
         for (int j = 0; j < m; ++j) {
           if (j != r) net.close(r, j, mine);  // peers still waiting on us there fail now, and follow
@@ -254,7 +254,14 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
       finish();
     }));
   }
-  Status ran = scheduler.run();
+  Status ran;
+  try {
+    ran = scheduler.run();
+  } catch (...) {
+    scheduler.stop();  // unwind the other workers while what they use still exists
+    throw;
+  }
+  scheduler.stop();
   threads.clear();
   transfers.clear();
   // A transfer that ended after its donor's last record: the totals still count it.

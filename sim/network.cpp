@@ -295,17 +295,19 @@ struct Network::Impl {
 
   // A payload buffer of at least n bytes' capacity, empty: a recycled one when there is one.
   Bytes take_buffer(std::size_t n) {
-    for (std::size_t i = pool.size(); i-- > 0;) {
-      if (pool[i].capacity() >= n) {
-        Bytes b = std::move(pool[i]);
-        pool[i] = std::move(pool.back());
-        pool.pop_back();
-        b.clear();
-        return b;
-      }
+    std::size_t best = pool.size();
+    for (std::size_t i = 0; i < pool.size(); ++i) {
+      if (pool[i].capacity() >= n && (best == pool.size() || pool[i].capacity() < pool[best].capacity())) best = i;
     }
     Bytes b;
-    b.reserve(n);
+    if (best < pool.size()) {
+      b = std::move(pool[best]);
+      pool[best] = std::move(pool.back());
+      pool.pop_back();
+      b.clear();
+    } else {
+      b.reserve(n);
+    }
     return b;
   }
   void recycle(Bytes b) {

@@ -173,7 +173,9 @@ struct Scheduler::Impl {
   }
 
   // Called by the running actor: give up control until woken.
+  // Once stopping, a wait never parks: it throws at once, so unwinding never hands control back.
   void park(Actor* a) {
+    if (stopping) throw SimulationStopped();
     a->parked = true;
     hand_off(a);
     if (stopping) throw SimulationStopped();
@@ -259,7 +261,12 @@ class SimThread final : public ClockThread {
     if (joined_) return;
     if (scheduler_.in_actor()) {  // wait in virtual time for the actor to finish
       std::unique_lock<std::mutex> lock(actor_->done_mu);
-      actor_->done->wait(lock, Deadline::never(), [&] { return actor_->finished; });
+      try {
+        actor_->done->wait(lock, Deadline::never(), [&] { return actor_->finished; });
+      } catch (const SimulationStopped&) {
+        // Joins run in destructors: when the simulation stops, give up on the actor instead of
+        // throwing out of one (it is unwound on its own).
+      }
     }
     joined_ = true;  // its stack goes with the Scheduler
   }
@@ -273,16 +280,26 @@ class SimThread final : public ClockThread {
 
 }  // namespace
 
-Scheduler::Scheduler() : impl_(std::make_unique<Impl>()) {}
+Scheduler::Scheduler() : impl_(std::make_unique<Impl>()) {
+  impl_->fresh_tls.set_grad_mode(true);  // as on a new thread, whatever the creating thread's mode
+}
+
+void Scheduler::stop() {
+  auto& s = *impl_;
+  GOSSAMER_CHECK(t_current == nullptr, "Scheduler::stop called from a simulated thread");
+  s.stopping = true;
+  // Each unfinished actor resumes, its wait throws SimulationStopped, and since no wait parks any
+  // more it runs to its end and switches back.
+  for (auto& a : s.actors) {
+    if (!a->finished) s.switch_to(nullptr, a.get());
+  }
+}
 
 Scheduler::~Scheduler() {
-  auto& s = *impl_;
   GOSSAMER_CHECK(t_current == nullptr, "a Scheduler was destroyed from one of its simulated threads");
-  s.stopping = true;
-  for (auto& a : s.actors) {
-    if (!a->finished) s.switch_to(nullptr, a.get());  // unwinds it with SimulationStopped; it switches back as it finishes
-  }
+  stop();
 #if defined(GOSSAMER_FIBER_TSAN)
+  auto& s = *impl_;
   for (auto& a : s.actors) {
     if (a->ctx.tsan_fiber != nullptr) __tsan_destroy_fiber(a->ctx.tsan_fiber);
   }

@@ -52,6 +52,10 @@ class Scheduler final : public Clock {
   void call_at(Nanos t, std::function<void()> fn);
   // Runs until every actor has finished.
   [[nodiscard]] Status run();
+  // Unwinds every actor that has not finished (their waits throw SimulationStopped; joins give up),
+  // so nothing they reference is touched afterwards. Call it before destroying what actors use when
+  // run() failed; the destructor calls it too. Not from an actor.
+  void stop();
 
   bool in_actor() const;  // true on an actor's thread while it runs
 

@@ -164,8 +164,8 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
     if (secure_ || buffer.empty()) return;
     std::lock_guard<std::mutex> lock(mu_);
     std::size_t pooled = 0;
-    for (const auto& b : pool_) pooled += b.size();
-    if (pool_.size() >= kPoolBuffers || pooled + buffer.size() > max_buffered_) return;
+    for (const auto& b : pool_) pooled += b.capacity();
+    if (pool_.size() >= kPoolBuffers || pooled + buffer.capacity() > max_buffered_) return;
     pool_.push_back(std::move(buffer));
   }
 
@@ -328,13 +328,14 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
     });
   }
 
-  // A buffer for a payload of n bytes: the smallest recycled one that holds it (shrunk to n, so not
-  // cleared), else a new one.
+  // A buffer for a payload of n bytes: the recycled one of the smallest capacity that holds it (only
+  // the part beyond its current size is cleared; messages of one size reuse it without clearing),
+  // else a new one.
   Bytes take_buffer(std::size_t n) {
     std::lock_guard<std::mutex> lock(mu_);
     auto best = pool_.end();
     for (auto it = pool_.begin(); it != pool_.end(); ++it) {
-      if (it->size() >= n && (best == pool_.end() || it->size() < best->size())) best = it;
+      if (it->capacity() >= n && (best == pool_.end() || it->capacity() < best->capacity())) best = it;
     }
     if (best == pool_.end()) return Bytes(n);
     Bytes b = std::move(*best);

@@ -121,9 +121,9 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
   };
 
   // True when the members changed and the optimizer now runs over the new group.
-  auto regroup = [&]() {
+  auto regroup = [&](std::int64_t step) {
     if (!hooks.regroup) return false;
-    auto group = hooks.regroup();
+    auto group = hooks.regroup(step);
     if (!group) return false;
     if (Status st = outer.regroup(std::move(*group)); !st.ok()) {
       spdlog::warn("members changed but {} cannot follow: {}", outer.name(), st.to_string());
@@ -134,7 +134,7 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
 
   while (worker.steps_done() < o.steps) {
     if (hooks.keep_going && !hooks.keep_going(worker.steps_done() + 1)) break;
-    regroup();
+    regroup(worker.steps_done() + 1);
     Stopwatch measured(real_clock());  // compute is measured in real time, whatever the clock
     bool paced = false;
     double before_sync = 0;                 // real compute up to the gradient averaging
@@ -152,7 +152,7 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
         const Nanos t0 = clock.now();
         const std::int64_t step = worker.steps_done() + 1;
         Status st = setup.gradient_sync->sync_gradients(params, step, Deadline::after(clock, o.round_timeout));
-        if (!st.ok() && regroup()) {
+        if (!st.ok() && regroup(step)) {
           spdlog::info("step {}: gradient averaging failed ({}); retrying it with the remaining members", step, st.to_string());
           st = setup.gradient_sync->sync_gradients(params, step, Deadline::after(clock, o.round_timeout));
         }
@@ -173,7 +173,7 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
 
     const Nanos t0 = clock.now();
     auto synced = outer.step(r.step, Deadline::after(clock, o.round_timeout));
-    if (!synced.ok() && regroup()) {
+    if (!synced.ok() && regroup(r.step)) {
       spdlog::info("step {}: {} round failed ({}); retrying it with the remaining members", r.step, outer.name(), synced.status().to_string());
       synced = outer.step(r.step, Deadline::after(clock, o.round_timeout));
     }
@@ -181,7 +181,7 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
     if (!synced.ok()) {
       spdlog::warn("step {}: {} round failed and was skipped: {}", r.step, outer.name(), synced.status().to_string());
       outer.skip_round();
-      regroup();
+      regroup(r.step + 1);
     }
 
     const bool last = r.step == o.steps;

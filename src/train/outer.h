@@ -65,10 +65,12 @@ struct LoopHooks {
   // A metrics record at every applied round, evaluation and the last step (the caller adds who wrote
   // it and writes it out).
   std::function<void(const nlohmann::json&)> record;
-  // Asked before every step and after a failed round: the new group when the members changed since
-  // the last call (membership comes from outside: gossip in real runs, the scenario in simulation).
-  // After a failed round whose group changed, the round is retried once over the new group.
-  std::function<std::optional<optim::Group>()> regroup;
+  // Asked before every step and after a failed round, with the step the group is for (the step about
+  // to run, or the failed round's step): the new group when the members for that step differ from
+  // the last call's (membership comes from outside: gossip in real runs, the scenario in
+  // simulation). After a failed round whose group changed, the round is retried once over the new
+  // group.
+  std::function<std::optional<optim::Group>(std::int64_t step)> regroup;
   // Bytes this worker sent to and received from newcomers moving training state so far (first:
   // sent, second: received); counted into bytes_sent and bytes_received.
   std::function<std::pair<std::uint64_t, std::uint64_t>()> state_traffic;

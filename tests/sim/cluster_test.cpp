@@ -228,3 +228,21 @@ TEST_CASE("a newcomer nobody can serve does not join, and the run still ends") {
   CHECK(r.accounts[1].steps == 0);
   CHECK(r.accounts[1].state_bytes_received == 0);
 }
+
+TEST_CASE("a round that fails just before a join is retried without the newcomer") {
+  auto c = tiny("diloco");
+  c.sim.workers = 4;
+  c.sim.join_worker = 3;
+  c.sim.join_at_step = 13;
+  c.sim.crash_worker = 1;
+  c.sim.crash_at_step = 12;  // 1 dies while the others wait for it in the round at step 12
+  c.sim.straggler = 1;       // (it is slow, so they are already waiting)
+  c.sim.straggler_factor = 1.5;
+  c.train.round_timeout_s = 30;
+  const auto r = run(c);
+  CHECK(r.crashed[1]);
+  CHECK(r.accounts[0].skipped_rounds == 0);  // retried over {0, 2}, not over a group waiting for 3
+  CHECK(r.accounts[3].steps == 24);
+  CHECK(torch::equal(r.final_params[0], r.final_params[3]));
+  CHECK(r.sim_time_s < 20);  // nobody waited out a round timeout
+}

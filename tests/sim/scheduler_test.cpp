@@ -149,3 +149,33 @@ TEST_CASE("many simulated threads switch thousands of times, deterministically")
   CHECK(first.size() == 200 * 50);
   CHECK(first == trace());
 }
+
+TEST_CASE("stop() unwinds parked threads, one waiting in a join inside a destructor included") {
+  struct JoinOnExit {
+    std::unique_ptr<ClockThread> t;
+    ~JoinOnExit() { t->join(); }
+  };
+  Scheduler s;
+  bool sleeper_unwound = false, joiner_done = false;
+  auto joiner = s.start_thread([&] {
+    {
+      JoinOnExit j{s.start_thread([&] {
+        struct Mark {
+          bool& flag;
+          ~Mark() { flag = true; }
+        } mark{sleeper_unwound};
+        s.sleep_for(1000s);
+      })};
+    }  // parks in ~JoinOnExit until the sleeper ends
+    joiner_done = true;
+  });
+  auto failing = s.start_thread([&] {
+    s.sleep_for(1s);
+    throw std::runtime_error("boom");
+  });
+  CHECK_THROWS_WITH_AS(s.run(), "boom", std::runtime_error);
+  s.stop();  // the joiner resumes inside a destructor: its join gives up instead of throwing
+  CHECK(sleeper_unwound);
+  CHECK(joiner_done);
+  s.stop();  // idempotent
+}
