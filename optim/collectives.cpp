@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <array>
 #include <span>
 
@@ -69,17 +70,26 @@ Status recv_into(transport::Link& link, transport::Tag tag, at::Tensor dst, Dead
 }  // namespace
 
 Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
-                      CommStats* stats_out) {
+                      CommStats* stats_out, std::int64_t segment_values) {
   GOSSAMER_CHECK(g.size >= 1 && g.rank >= 0 && g.rank < g.size, "allreduce_mean: rank outside the group");
   GOSSAMER_CHECK(static_cast<int>(g.peers.size()) == g.size, "allreduce_mean: the group needs one link slot per rank");
   GOSSAMER_CHECK(tensor.is_floating_point(), "allreduce_mean: floating-point tensors only");
+  GOSSAMER_CHECK((tag & kAllreduceMeanPhase) == 0, "allreduce_mean: the tag's top bit is the collective's own");
+  GOSSAMER_CHECK(segment_values >= 1, "allreduce_mean: segments need at least one value");
   Stopwatch watch(*g.clock);
   CommStats stats;
   if (g.size == 1) return Status();
   const at::Tensor flat = tensor.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1});
   const std::int64_t n = flat.numel();
   const int r = g.rank, m = g.size;
-  auto chunk = [&](const at::Tensor& t, int j) { return t.slice(0, chunk_begin(n, m, j), chunk_begin(n, m, j + 1)); };
+  // Chunk j (owned by rank j) is cut into `segs` near-equal segments; every rank computes the same cuts.
+  const std::int64_t largest = chunk_begin(n, m, m) - chunk_begin(n, m, m - 1);
+  const std::int64_t segs = std::max<std::int64_t>(1, (largest + segment_values - 1) / segment_values);
+  auto seg_begin = [&](int j, std::int64_t s) {
+    const std::int64_t b = chunk_begin(n, m, j), len = chunk_begin(n, m, j + 1) - b;
+    return b + len * s / segs;
+  };
+  auto segment = [&](const at::Tensor& t, int j, std::int64_t s) { return t.slice(0, seg_begin(j, s), seg_begin(j, s + 1)); };
   auto link = [&](int j) -> transport::Link& { return *g.peers[static_cast<std::size_t>(j)]; };
   auto rank_context = [&](Status st, const char* what, int j) {
     return st.with_context("allreduce: rank " + std::to_string(r) + " " + what + " rank " + std::to_string(j));
@@ -91,69 +101,80 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   auto to = [&](int k) { return (r + k) % m; };
   auto from = [&](int k) { return (r - k + m) % m; };
   const bool exact = codec.codec == quant::CodecId::kFp32;  // fp32 round-trips bit for bit
-  // 1. Each chunk, encoded once, to its owner (fp32 straight from `flat`).
-  for (int k = 1; k < m; ++k) {
-    const int j = to(k);
-    if (Status st = send_counted(link(j), tag, quant::encode_view(chunk(flat, j), codec), deadline, stats); !st.ok()) {
-      return rank_context(st, "sending to", j);
+  const transport::Tag mean_tag = tag | kAllreduceMeanPhase;
+  const std::int64_t mine_begin = chunk_begin(n, m, r);
+  at::Tensor acc = torch::empty({chunk_begin(n, m, r + 1) - mine_begin}, torch::kFloat);
+  // parts[j][s]: the mean of segment s of chunk j as encoded by its owner (ours only when not exact).
+  std::vector<std::vector<Bytes>> parts(static_cast<std::size_t>(m), std::vector<Bytes>(static_cast<std::size_t>(segs)));
+  // Segment by segment, so the sums and the means of early segments overlap later ones in flight, and
+  // what a link reads in is summed while it is still in cache.
+  for (std::int64_t s = 0; s < segs; ++s) {
+    // 1. Segment s of each chunk, encoded once, to its owner (fp32 straight from `flat`).
+    for (int k = 1; k < m; ++k) {
+      const int j = to(k);
+      if (Status st = send_counted(link(j), tag, quant::encode_view(segment(flat, j, s), codec), deadline, stats); !st.ok()) {
+        return rank_context(st, "sending to", j);
+      }
+    }
+    // 2. The owner sums every contribution in fp32 in rank order (the same order every run), each
+    // straight from its payload, then takes the mean.
+    at::Tensor acc_seg = acc.slice(0, seg_begin(r, s) - mine_begin, seg_begin(r, s + 1) - mine_begin);
+    const at::Tensor own = segment(flat, r, s);
+    for (int j = 0; j < m; ++j) {
+      if (j == r && exact) {
+        if (j == 0) acc_seg.copy_(own); else acc_seg.add_(own);
+        continue;
+      }
+      Bytes part;
+      if (j == r) {
+        part = quant::encode(own, codec);  // ours passes the codec too
+      } else {
+        auto got = recv_chunk(link(j), tag, acc_seg.numel(), deadline, stats);
+        if (!got.ok()) return rank_context(got.status(), "receiving from", j);
+        part = std::move(*got);
+      }
+      Status st = j == 0 ? quant::decode_into(part, span_of(acc_seg)) : quant::decode_add(part, span_of(acc_seg));
+      if (!st.ok()) return rank_context(decoded(st, j == r ? nullptr : &link(j)), "reducing the chunk of", j);
+      if (j != r) link(j).recycle(std::move(part));
+    }
+    acc_seg.div_(static_cast<float>(m));
+    // 3. The mean, encoded once, to everyone; every rank (the owner too) decodes the same bytes.
+    const quant::EncodedView mean = quant::encode_view(acc_seg, codec);
+    if (!exact) {
+      Bytes& own_mean = parts[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)];
+      own_mean = mean.head;
+      own_mean.insert(own_mean.end(), mean.body.begin(), mean.body.end());
+    }
+    for (int k = 1; k < m; ++k) {
+      const int j = to(k);
+      if (Status st = send_counted(link(j), mean_tag, mean, deadline, stats); !st.ok()) return rank_context(st, "sending the mean to", j);
     }
   }
-  // 2. The owner sums every contribution in fp32 in rank order (the same order every run), each
-  // straight from its payload as soon as it is in, while later ones still arrive; then the mean.
-  const std::int64_t mine = chunk(flat, r).numel();
-  std::vector<Bytes> parts(static_cast<std::size_t>(m));
-  at::Tensor acc = torch::empty({mine}, torch::kFloat);
-  for (int j = 0; j < m; ++j) {
-    Status st;
-    if (j == r && exact) {
-      if (j == 0) acc.copy_(chunk(flat, r)); else acc.add_(chunk(flat, r));
-      continue;
-    }
-    Bytes part;
-    if (j == r) {
-      part = quant::encode(chunk(flat, r), codec);  // ours passes the codec too
-    } else {
-      auto got = recv_chunk(link(j), tag, mine, deadline, stats);
-      if (!got.ok()) return rank_context(got.status(), "receiving from", j);
-      part = std::move(*got);
-    }
-    st = j == 0 ? quant::decode_into(part, span_of(acc)) : quant::decode_add(part, span_of(acc));
-    if (!st.ok()) return rank_context(decoded(st, j == r ? nullptr : &link(j)), "reducing the chunk of", j);
-    if (j != r) link(j).recycle(std::move(part));
-  }
-  acc.div_(static_cast<float>(m));
-  // 3. The mean, encoded once, to everyone; every rank (the owner too) decodes the same bytes.
-  const quant::EncodedView mean = quant::encode_view(acc, codec);
-  if (!exact) {
-    parts[static_cast<std::size_t>(r)] = mean.head;
-    parts[static_cast<std::size_t>(r)].insert(parts[static_cast<std::size_t>(r)].end(), mean.body.begin(), mean.body.end());
-  }
-  for (int k = 1; k < m; ++k) {
-    const int j = to(k);
-    if (Status st = send_counted(link(j), tag, mean, deadline, stats); !st.ok()) {
-      return rank_context(st, "sending the mean to", j);
+  for (std::int64_t s = 0; s < segs; ++s) {
+    for (int k = 1; k < m; ++k) {
+      const int j = from(k);
+      auto got = recv_chunk(link(j), mean_tag, seg_begin(j, s + 1) - seg_begin(j, s), deadline, stats);
+      if (!got.ok()) return rank_context(got.status(), "receiving the mean from", j);
+      parts[static_cast<std::size_t>(j)][static_cast<std::size_t>(s)] = std::move(*got);
     }
   }
-  for (int k = 1; k < m; ++k) {
-    const int j = from(k);
-    auto got = recv_chunk(link(j), tag, chunk(flat, j).numel(), deadline, stats);
-    if (!got.ok()) return rank_context(got.status(), "receiving the mean from", j);
-    parts[static_cast<std::size_t>(j)] = std::move(*got);
-  }
-  // Only now, with every chunk in hand, does the caller's tensor change: decoded straight into it when
-  // it is contiguous CPU fp32, else through one staging tensor.
+  // Only now, with every segment in hand, does the caller's tensor change: decoded straight into it
+  // when it is contiguous CPU fp32, else through one staging tensor.
   const bool direct = tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
   at::Tensor out = direct ? flat : torch::empty({n}, torch::kFloat);
   for (int j = 0; j < m; ++j) {
-    at::Tensor dst = chunk(out, j);
-    Status st;
     if (j == r && exact) {
-      dst.copy_(acc);
-    } else {
-      st = quant::decode_into(parts[static_cast<std::size_t>(j)], span_of(dst));
+      out.slice(0, mine_begin, mine_begin + acc.numel()).copy_(acc);
+      continue;
     }
-    if (!st.ok()) return rank_context(decoded(st, j == r ? nullptr : &link(j)), "decoding the mean of", j);
-    if (j != r) link(j).recycle(std::move(parts[static_cast<std::size_t>(j)]));
+    for (std::int64_t s = 0; s < segs; ++s) {
+      Bytes& part = parts[static_cast<std::size_t>(j)][static_cast<std::size_t>(s)];
+      at::Tensor dst = segment(out, j, s);
+      if (Status st = quant::decode_into(part, span_of(dst)); !st.ok()) {
+        return rank_context(decoded(st, j == r ? nullptr : &link(j)), "decoding the mean of", j);
+      }
+      if (j != r) link(j).recycle(std::move(part));
+    }
   }
   if (!direct) tensor.copy_(out.view(tensor.sizes()));
   stats.seconds = watch.elapsed_seconds();

@@ -2,11 +2,13 @@
 //
 // allreduce_mean follows the quantized scheme of torchft (ALGORITHMS.md section 2.5): each rank owns
 // one contiguous chunk of the flattened tensor; every rank sends each other rank that rank's chunk,
-// encoded once with the codec; the owner decodes the contributions and accumulates them in fp32 in rank
-// order, divides by the group size, encodes the mean once, and sends it to every other rank, which
-// decodes it. Every rank therefore ends with bit-identical values (all decode the same bytes), the sum
-// is exact for integer-valued fp32 tensors, and each rank sends and receives 2 (M-1)/M x n values of
-// the codec's size (plus payload and frame headers).
+// encoded once with the codec; the owner decodes the contributions and accumulates them in fp32 in
+// rank order, divides by the group size, encodes the mean once, and sends it to every other rank,
+// which decodes it. Chunks move in segments (kAllreduceSegmentValues), and a segment's mean leaves
+// as soon as its sum is done, so the phases overlap as in a pipelined ring. Every rank ends with
+// bit-identical values (all decode the same bytes), the sum is exact for integer-valued fp32
+// tensors, and each rank sends and receives 2 (M-1)/M x n values of the codec's size (plus payload
+// and frame headers for each segment).
 //
 // Threading: call from one thread per rank; every rank of the group must make the same calls in the
 // same order with the same tag. Errors: a lost or timed-out peer returns its Status and leaves the
@@ -51,8 +53,15 @@ inline transport::Tag round_tag(transport::Tag method_base, std::int64_t round) 
   return method_base | static_cast<transport::Tag>(static_cast<std::uint64_t>(round) & 0xFFFFu);
 }
 
+// The collective's means travel under `tag | kAllreduceMeanPhase`, so callers' tags keep bit 31 clear.
+inline constexpr transport::Tag kAllreduceMeanPhase = 0x80000000u;
+// Each chunk moves in segments of at most this many values (1 MiB of fp32), so summing and sending
+// means overlap the transfers of later segments.
+inline constexpr std::int64_t kAllreduceSegmentValues = std::int64_t{1} << 18;
+
 [[nodiscard]] Status allreduce_mean(const Group& group, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag,
-                                    Deadline deadline, CommStats* stats = nullptr);
+                                    Deadline deadline, CommStats* stats = nullptr,
+                                    std::int64_t segment_values = kAllreduceSegmentValues);
 
 // Sends `mine` to the peer and returns the peer's tensor (same shape), both encoded with the codec
 // (NoLoCo's pairwise averaging). Both sides call it with the same tag.

@@ -28,9 +28,10 @@ quant::EncodeOptions codec(quant::CodecId id) {
 
 }  // namespace
 
-TEST_CASE("the mean over 1..8 ranks is exact on integer-valued tensors") {
+TEST_CASE("the mean over 1..8 ranks is exact on integer-valued tensors, whole chunks or segmented") {
   for (int m = 1; m <= 8; ++m) {
     for (std::int64_t n : {1, 7, 1000}) {
+     for (std::int64_t segment : {kAllreduceSegmentValues, std::int64_t{1}, std::int64_t{37}}) {
       auto groups = mesh(m);
       std::vector<at::Tensor> t(static_cast<std::size_t>(m));
       // Rank r holds i*m + 2r: the mean i*m + (m - 1) is an integer.
@@ -39,47 +40,56 @@ TEST_CASE("the mean over 1..8 ranks is exact on integer-valued tensors") {
       std::vector<Status> st(static_cast<std::size_t>(m));
       on_ranks(m, [&](int r) {
         st[static_cast<std::size_t>(r)] = allreduce_mean(groups[static_cast<std::size_t>(r)], t[static_cast<std::size_t>(r)],
-                                                         codec(quant::CodecId::kFp32), 1, in(10s));
+                                                         codec(quant::CodecId::kFp32), 1, in(10s), nullptr, segment);
       });
       for (int r = 0; r < m; ++r) {
         CAPTURE(m);
         CAPTURE(n);
+        CAPTURE(segment);
         REQUIRE(st[static_cast<std::size_t>(r)].ok());
         CHECK(torch::equal(t[static_cast<std::size_t>(r)], expected));
       }
+     }
     }
   }
 }
 
-TEST_CASE("quantized all-reduce: bit-identical on every rank and within the codec's budget") {
+TEST_CASE("quantized all-reduce: bit-identical on every rank and within the codec's budget, whole chunks or segmented") {
   const int m = 4;
-  auto groups = mesh(m);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
-  std::vector<at::Tensor> t(m);
-  for (auto& x : t) x = torch::randn({3, 1000}, gen);
-  const at::Tensor exact = (t[0] + t[1] + t[2] + t[3]) / 4;
-  on_ranks(m, [&](int r) {
-    REQUIRE(allreduce_mean(groups[static_cast<std::size_t>(r)], t[static_cast<std::size_t>(r)], codec(quant::CodecId::kFp4E2M1), 2, in(10s)).ok());
-  });
-  for (int r = 1; r < m; ++r) CHECK(torch::equal(t[0], t[static_cast<std::size_t>(r)]));
-  // Two quantizations (contributions, then the mean) of fp4 E2M1: the mean of four independent
-  // errors shrinks the first, the second adds its own; 0.14 is the single-pass budget (docs/quant.md).
-  const double rel = ((t[0] - exact).pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()).item<double>();
-  MESSAGE("fp4 all-reduce relative RMSE " << rel);
-  CHECK(rel < 0.20);
+  for (std::int64_t segment : {kAllreduceSegmentValues, std::int64_t{300}}) {
+    CAPTURE(segment);
+    auto groups = mesh(m);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(3);
+    std::vector<at::Tensor> t(m);
+    for (auto& x : t) x = torch::randn({3, 1000}, gen);
+    const at::Tensor exact = (t[0] + t[1] + t[2] + t[3]) / 4;
+    on_ranks(m, [&](int r) {
+      REQUIRE(allreduce_mean(groups[static_cast<std::size_t>(r)], t[static_cast<std::size_t>(r)], codec(quant::CodecId::kFp4E2M1), 2, in(10s),
+                             nullptr, segment)
+                  .ok());
+    });
+    for (int r = 1; r < m; ++r) CHECK(torch::equal(t[0], t[static_cast<std::size_t>(r)]));
+    // Two quantizations (contributions, then the mean) of fp4 E2M1: the mean of four independent
+    // errors shrinks the first, the second adds its own; 0.14 is the single-pass budget (docs/quant.md).
+    const double rel = ((t[0] - exact).pow(2).mean().sqrt() / exact.pow(2).mean().sqrt()).item<double>();
+    MESSAGE("fp4 all-reduce relative RMSE " << rel);
+    CHECK(rel < 0.20);
+  }
 }
 
 TEST_CASE("bytes on the wire are 2(M-1)/M x n x bytes per value, headers within 1%") {
   const int m = 4;
   const std::int64_t n = 1 << 20;
-  for (auto id : {quant::CodecId::kFp32, quant::CodecId::kInt8}) {
+  for (auto [id, segment] : {std::pair{quant::CodecId::kFp32, kAllreduceSegmentValues}, std::pair{quant::CodecId::kInt8, kAllreduceSegmentValues},
+                             std::pair{quant::CodecId::kFp32, std::int64_t{1} << 14}}) {
+    CAPTURE(segment);
     auto groups = mesh(m);
     std::vector<at::Tensor> t(m);
     for (int r = 0; r < m; ++r) t[static_cast<std::size_t>(r)] = torch::full({n}, static_cast<float>(r));
     std::vector<CommStats> stats(m);
     on_ranks(m, [&](int r) {
       REQUIRE(allreduce_mean(groups[static_cast<std::size_t>(r)], t[static_cast<std::size_t>(r)], codec(id), 3, in(10s),
-                             &stats[static_cast<std::size_t>(r)])
+                             &stats[static_cast<std::size_t>(r)], segment)
                   .ok());
     });
     const double bits = quant::bits_per_value(codec(id));
