@@ -210,6 +210,22 @@ class ZmqGossip final : public Gossip {
     return live;
   }
 
+  // Turns queued broadcasts into rumors (under mu_); with `sends`, also sends each to `fanout`
+  // random live peers now instead of at the next tick.
+  void take_outbox_locked(std::vector<std::pair<std::string, Bytes>>* sends, SteadyTime now) {
+    while (!outbox_.empty()) {
+      Outgoing o = std::move(outbox_.front());
+      outbox_.pop_front();
+      const std::uint64_t seq = ++broadcast_seq_;
+      seen_.insert({options_.self.value, seq});
+      deliver_locked(options_.self, o.topic, o.payload);
+      rumors_.push_back(Rumor{broadcast_message(options_.self.value, seq, 0, o.topic, o.payload), kRumorRounds});
+      if (sends != nullptr) {
+        for (auto& t : random_live(static_cast<std::size_t>(options_.fanout), now)) sends->emplace_back(t, rumors_.back().message);
+      }
+    }
+  }
+
   void tick() {
     std::vector<std::pair<std::string, Bytes>> sends;
     {
@@ -220,14 +236,7 @@ class ZmqGossip final : public Gossip {
       auto targets = random_live(static_cast<std::size_t>(options_.fanout), now);
       if (targets.empty()) targets = options_.seeds;
       for (auto& t : targets) sends.emplace_back(t, table);
-      while (!outbox_.empty()) {
-        Outgoing o = std::move(outbox_.front());
-        outbox_.pop_front();
-        const std::uint64_t seq = ++broadcast_seq_;
-        seen_.insert({options_.self.value, seq});
-        deliver_locked(options_.self, o.topic, o.payload);
-        rumors_.push_back(Rumor{broadcast_message(options_.self.value, seq, 0, o.topic, o.payload), kRumorRounds});
-      }
+      take_outbox_locked(nullptr, now);
       // Every live rumor goes to `fanout` random peers for a few periods, so it survives lost
       // messages and peers that join late.
       for (auto& rumor : rumors_) {
@@ -370,6 +379,15 @@ class ZmqGossip final : public Gossip {
       if (now >= next_tick) {
         tick();
         next_tick = now + options_.period;
+      } else {
+        // A broadcast leaves within a poll interval, not a whole period.
+        std::vector<std::pair<std::string, Bytes>> sends;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          take_outbox_locked(&sends, now);
+        }
+        for (auto& [to, m] : sends) send_to(to, m);
+        flush_deliveries();
       }
       std::vector<zmq::pollitem_t> items = {{router_->handle(), 0, ZMQ_POLLIN, 0}};
       const std::size_t zap_at = items.size();

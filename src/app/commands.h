@@ -49,6 +49,18 @@ struct KeygenArgs {
 void add_keygen_command(CLI::App& app, KeygenArgs& args);
 int run_keygen_command(const KeygenArgs& args);
 
+struct PeerArgs {
+  std::string listen = "127.0.0.1:0";
+  std::vector<std::string> join;
+  ConfigSource source;
+  std::string key;
+  std::string out = "runs/peer";
+  std::int64_t wait_for = 1;
+  double join_timeout_s = 60;
+};
+void add_peer_command(CLI::App& app, PeerArgs& args);
+int run_peer_command(const PeerArgs& args);
+
 struct SimArgs {
   ConfigSource source;
   std::string out = "runs/sim";

@@ -1,5 +1,6 @@
 // gossamer: the command-line entry point.
 //   gossamer train   train one worker on one machine
+//   gossamer peer    train as one peer of a run across machines
 //   gossamer sim     simulate one method with many workers over an emulated network
 //   gossamer compare compare methods in simulation and write a report
 //   gossamer plan    bandwidth each method needs for a target compute utilization
@@ -47,6 +48,8 @@ int main(int argc, char** argv) {
   gossamer::app::add_config_command(app, config_args);
   gossamer::app::KeygenArgs keygen_args;
   gossamer::app::add_keygen_command(app, keygen_args);
+  gossamer::app::PeerArgs peer_args;
+  gossamer::app::add_peer_command(app, peer_args);
   gossamer::app::SimArgs sim_args;
   gossamer::app::add_sim_command(app, sim_args);
   gossamer::app::CompareArgs compare_args;
@@ -74,6 +77,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (app.got_subcommand("train")) return gossamer::app::run_train_command(train_args);
+    if (app.got_subcommand("peer")) return gossamer::app::run_peer_command(peer_args);
     if (app.got_subcommand("sim")) return gossamer::app::run_sim_command(sim_args);
     if (app.got_subcommand("compare")) return gossamer::app::run_compare_command(compare_args);
     if (app.got_subcommand("plan")) return gossamer::app::run_plan_command(plan_args);

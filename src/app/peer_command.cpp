@@ -1,0 +1,72 @@
+// `gossamer peer`: one real peer of a multi-process run (src/run/peer.h).
+#include <atomic>
+#include <csignal>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "app/commands.h"
+#include "run/peer.h"
+
+namespace gossamer::app {
+
+namespace {
+std::atomic<bool> g_peer_stop{false};
+extern "C" void on_peer_interrupt(int) { g_peer_stop.store(true); }
+}  // namespace
+
+void add_peer_command(CLI::App& app, PeerArgs& args) {
+  auto* cmd = app.add_subcommand("peer", "Train as one peer of a run across machines: the first peer defines the run, others --join it");
+  cmd->add_option("--listen", args.listen, "host:port this peer's gossip listens on (port 0: any free port, written to OUT/address)")
+      ->capture_default_str();
+  cmd->add_option("--join", args.join, "host:port of running peers, comma-separated (leave out on the first peer)")->delimiter(',');
+  add_config_source(*cmd, args.source);
+  cmd->add_option("--key", args.key, "run key file (`gossamer keygen`): links and gossip are then authenticated and encrypted");
+  cmd->add_option("--out", args.out, "run folder: address, config.toml, metrics.jsonl, checkpoint.bin, summary.json")->capture_default_str();
+  cmd->add_option("--wait-for", args.wait_for, "peers that must be ready before training starts (the first peer's value counts)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  cmd->add_option("--join-timeout", args.join_timeout_s, "seconds to wait for the run spec from the peers joined")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+}
+
+int run_peer_command(const PeerArgs& args) {
+  run::PeerRequest req;
+  req.listen = args.listen;
+  req.join = args.join;
+  if (!args.source.config_file.empty() || !args.source.overrides.empty()) {
+    auto config = build_config(args.source);
+    if (!config.ok()) return report_failure(config.status());
+    req.config = *config;
+  } else if (args.join.empty()) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "the first peer defines the run: pass --config (and --set), or --join a running peer"));
+  }
+  if (!args.key.empty()) {
+    auto key = transport::read_run_key(args.key);
+    if (!key.ok()) return report_failure(key.status());
+    req.key = *key;
+  } else {
+    spdlog::warn("no --key: links and gossip are neither authenticated nor encrypted (fine on a trusted network only)");
+  }
+  req.out_dir = args.out;
+  req.wait_for = static_cast<std::size_t>(args.wait_for);
+  req.spec_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(args.join_timeout_s));
+  req.stop = &g_peer_stop;
+  std::signal(SIGINT, on_peer_interrupt);
+  std::signal(SIGTERM, on_peer_interrupt);
+  auto outcome = run::run_peer(req);
+  if (!outcome.ok()) return report_failure(outcome.status());
+  if (!outcome->finished) {
+    spdlog::info("left the run at step {}", outcome->steps);
+    return g_peer_stop.load() ? 130 : 1;
+  }
+  std::string line = fmt::format("done: {} steps, {} rounds ({} skipped, {} retried)", outcome->steps, outcome->rounds, outcome->skipped_rounds,
+                                 outcome->retries);
+  if (outcome->final_val_loss) line += fmt::format(", val loss {:.4f}", *outcome->final_val_loss);
+  spdlog::info("{}; parameters {}", line, outcome->params_digest.substr(0, 16));
+  spdlog::info("results in {}/ (metrics.jsonl, summary.json, checkpoint.bin)", args.out);
+  return 0;
+}
+
+}  // namespace gossamer::app

@@ -1,0 +1,280 @@
+#include "run/coordinator.h"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "core/wire.h"
+
+namespace gossamer::run {
+
+namespace {
+
+constexpr const char* kTopic = "gossamer.round";
+constexpr std::uint8_t kVersion = 1;
+enum class Kind : std::uint8_t { kReady = 1, kGroup = 2 };
+constexpr std::size_t kMaxAddress = 256, kMaxMembers = 4096;
+constexpr auto kPoll = std::chrono::milliseconds(20);
+using Steady = std::chrono::steady_clock;
+
+Bytes encode_ready(std::int64_t round, std::uint64_t after_epoch, transport::PeerId id, const std::string& address) {
+  Writer w;
+  w.u8(kVersion);
+  w.u8(static_cast<std::uint8_t>(Kind::kReady));
+  w.i64(round);
+  w.u64(after_epoch);
+  w.u64(id.value);
+  w.str(address);
+  return std::move(w).take();
+}
+
+Bytes encode_group(const GroupView& g) {
+  Writer w;
+  w.u8(kVersion);
+  w.u8(static_cast<std::uint8_t>(Kind::kGroup));
+  w.i64(g.round);
+  w.u64(g.epoch);
+  w.u64(g.leader.value);
+  w.u32(static_cast<std::uint32_t>(g.members.size()));
+  for (const auto& m : g.members) {
+    w.u64(m.id.value);
+    w.str(m.address);
+  }
+  return std::move(w).take();
+}
+
+std::set<transport::PeerId> live_ids(const transport::Gossip& gossip) {
+  std::set<transport::PeerId> ids{gossip.self()};
+  for (const auto& m : gossip.members()) {
+    if (m.state == transport::MemberState::kAlive) ids.insert(m.id);
+  }
+  return ids;
+}
+
+}  // namespace
+
+int GroupView::rank_of(transport::PeerId id) const {
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    if (members[i].id == id) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+Coordinator::Coordinator(transport::Gossip& gossip, std::string link_address, CoordinatorOptions options)
+    : gossip_(gossip), address_(std::move(link_address)), options_(options) {}
+
+std::shared_ptr<Coordinator> Coordinator::make(transport::Gossip& gossip, std::string link_address, CoordinatorOptions options) {
+  auto c = std::make_shared<Coordinator>(gossip, std::move(link_address), options);
+  gossip.subscribe(kTopic, [weak = std::weak_ptr<Coordinator>(c)](transport::PeerId origin, const Bytes& payload) {
+    if (auto self = weak.lock()) self->on_message(origin, payload);
+  });
+  return c;
+}
+
+bool Coordinator::superseded(std::int64_t round, std::uint64_t epoch) const {
+  std::lock_guard lock(mu_);
+  if (auto g = groups_.find(round); g != groups_.end() && g->second.epoch > epoch) return true;
+  if (auto r = ready_.find(round); r != ready_.end()) {
+    for (const auto& [id, ready] : r->second) {
+      if (ready.after_epoch >= epoch) return true;
+    }
+  }
+  return false;
+}
+
+CoordinatorStats Coordinator::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
+  Reader r(payload, "round message from peer " + origin.to_string());
+  const std::uint8_t version = r.u8();
+  const auto kind = static_cast<Kind>(r.u8());
+  const std::int64_t round = r.i64();
+  std::optional<GroupView> repeat;  // a group to announce again for a peer that missed it
+  std::unique_lock lock(mu_);
+  if (r.ok() && version != kVersion) {
+    ++stats_.dropped;
+    spdlog::warn("peer {} speaks round protocol {}, this peer {}: its messages are ignored (run the same gossamer version)", origin.to_string(),
+                 version, kVersion);
+    return;
+  }
+  if (kind == Kind::kReady) {
+    Ready ready;
+    ready.after_epoch = r.u64();
+    const transport::PeerId id{r.u64()};
+    ready.address = r.str(kMaxAddress);
+    ready.at = Steady::now();
+    r.expect_end();
+    if (!r.ok() || id != origin) {
+      ++stats_.dropped;
+      spdlog::warn("dropped a malformed READY from peer {}: {}", origin.to_string(), r.ok() ? "it names another peer" : r.status().to_string());
+      return;
+    }
+    auto& slot = ready_[round][id];
+    if (slot.address.empty() || ready.after_epoch >= slot.after_epoch) slot = std::move(ready);
+    // A peer still waiting for a group this peer knows: say it again (it may have missed it).
+    auto g = groups_.find(round);
+    if (g != groups_.end() && g->second.epoch > slot.after_epoch) {
+      auto& last = repeated_[round];
+      if (Steady::now() - last >= options_.repeat_every) {
+        last = Steady::now();
+        repeat = g->second;
+      }
+    }
+  } else if (kind == Kind::kGroup) {
+    GroupView g;
+    g.round = round;
+    g.epoch = r.u64();
+    g.leader = transport::PeerId{r.u64()};
+    const std::uint32_t count = r.u32();
+    if (r.ok() && (count == 0 || count > kMaxMembers)) r.fail(ErrorCode::kMalformed, "a group of " + std::to_string(count) + " members");
+    for (std::uint32_t i = 0; r.ok() && i < count; ++i) {
+      MemberInfo m;
+      m.id = transport::PeerId{r.u64()};
+      m.address = r.str(kMaxAddress);
+      if (r.ok() && i > 0 && !(g.members.back().id < m.id)) r.fail(ErrorCode::kMalformed, "members not sorted by id");
+      g.members.push_back(std::move(m));
+    }
+    r.expect_end();
+    // (Any member may repeat a group for a peer that missed it, so the origin need not be the leader.)
+    if (!r.ok()) {
+      ++stats_.dropped;
+      spdlog::warn("dropped a malformed GROUP from peer {}: {}", origin.to_string(), r.status().to_string());
+      return;
+    }
+    max_epoch_ = std::max(max_epoch_, g.epoch);
+    auto& slot = groups_[round];
+    // Two leaders at once (views differ for a moment): the larger epoch wins, then the lower leader.
+    if (slot.members.empty() || g.epoch > slot.epoch || (g.epoch == slot.epoch && g.leader < slot.leader)) slot = std::move(g);
+    cv_.notify_all();
+  } else {
+    ++stats_.dropped;
+    spdlog::warn("dropped a round message of unknown kind {} from peer {}", static_cast<int>(kind), origin.to_string());
+    return;
+  }
+  lock.unlock();
+  cv_.notify_all();
+  if (repeat) announce(*repeat);
+}
+
+void Coordinator::broadcast_ready(std::int64_t round, std::uint64_t after_epoch) {
+  if (Status st = gossip_.broadcast(kTopic, encode_ready(round, after_epoch, gossip_.self(), address_)); !st.ok()) {
+    spdlog::warn("could not announce readiness for round {}: {}", round, st.to_string());
+  }
+}
+
+void Coordinator::announce(const GroupView& g) {
+  if (Status st = gossip_.broadcast(kTopic, encode_group(g)); !st.ok()) {
+    spdlog::warn("could not announce the group of round {}: {}", g.round, st.to_string());
+  }
+}
+
+std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::uint64_t after_epoch, Steady::time_point ready_since) {
+  const std::set<transport::PeerId> alive = live_ids(gossip_);
+  const transport::PeerId self = gossip_.self();
+  const bool grace_over = Steady::now() >= ready_since + options_.straggler_grace;
+  // The leader: the lowest live id among the last group's members and the peers ready for this
+  // attempt (a newcomer that is not ready yet does not lead; once the grace is over, neither does a
+  // straggler).
+  transport::PeerId leader = self;
+  auto consider = [&](transport::PeerId id) {
+    if (alive.count(id) == 1 && id < leader) leader = id;
+  };
+  for (const auto& [id, r] : ready_[round]) {
+    if (r.after_epoch >= after_epoch) consider(id);
+  }
+  if (last_ && !grace_over) {
+    for (const auto& m : last_->members) consider(m.id);
+  }
+  if (leader != self) return std::nullopt;
+  std::map<transport::PeerId, std::string> ready;   // ready for this attempt, and alive
+  for (const auto& [id, r] : ready_[round]) {
+    if (r.after_epoch >= after_epoch && alive.count(id) == 1) ready[id] = r.address;
+  }
+  ready[self] = address_;
+  // Who the leader waits for: the live members of the last group (every live peer at the start).
+  std::set<transport::PeerId> expected;
+  if (last_) {
+    for (const auto& m : last_->members) {
+      if (alive.count(m.id) == 1) expected.insert(m.id);
+    }
+  } else {
+    expected = alive;
+  }
+  const bool complete = std::all_of(expected.begin(), expected.end(), [&](transport::PeerId id) { return ready.count(id) == 1; });
+  const bool enough = last_ || ready.size() >= options_.min_members;
+  if (!enough || (!complete && !grace_over)) return std::nullopt;
+
+  GroupView g;
+  g.round = round;
+  g.leader = self;
+  for (const auto& [id, address] : ready) g.members.push_back(MemberInfo{id, address});
+  g.epoch = std::max(max_epoch_, after_epoch) + 1;
+  max_epoch_ = std::max(max_epoch_, g.epoch);
+  ++stats_.groups_announced;
+  for (transport::PeerId id : expected) {
+    if (ready.count(id) == 0) {
+      ++stats_.left_out;
+      spdlog::warn("round {}: peer {} is not ready in time and is left out of this round", round, id.to_string());
+    }
+  }
+  return g;
+}
+
+Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline) {
+  const transport::PeerId self = gossip_.self();
+  const auto ready_since = Steady::now();
+  {
+    std::lock_guard lock(mu_);
+    if (after_epoch > 0) ++stats_.retries;
+    ready_[round][self] = Ready{after_epoch, address_, ready_since};
+    // Rounds long past are of no use any more.
+    ready_.erase(ready_.begin(), ready_.lower_bound(round - 2));
+    groups_.erase(groups_.begin(), groups_.lower_bound(round - 2));
+    repeated_.erase(repeated_.begin(), repeated_.lower_bound(round - 2));
+  }
+  broadcast_ready(round, after_epoch);
+  auto last_repeat = Steady::now();
+  std::unique_lock lock(mu_);
+  for (;;) {
+    auto it = groups_.find(round);
+    if (it != groups_.end() && it->second.epoch > after_epoch) {
+      const GroupView g = it->second;
+      if (g.rank_of(self) < 0) {
+        return error(ErrorCode::kAborted, "left out of round " + std::to_string(round) + " by leader " + g.leader.to_string() +
+                                              " (this peer was not ready in time)");
+      }
+      last_ = g;
+      return g;
+    }
+    if (round == 0 && !last_ && ((!ready_.empty() && ready_.rbegin()->first > 0) || (!groups_.empty() && groups_.rbegin()->first > 0))) {
+      return error(ErrorCode::kUnavailable, "the run is already past its start (its peers are at round " +
+                                                       std::to_string(std::max(ready_.empty() ? 0 : ready_.rbegin()->first,
+                                                                               groups_.empty() ? 0 : groups_.rbegin()->first)) +
+                                                       "); joining a run mid-way is not supported yet: start every peer before training begins");
+    }
+    if (auto decided = leader_decision(round, after_epoch, ready_since)) {
+      groups_[round] = *decided;
+      lock.unlock();
+      spdlog::info("round {}: leading, group of {} with epoch {}", round, decided->members.size(), decided->epoch);
+      announce(*decided);
+      lock.lock();
+      continue;
+    }
+    if (deadline.expired(real_clock())) {
+      return error(ErrorCode::kTimeout, "no group was announced for round " + std::to_string(round) + " before the deadline");
+    }
+    if (Steady::now() - last_repeat >= options_.repeat_every) {
+      lock.unlock();
+      broadcast_ready(round, after_epoch);
+      last_repeat = Steady::now();
+      lock.lock();
+      continue;
+    }
+    cv_.wait_for(lock, kPoll);
+  }
+}
+
+}  // namespace gossamer::run

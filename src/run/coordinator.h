@@ -1,0 +1,112 @@
+// Coordinator: who takes part in each round of a real run, agreed over gossip with no fixed leader.
+//
+// Each round k (round 0 is the start of training) goes like this. Every peer that reaches it
+// announces READY(k) with the address of its links. The round's leader is the lowest id among the
+// live peers (gossip's view); it waits until every peer of the previous group that is still alive
+// is ready (at round 0: until `min_members` peers are), or until `straggler_grace` has passed since
+// it became ready itself, and announces GROUP(k): the members, sorted by id, and a new epoch. The
+// epoch names the group's links (fresh ones every round, so nothing of a failed or finished round can
+// reach a later one). When a collective over epoch e fails, the members call agree(k, e) again
+// (READY with "after e"); the leader announces a group with a larger epoch, without the peers that
+// are gone. If the leader dies, the next lowest live id takes over, since every peer runs the same
+// rule; announcements and READYs are repeated until answered, so a lost gossip message only delays.
+//
+// Messages (topic "gossamer.round", little-endian through core/wire):
+//   version u8 | type u8 (1 READY, 2 GROUP) | round i64
+//   READY: after_epoch u64 | id u64 | link address str
+//   GROUP: epoch u64 | leader u64 | count u32 | count x (id u64, link address str)
+// A message of another version or a malformed one is dropped, logged and counted (dropped()).
+//
+// Threading: agree() is called by the training thread; the gossip handler runs on the gossip
+// thread; every method is thread-safe. Blocking: agree() blocks until a group is announced or the
+// deadline passes. Errors: kTimeout at the deadline; kAborted when this peer was left out of the
+// round (a straggler).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "transport/gossip.h"
+
+namespace gossamer::run {
+
+struct MemberInfo {
+  transport::PeerId id;
+  std::string address;  // where its links listen
+  friend bool operator==(const MemberInfo&, const MemberInfo&) = default;
+};
+
+struct GroupView {
+  std::int64_t round = 0;
+  std::uint64_t epoch = 0;
+  transport::PeerId leader;
+  std::vector<MemberInfo> members;  // sorted by id
+  int rank_of(transport::PeerId id) const;  // -1 when not a member
+};
+
+struct CoordinatorOptions {
+  std::size_t min_members = 1;                      // round 0 waits for this many peers
+  Nanos straggler_grace = std::chrono::seconds(60);  // how long a leader waits for the rest
+  Nanos repeat_every = std::chrono::milliseconds(300);
+};
+
+struct CoordinatorStats {
+  std::int64_t groups_announced = 0;  // as leader
+  std::int64_t retries = 0;           // agree() after a failed epoch
+  std::int64_t left_out = 0;          // peers a group announced by this leader left behind
+  std::int64_t dropped = 0;           // malformed or foreign messages
+};
+
+class Coordinator : public std::enable_shared_from_this<Coordinator> {
+ public:
+  // Subscribes to the round topic; the gossip's handler holds the coordinator only weakly, so it may
+  // go before the gossip does.
+  static std::shared_ptr<Coordinator> make(transport::Gossip& gossip, std::string link_address, CoordinatorOptions options);
+  Coordinator(transport::Gossip& gossip, std::string link_address, CoordinatorOptions options);
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // The group of round `round`. after_epoch: 0 for the first attempt, else the epoch whose
+  // collective failed (the answer then has a larger epoch).
+  [[nodiscard]] Result<GroupView> agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline);
+  // True when the group of `round` over `epoch` is abandoned: a later group for the round is out,
+  // or some member is ready to retry after that epoch (its collective or its links failed).
+  bool superseded(std::int64_t round, std::uint64_t epoch) const;
+  CoordinatorStats stats() const;
+
+ private:
+  struct Ready {
+    std::uint64_t after_epoch = 0;
+    std::string address;
+    std::chrono::steady_clock::time_point at;
+  };
+  void on_message(transport::PeerId origin, const Bytes& payload);
+  void broadcast_ready(std::int64_t round, std::uint64_t after_epoch);
+  // Leader side: the group to announce now, or nothing yet (under mu_).
+  std::optional<GroupView> leader_decision(std::int64_t round, std::uint64_t after_epoch,
+                                           std::chrono::steady_clock::time_point ready_since);
+  void announce(const GroupView& g);
+
+  transport::Gossip& gossip_;
+  const std::string address_;
+  const CoordinatorOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::int64_t, std::map<transport::PeerId, Ready>> ready_;  // round -> who is ready
+  std::map<std::int64_t, GroupView> groups_;                           // round -> the latest group announced
+  std::map<std::int64_t, std::chrono::steady_clock::time_point> repeated_;  // round -> when this peer last repeated its group
+  std::optional<GroupView> last_;                                      // the last group this peer took part in
+  std::uint64_t max_epoch_ = 0;                                        // the largest epoch seen
+  CoordinatorStats stats_;
+};
+
+}  // namespace gossamer::run

@@ -1,0 +1,64 @@
+// A real peer of a multi-process run: what `gossamer peer` does.
+//
+// The first peer defines the run from its config; it and every peer that holds the run spec repeat
+// it over gossip (topic "gossamer.spec": version u8 | BLAKE2b-256 of the TOML u8[32] | TOML str).
+// A joiner takes the spec it hears, checks the hash, and, if it was given a config of its own,
+// refuses to start when the two differ. The spec's hash is the run id of the peer's links, so peers
+// of another run are refused at the handshake. Training starts once `wait_for` peers are ready
+// (round 0); each peer trains its own shard (its rank in that group) and synchronizes at every round
+// over a group agreed through coordinator.h, with links per epoch (peer_links.h). A failed round is
+// retried once without the peers that are gone, else skipped; all of it is logged and counted.
+//
+// The run folder (out_dir) holds: address (the gossip address to --join, then the links' address),
+// config.toml, metrics.jsonl
+// (one record per round and evaluation, with the peer id), checkpoint.bin (atomic; every
+// train.checkpoint_every steps and at the end) and summary.json.
+//
+// Threading: run_peer blocks the calling thread until the run ends, fails, or `stop` becomes true
+// (checked between steps; the peer then leaves gracefully). Errors: kInvalidArgument for what the
+// user must change (no config on the first peer, a config that differs from the run's, a method not
+// supported across processes yet), others for network and I/O failures.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "train/config.h"
+#include "transport/secure_channel.h"
+
+namespace gossamer::run {
+
+struct PeerRequest {
+  std::string listen = "127.0.0.1:0";  // host:port of this peer's gossip endpoint (port 0: ephemeral)
+  std::vector<std::string> join;       // host:port of running peers
+  std::optional<train::RunConfig> config;
+  std::optional<transport::RunKey> key;
+  std::filesystem::path out_dir;
+  std::size_t wait_for = 1;  // peers that must be ready before training starts
+  Nanos spec_timeout = std::chrono::seconds(60);
+  Nanos start_timeout = std::chrono::minutes(10);
+  const std::atomic<bool>* stop = nullptr;
+};
+
+struct PeerOutcome {
+  std::int64_t steps = 0;
+  std::int64_t rounds = 0;
+  std::int64_t skipped_rounds = 0;
+  std::int64_t retries = 0;
+  std::optional<double> final_val_loss;
+  std::string params_digest;  // BLAKE2b-256 of the final parameters (hex)
+  bool finished = false;
+};
+
+// The run spec's wire form and hash, shared with tests.
+std::string spec_hash_hex(const train::RunConfig& config);
+
+[[nodiscard]] Result<PeerOutcome> run_peer(const PeerRequest& request);
+
+}  // namespace gossamer::run

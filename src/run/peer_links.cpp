@@ -1,0 +1,124 @@
+#include "run/peer_links.h"
+
+#include <spdlog/spdlog.h>
+
+#include "core/check.h"
+#include "core/wire.h"
+
+namespace gossamer::run {
+
+namespace {
+using namespace std::chrono_literals;
+constexpr transport::Tag kEpochTag = 0x0E90C000u;  // the first message on a group link: the epoch (u64)
+}  // namespace
+
+PeerLinks::PeerLinks(transport::Transport& transport) : transport_(transport) {
+  acceptor_ = std::thread([this] { accept_loop(); });
+}
+
+PeerLinks::~PeerLinks() {
+  stop_ = true;
+  if (acceptor_.joinable()) acceptor_.join();
+  std::lock_guard lock(mu_);
+  for (auto& [key, link] : links_) link->close();
+}
+
+void PeerLinks::accept_loop() {
+  while (!stop_) {
+    auto link = transport_.accept(Deadline::after(real_clock(), 100ms));
+    if (!link.ok()) {
+      if (link.status().code() != ErrorCode::kTimeout) spdlog::debug("accept: {}", link.status().to_string());
+      continue;
+    }
+    auto first = (*link)->recv(kEpochTag, Deadline::after(real_clock(), 5s));
+    std::uint64_t epoch = 0;
+    if (first.ok()) {
+      Reader r(*first, "epoch of a group link");
+      epoch = r.u64();
+      r.expect_end();
+      if (!r.ok()) first = r.status();
+    }
+    if (!first.ok()) {
+      ++refused_;
+      spdlog::warn("closed an incoming link from peer {}: {}", (*link)->peer().to_string(), first.status().to_string());
+      (*link)->close();
+      continue;
+    }
+    std::lock_guard lock(mu_);
+    if (epoch <= closed_through_) {
+      (*link)->close();  // for a group this peer has left already
+      continue;
+    }
+    auto& slot = links_[{epoch, (*link)->peer()}];
+    if (slot) slot->close();
+    slot = std::move(*link);
+    cv_.notify_all();
+  }
+}
+
+void PeerLinks::close_through(std::uint64_t epoch) {
+  std::lock_guard lock(mu_);
+  closed_through_ = std::max(closed_through_, epoch);
+  for (auto it = links_.begin(); it != links_.end();) {
+    if (it->first.first <= epoch) {
+      it->second->close();
+      it = links_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+Result<optim::Group> PeerLinks::group(const GroupView& view, Deadline deadline, const std::function<bool()>& abandoned) {
+  const transport::PeerId self = transport_.self();
+  const int rank = view.rank_of(self);
+  GOSSAMER_CHECK(rank >= 0, "PeerLinks::group: this peer is not a member of the group");
+  if (view.epoch > 1) close_through(view.epoch - 1);
+  optim::Group g;
+  g.rank = rank;
+  g.size = static_cast<int>(view.members.size());
+  g.peers.resize(view.members.size());
+  for (std::size_t j = 0; j < view.members.size(); ++j) {
+    const MemberInfo& m = view.members[j];
+    if (m.id == self) continue;
+    const auto key = std::make_pair(view.epoch, m.id);
+    std::unique_lock lock(mu_);
+    if (auto it = links_.find(key); it != links_.end()) {
+      g.peers[j] = it->second;
+      continue;
+    }
+    if (self < m.id) {  // ours to make
+      lock.unlock();
+      auto link = transport_.connect(m.address, deadline);
+      if (!link.ok()) return link.status().with_context("connecting to peer " + m.id.to_string() + " for epoch " + std::to_string(view.epoch));
+      Writer w;
+      w.u64(view.epoch);
+      if (Status st = (*link)->send(kEpochTag, std::move(w).take(), deadline); !st.ok()) {
+        return st.with_context("opening the epoch " + std::to_string(view.epoch) + " link to peer " + m.id.to_string());
+      }
+      lock.lock();
+      auto& slot = links_[key];
+      if (slot) slot->close();
+      slot = *link;
+      g.peers[j] = slot;
+      continue;
+    }
+    // Theirs to make: wait for the acceptor to file it.
+    while (links_.count(key) == 0) {
+      if (deadline.expired(real_clock())) {
+        return error(ErrorCode::kTimeout, "peer " + m.id.to_string() + " did not open its link for epoch " + std::to_string(view.epoch) + " in time");
+      }
+      if (abandoned) {
+        lock.unlock();
+        const bool gone = abandoned();
+        lock.lock();
+        if (gone) return error(ErrorCode::kAborted, "the group of epoch " + std::to_string(view.epoch) + " was abandoned by its members");
+      }
+      cv_.wait_for(lock, 20ms, [&] { return links_.count(key) == 1; });
+    }
+    g.peers[j] = links_[key];
+  }
+  return g;
+}
+
+}  // namespace gossamer::run

@@ -1,0 +1,61 @@
+// PeerLinks: the links of a real peer to the members of its current group, one set per epoch.
+//
+// A group (coordinator.h) names an epoch; its links are made for it: between two members the one
+// with the smaller id connects and first sends the epoch, the other accepts and files the link
+// under (peer, epoch). Moving to a new epoch closes every link of the older ones, so a peer still
+// waiting in an abandoned collective fails at once and nothing of an abandoned round reaches a new
+// one. Links that arrive before this peer asks for them (a faster peer) wait in the table.
+//
+// Threading: one accept thread (owned) files incoming links; group() and the rest are called from
+// the training thread and are thread-safe. Blocking: group() blocks until every link of the group is
+// up or its deadline passes. Errors: the connect or accept failure, with the peer's id.
+// Incoming connections that do not send a well-formed epoch in time are closed and counted.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "optim/collectives.h"
+#include "run/coordinator.h"
+#include "transport/transport.h"
+
+namespace gossamer::run {
+
+class PeerLinks {
+ public:
+  explicit PeerLinks(transport::Transport& transport);
+  ~PeerLinks();  // stops the accept thread and closes every link
+  PeerLinks(const PeerLinks&) = delete;
+  PeerLinks& operator=(const PeerLinks&) = delete;
+
+  // The collective group of `view` for this peer (its rank, a link to every other member), with the
+  // links of older epochs closed first. While waiting for a member's link it asks `abandoned` every
+  // few milliseconds and gives up (kAborted) once the group is abandoned by the others.
+  [[nodiscard]] Result<optim::Group> group(const GroupView& view, Deadline deadline, const std::function<bool()>& abandoned = {});
+  // Closes every link of `epoch` and older (a collective over it failed).
+  void close_through(std::uint64_t epoch);
+  std::uint64_t refused_connections() const { return refused_.load(); }
+
+ private:
+  void accept_loop();
+
+  transport::Transport& transport_;
+  std::atomic<bool> stop_{false};
+  std::atomic<std::uint64_t> refused_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::pair<std::uint64_t, transport::PeerId>, std::shared_ptr<transport::Link>> links_;  // (epoch, peer)
+  std::uint64_t closed_through_ = 0;  // links of epochs up to this are closed on arrival
+  std::thread acceptor_;
+};
+
+}  // namespace gossamer::run

@@ -1,0 +1,133 @@
+#!/bin/bash
+# Real peers on localhost (label net): `gossamer peer` processes on ephemeral ports, each scenario
+# bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
+set -u
+G="$1"; shift
+SCENARIOS="${*:-four_peers kill_one wrong_run wrong_key noise}"
+WORK=$(mktemp -d)
+trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
+FAILED=0
+fail() { echo "FAIL: $*"; FAILED=1; }
+
+# A tiny DiLoCo run: 60 steps, rounds every 10.
+SETS=(--set model.layers=1 --set model.width=32 --set model.heads=2 --set model.context=32 --set train.batch_size=4
+      --set train.steps=60 --set train.warmup_steps=5 --set train.eval_every=30 --set diloco.inner_steps=10 --set train.threads=1
+      --set train.round_timeout_s=30)
+
+# Waits (up to 20 s) for a peer's address file and prints the address.
+address_of() {
+  for _ in $(seq 200); do [ -s "$1/address" ] && { head -n1 "$1/address"; return 0; }; sleep 0.1; done
+  return 1
+}
+# Starts the first peer of a run in $1 with $2 peers to wait for; extra arguments go to it.
+start_first() {
+  local dir=$1 n=$2; shift 2
+  timeout 120 "$G" peer --listen 127.0.0.1:0 --out "$dir" --wait-for "$n" "${SETS[@]}" "$@" > "$dir.log" 2>&1 &
+}
+start_joiner() {
+  local dir=$1 seed=$2; shift 2
+  timeout 120 "$G" peer --listen 127.0.0.1:0 --join "$seed" --out "$dir" "$@" > "$dir.log" 2>&1 &
+}
+digest() { sed -n 's/.*"params_digest": "\([0-9a-f]*\)".*/\1/p' "$1/summary.json" 2>/dev/null; }
+val_loss() { sed -n 's/.*"final_val_loss": \([0-9.e+-]*\).*/\1/p' "$1/summary.json" 2>/dev/null; }
+
+four_peers() {
+  local d=$WORK/four
+  mkdir -p "$d"
+  start_first "$d/p0" 4; local a; a=$(address_of "$d/p0") || { fail "four_peers: no address"; return; }
+  local pids=()
+  for i in 1 2 3; do start_joiner "$d/p$i" "$a"; pids+=($!); done
+  wait
+  for i in 0 1 2 3; do
+    [ -f "$d/p$i/summary.json" ] || { fail "four_peers: peer $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
+  done
+  local d0; d0=$(digest "$d/p0")
+  for i in 1 2 3; do
+    [ "$(digest "$d/p$i")" = "$d0" ] || fail "four_peers: peer $i holds other parameters than peer 0"
+  done
+  grep -q '"rounds": 6' "$d/p0/summary.json" || fail "four_peers: peer 0 did not apply 6 rounds"
+  echo "four_peers: 4 peers finished 6 rounds with identical parameters ($d0), val loss $(val_loss "$d/p0")"
+}
+
+kill_one() {
+  local d=$WORK/kill
+  mkdir -p "$d"
+  # The fault-free reference: 4 peers, 300 steps.
+  start_first "$d/r0" 4 --set train.steps=300 --set train.eval_every=100; local r; r=$(address_of "$d/r0") || { fail "kill_one: no address"; return; }
+  for i in 1 2 3; do start_joiner "$d/r$i" "$r"; done
+  wait
+  # The same run with peer 3 killed (kill -9) once the run is past its second round.
+  start_first "$d/p0" 4 --set train.steps=300 --set train.eval_every=100; local a; a=$(address_of "$d/p0") || { fail "kill_one: no address"; return; }
+  start_joiner "$d/p1" "$a"; start_joiner "$d/p2" "$a"; start_joiner "$d/p3" "$a"
+  for _ in $(seq 600); do grep -q '"step":20' "$d/p3/metrics.jsonl" 2>/dev/null && break; sleep 0.05; done
+  pkill -9 -f -- "--out $d/p3" || fail "kill_one: found no peer 3 to kill"
+  wait
+  for i in 0 1 2; do
+    [ -f "$d/p$i/summary.json" ] || { fail "kill_one: survivor $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
+  done
+  [ -f "$d/p3/summary.json" ] && fail "kill_one: the killed peer finished (killed too late to test anything)"
+  local d0; d0=$(digest "$d/p0")
+  for i in 1 2; do [ "$(digest "$d/p$i")" = "$d0" ] || fail "kill_one: survivor $i holds other parameters than survivor 0"; done
+  # Killed in a collective, the round is retried without it; killed between rounds, the next group leaves it out.
+  grep -q "group of 3" "$d/p0.log" || fail "kill_one: the survivors never formed a group of 3"
+  local ref got
+  ref=$(val_loss "$d/r0"); got=$(val_loss "$d/p0")
+  awk -v a="$got" -v b="$ref" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d <= 0.02) }' ||
+    fail "kill_one: final val loss $got is not within 2% of the fault-free run's $ref"
+  echo "kill_one: 3 survivors finished with identical parameters ($(grep -h -o '"retries": [0-9]*' "$d/p0/summary.json")); val loss $got vs $ref fault-free"
+}
+
+wrong_run() {
+  local d=$WORK/wrong
+  mkdir -p "$d"
+  start_first "$d/p0" 2; local a; a=$(address_of "$d/p0") || { fail "wrong_run: no address"; return; }
+  # A joiner with a config of its own that differs: refused, exit code 2.
+  timeout 60 "$G" peer --listen 127.0.0.1:0 --join "$a" --out "$d/bad" "${SETS[@]}" --set train.steps=70 > "$d/bad.log" 2>&1
+  local rc=$?
+  [ $rc -eq 2 ] || fail "wrong_run: a joiner with another config exited $rc, expected 2"
+  grep -q "differs from the run's" "$d/bad.log" || fail "wrong_run: no clear refusal in the log"
+  # The run itself goes on with a proper second peer.
+  start_joiner "$d/p1" "$a" "${SETS[@]}"
+  wait
+  [ -f "$d/p0/summary.json" ] && [ -f "$d/p1/summary.json" ] || fail "wrong_run: the run did not finish after the refusal"
+  echo "wrong_run: a joiner with a different config was refused (exit $rc); the run finished"
+}
+
+wrong_key() {
+  local d=$WORK/key
+  mkdir -p "$d"
+  "$G" keygen --out "$d/k1" > /dev/null 2>&1 && "$G" keygen --out "$d/k2" > /dev/null 2>&1 || { fail "wrong_key: keygen failed"; return; }
+  start_first "$d/p0" 2 --key "$d/k1"; local a; a=$(address_of "$d/p0") || { fail "wrong_key: no address"; return; }
+  timeout 60 "$G" peer --listen 127.0.0.1:0 --join "$a" --out "$d/bad" --key "$d/k2" --join-timeout 3 > "$d/bad.log" 2>&1
+  local rc=$?
+  [ $rc -eq 1 ] || fail "wrong_key: a joiner with another key exited $rc, expected 1"
+  grep -q "no run spec heard" "$d/bad.log" || fail "wrong_key: no clear error in the joiner's log"
+  start_joiner "$d/p1" "$a" --key "$d/k1"
+  wait
+  [ -f "$d/p0/summary.json" ] && [ -f "$d/p1/summary.json" ] || { fail "wrong_key: the keyed run did not finish"; tail -n 20 "$d/p0.log"; return; }
+  [ "$(digest "$d/p0")" = "$(digest "$d/p1")" ] || fail "wrong_key: the keyed peers disagree on the parameters"
+  echo "wrong_key: a joiner with another key heard nothing and gave up (exit $rc); the keyed run finished"
+}
+
+noise() {
+  local d=$WORK/noise
+  mkdir -p "$d"
+  start_first "$d/p0" 2; local a; a=$(address_of "$d/p0") || { fail "noise: no address"; return; }
+  start_joiner "$d/p1" "$a"
+  # Random bytes at the gossip port and at the links' port, several times, while the run trains.
+  for _ in $(seq 50); do [ "$(wc -l < "$d/p0/address")" -ge 2 ] && break; sleep 0.1; done
+  local gossip_port=${a##*:} links; links=$(sed -n 2p "$d/p0/address")
+  for _ in 1 2 3 4 5; do
+    head -c 4096 /dev/urandom > "/dev/tcp/127.0.0.1/$gossip_port" 2>/dev/null
+    [ -n "$links" ] && head -c 4096 /dev/urandom > "/dev/tcp/127.0.0.1/${links##*:}" 2>/dev/null
+    sleep 0.1
+  done
+  wait
+  [ -f "$d/p0/summary.json" ] && [ -f "$d/p1/summary.json" ] || { fail "noise: the run did not finish"; tail -n 20 "$d/p0.log"; return; }
+  [ "$(digest "$d/p0")" = "$(digest "$d/p1")" ] || fail "noise: the peers disagree on the parameters"
+  grep -q "handshake\|refused\|dropped" "$d/p0.log" || fail "noise: the garbage was not even noticed"
+  echo "noise: random bytes at the gossip and link ports did not disturb the run"
+}
+
+for s in $SCENARIOS; do "$s"; done
+exit $FAILED
