@@ -12,7 +12,7 @@ namespace {
 
 constexpr const char* kTopic = "gossamer.round";
 constexpr std::uint8_t kVersion = 1;
-enum class Kind : std::uint8_t { kReady = 1, kGroup = 2 };
+enum class Kind : std::uint8_t { kReady = 1, kGroup = 2, kIntent = 3 };
 constexpr std::size_t kMaxAddress = 256, kMaxMembers = 4096;
 constexpr auto kPoll = std::chrono::milliseconds(20);
 using Steady = std::chrono::steady_clock;
@@ -69,6 +69,20 @@ std::shared_ptr<Coordinator> Coordinator::make(transport::Gossip& gossip, std::s
     if (auto self = weak.lock()) self->on_message(origin, payload);
   });
   return c;
+}
+
+void Coordinator::intend(std::int64_t round) {
+  Writer w;
+  w.u8(kVersion);
+  w.u8(static_cast<std::uint8_t>(Kind::kIntent));
+  w.i64(round);
+  w.u64(gossip_.self().value);
+  if (Status st = gossip_.broadcast(kTopic, std::move(w).take()); !st.ok()) spdlog::warn("could not announce joining round {}: {}", round, st.to_string());
+}
+
+void Coordinator::expect(std::int64_t round, transport::PeerId id) {
+  std::lock_guard lock(mu_);
+  intents_[round].insert(id);
 }
 
 bool Coordinator::superseded(std::int64_t round, std::uint64_t epoch) const {
@@ -149,6 +163,15 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
     // Two leaders at once (views differ for a moment): the larger epoch wins, then the lower leader.
     if (slot.members.empty() || g.epoch > slot.epoch || (g.epoch == slot.epoch && g.leader < slot.leader)) slot = std::move(g);
     cv_.notify_all();
+  } else if (kind == Kind::kIntent) {
+    const transport::PeerId id{r.u64()};
+    r.expect_end();
+    if (!r.ok()) {
+      ++stats_.dropped;
+      spdlog::warn("dropped a malformed INTENT from peer {}: {}", origin.to_string(), r.status().to_string());
+      return;
+    }
+    intents_[round].insert(id);
   } else {
     ++stats_.dropped;
     spdlog::warn("dropped a round message of unknown kind {} from peer {}", static_cast<int>(kind), origin.to_string());
@@ -203,6 +226,11 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
   } else {
     expected = alive;
   }
+  if (auto in = intents_.find(round); in != intents_.end()) {
+    for (transport::PeerId id : in->second) {
+      if (alive.count(id) == 1) expected.insert(id);
+    }
+  }
   const bool complete = std::all_of(expected.begin(), expected.end(), [&](transport::PeerId id) { return ready.count(id) == 1; });
   const bool enough = last_ || ready.size() >= options_.min_members;
   if (!enough || (!complete && !grace_over)) return std::nullopt;
@@ -234,6 +262,7 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
     ready_.erase(ready_.begin(), ready_.lower_bound(round - 2));
     groups_.erase(groups_.begin(), groups_.lower_bound(round - 2));
     repeated_.erase(repeated_.begin(), repeated_.lower_bound(round - 2));
+    intents_.erase(intents_.begin(), intents_.lower_bound(round - 2));
   }
   broadcast_ready(round, after_epoch);
   auto last_repeat = Steady::now();

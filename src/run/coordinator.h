@@ -12,9 +12,10 @@
 // rule; announcements and READYs are repeated until answered, so a lost gossip message only delays.
 //
 // Messages (topic "gossamer.round", little-endian through core/wire):
-//   version u8 | type u8 (1 READY, 2 GROUP) | round i64
+//   version u8 | type u8 (1 READY, 2 GROUP, 3 INTENT) | round i64
 //   READY: after_epoch u64 | id u64 | link address str
 //   GROUP: epoch u64 | leader u64 | count u32 | count x (id u64, link address str)
+//   INTENT: id u64 (a newcomer holding the state of round-1)
 // A message of another version or a malformed one is dropped, logged and counted (dropped()).
 //
 // Threading: agree() is called by the training thread; the gossip handler runs on the gossip
@@ -78,6 +79,11 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // The group of round `round`. after_epoch: 0 for the first attempt, else the epoch whose
   // collective failed (the answer then has a larger epoch).
   [[nodiscard]] Result<GroupView> agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline);
+  // A newcomer that holds the state of round-1 announces it will take part in `round`: the leader
+  // then waits for it like for a member (INTENT: version | 3 | round | id u64).
+  void intend(std::int64_t round);
+  // This peer's own note that `id` (a newcomer it handed state to) is due at `round`.
+  void expect(std::int64_t round, transport::PeerId id);
   // True when the group of `round` over `epoch` is abandoned: a later group for the round is out,
   // or some member is ready to retry after that epoch (its collective or its links failed).
   bool superseded(std::int64_t round, std::uint64_t epoch) const;
@@ -103,6 +109,7 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   std::condition_variable cv_;
   std::map<std::int64_t, std::map<transport::PeerId, Ready>> ready_;  // round -> who is ready
   std::map<std::int64_t, GroupView> groups_;                           // round -> the latest group announced
+  std::map<std::int64_t, std::set<transport::PeerId>> intents_;        // round -> newcomers that will take part
   std::map<std::int64_t, std::chrono::steady_clock::time_point> repeated_;  // round -> when this peer last repeated its group
   std::optional<GroupView> last_;                                      // the last group this peer took part in
   std::uint64_t max_epoch_ = 0;                                        // the largest epoch seen

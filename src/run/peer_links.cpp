@@ -12,7 +12,8 @@ using namespace std::chrono_literals;
 constexpr transport::Tag kEpochTag = 0x0E90C000u;  // the first message on a group link: the epoch (u64)
 }  // namespace
 
-PeerLinks::PeerLinks(transport::Transport& transport) : transport_(transport) {
+PeerLinks::PeerLinks(transport::Transport& transport, std::function<void(std::shared_ptr<transport::Link>)> on_state_link)
+    : transport_(transport), on_state_link_(std::move(on_state_link)) {
   acceptor_ = std::thread([this] { accept_loop(); });
 }
 
@@ -42,6 +43,14 @@ void PeerLinks::accept_loop() {
       ++refused_;
       spdlog::warn("closed an incoming link from peer {}: {}", (*link)->peer().to_string(), first.status().to_string());
       (*link)->close();
+      continue;
+    }
+    if (epoch == 0) {  // a state transfer
+      if (on_state_link_) {
+        on_state_link_(std::move(*link));
+      } else {
+        (*link)->close();
+      }
       continue;
     }
     std::lock_guard lock(mu_);

@@ -32,7 +32,9 @@ namespace gossamer::run {
 
 class PeerLinks {
  public:
-  explicit PeerLinks(transport::Transport& transport);
+  // on_state_link: what to do with incoming links opened with epoch 0 (state transfers, see
+  // state_sync.h); without it they are closed.
+  explicit PeerLinks(transport::Transport& transport, std::function<void(std::shared_ptr<transport::Link>)> on_state_link = {});
   ~PeerLinks();  // stops the accept thread and closes every link
   PeerLinks(const PeerLinks&) = delete;
   PeerLinks& operator=(const PeerLinks&) = delete;
@@ -49,6 +51,7 @@ class PeerLinks {
   void accept_loop();
 
   transport::Transport& transport_;
+  std::function<void(std::shared_ptr<transport::Link>)> on_state_link_;
   std::atomic<bool> stop_{false};
   std::atomic<std::uint64_t> refused_{0};
   std::mutex mu_;

@@ -3,7 +3,7 @@
 # bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
 set -u
 G="$1"; shift
-SCENARIOS="${*:-four_peers kill_one wrong_run wrong_key noise}"
+SCENARIOS="${*:-four_peers kill_one late_join wrong_run wrong_key noise}"
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
 FAILED=0
@@ -75,6 +75,26 @@ kill_one() {
   awk -v a="$got" -v b="$ref" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d <= 0.02) }' ||
     fail "kill_one: final val loss $got is not within 2% of the fault-free run's $ref"
   echo "kill_one: 3 survivors finished with identical parameters ($(grep -h -o '"retries": [0-9]*' "$d/p0/summary.json")); val loss $got vs $ref fault-free"
+}
+
+late_join() {
+  local d=$WORK/join
+  mkdir -p "$d"
+  start_first "$d/p0" 3 --set train.steps=500 --set train.eval_every=100; local a; a=$(address_of "$d/p0") || { fail "late_join: no address"; return; }
+  start_joiner "$d/p1" "$a"; start_joiner "$d/p2" "$a"
+  # A fourth peer once the run is past step 50: it fetches the state and takes part from the next round.
+  for _ in $(seq 600); do grep -q '"step":50' "$d/p0/metrics.jsonl" 2>/dev/null && break; sleep 0.05; done
+  start_joiner "$d/p3" "$a"
+  wait
+  for i in 0 1 2 3; do
+    [ -f "$d/p$i/summary.json" ] || { fail "late_join: peer $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
+  done
+  local d0; d0=$(digest "$d/p0")
+  for i in 1 2 3; do [ "$(digest "$d/p$i")" = "$d0" ] || fail "late_join: peer $i holds other parameters than peer 0"; done
+  grep -q '"joins": 1,' "$d/p3/summary.json" || fail "late_join: the newcomer did not join through exactly one state transfer"
+  grep -q "group of 4" "$d/p0.log" || fail "late_join: the members never formed a group of 4"
+  grep -q '"state_bytes_received": [1-9]' "$d/p3/summary.json" || fail "late_join: the newcomer counts no state bytes"
+  echo "late_join: a fourth peer joined mid-run ($(grep -o 'joined at round [0-9]*' "$d/p3.log" | head -n1)) and ended with the others' parameters"
 }
 
 wrong_run() {
