@@ -3,7 +3,7 @@
 # bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
 set -u
 G="$1"; shift
-SCENARIOS="${*:-four_peers kill_one late_join wrong_run wrong_key noise}"
+SCENARIOS="${*:-four_peers sim_agrees kill_one late_join wrong_run wrong_key noise}"
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
 FAILED=0
@@ -47,6 +47,26 @@ four_peers() {
   done
   grep -q '"rounds": 6' "$d/p0/summary.json" || fail "four_peers: peer 0 did not apply 6 rounds"
   echo "four_peers: 4 peers finished 6 rounds with identical parameters ($d0), val loss $(val_loss "$d/p0")"
+}
+
+# The same diloco config run by `gossamer sim` (4 simulated workers) and by 4 real peers: the
+# validation curve of shard 0 must be bit-identical (same shards, same summation order).
+sim_agrees() {
+  local d=$WORK/agree
+  mkdir -p "$d"
+  "$G" sim "${SETS[@]}" --set train.eval_every=10 --set sim.workers=4 --out "$d/sim" > "$d/sim.log" 2>&1 || { fail "sim_agrees: the simulation failed"; return; }
+  start_first "$d/p0" 4 --set train.eval_every=10; local a; a=$(address_of "$d/p0") || { fail "sim_agrees: no address"; return; }
+  for i in 1 2 3; do start_joiner "$d/p$i" "$a"; done
+  wait
+  local curve='s/.*"step":\([0-9]*\).*"val_loss":\([0-9.e+-]*\).*/\1 \2/p'
+  local sim real
+  sim=$(grep '"worker":0' "$d/sim/diloco/metrics.jsonl" | grep val_loss | sed -n "$curve")
+  for i in 0 1 2 3; do
+    grep -q '"shard": 0,' "$d/p$i/summary.json" 2>/dev/null && real=$(grep val_loss "$d/p$i/metrics.jsonl" | sed -n "$curve")
+  done
+  [ -n "$sim" ] && [ "$(echo "$sim" | wc -l)" -eq 6 ] || { fail "sim_agrees: the simulation's curve has not 6 points: $sim"; return; }
+  [ "$sim" = "$real" ] || { fail "sim_agrees: the curves differ"; echo "sim:"; echo "$sim"; echo "real:"; echo "$real"; return; }
+  echo "sim_agrees: simulated and real validation curves are bit-identical ($(echo "$sim" | tr '\n' ' '))"
 }
 
 kill_one() {
