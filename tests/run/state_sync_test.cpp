@@ -1,0 +1,147 @@
+// State transfers between in-process peers over TCP on loopback: several donors at once, a donor
+// serving corrupt chunks, a donor unreachable, a donor leaving mid-transfer, and malformed manifests.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "core/hash.h"
+#include "core/wire.h"
+#include "run/peer_links.h"
+#include "run/state_sync.h"
+#include "transport/tcp_transport.h"
+
+using namespace gossamer;
+using namespace gossamer::run;
+using namespace std::chrono_literals;
+
+namespace {
+
+Deadline in(Nanos d) { return Deadline::after(real_clock(), d); }
+
+std::unique_ptr<transport::Transport> tcp() {
+  auto t = transport::make_tcp_transport(transport::TcpOptions{});
+  REQUIRE(t.ok());
+  return std::move(*t);
+}
+
+Bytes random_bytes(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  Bytes b(n);
+  for (auto& x : b) x = static_cast<std::byte>(gen() & 0xFF);
+  return b;
+}
+
+// A member serving state: its transport, the links' acceptor handing state links to its server.
+struct DonorPeer {
+  std::unique_ptr<transport::Transport> transport = tcp();
+  std::unique_ptr<StateServer> server = std::make_unique<StateServer>();
+  std::unique_ptr<PeerLinks> links = std::make_unique<PeerLinks>(*transport, [this](std::shared_ptr<transport::Link> l) { server->serve(std::move(l)); });
+  Donor donor() const { return Donor{transport->address(), transport->self().to_string()}; }
+  void leave() {  // the acceptor first (it hands links to the server), then the server
+    links.reset();
+    server.reset();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a newcomer fetches the state from several donors at once, chunk hashes and whole hash checked") {
+  const Bytes state = random_bytes(3'000'000, 1);
+  std::vector<std::unique_ptr<DonorPeer>> donors;
+  std::vector<Donor> list;
+  for (int i = 0; i < 3; ++i) {
+    donors.push_back(std::make_unique<DonorPeer>());
+    donors.back()->server->offer(Snapshot::make(7, 70, 4, state, 64 * 1024));
+    list.push_back(donors.back()->donor());
+  }
+  auto newcomer = tcp();
+  auto got = fetch_state(*newcomer, list, 7, in(30s));
+  REQUIRE(got.ok());
+  CHECK(digest_of(got->bytes) == digest_of(state));
+  CHECK(got->manifest.round == 7);
+  CHECK(got->manifest.step == 70);
+  CHECK(got->manifest.shards == 4);
+  CHECK(got->bytes_received == state.size());
+  CHECK(got->donors_used >= 2);  // 46 chunks spread over three donors
+  std::uint64_t served = 0;
+  for (auto& d : donors) served += d->server->bytes_served();
+  CHECK(served == state.size());
+  // A round nobody holds: refused, and said so.
+  auto none = fetch_state(*newcomer, list, 8, in(10s));
+  CHECK(none.status().code() == ErrorCode::kUnavailable);
+}
+
+TEST_CASE("a donor serving corrupt chunks and an unreachable donor do not spoil the transfer") {
+  const Bytes state = random_bytes(1'000'000, 2);
+  DonorPeer good, bad;
+  good.server->offer(Snapshot::make(3, 30, 2, state, 32 * 1024));
+  // The bad donor announces the true manifest but serves other bytes.
+  auto forged = std::make_shared<Snapshot>(*Snapshot::make(3, 30, 2, state, 32 * 1024));
+  forged->bytes[100] ^= std::byte{1};
+  forged->bytes[500'000] ^= std::byte{1};
+  bad.server->offer(forged);
+  Donor gone;
+  {
+    auto t = tcp();
+    gone = Donor{t->address(), "gone"};
+  }  // its transport is closed: nothing listens there
+  auto newcomer = tcp();
+  auto got = fetch_state(*newcomer, {gone, bad.donor(), good.donor()}, 3, in(30s));
+  REQUIRE(got.ok());
+  CHECK(digest_of(got->bytes) == digest_of(state));
+  CHECK(got->donors_failed >= 1);  // the unreachable one at least; the forger once it hits a forged chunk
+}
+
+TEST_CASE("a donor that leaves mid-transfer only hands its share to the others") {
+  const Bytes state = random_bytes(16'000'000, 3);
+  std::vector<std::unique_ptr<DonorPeer>> donors;
+  std::vector<Donor> list;
+  for (int i = 0; i < 2; ++i) {
+    donors.push_back(std::make_unique<DonorPeer>());
+    donors.back()->server->offer(Snapshot::make(5, 50, 2, state, 16 * 1024));
+    list.push_back(donors.back()->donor());
+  }
+  // Donor 0 leaves once it has served a few chunks.
+  std::atomic<bool> left{false};
+  std::thread leaver([&] {
+    const auto until = std::chrono::steady_clock::now() + 20s;
+    while (donors[0]->server->bytes_served() < 64 * 1024 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    donors[0]->leave();
+    left = true;
+  });
+  auto newcomer = tcp();
+  auto got = fetch_state(*newcomer, list, 5, in(60s));
+  leaver.join();
+  REQUIRE(got.ok());
+  CHECK(left.load());
+  CHECK(digest_of(got->bytes) == digest_of(state));
+  MESSAGE("donors used " << got->donors_used << ", failed " << got->donors_failed);
+}
+
+TEST_CASE("malformed manifests are refused") {
+  const auto good = Snapshot::make(1, 10, 2, random_bytes(10'000, 4), 4096);
+  const Bytes bytes = good->manifest.encode();
+  REQUIRE(StateManifest::decode(bytes).ok());
+  // Truncated.
+  CHECK(!StateManifest::decode(ByteView(bytes.data(), bytes.size() - 1)).ok());
+  // A chunk count that does not match the size.
+  Writer w;
+  w.i64(1);
+  w.i64(10);
+  w.u32(2);
+  w.u64(10'000);
+  w.u32(4096);
+  w.u32(1'000'000);
+  CHECK(!StateManifest::decode(std::move(w).take()).ok());
+  // A zero chunk size.
+  Writer z;
+  z.i64(1);
+  z.i64(10);
+  z.u32(2);
+  z.u64(10);
+  z.u32(0);
+  z.u32(0);
+  CHECK(!StateManifest::decode(std::move(z).take()).ok());
+}
