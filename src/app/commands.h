@@ -57,6 +57,7 @@ struct PeerArgs {
   std::string out = "runs/peer";
   std::int64_t wait_for = 1;
   double join_timeout_s = 60;
+  std::string shape;
 };
 void add_peer_command(CLI::App& app, PeerArgs& args);
 int run_peer_command(const PeerArgs& args);

@@ -3,16 +3,37 @@
 #include <csignal>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "app/commands.h"
 #include "run/peer.h"
+#include "transport/link_profile.h"
 
 namespace gossamer::app {
 
 namespace {
 std::atomic<bool> g_peer_stop{false};
 extern "C" void on_peer_interrupt(int) { g_peer_stop.store(true); }
+// A preset name, or "MBIT,MS".
+Result<transport::LinkProfile> parse_shape(const std::string& text) {
+  if (auto preset = transport::link_profile_preset(text); preset.ok()) return *preset;
+  const auto comma = text.find(',');
+  transport::LinkProfile p;
+  try {
+    if (comma == std::string::npos) throw std::invalid_argument("no comma");
+    const double mbit = std::stod(text.substr(0, comma)), ms = std::stod(text.substr(comma + 1));
+    p.name = text;
+    p.bandwidth_bytes_per_s = mbit * 1e6 / 8;
+    p.latency = std::chrono::duration_cast<Nanos>(std::chrono::duration<double, std::milli>(ms));
+  } catch (const std::exception&) {
+    return error(ErrorCode::kInvalidArgument, "--shape " + text + ": not a preset (" + fmt::format("{}", fmt::join(transport::link_profile_names(), ", ")) +
+                                                  ") nor MBIT,MS such as 100,25");
+  }
+  if (Status st = p.validate(); !st.ok()) return error(ErrorCode::kInvalidArgument, "--shape " + text + ": " + st.message());
+  return p;
+}
+
 }  // namespace
 
 void add_peer_command(CLI::App& app, PeerArgs& args) {
@@ -26,6 +47,9 @@ void add_peer_command(CLI::App& app, PeerArgs& args) {
   cmd->add_option("--wait-for", args.wait_for, "peers that must be ready before training starts (the first peer's value counts)")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  cmd->add_option("--shape", args.shape,
+                  "make this peer's links behave like a network path: a preset (" + fmt::format("{}", fmt::join(transport::link_profile_names(), ", ")) +
+                      ") or MBIT,MS (bandwidth in Mbit/s, one-way latency in ms)");
   cmd->add_option("--join-timeout", args.join_timeout_s, "seconds to wait for the run spec from the peers joined")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -48,6 +72,11 @@ int run_peer_command(const PeerArgs& args) {
     req.key = *key;
   } else {
     spdlog::warn("no --key: links and gossip are neither authenticated nor encrypted (fine on a trusted network only)");
+  }
+  if (!args.shape.empty()) {
+    auto profile = parse_shape(args.shape);
+    if (!profile.ok()) return report_failure(profile.status());
+    req.shape = *profile;
   }
   req.out_dir = args.out;
   req.wait_for = static_cast<std::size_t>(args.wait_for);

@@ -337,6 +337,10 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   if (Status st = write_file_atomic(req.out_dir / "address", as_bytes(address + "\n" + link_address + "\n")); !st.ok()) return st;
   StateServer server;
   PeerLinks links(**transport, [&server](std::shared_ptr<transport::Link> l) { server.serve(std::move(l)); });
+  if (req.shape) {
+    links.shape(*req.shape);
+    spdlog::info("links shaped like '{}'", req.shape->name);
+  }
   CoordinatorOptions co;
   co.min_members = run_spec.wait_for;
   co.straggler_grace = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config.train.round_timeout_s / 2));

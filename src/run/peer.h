@@ -30,6 +30,7 @@
 #include "core/clock.h"
 #include "core/status.h"
 #include "train/config.h"
+#include "transport/link_profile.h"
 #include "transport/secure_channel.h"
 
 namespace gossamer::run {
@@ -41,6 +42,7 @@ struct PeerRequest {
   std::optional<transport::RunKey> key;
   std::filesystem::path out_dir;
   std::size_t wait_for = 1;  // peers that must be ready before training starts
+  std::optional<transport::LinkProfile> shape;  // shape this peer's group links (emulating distance)
   Nanos spec_timeout = std::chrono::seconds(60);
   Nanos start_timeout = std::chrono::minutes(10);
   const std::atomic<bool>* stop = nullptr;

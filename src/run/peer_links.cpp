@@ -4,6 +4,7 @@
 
 #include "core/check.h"
 #include "core/wire.h"
+#include "transport/shaped_link.h"
 
 namespace gossamer::run {
 
@@ -78,6 +79,11 @@ void PeerLinks::close_through(std::uint64_t epoch) {
   }
 }
 
+void PeerLinks::shape(const transport::LinkProfile& profile) {
+  std::lock_guard lock(mu_);
+  shape_ = profile;
+}
+
 Result<optim::Group> PeerLinks::group(const GroupView& view, Deadline deadline, const std::function<bool()>& abandoned) {
   const transport::PeerId self = transport_.self();
   const int rank = view.rank_of(self);
@@ -126,6 +132,15 @@ Result<optim::Group> PeerLinks::group(const GroupView& view, Deadline deadline, 
       cv_.wait_for(lock, 20ms, [&] { return links_.count(key) == 1; });
     }
     g.peers[j] = links_[key];
+  }
+  std::lock_guard lock(mu_);
+  if (shape_) {
+    for (auto& p : g.peers) {
+      if (!p) continue;
+      auto shaped = transport::make_shaped_link(p, *shape_, ++shaped_ ^ transport_.self().value);
+      if (!shaped.ok()) return shaped.status();
+      p = std::move(*shaped);
+    }
   }
   return g;
 }

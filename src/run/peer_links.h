@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -26,6 +27,7 @@
 #include "core/status.h"
 #include "optim/collectives.h"
 #include "run/coordinator.h"
+#include "transport/link_profile.h"
 #include "transport/transport.h"
 
 namespace gossamer::run {
@@ -46,6 +48,9 @@ class PeerLinks {
   // Closes every link of `epoch` and older (a collective over it failed).
   void close_through(std::uint64_t epoch);
   std::uint64_t refused_connections() const { return refused_.load(); }
+  // From now on, group() hands out links shaped like `profile` (what this peer sends; every peer
+  // shapes its own side), so processes on one machine behave as if far apart (shaped_link.h).
+  void shape(const transport::LinkProfile& profile);
 
  private:
   void accept_loop();
@@ -58,6 +63,8 @@ class PeerLinks {
   std::condition_variable cv_;
   std::map<std::pair<std::uint64_t, transport::PeerId>, std::shared_ptr<transport::Link>> links_;  // (epoch, peer)
   std::uint64_t closed_through_ = 0;  // links of epochs up to this are closed on arrival
+  std::optional<transport::LinkProfile> shape_;
+  std::uint64_t shaped_ = 0;  // seeds the shapers' loss draws
   std::thread acceptor_;
 };
 

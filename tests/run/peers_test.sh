@@ -3,7 +3,7 @@
 # bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
 set -u
 G="$1"; shift
-SCENARIOS="${*:-four_peers sim_agrees kill_one late_join wrong_run wrong_key noise}"
+SCENARIOS="${*:-four_peers sim_agrees kill_one late_join shaped wrong_run wrong_key noise}"
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
 FAILED=0
@@ -115,6 +115,21 @@ late_join() {
   grep -q "group of 4" "$d/p0.log" || fail "late_join: the members never formed a group of 4"
   grep -q '"state_bytes_received": [1-9]' "$d/p3/summary.json" || fail "late_join: the newcomer counts no state bytes"
   echo "late_join: a fourth peer joined mid-run ($(grep -o 'joined at round [0-9]*' "$d/p3.log" | head -n1)) and ended with the others' parameters"
+}
+
+# Links shaped like 100 Mbit/s with 25 ms one way: each of the 6 rounds' all-reduce takes at least two
+# one-way trips (contributions, then means), so the peers are blocked for >= 0.3 s in all.
+shaped() {
+  local d=$WORK/shaped
+  mkdir -p "$d"
+  start_first "$d/p0" 2 --shape 100,25; local a; a=$(address_of "$d/p0") || { fail "shaped: no address"; return; }
+  start_joiner "$d/p1" "$a" --shape 100,25
+  wait
+  [ -f "$d/p0/summary.json" ] && [ -f "$d/p1/summary.json" ] || { fail "shaped: the run did not finish"; tail -n 20 "$d/p0.log"; return; }
+  [ "$(digest "$d/p0")" = "$(digest "$d/p1")" ] || fail "shaped: the peers disagree on the parameters"
+  local blocked; blocked=$(sed -n 's/.*"blocked_s": \([0-9.e+-]*\).*/\1/p' "$d/p0/summary.json")
+  awk -v b="$blocked" 'BEGIN { exit !(b >= 0.3) }' || fail "shaped: blocked only $blocked s on 25 ms links over 6 rounds"
+  echo "shaped: 100 Mbit/s, 25 ms links: blocked $blocked s over 6 rounds"
 }
 
 wrong_run() {
