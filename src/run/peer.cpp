@@ -540,6 +540,12 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   auto account = train::run_worker_loop(worker, *setup, real_clock(), lo, hooks);
   if (!account.ok()) return account.status();
   if (!failure.ok()) return failure;
+  if (!stopped) {
+    // A last agreement as a barrier: nobody tears its links down while a member may still be
+    // receiving its share of the last round (a shaped link delivers after send() returned).
+    auto done = coordinator.agree(config.train.steps / *period + 1, 0, Deadline::after(real_clock(), round_timeout));
+    if (!done.ok()) spdlog::warn("the members did not all finish together: {}", done.status().to_string());
+  }
 
   train::CheckpointState state = worker.checkpoint_state(spec);
   state.outer_state = setup->outer->save();
