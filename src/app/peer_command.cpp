@@ -50,6 +50,7 @@ void add_peer_command(CLI::App& app, PeerArgs& args) {
   cmd->add_option("--shape", args.shape,
                   "make this peer's links behave like a network path: a preset (" + fmt::format("{}", fmt::join(transport::link_profile_names(), ", ")) +
                       ") or MBIT,MS (bandwidth in Mbit/s, one-way latency in ms)");
+  cmd->add_flag("--resume", args.resume, "restart from OUT/checkpoint.bin (its config is the run's) and catch up with the members");
   cmd->add_option("--join-timeout", args.join_timeout_s, "seconds to wait for the run spec from the peers joined")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
@@ -59,11 +60,14 @@ int run_peer_command(const PeerArgs& args) {
   run::PeerRequest req;
   req.listen = args.listen;
   req.join = args.join;
+  if (args.resume && (!args.source.config_file.empty() || !args.source.overrides.empty())) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "--resume takes the run's config from the checkpoint: drop --config and --set"));
+  }
   if (!args.source.config_file.empty() || !args.source.overrides.empty()) {
     auto config = build_config(args.source);
     if (!config.ok()) return report_failure(config.status());
     req.config = *config;
-  } else if (args.join.empty()) {
+  } else if (args.join.empty() && !args.resume) {
     return report_failure(error(ErrorCode::kInvalidArgument, "the first peer defines the run: pass --config (and --set), or --join a running peer"));
   }
   if (!args.key.empty()) {
@@ -79,6 +83,7 @@ int run_peer_command(const PeerArgs& args) {
     req.shape = *profile;
   }
   req.out_dir = args.out;
+  req.resume = args.resume;
   req.wait_for = static_cast<std::size_t>(args.wait_for);
   req.spec_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(args.join_timeout_s));
   req.stop = &g_peer_stop;

@@ -275,7 +275,21 @@ Status load_shared_state(ByteView bytes, std::vector<at::Tensor> params, optim::
 std::string spec_hash_hex(const train::RunConfig& config) { return digest_of(as_bytes(train::to_toml(config))).hex(); }
 
 Result<PeerOutcome> run_peer(const PeerRequest& req) {
-  if (req.join.empty() && !req.config) {
+  std::optional<train::CheckpointState> resumed;
+  const fs::path ckpt_path = req.out_dir / train::kCheckpointFile;
+  if (req.resume) {
+    auto state = train::read_checkpoint(ckpt_path);
+    if (!state.ok()) {
+      if (state.status().code() == ErrorCode::kNotFound) {
+        return error(ErrorCode::kInvalidArgument, "nothing to resume: " + ckpt_path.string() + " does not exist (drop --resume to start afresh)");
+      }
+      return state.status();
+    }
+    resumed = std::move(*state);
+  } else if (fs::exists(ckpt_path)) {
+    return error(ErrorCode::kInvalidArgument, "run folder " + req.out_dir.string() + " already holds a checkpoint: pass --resume to restart from it, or choose another --out");
+  }
+  if (req.join.empty() && !req.config && !resumed) {
     return error(ErrorCode::kInvalidArgument, "the first peer defines the run: pass --config (or --join the address of a running peer)");
   }
   std::error_code ec;
@@ -298,15 +312,22 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   auto board = JoinBoard::make(**gossip);
 
   Spec run_spec;
+  std::optional<std::string> own_spec;  // the run this peer means to take part in, if it says so
+  if (resumed) {
+    own_spec = resumed->config_toml;
+  } else if (req.config) {
+    own_spec = train::to_toml(*req.config);
+  }
   if (req.join.empty()) {
-    run_spec = Spec{train::to_toml(*req.config), static_cast<std::uint32_t>(req.wait_for)};
+    run_spec = Spec{*own_spec, static_cast<std::uint32_t>(req.wait_for)};
   } else {
     auto got = receive_spec(*heard, req.spec_timeout);
     if (!got.ok()) return got.status();
     run_spec = std::move(*got);
-    if (req.config && train::to_toml(*req.config) != run_spec.toml) {
-      return error(ErrorCode::kInvalidArgument, "this peer's config (hash " + spec_hash_hex(*req.config) + ") differs from the run's (hash " +
-                                                    digest_of(as_bytes(run_spec.toml)).hex() + "): drop --config to take the run's, or join another run");
+    if (own_spec && *own_spec != run_spec.toml) {
+      return error(ErrorCode::kInvalidArgument, "this peer's config (hash " + digest_of(as_bytes(*own_spec)).hex() + ") differs from the run's (hash " +
+                                                    digest_of(as_bytes(run_spec.toml)).hex() + "): " +
+                                                    (resumed ? "the checkpoint belongs to another run" : "drop --config to take the run's, or join another run"));
     }
   }
   const std::string& spec = run_spec.toml;
@@ -444,15 +465,24 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
     spdlog::info("joined at round {} (step {}); taking part from round {}", f.manifest.round, f.manifest.step, f.manifest.round + 1);
     return Status();
   };
-  if (fetched) {
+  if (resumed) {
+    // Its own checkpoint first (inner optimizer included); a newer state from the members, if any,
+    // then replaces the shared part.
+    if (Status st = worker.restore(*resumed); !st.ok()) return st.with_context("resuming from " + ckpt_path.string());
+    if (Status st = setup->outer->load(resumed->outer_state); !st.ok()) return st.with_context("resuming from " + ckpt_path.string());
+    agreed_round = worker.steps_done() / *period;
+    spdlog::info("resumed from {} at step {}", ckpt_path.string(), worker.steps_done());
+  }
+  if (fetched && (!resumed || fetched->manifest.step > worker.steps_done())) {
     if (Status st = adopt(*fetched); !st.ok()) return st;
   } else {
-    current_round = 0;
+    current_round = agreed_round;
   }
 
-  auto metrics = train::MetricsWriter::open(req.out_dir / "metrics.jsonl", std::nullopt);
+  auto metrics = train::MetricsWriter::open(req.out_dir / "metrics.jsonl", resumed ? std::optional<std::int64_t>(worker.steps_done()) : std::nullopt);
   if (!metrics.ok()) return metrics.status();
   std::int64_t solo_rounds = 0;
+  std::int64_t last_checkpoint = worker.steps_done();
   train::LoopOptions lo;
   lo.steps = config.train.steps;
   lo.eval_every = config.train.eval_every;
@@ -482,6 +512,13 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
         // A newcomer that takes this state is due at the next round: the leader waits for it there.
         for (transport::PeerId id : newcomers) coordinator.expect(done + 1, id);
       }
+    }
+    if (step > 1 && (step - 1) % *period == 0 && config.train.checkpoint_every > 0 &&
+        (step - 1) / config.train.checkpoint_every > last_checkpoint / config.train.checkpoint_every) {
+      train::CheckpointState cs = worker.checkpoint_state(spec);
+      cs.outer_state = setup->outer->save();
+      if (Status st = train::write_checkpoint(ckpt_path, cs); !st.ok() && failure.ok()) failure = st;
+      last_checkpoint = step - 1;
     }
     if (step % *period != 0) return std::nullopt;
     const std::int64_t round = step / *period;
@@ -549,7 +586,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
 
   train::CheckpointState state = worker.checkpoint_state(spec);
   state.outer_state = setup->outer->save();
-  if (Status st = train::write_checkpoint(req.out_dir / train::kCheckpointFile, state); !st.ok()) return st;
+  if (Status st = train::write_checkpoint(ckpt_path, state); !st.ok()) return st;
 
   PeerOutcome out;
   out.steps = worker.steps_done();

@@ -11,8 +11,8 @@
 //
 // The run folder (out_dir) holds: address (the gossip address to --join, then the links' address),
 // config.toml, metrics.jsonl
-// (one record per round and evaluation, with the peer id), checkpoint.bin (atomic; every
-// train.checkpoint_every steps and at the end) and summary.json.
+// (one record per round and evaluation, with the peer id), checkpoint.bin (atomic; at the first
+// round boundary after every train.checkpoint_every steps, and at the end) and summary.json.
 //
 // Threading: run_peer blocks the calling thread until the run ends, fails, or `stop` becomes true
 // (checked between steps; the peer then leaves gracefully). Errors: kInvalidArgument for what the
@@ -41,6 +41,9 @@ struct PeerRequest {
   std::optional<train::RunConfig> config;
   std::optional<transport::RunKey> key;
   std::filesystem::path out_dir;
+  // Restart from out_dir/checkpoint.bin (its stored config is the run's); the peer then catches up
+  // with the members if the run went on without it.
+  bool resume = false;
   std::size_t wait_for = 1;  // peers that must be ready before training starts
   std::optional<transport::LinkProfile> shape;  // shape this peer's group links (emulating distance)
   Nanos spec_timeout = std::chrono::seconds(60);

@@ -3,7 +3,7 @@
 # bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
 set -u
 G="$1"; shift
-SCENARIOS="${*:-four_peers sim_agrees kill_one late_join shaped wrong_run wrong_key noise}"
+SCENARIOS="${*:-four_peers sim_agrees kill_one late_join restart shaped wrong_run wrong_key noise}"
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
 FAILED=0
@@ -115,6 +115,27 @@ late_join() {
   grep -q "group of 4" "$d/p0.log" || fail "late_join: the members never formed a group of 4"
   grep -q '"state_bytes_received": [1-9]' "$d/p3/summary.json" || fail "late_join: the newcomer counts no state bytes"
   echo "late_join: a fourth peer joined mid-run ($(grep -o 'joined at round [0-9]*' "$d/p3.log" | head -n1)) and ended with the others' parameters"
+}
+
+# A peer killed (kill -9) after a checkpoint restarts with --resume, catches up and ends with the
+# other's parameters.
+restart() {
+  local d=$WORK/restart
+  mkdir -p "$d"
+  start_first "$d/p0" 2 --set train.steps=600 --set train.eval_every=200 --set train.checkpoint_every=20
+  local a; a=$(address_of "$d/p0") || { fail "restart: no address"; return; }
+  start_joiner "$d/p1" "$a"
+  for _ in $(seq 600); do grep -q '"step":60' "$d/p1/metrics.jsonl" 2>/dev/null && break; sleep 0.05; done
+  pkill -9 -f -- "--out $d/p1" || fail "restart: found no peer 1 to kill"
+  sleep 0.5
+  [ -f "$d/p1/checkpoint.bin" ] || { fail "restart: peer 1 wrote no checkpoint before it was killed"; return; }
+  timeout 120 "$G" peer --listen 127.0.0.1:0 --join "$a" --out "$d/p1" --resume > "$d/p1-again.log" 2>&1 &
+  wait
+  [ -f "$d/p0/summary.json" ] && [ -f "$d/p1/summary.json" ] || { fail "restart: the run did not finish"; tail -n 20 "$d/p1-again.log"; return; }
+  grep -q "resumed from" "$d/p1-again.log" || fail "restart: peer 1 did not resume from its checkpoint"
+  grep -q "joined at round" "$d/p1-again.log" || fail "restart: peer 1 did not catch up with the run"
+  [ "$(digest "$d/p0")" = "$(digest "$d/p1")" ] || fail "restart: the restarted peer holds other parameters"
+  echo "restart: peer 1 resumed ($(grep -o 'resumed from .* at step [0-9]*' "$d/p1-again.log" | sed 's/.* at //')), $(grep -o 'joined at round [0-9]*' "$d/p1-again.log" | head -n1), and finished with the other's parameters"
 }
 
 # Links shaped like 100 Mbit/s with 25 ms one way: each of the 6 rounds' all-reduce takes at least two
