@@ -10,7 +10,6 @@ namespace gossamer::run {
 
 namespace {
 using namespace std::chrono_literals;
-constexpr transport::Tag kEpochTag = 0x0E90C000u;  // the first message on a group link: the epoch (u64)
 }  // namespace
 
 PeerLinks::PeerLinks(transport::Transport& transport, std::function<void(std::shared_ptr<transport::Link>)> on_state_link)

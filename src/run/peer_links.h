@@ -32,6 +32,9 @@
 
 namespace gossamer::run {
 
+// The first message on every link a peer opens to another: the epoch (u64; 0 for a state transfer).
+inline constexpr transport::Tag kEpochTag = 0x0E90C000u;
+
 class PeerLinks {
  public:
   // on_state_link: what to do with incoming links opened with epoch 0 (state transfers, see

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/wire.h"
+#include "run/peer_links.h"
 
 namespace gossamer::run {
 
@@ -20,7 +21,6 @@ constexpr std::uint8_t kAskManifest = 1, kAskChunk = 2;
 constexpr std::uint64_t kMaxTotal = std::uint64_t{8} << 30;
 constexpr std::uint32_t kMaxChunk = 16u << 20;
 constexpr std::uint32_t kMaxChunks = 1u << 18;  // the manifest stays under 16 MiB
-constexpr transport::Tag kEpochTag = 0x0E90C000u;  // as in peer_links.cpp: the first message of a link
 
 void put_digest(Writer& w, const Digest& d) { w.raw(ByteView(reinterpret_cast<const std::byte*>(d.bytes.data()), d.bytes.size())); }
 
