@@ -3,7 +3,7 @@
 # bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
 set -u
 G="$1"; shift
-SCENARIOS="${*:-four_peers sim_agrees kill_one late_join restart shaped wrong_run wrong_key noise}"
+SCENARIOS="${*:-four_peers sim_agrees kill_one kill_leader late_join restart shaped wrong_run wrong_key noise}"
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
 FAILED=0
@@ -95,6 +95,29 @@ kill_one() {
   awk -v a="$got" -v b="$ref" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d <= 0.02) }' ||
     fail "kill_one: final val loss $got is not within 2% of the fault-free run's $ref"
   echo "kill_one: 3 survivors finished with identical parameters ($(grep -h -o '"retries": [0-9]*' "$d/p0/summary.json")); val loss $got vs $ref fault-free"
+}
+
+# The leader dies: the peer on shard 0 has the lowest id, so it leads every round. The next lowest
+# live id takes over and the others finish.
+kill_leader() {
+  local d=$WORK/leader
+  mkdir -p "$d"
+  start_first "$d/p0" 3 --set train.steps=300 --set train.eval_every=100; local a; a=$(address_of "$d/p0") || { fail "kill_leader: no address"; return; }
+  start_joiner "$d/p1" "$a"; start_joiner "$d/p2" "$a"
+  for _ in $(seq 600); do grep -q '"step":30' "$d/p0/metrics.jsonl" 2>/dev/null && break; sleep 0.05; done
+  local leader=""
+  for i in 0 1 2; do grep -q "training on shard 0 of" "$d/p$i.log" && leader=$i; done
+  [ -n "$leader" ] || { fail "kill_leader: no peer trains shard 0"; return; }
+  pkill -9 -f -- "--out $d/p$leader" || fail "kill_leader: found no leader to kill"
+  wait
+  local survivors=() i
+  for i in 0 1 2; do [ "$i" != "$leader" ] && survivors+=("$i"); done
+  for i in "${survivors[@]}"; do
+    [ -f "$d/p$i/summary.json" ] || { fail "kill_leader: survivor $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
+  done
+  [ "$(digest "$d/p${survivors[0]}")" = "$(digest "$d/p${survivors[1]}")" ] || fail "kill_leader: the survivors disagree"
+  grep -q '"groups_led": [1-9]' "$d/p${survivors[0]}/summary.json" "$d/p${survivors[1]}/summary.json" || fail "kill_leader: no survivor took over as leader"
+  echo "kill_leader: the leader (peer $leader) was killed; a survivor took over and both finished with identical parameters"
 }
 
 late_join() {
