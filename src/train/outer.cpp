@@ -134,7 +134,11 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
 
   while (worker.steps_done() < o.steps) {
     if (hooks.keep_going && !hooks.keep_going(worker.steps_done() + 1)) break;
-    regroup(worker.steps_done() + 1);
+    {
+      const Nanos t0 = clock.now();  // agreeing on a group (real peers) is waiting on communication too
+      regroup(worker.steps_done() + 1);
+      acc.blocked_s += std::chrono::duration<double>(clock.now() - t0).count();
+    }
     Stopwatch measured(real_clock());  // compute is measured in real time, whatever the clock
     bool paced = false;
     double before_sync = 0;                 // real compute up to the gradient averaging
