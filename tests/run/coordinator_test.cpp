@@ -1,0 +1,116 @@
+// Round agreement over in-process gossip nodes: one group for everyone, a new epoch per group, the
+// leader's departure, and messages of another protocol version or malformed ones dropped.
+#include <doctest/doctest.h>
+
+#include <thread>
+
+#include "core/wire.h"
+#include "run/coordinator.h"
+
+using namespace gossamer;
+using namespace gossamer::run;
+using namespace std::chrono_literals;
+
+namespace {
+
+Deadline in(Nanos d) { return Deadline::after(real_clock(), d); }
+
+std::unique_ptr<transport::Gossip> node(std::vector<std::string> seeds = {}) {
+  transport::GossipOptions o;
+  o.seeds = std::move(seeds);
+  o.period = 50ms;
+  auto g = transport::make_gossip(o);
+  REQUIRE(g.ok());
+  return std::move(*g);
+}
+
+// Runs agree(round, after) on every coordinator at once.
+std::vector<Result<GroupView>> agree_all(std::vector<std::shared_ptr<Coordinator>>& cs, std::int64_t round, std::uint64_t after = 0) {
+  std::vector<Result<GroupView>> out(cs.size(), error(ErrorCode::kAborted, "not run"));
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < cs.size(); ++i) threads.emplace_back([&, i] { out[i] = cs[i]->agree(round, after, in(20s)); });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("peers agree on one group per round, a new epoch each time, and the lowest id leads") {
+  std::vector<std::unique_ptr<transport::Gossip>> nodes;
+  nodes.push_back(node());
+  for (int i = 0; i < 2; ++i) nodes.push_back(node({nodes[0]->address()}));
+  CoordinatorOptions o;
+  o.min_members = 3;
+  o.straggler_grace = 10s;
+  std::vector<std::shared_ptr<Coordinator>> cs;
+  for (std::size_t i = 0; i < nodes.size(); ++i) cs.push_back(Coordinator::make(*nodes[i], "addr-" + std::to_string(i), o));
+  auto start = agree_all(cs, 0);
+  for (auto& r : start) REQUIRE(r.ok());
+  const transport::PeerId lowest = std::min({nodes[0]->self(), nodes[1]->self(), nodes[2]->self()});
+  for (auto& r : start) {
+    CHECK(r->members.size() == 3);
+    const bool same_members = r->members == start[0]->members;
+    CHECK(same_members);
+    CHECK(r->epoch == start[0]->epoch);
+    CHECK(r->leader == lowest);
+  }
+  auto next = agree_all(cs, 1);
+  for (auto& r : next) {
+    REQUIRE(r.ok());
+    CHECK(r->epoch > start[0]->epoch);
+    CHECK(r->members.size() == 3);
+  }
+  // A retry after a failed epoch gets a still newer one.
+  auto retry = agree_all(cs, 1, next[0]->epoch);
+  for (auto& r : retry) {
+    REQUIRE(r.ok());
+    CHECK(r->epoch > next[0]->epoch);
+  }
+
+  // The leader leaves: the others agree on round 2 without it, led by the next lowest id.
+  std::size_t leader = 0;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    if (nodes[i]->self() == lowest) leader = i;
+  }
+  nodes[leader]->leave();
+  std::vector<std::shared_ptr<Coordinator>> rest;
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    if (i != leader) rest.push_back(cs[i]);
+  }
+  auto after = agree_all(rest, 2);
+  for (auto& r : after) {
+    REQUIRE(r.ok());
+    CHECK(r->members.size() == 2);
+    CHECK(r->rank_of(lowest) == -1);
+    CHECK(r->leader != lowest);
+  }
+}
+
+TEST_CASE("round messages of another protocol version, or malformed, are dropped and counted") {
+  auto a = node(), b = node({a->address()});
+  auto ca = Coordinator::make(*a, "addr-a", CoordinatorOptions{});
+  auto cb = Coordinator::make(*b, "addr-b", CoordinatorOptions{});
+  // Wait until b hears a at all.
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (a->members().empty() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  Writer future;
+  future.u8(99);  // a version from the future
+  future.u8(1);
+  future.i64(0);
+  REQUIRE(b->broadcast("gossamer.round", future.bytes()).ok());
+  Writer truncated;
+  truncated.u8(1);
+  truncated.u8(2);
+  truncated.i64(0);
+  truncated.u64(5);  // a GROUP cut short
+  REQUIRE(b->broadcast("gossamer.round", truncated.bytes()).ok());
+  while (ca->stats().dropped < 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  CHECK(ca->stats().dropped == 2);
+  // And the round protocol still works between them.
+  std::vector<std::shared_ptr<Coordinator>> cs{ca, cb};
+  auto start = agree_all(cs, 0);
+  for (auto& r : start) {
+    REQUIRE(r.ok());
+    CHECK(r->members.size() == 2);
+  }
+}
