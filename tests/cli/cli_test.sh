@@ -27,6 +27,18 @@ run 0 "$G" config --keys
 says "model.layers"
 run 2 "$G" nosuchcommand
 
+# gossamer peer: help, and what a user must fix is exit code 2 with a message saying what to do.
+run 0 "$G" peer --help
+says "--join"; says "--resume"
+run 2 "$G" peer --out "$tmp/peer"
+says "pass --config"
+run 2 "$G" peer --set model.layers=1 --shape fast --out "$tmp/peer"
+says "--shape fast"
+run 2 "$G" peer "${TINY[@]}" --set outer.method=co2 --out "$tmp/peer-co2"
+says "use gossamer sim for the others"
+run 2 "$G" peer --resume --out "$tmp/peer-none"
+says "nothing to resume"
+
 # Bad configuration: exit code 2 and one message naming the key and what is allowed.
 run 2 "$G" train --set model.layerz=3 --out "$tmp/a"
 says "model.layerz"; says "did you mean 'model.layers'"
