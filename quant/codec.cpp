@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include <span>
 
@@ -42,6 +43,25 @@ at::ScalarType scalar_type(SourceDtype d) {
   return at::kFloat;
 }
 
+// A payload's header (layout in format.h); raw_len only for zstd bodies (their size decompressed).
+Bytes payload_header(CodecId codec, SourceDtype dtype, std::uint8_t flags, ScaleFormat sf, std::uint32_t block, at::IntArrayRef sizes,
+                     std::uint64_t body_len, std::optional<std::uint64_t> raw_len) {
+  Writer w(48 + 8 * sizes.size());
+  w.raw(as_bytes(std::string_view(kPayloadMagic, sizeof(kPayloadMagic))));
+  w.u8(kPayloadVersion);
+  w.u8(static_cast<std::uint8_t>(codec));
+  w.u8(static_cast<std::uint8_t>(dtype));
+  w.u8(flags);
+  w.u8(static_cast<std::uint8_t>(sizes.size()));
+  w.u8(static_cast<std::uint8_t>(sf));
+  w.u16(0);
+  w.u32(block);
+  for (auto d : sizes) w.i64(d);
+  w.u64(body_len);
+  if (raw_len) w.u64(*raw_len);
+  return std::move(w).take();
+}
+
 }  // namespace
 
 Bytes encode(const at::Tensor& tensor, const EncodeOptions& o) {
@@ -65,20 +85,7 @@ Bytes encode(const at::Tensor& tensor, const EncodeOptions& o) {
   if (o.rounding == Rounding::kStochastic && t.scaled) flags |= kFlagStochastic;
   if (o.zstd) flags |= kFlagZstd;
   auto header = [&](std::uint64_t body_len) {
-    Writer w(48 + 8 * static_cast<std::size_t>(tensor.dim()));
-    w.raw(as_bytes(std::string_view(kPayloadMagic, sizeof(kPayloadMagic))));
-    w.u8(kPayloadVersion);
-    w.u8(static_cast<std::uint8_t>(o.codec));
-    w.u8(static_cast<std::uint8_t>(dtype));
-    w.u8(flags);
-    w.u8(static_cast<std::uint8_t>(tensor.dim()));
-    w.u8(static_cast<std::uint8_t>(sf));
-    w.u16(0);
-    w.u32(block);
-    for (auto d : tensor.sizes()) w.i64(d);
-    w.u64(body_len);
-    if (o.zstd) w.u64(body_size);
-    return std::move(w).take();
+    return payload_header(o.codec, dtype, flags, sf, block, tensor.sizes(), body_len, o.zstd ? std::optional(body_size) : std::nullopt);
   };
 
   // Without zstd the body is encoded straight into the payload, after its header: no extra copy.
@@ -127,25 +134,14 @@ EncodedView encode_view(const at::Tensor& tensor, const EncodeOptions& o) {
   const bool borrow = o.codec == CodecId::kFp32 && !o.zstd && tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat &&
                       tensor.is_contiguous() && tensor.numel() > 0;
   if (!borrow) return {encode(tensor, o), {}};
-  // The fp32 header as encode() writes it (a test pins the two to the same bytes).
+  // The header encode() writes (a test pins the two to the same bytes), the body borrowed.
   GOSSAMER_CHECK(tensor.dim() <= kMaxDims, "quant::encode: more than " + std::to_string(kMaxDims) + " dimensions");
   GOSSAMER_CHECK(tensor.numel() <= kMaxElements, "quant::encode: tensor too large");
   const auto n = static_cast<std::size_t>(tensor.numel());
   const auto* data = static_cast<const std::uint8_t*>(tensor.data_ptr());
   GOSSAMER_CHECK(kernels::check_finite_fp32(data, n), "quant::encode: the tensor holds NaN or Inf");
-  Writer w(48 + 8 * static_cast<std::size_t>(tensor.dim()));
-  w.raw(as_bytes(std::string_view(kPayloadMagic, sizeof(kPayloadMagic))));
-  w.u8(kPayloadVersion);
-  w.u8(static_cast<std::uint8_t>(CodecId::kFp32));
-  w.u8(static_cast<std::uint8_t>(SourceDtype::kFloat32));
-  w.u8(0);  // flags
-  w.u8(static_cast<std::uint8_t>(tensor.dim()));
-  w.u8(static_cast<std::uint8_t>(ScaleFormat::kNone));
-  w.u16(0);
-  w.u32(0);  // block
-  for (auto d : tensor.sizes()) w.i64(d);
-  w.u64(n * 4);
-  return {std::move(w).take(), ByteView(reinterpret_cast<const std::byte*>(data), n * 4)};
+  return {payload_header(CodecId::kFp32, SourceDtype::kFloat32, 0, ScaleFormat::kNone, 0, tensor.sizes(), n * 4, std::nullopt),
+          ByteView(reinterpret_cast<const std::byte*>(data), n * 4)};
 }
 
 Result<at::Tensor> decode(ByteView payload, std::int64_t max_elements) {

@@ -17,11 +17,17 @@ constexpr std::size_t kMaxAddress = 256, kMaxMembers = 4096;
 constexpr auto kPoll = std::chrono::milliseconds(20);
 using Steady = std::chrono::steady_clock;
 
-Bytes encode_ready(std::int64_t round, std::uint64_t after_epoch, transport::PeerId id, const std::string& address) {
+// Every round message starts the same way.
+Writer start_message(Kind kind, std::int64_t round) {
   Writer w;
   w.u8(kVersion);
-  w.u8(static_cast<std::uint8_t>(Kind::kReady));
+  w.u8(static_cast<std::uint8_t>(kind));
   w.i64(round);
+  return w;
+}
+
+Bytes encode_ready(std::int64_t round, std::uint64_t after_epoch, transport::PeerId id, const std::string& address) {
+  Writer w = start_message(Kind::kReady, round);
   w.u64(after_epoch);
   w.u64(id.value);
   w.str(address);
@@ -29,10 +35,7 @@ Bytes encode_ready(std::int64_t round, std::uint64_t after_epoch, transport::Pee
 }
 
 Bytes encode_group(const GroupView& g) {
-  Writer w;
-  w.u8(kVersion);
-  w.u8(static_cast<std::uint8_t>(Kind::kGroup));
-  w.i64(g.round);
+  Writer w = start_message(Kind::kGroup, g.round);
   w.u64(g.epoch);
   w.u64(g.leader.value);
   w.u32(static_cast<std::uint32_t>(g.members.size()));
@@ -72,10 +75,7 @@ std::shared_ptr<Coordinator> Coordinator::make(transport::Gossip& gossip, std::s
 }
 
 void Coordinator::intend(std::int64_t round) {
-  Writer w;
-  w.u8(kVersion);
-  w.u8(static_cast<std::uint8_t>(Kind::kIntent));
-  w.i64(round);
+  Writer w = start_message(Kind::kIntent, round);
   w.u64(gossip_.self().value);
   if (Status st = gossip_.broadcast(kTopic, std::move(w).take()); !st.ok()) spdlog::warn("could not announce joining round {}: {}", round, st.to_string());
 }

@@ -242,6 +242,13 @@ class JoinBoard {
   std::map<std::int64_t, std::chrono::steady_clock::time_point> first_seen_;
 };
 
+// A group of this peer alone (a round applied on its own).
+optim::Group solo_group() {
+  optim::Group g;
+  g.peers.resize(1);
+  return g;
+}
+
 // The state members share after a round: the parameters (fp32) and the outer optimizer's state.
 Bytes encode_shared_state(const std::vector<at::Tensor>& params, const optim::OuterOptimizer& outer) {
   const at::Tensor flat = optim::flatten(params);
@@ -253,16 +260,17 @@ Bytes encode_shared_state(const std::vector<at::Tensor>& params, const optim::Ou
 
 Status load_shared_state(ByteView bytes, std::vector<at::Tensor> params, optim::OuterOptimizer& outer) {
   Reader r(bytes, "shared state");
-  const at::Tensor like = optim::flatten(params);
-  const ByteView flat = r.blob(static_cast<std::size_t>(like.numel()) * 4);
+  std::int64_t numel = 0;
+  for (const auto& p : params) numel += p.numel();
+  const ByteView flat = r.blob(static_cast<std::size_t>(numel) * 4);
   const ByteView outer_state = r.blob(std::size_t{8} << 30);
   r.expect_end();
   if (!r.ok()) return r.status();
-  if (flat.size() != static_cast<std::size_t>(like.numel()) * 4) {
+  if (flat.size() != static_cast<std::size_t>(numel) * 4) {
     return error(ErrorCode::kMalformed, "the shared state holds " + std::to_string(flat.size() / 4) + " parameters, this model has " +
-                                            std::to_string(like.numel()));
+                                            std::to_string(numel));
   }
-  at::Tensor values = torch::empty({like.numel()}, torch::kFloat);
+  at::Tensor values = torch::empty({numel}, torch::kFloat);
   std::memcpy(values.data_ptr<float>(), flat.data(), flat.size());
   if (!torch::isfinite(values).all().item<bool>()) return error(ErrorCode::kMalformed, "the shared state holds non-finite parameters");
   if (Status st = outer.load(outer_state); !st.ok()) return st;
@@ -435,8 +443,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   spdlog::info("training on shard {} of {}", rank, world);
 
   train::Worker worker(config, corpus->dataset, rank, world, real_clock());
-  optim::Group first_group;
-  first_group.peers.resize(1);
+  optim::Group first_group = solo_group();
   if (start) {
     auto g = links.group(*start, Deadline::after(real_clock(), std::min(round_timeout, kLinkTimeout)));
     if (!g.ok()) return g.status().with_context("linking the starting group");
@@ -483,6 +490,12 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   if (!metrics.ok()) return metrics.status();
   std::int64_t solo_rounds = 0;
   std::int64_t last_checkpoint = worker.steps_done();
+  auto save_checkpoint = [&] {
+    train::CheckpointState cs = worker.checkpoint_state(spec);
+    cs.outer_state = setup->outer->save();
+    return train::write_checkpoint(ckpt_path, cs);
+  };
+  std::optional<double> final_val;  // the loop evaluates at the last step
   train::LoopOptions lo;
   lo.steps = config.train.steps;
   lo.eval_every = config.train.eval_every;
@@ -515,9 +528,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
     }
     if (step > 1 && (step - 1) % *period == 0 && config.train.checkpoint_every > 0 &&
         (step - 1) / config.train.checkpoint_every > last_checkpoint / config.train.checkpoint_every) {
-      train::CheckpointState cs = worker.checkpoint_state(spec);
-      cs.outer_state = setup->outer->save();
-      if (Status st = train::write_checkpoint(ckpt_path, cs); !st.ok() && failure.ok()) failure = st;
+      if (Status st = save_checkpoint(); !st.ok() && failure.ok()) failure = st;
       last_checkpoint = step - 1;
     }
     if (step % *period != 0) return std::nullopt;
@@ -535,17 +546,13 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
         auto got = fetch_newest(Deadline::after(real_clock(), round_timeout));
         Status st = got.ok() ? adopt(*got) : got.status();
         if (!st.ok()) failure = st.with_context("catching up after being left out");
-        optim::Group solo;
-        solo.peers.resize(1);
-        return solo;
+        return solo_group();
       }
       if (!view.ok()) {
         spdlog::warn("round {}: {}; this peer applies the round on its own", round, view.status().to_string());
         ++solo_rounds;
         agreed_round = round;
-        optim::Group solo;
-        solo.peers.resize(1);
-        return solo;
+        return solo_group();
       }
       auto g = links.group(*view, Deadline::after(real_clock(), std::min(round_timeout, kLinkTimeout)),
                            [&, r = round, e = view->epoch] { return coordinator.superseded(r, e); });
@@ -570,6 +577,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
     out["peer"] = go.self.to_string();
     if (Status st = metrics->write(out); !st.ok() && failure.ok()) failure = st;
     if (rec.contains("val_loss")) {
+      if (rec["step"].get<std::int64_t>() == config.train.steps) final_val = rec["val_loss"].get<double>();
       spdlog::info("step {}/{}: val loss {:.4f}, rounds {}, sent {:.2f} MB", rec["step"].get<std::int64_t>(), config.train.steps,
                    rec["val_loss"].get<double>(), rec["rounds"].get<std::int64_t>(), rec["bytes_sent"].get<double>() / 1e6);
     }
@@ -584,20 +592,18 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
     if (!done.ok()) spdlog::warn("the members did not all finish together: {}", done.status().to_string());
   }
 
-  train::CheckpointState state = worker.checkpoint_state(spec);
-  state.outer_state = setup->outer->save();
-  if (Status st = train::write_checkpoint(ckpt_path, state); !st.ok()) return st;
+  if (Status st = save_checkpoint(); !st.ok()) return st;
 
   PeerOutcome out;
   out.steps = worker.steps_done();
   out.rounds = account->rounds;
   out.skipped_rounds = account->skipped_rounds;
-  out.retries = coordinator.stats().retries;
+  const CoordinatorStats cs = coordinator.stats();
+  out.retries = cs.retries;
   out.finished = !stopped && worker.steps_done() >= config.train.steps;
   const at::Tensor flat = optim::flatten(worker.model().parameters());
   out.params_digest = digest_of(ByteView(reinterpret_cast<const std::byte*>(flat.data_ptr<float>()), static_cast<std::size_t>(flat.numel()) * 4)).hex();
-  if (out.finished) out.final_val_loss = worker.evaluate();
-  const CoordinatorStats cs = coordinator.stats();
+  if (out.finished) out.final_val_loss = final_val ? *final_val : worker.evaluate();
   nlohmann::json summary = account->to_json();
   summary["peer"] = go.self.to_string();
   summary["run"] = spec_hash.hex();

@@ -40,6 +40,14 @@ Bytes request(std::uint8_t kind, std::int64_t round, std::uint32_t chunk) {
   return std::move(w).take();
 }
 
+Bytes answer(ByteView body) {
+  Writer w(body.size() + 8);
+  w.u8(kVersion);
+  w.u8(1);
+  w.blob(body);
+  return std::move(w).take();
+}
+
 Bytes refusal(const std::string& why) {
   Writer w;
   w.u8(kVersion);
@@ -164,21 +172,13 @@ void StateServer::serve(std::shared_ptr<transport::Link> link) {
       if (!snap) {
         reply = refusal("no state of round " + std::to_string(round) + " here any more");
       } else if (kind == kAskManifest) {
-        Writer w;
-        w.u8(kVersion);
-        w.u8(1);
-        w.blob(snap->manifest.encode());
-        reply = std::move(w).take();
+        reply = answer(snap->manifest.encode());
       } else if (chunk >= snap->manifest.chunks.size()) {
         reply = refusal("no chunk " + std::to_string(chunk));
       } else {
         const std::uint64_t at = std::uint64_t{chunk} * snap->manifest.chunk_bytes;
         const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(snap->manifest.chunk_bytes, snap->bytes.size() - at));
-        Writer w(n + 8);
-        w.u8(kVersion);
-        w.u8(1);
-        w.blob(ByteView(snap->bytes.data() + at, n));
-        reply = std::move(w).take();
+        reply = answer(ByteView(snap->bytes.data() + at, n));
         served_ += n;
       }
       if (!link->send(kStateResponseTag, reply, Deadline::after(real_clock(), 60s)).ok()) return;
