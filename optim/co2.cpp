@@ -26,15 +26,22 @@ Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
   if (inner_steps_done <= 0 || inner_steps_done % options_.inner_steps != 0) return false;
   const std::int64_t round = inner_steps_done / options_.inner_steps;
   // The average launched last round, which used x_{t-1,tau}: it must be in before we go on.
+  if (pending_ && pending_round_ != round - 1) {  // an older one (rounds were skipped): of no use now
+    lost(pending_round_);
+    pending_.reset();
+  }
   if (pending_) {
     if (Status st = pending_->wait(deadline); !st.ok()) {
       if (pending_->done()) {  // failed for good: that average is lost (its bytes count), the next round launches afresh
         stats_ += pending_->stats();
         pending_.reset();
+        lost(round - 1);
       }
       return st.with_context("CO2 round " + std::to_string(round));
     }
     stats_ += pending_->stats();
+  } else if (round > 1) {
+    lost(round - 1);  // not launched (its round failed), or dropped
   }
   // Launch this round's average; it completes while the next round trains.
   auto launched = comm_->allreduce_mean(flatten(params_), options_.codec, round_tag(kCO2Tag, round), Deadline::after(comm_->clock(), options_.average_timeout));
@@ -47,32 +54,53 @@ Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
   }
   previous_outer_ = current_outer;  // x_{t,0}: the start of the round whose average was just launched
   pending_ = std::move(launched);
+  pending_round_ = round;
   write_flat(params_, outer_);
   ++rounds_;
   return true;
 }
 
+void CO2::lost(std::int64_t round) {
+  if (round <= last_lost_) return;
+  last_lost_ = round;
+  ++skipped_rounds_;
+}
+
 Status CO2::regroup(Group group) {
   comm_->set_group(std::move(group));
+  if (pending_) lost(pending_round_);
   pending_.reset();
   return Status();
 }
 
+Status CO2::settle(Deadline deadline) {
+  if (!pending_) return Status();
+  return pending_->wait(deadline).with_context("CO2's average of round " + std::to_string(pending_round_));
+}
+
 Bytes CO2::save() const {
   const at::Tensor prev = previous_outer_.defined() ? previous_outer_ : torch::zeros_like(outer_);
-  return save_state("co2", {rounds_, skipped_rounds_}, {outer_, prev, momentum_});
+  // The average launched last round, when it is in.
+  const bool in = pending_ && pending_->done() && pending_->wait(Deadline::never()).ok();
+  return save_state("co2", {rounds_, skipped_rounds_, in ? pending_round_ : 0, last_lost_},
+                    {outer_, prev, momentum_, in ? pending_->tensor() : torch::zeros_like(outer_)});
 }
 
 Status CO2::load(ByteView bytes) {
-  std::vector<std::int64_t> counters(2);
-  std::vector<at::Tensor> tensors = {outer_, outer_, momentum_};
+  std::vector<std::int64_t> counters(4);
+  std::vector<at::Tensor> tensors = {outer_, outer_, momentum_, outer_};
   if (Status st = load_state(bytes, "co2", counters, tensors); !st.ok()) return st;
   rounds_ = counters[0];
   skipped_rounds_ = counters[1];
+  last_lost_ = counters[3];
   outer_ = tensors[0];
   previous_outer_ = tensors[1];
   momentum_ = tensors[2];
   pending_.reset();
+  if (counters[2] > 0) {
+    pending_ = Work::completed(comm_->clock(), tensors[3]);
+    pending_round_ = counters[2];
+  }
   return Status();
 }
 

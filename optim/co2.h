@@ -64,14 +64,20 @@ class CO2 {
 
   const at::Tensor& momentum() const { return momentum_; }
   std::int64_t rounds() const { return rounds_; }
-  void skip_round() { ++skipped_rounds_; }
-  // The average in flight over the old group is dropped: the next round only launches one.
+  // A failed round is counted where it happens, once per average lost (see skipped_rounds()), so the
+  // caller's skip adds nothing.
+  void skip_round() {}
+  // An average in flight over the old group is dropped (and counted): the next round only launches.
   [[nodiscard]] Status regroup(Group group);
+  // Averages lost: failed, dropped by a regroup, or never launched because their round failed.
   std::int64_t skipped_rounds() const { return skipped_rounds_; }
   CommStats comm() const { return stats_; }
+  // Waits for the average in flight, so that save() holds it.
+  [[nodiscard]] Status settle(Deadline deadline);
 
-  // The outer point, the previous one and the momentum. An average still in flight is not saved: after
-  // a load, the next round only launches (as the first round does).
+  // The outer point, the previous one, the momentum and, when it is in, the average launched last
+  // round (so a peer loading it applies that average next round, as the others do). An average still
+  // in flight is not saved: after such a load, the next round only launches.
   Bytes save() const;
   [[nodiscard]] Status load(ByteView bytes);
 
@@ -81,7 +87,11 @@ class CO2 {
   CO2Options options_;
   std::shared_ptr<const StalenessPenalty> penalty_;
   at::Tensor outer_, previous_outer_, momentum_;
+  void lost(std::int64_t round);  // counts the average of `round` as lost, once
+
   std::shared_ptr<Work> pending_;
+  std::int64_t pending_round_ = 0;  // the round whose average pending_ is
+  std::int64_t last_lost_ = 0;      // the last round whose average was counted lost
   std::int64_t rounds_ = 0, skipped_rounds_ = 0;
   CommStats stats_;
 };

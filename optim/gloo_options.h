@@ -8,6 +8,10 @@
 namespace gossamer::optim {
 
 struct GlooOptions {
+  // Real peers: the rendezvous goes over the group's links (rank 0 serves a TCPStore on an ephemeral
+  // port of store_host and tells the others where), and every new group makes a new process group.
+  // Otherwise rank and size below, and a FileStore or a TCPStore at a fixed port.
+  bool over_group_links = false;
   int rank = 0;
   int size = 1;
   std::string store_file;               // FileStore when set, else TCPStore

@@ -2,8 +2,10 @@
 // baseline's gradient averaging in real multi-process runs (beside our own all-reduce on Links).
 //
 // Rendezvous goes through a c10d store: a TCPStore served by rank 0 at store_host:store_port, or a
-// FileStore at store_file (every rank on one machine, or a shared file system). c10d types stay in the
-// .cpp file. Ownership: the returned object owns its process group. Threading: one training thread
+// FileStore at store_file (every rank on one machine, or a shared file system), or, for real peers
+// whose members change (over_group_links), a TCPStore that rank 0 of each group serves on an
+// ephemeral port and announces over the group's links (tag kGlooRendezvousTag: host str | port u16);
+// regroup() then builds a new process group over the new members. c10d types stay in the .cpp file. Ownership: the returned object owns its process group. Threading: one training thread
 // calls sync_gradients(); every rank must call it with the same parameter shapes in the same order.
 // Errors: construction failures (store unreachable, peers missing past the timeout) and collective
 // failures (a peer died) come back as Status values; Gloo's own exceptions never escape.
@@ -24,6 +26,9 @@ struct GlooDataParallel {
   std::unique_ptr<OuterOptimizer> outer;
   GradientSync* gradient_sync = nullptr;  // points into `outer`
 };
-[[nodiscard]] Result<GlooDataParallel> make_gloo_data_parallel(const GlooOptions& options);
+// `group` is used only with over_group_links (its rank and size replace the options').
+[[nodiscard]] Result<GlooDataParallel> make_gloo_data_parallel(const GlooOptions& options, const Group& group = Group{});
+
+inline constexpr transport::Tag kGlooRendezvousTag = 0x0D6C0000u;
 
 }  // namespace gossamer::optim

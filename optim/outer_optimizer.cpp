@@ -54,6 +54,13 @@ class Adapter final : public OuterOptimizer {
   CommStats comm() const override { return impl_.comm(); }
   Bytes save() const override { return impl_.save(); }
   Status load(ByteView state) override { return impl_.load(state); }
+  Status settle(Deadline d) override {
+    if constexpr (requires { impl_.settle(d); }) {
+      return impl_.settle(d);
+    } else {
+      return Status();
+    }
+  }
 
  private:
   std::string_view name_;
@@ -69,7 +76,7 @@ Result<OuterSetup> make_outer_optimizer(const OuterConfig& c, const std::vector<
   if (c.method == "local") {
     setup.outer = std::make_unique<Local>();
   } else if (c.method == "ddp" && c.ddp_engine == "gloo") {
-    auto gloo = make_gloo_data_parallel(c.gloo);
+    auto gloo = make_gloo_data_parallel(c.gloo, group);
     if (!gloo.ok()) return gloo.status();
     setup.gradient_sync = gloo->gradient_sync;
     setup.outer = std::move(gloo->outer);

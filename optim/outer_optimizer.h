@@ -43,6 +43,9 @@ class OuterOptimizer {
   virtual CommStats comm() const = 0;
   virtual Bytes save() const = 0;
   [[nodiscard]] virtual Status load(ByteView state) = 0;
+  // Waits for communication in flight whose outcome is part of the state (CO2's average), so that
+  // save() then captures it whole; other methods have none.
+  [[nodiscard]] virtual Status settle(Deadline) { return Status(); }
 };
 
 // Averages gradients across the group before each inner step (ddp).

@@ -34,15 +34,19 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
     State& st = state_[static_cast<std::size_t>(f)];
     // LAUNCH tau steps before completion.
     if ((s - (t_f - tau)) % h == 0 && s >= t_f - tau && !st.pending) {
+      const std::int64_t window = (s + tau) / h;
       st.pending = comm_thread_->allreduce_mean(st.outer - flatten(fragments_[static_cast<std::size_t>(f)].tensors), options_.codec,
-                                                round_tag(kStreamingTagBase | (static_cast<transport::Tag>(f & 0xFF) << 16), (s + tau) / h), deadline);
+                                                round_tag(kStreamingTagBase | (static_cast<transport::Tag>(f & 0xFF) << 16), window), deadline);
+      st.pending_window = window;
     }
     // COMPLETE at t_f.
+    if ((s - t_f) % h == 0 && s >= t_f && !st.pending) missed(st, s / h);  // failed, dropped or never launched
     if ((s - t_f) % h == 0 && s >= t_f && st.pending) {
       if (Status w = st.pending->wait(deadline); !w.ok()) {
         if (st.pending->done()) {  // failed for good (its bytes count): the next window launches afresh
           comm_ += st.pending->stats();
           st.pending.reset();
+          missed(st, s / h);
         }
         return w.with_context("Streaming DiLoCo fragment " + std::to_string(f) + " at step " + std::to_string(s));
       }
@@ -61,9 +65,18 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
   return done;
 }
 
+void StreamingDiLoCo::missed(State& st, std::int64_t window) {
+  if (window <= st.last_missed) return;
+  st.last_missed = window;
+  ++skipped_;
+}
+
 Status StreamingDiLoCo::regroup(Group group) {
   comm_thread_->set_group(std::move(group));
-  for (auto& st : state_) st.pending.reset();
+  for (auto& st : state_) {
+    if (st.pending) missed(st, st.pending_window);
+    st.pending.reset();
+  }
   return Status();
 }
 

@@ -43,9 +43,13 @@ class StreamingDiLoCo {
 
   const at::Tensor& outer_weights(std::size_t fragment) const { return state_[fragment].outer; }
   std::int64_t rounds() const { return completed_; }
-  void skip_round() { ++skipped_; }
-  // Fragments in flight over the old group are dropped; they launch again in their next window.
+  // A fragment's failed or dropped window is counted where it happens, once (see skipped_rounds()),
+  // so the caller's skip adds nothing.
+  void skip_round() {}
+  // Fragments in flight over the old group are dropped (and counted); they launch again in their
+  // next window.
   [[nodiscard]] Status regroup(Group group);
+  // Fragment windows that did not complete: failed, dropped by a regroup, or never launched.
   std::int64_t skipped_rounds() const { return skipped_; }
   CommStats comm() const { return comm_; }
 
@@ -57,7 +61,10 @@ class StreamingDiLoCo {
   struct State {
     at::Tensor outer, momentum;
     std::shared_ptr<Work> pending;
+    std::int64_t pending_window = 0;  // the window (completion step / H) pending is for
+    std::int64_t last_missed = 0;     // the last window counted as missed
   };
+  void missed(State& st, std::int64_t window);  // counts a fragment's window as skipped, once
 
   std::vector<Fragment> fragments_;
   AsyncCollectives* comm_thread_;

@@ -28,6 +28,8 @@ namespace gossamer::optim {
 class Work {
  public:
   explicit Work(Clock& clock) : cv_(clock.make_signal()) {}
+  // A Work that is already done with `result` (a collective's outcome restored from saved state).
+  static std::shared_ptr<Work> completed(Clock& clock, at::Tensor result);
   [[nodiscard]] Status wait(Deadline deadline);
   bool done() const;
   // The collective's result (valid once wait() returned ok).

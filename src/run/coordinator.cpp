@@ -87,6 +87,10 @@ void Coordinator::expect(std::int64_t round, transport::PeerId id) {
 
 bool Coordinator::superseded(std::int64_t round, std::uint64_t epoch) const {
   std::lock_guard lock(mu_);
+  return superseded_locked(round, epoch);
+}
+
+bool Coordinator::superseded_locked(std::int64_t round, std::uint64_t epoch) const {
   if (auto g = groups_.find(round); g != groups_.end() && g->second.epoch > epoch) return true;
   if (auto r = ready_.find(round); r != ready_.end()) {
     for (const auto& [id, ready] : r->second) {
@@ -94,6 +98,14 @@ bool Coordinator::superseded(std::int64_t round, std::uint64_t epoch) const {
     }
   }
   return false;
+}
+
+void Coordinator::stop() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
 }
 
 CoordinatorStats Coordinator::stats() const {
@@ -198,18 +210,20 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
   const std::set<transport::PeerId> alive = live_ids(gossip_);
   const transport::PeerId self = gossip_.self();
   const bool grace_over = Steady::now() >= ready_since + options_.straggler_grace;
-  // The leader: the lowest live id among the last group's members and the peers ready for this
-  // attempt (a newcomer that is not ready yet does not lead; once the grace is over, neither does a
-  // straggler).
+  // The leader: the lowest live id among the last group's members (this peer among them); at the
+  // start, and once the grace is over (stragglers and the dead no longer count), among the peers
+  // ready for this attempt. A newcomer, which knows no last group (nor the epochs in use), does not
+  // lead before the grace is over.
+  if (!last_ && round > 0 && !grace_over) return std::nullopt;
   transport::PeerId leader = self;
-  auto consider = [&](transport::PeerId id) {
-    if (alive.count(id) == 1 && id < leader) leader = id;
-  };
-  for (const auto& [id, r] : ready_[round]) {
-    if (r.after_epoch >= after_epoch) consider(id);
-  }
   if (last_ && !grace_over) {
-    for (const auto& m : last_->members) consider(m.id);
+    for (const auto& m : last_->members) {
+      if (alive.count(m.id) == 1 && m.id < leader) leader = m.id;
+    }
+  } else {
+    for (const auto& [id, r] : ready_[round]) {
+      if (r.after_epoch >= after_epoch && alive.count(id) == 1 && id < leader) leader = id;
+    }
   }
   if (leader != self) return std::nullopt;
   std::map<transport::PeerId, std::string> ready;   // ready for this attempt, and alive
@@ -239,7 +253,11 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
   g.round = round;
   g.leader = self;
   for (const auto& [id, address] : ready) g.members.push_back(MemberInfo{id, address});
-  g.epoch = std::max(max_epoch_, after_epoch) + 1;
+  // The same members as the last group, which nobody is retrying and no newer group has replaced:
+  // it goes on under its epoch, so its links (and a collective still in flight over them) are kept.
+  const bool unchanged = last_ && after_epoch == 0 && g.members == last_->members && last_->epoch == max_epoch_ &&
+                         !superseded_locked(last_->round, last_->epoch);
+  g.epoch = unchanged ? last_->epoch : std::max(max_epoch_, after_epoch) + 1;
   max_epoch_ = std::max(max_epoch_, g.epoch);
   ++stats_.groups_announced;
   for (transport::PeerId id : expected) {
@@ -268,6 +286,7 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
   auto last_repeat = Steady::now();
   std::unique_lock lock(mu_);
   for (;;) {
+    if (stopping_) return error(ErrorCode::kAborted, "this peer is leaving the run");
     auto it = groups_.find(round);
     if (it != groups_.end() && it->second.epoch > after_epoch) {
       const GroupView g = it->second;

@@ -1,12 +1,17 @@
 // Coordinator: who takes part in each round of a real run, agreed over gossip with no fixed leader.
 //
 // Each round k (round 0 is the start of training) goes like this. Every peer that reaches it
-// announces READY(k) with the address of its links. The round's leader is the lowest id among the
-// live peers (gossip's view); it waits until every peer of the previous group that is still alive
+// announces READY(k) with the address of its links. The round's leader is the lowest live id
+// (gossip's view) among the previous group's members (at the start, and once a straggler's grace is
+// over, among the ready peers; a newcomer never leads before that); it waits until every peer of the
+// previous group that is still alive
 // is ready (at round 0: until `min_members` peers are), or until `straggler_grace` has passed since
-// it became ready itself, and announces GROUP(k): the members, sorted by id, and a new epoch. The
-// epoch names the group's links (fresh ones every round, so nothing of a failed or finished round can
-// reach a later one). When a collective over epoch e fails, the members call agree(k, e) again
+// it became ready itself, and announces GROUP(k): the members, sorted by id, and an epoch. The epoch
+// names the group's links: a group with the same members as the last one, which nobody retries,
+// keeps its epoch (and so its links, and a collective in flight over them, as CO2's is); any other
+// group gets a new one, so nothing of a failed round can reach a later one. A peer may ask for a
+// round's group ahead of time (agree() from another thread) to take the agreement off its critical
+// path. When a collective over epoch e fails, the members call agree(k, e) again
 // (READY with "after e"); the leader announces a group with a larger epoch, without the peers that
 // are gone. If the leader dies, the next lowest live id takes over, since every peer runs the same
 // rule; announcements and READYs are repeated until answered, so a lost gossip message only delays.
@@ -87,6 +92,8 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // True when the group of `round` over `epoch` is abandoned: a later group for the round is out,
   // or some member is ready to retry after that epoch (its collective or its links failed).
   bool superseded(std::int64_t round, std::uint64_t epoch) const;
+  // This peer is leaving: agree() calls now and later return kAborted at once.
+  void stop();
   CoordinatorStats stats() const;
 
  private:
@@ -101,6 +108,7 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   std::optional<GroupView> leader_decision(std::int64_t round, std::uint64_t after_epoch,
                                            std::chrono::steady_clock::time_point ready_since);
   void announce(const GroupView& g);
+  bool superseded_locked(std::int64_t round, std::uint64_t epoch) const;
 
   transport::Gossip& gossip_;
   const std::string address_;
@@ -114,6 +122,7 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   std::optional<GroupView> last_;                                      // the last group this peer took part in
   std::uint64_t max_epoch_ = 0;                                        // the largest epoch seen
   CoordinatorStats stats_;
+  bool stopping_ = false;
 };
 
 }  // namespace gossamer::run

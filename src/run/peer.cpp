@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <future>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -14,6 +15,7 @@
 #include "core/hash.h"
 #include "core/wire.h"
 #include "optim/flat_params.h"
+#include "run/announcements.h"
 #include "run/coordinator.h"
 #include "run/peer_links.h"
 #include "run/state_sync.h"
@@ -32,215 +34,51 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr const char* kSpecTopic = "gossamer.spec";
-constexpr const char* kStateTopic = "gossamer.state";
-constexpr std::uint8_t kStateVersion = 1;
-constexpr std::uint8_t kSpecVersion = 1;
-constexpr std::size_t kMaxSpec = 60 * 1024;  // a gossip broadcast carries at most 64 KiB
 constexpr Nanos kLinkTimeout = std::chrono::seconds(30);  // to link up a group's members
 
 std::string zmq_address(const std::string& host_port) {
   return host_port.rfind("tcp://", 0) == 0 ? host_port : "tcp://" + host_port;
 }
 
-// The methods whose rounds a peer can agree on so far, and the period of their rounds.
-Result<std::int64_t> round_period(const train::RunConfig& c) {
-  if (c.outer.method == "diloco") return c.diloco.inner_steps;
-  if (c.outer.method == "noloco") return c.noloco.inner_steps;
-  return error(ErrorCode::kInvalidArgument, "outer.method = \"" + c.outer.method +
-                                                "\": gossamer peer runs diloco and noloco across processes so far; use gossamer sim for the others");
-}
-
-// The run spec on the wire: version u8 | BLAKE2b-256 of the TOML u8[32] | TOML str | peers to wait
-// for at the start u32 | the announcer's current round i64 (-1 before the start).
-struct Spec {
-  std::string toml;
-  std::uint32_t wait_for = 1;
+// When a method's rounds fall. Round r's group is agreed just before step r * period - lead runs
+// (the step after which the round's collective launches: Streaming DiLoCo launches a fragment `lead`
+// = tau steps before it completes). Once step r * period is done the round is over, with nothing of
+// it in flight (CO2's average aside, which is part of its state): there members offer their state to
+// newcomers, checkpoint, and ask for the next round's group ahead of time. ddp averages every step;
+// its rounds only say when members may change (a lost member is dropped at once, by a retry), and
+// its round r is agreed right after step r * period (lead -1): its members hold identical state
+// there, so a newcomer given that state takes part in that very round (the members wait for it).
+struct RoundSchedule {
+  std::int64_t period = 1;
+  std::int64_t lead = 0;
+  // The round whose group is needed before `step` runs, if any.
+  std::optional<std::int64_t> agreed_before(std::int64_t step) const {
+    if ((step + lead) % period != 0) return std::nullopt;
+    return (step + lead) / period;
+  }
+  // Rounds over once `step` is done.
+  std::int64_t rounds_over(std::int64_t step) const { return step / period; }
+  bool ends_round(std::int64_t step) const { return step > 0 && step % period == 0; }
+  // The first round whose group is agreed after `step` is done.
+  std::int64_t first_round_after(std::int64_t step) const { return (step + lead) / period + 1; }
+  // The last round a run of `steps` agrees on.
+  std::int64_t last_round(std::int64_t steps) const { return (steps + lead) / period; }
 };
 
-Bytes encode_spec(const Spec& spec, std::int64_t round) {
-  Writer w;
-  w.u8(kSpecVersion);
-  const Digest d = digest_of(as_bytes(spec.toml));
-  w.raw(ByteView(reinterpret_cast<const std::byte*>(d.bytes.data()), d.bytes.size()));
-  w.str(spec.toml);
-  w.u32(spec.wait_for);
-  w.i64(round);
-  return std::move(w).take();
+Result<RoundSchedule> round_schedule(const train::RunConfig& c) {
+  const std::string& m = c.outer.method;
+  if (m == "diloco") return RoundSchedule{c.diloco.inner_steps, 0};
+  if (m == "noloco") return RoundSchedule{c.noloco.inner_steps, 0};
+  if (m == "co2") return RoundSchedule{c.co2.inner_steps, 0};
+  if (m == "ddp") return RoundSchedule{c.ddp.round_steps, -1};
+  if (m == "streaming_diloco") {
+    auto outer = train::outer_config(c);
+    if (!outer.ok()) return outer.status();
+    const std::int64_t p = outer->fragments.fragments + (outer->fragments.edges == optim::EdgePlacement::kOwnFragments ? 2 : 0);
+    return RoundSchedule{c.streaming_diloco.inner_steps / p, c.streaming_diloco.overlap};
+  }
+  return error(ErrorCode::kInvalidArgument, "outer.method = \"" + m + "\": independent workers need no peers; use gossamer train");
 }
-
-// The run spec as peers repeat it: every second, from a thread of its own, once this peer holds it,
-// with the round this peer is at.
-class SpecAnnouncer {
- public:
-  SpecAnnouncer(transport::Gossip& gossip, Spec spec, const std::atomic<std::int64_t>& round)
-      : gossip_(gossip), spec_(std::move(spec)), round_(round) {
-    thread_ = std::thread([this] {
-      std::unique_lock lock(mu_);
-      while (!stop_) {
-        lock.unlock();
-        (void)gossip_.broadcast(kSpecTopic, encode_spec(spec_, round_.load()));
-        lock.lock();
-        cv_.wait_for(lock, 1s, [&] { return stop_; });
-      }
-    });
-  }
-  ~SpecAnnouncer() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-
- private:
-  transport::Gossip& gossip_;
-  const Spec spec_;
-  const std::atomic<std::int64_t>& round_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
-};
-
-// What a peer hears of the run spec; shared with the gossip handler, which stays subscribed.
-struct HeardSpec {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::optional<Spec> spec;
-  std::int64_t latest_round = -1;  // the furthest round any announcer was at
-  std::string last_problem;
-};
-
-std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip) {
-  auto heard = std::make_shared<HeardSpec>();
-  gossip.subscribe(kSpecTopic, [heard](transport::PeerId origin, const Bytes& payload) {
-    Reader r(payload, "run spec from peer " + origin.to_string());
-    const std::uint8_t version = r.u8();
-    const ByteView hash = r.raw(32);
-    std::string toml = r.str(kMaxSpec);
-    const std::uint32_t wait_for = r.u32();
-    const std::int64_t round = r.i64();
-    r.expect_end();
-    std::lock_guard lock(heard->mu);
-    std::string problem;
-    if (!r.ok()) {
-      problem = r.status().to_string();
-    } else if (version != kSpecVersion) {
-      problem = "peer " + origin.to_string() + " announces a run spec of version " + std::to_string(version) + ", this peer reads " +
-                std::to_string(kSpecVersion) + ": run the same gossamer version on every peer";
-    } else if (std::memcmp(hash.data(), digest_of(as_bytes(toml)).bytes.data(), 32) != 0) {
-      problem = "the run spec from peer " + origin.to_string() + " does not match its hash";
-    } else {
-      if (!heard->spec) heard->spec = Spec{std::move(toml), wait_for};
-      heard->latest_round = std::max(heard->latest_round, round);
-      heard->cv.notify_all();
-      return;
-    }
-    if (problem != heard->last_problem) spdlog::warn("ignored a run spec: {}", problem);
-    heard->last_problem = std::move(problem);
-  });
-  return heard;
-}
-
-// Waits for the run spec (kTimeout when nobody announces one).
-Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout) {
-  std::unique_lock lock(heard.mu);
-  if (!heard.cv.wait_for(lock, timeout, [&] { return heard.spec.has_value(); })) {
-    return error(ErrorCode::kTimeout, "no run spec heard from the peers joined within " + std::to_string(timeout.count() / 1000000000) + " s" +
-                                          (heard.last_problem.empty() ? std::string(": check the --join addresses (and that every peer has the same --key)")
-                                                                      : ": " + heard.last_problem));
-  }
-  return *heard.spec;
-}
-
-// Newcomers and donors (topic "gossamer.state"): version u8 | kind u8 (1 JOIN, 2 OFFER) | id u64,
-// then for OFFER: round i64 | link address str.
-class JoinBoard {
- public:
-  static std::shared_ptr<JoinBoard> make(transport::Gossip& gossip) {
-    auto b = std::make_shared<JoinBoard>(gossip);
-    gossip.subscribe(kStateTopic, [weak = std::weak_ptr<JoinBoard>(b)](transport::PeerId origin, const Bytes& payload) {
-      if (auto self = weak.lock()) self->on_message(origin, payload);
-    });
-    return b;
-  }
-  explicit JoinBoard(transport::Gossip& gossip) : gossip_(gossip) {}
-
-  void ask_to_join() { (void)gossip_.broadcast(kStateTopic, encode(1, 0, "")); }
-  void offer(std::int64_t round, const std::string& address) { (void)gossip_.broadcast(kStateTopic, encode(2, round, address)); }
-  // The newcomers asking for state in the last few seconds.
-  std::vector<transport::PeerId> waiting() const {
-    std::lock_guard lock(mu_);
-    std::vector<transport::PeerId> ids;
-    const auto now = std::chrono::steady_clock::now();
-    for (const auto& [id, until] : wanted_until_) {
-      if (now < until) ids.push_back(id);
-    }
-    return ids;
-  }
-  // The newest round offered, with its donors, once it has been offered for `settle`.
-  // The newest round offered for at least `settle` (so most donors of it are known), with its donors.
-  std::optional<std::pair<std::int64_t, std::vector<Donor>>> newest_offer(Nanos settle) const {
-    std::lock_guard lock(mu_);
-    const auto now = std::chrono::steady_clock::now();
-    for (auto it = offers_.rbegin(); it != offers_.rend(); ++it) {
-      if (now < first_seen_.at(it->first) + settle) continue;
-      std::vector<Donor> out;
-      for (const auto& [id, address] : it->second) out.push_back(Donor{address, id.to_string()});
-      return std::make_pair(it->first, out);
-    }
-    return std::nullopt;
-  }
-  // Drops the offers of `round` and older (they failed, so older ones are gone too).
-  void forget(std::int64_t round) {
-    std::lock_guard lock(mu_);
-    offers_.erase(offers_.begin(), offers_.upper_bound(round));
-  }
-
- private:
-  Bytes encode(std::uint8_t kind, std::int64_t round, const std::string& address) {
-    Writer w;
-    w.u8(kStateVersion);
-    w.u8(kind);
-    w.u64(gossip_.self().value);
-    if (kind == 2) {
-      w.i64(round);
-      w.str(address);
-    }
-    return std::move(w).take();
-  }
-  void on_message(transport::PeerId origin, const Bytes& payload) {
-    Reader r(payload, "state message from peer " + origin.to_string());
-    const std::uint8_t version = r.u8(), kind = r.u8();
-    const transport::PeerId id{r.u64()};
-    std::int64_t round = 0;
-    std::string address;
-    if (kind == 2) {
-      round = r.i64();
-      address = r.str(256);
-    }
-    r.expect_end();
-    if (!r.ok() || version != kStateVersion || (kind != 1 && kind != 2)) {
-      spdlog::warn("dropped a state message from peer {}: {}", origin.to_string(), r.ok() ? "unknown version or kind" : r.status().to_string());
-      return;
-    }
-    std::lock_guard lock(mu_);
-    if (kind == 1) {
-      wanted_until_[id] = std::chrono::steady_clock::now() + 5s;
-    } else {
-      offers_[round][id] = address;
-      first_seen_.try_emplace(round, std::chrono::steady_clock::now());
-    }
-  }
-
-  transport::Gossip& gossip_;
-  mutable std::mutex mu_;
-  std::map<transport::PeerId, std::chrono::steady_clock::time_point> wanted_until_;
-  std::map<std::int64_t, std::map<transport::PeerId, std::string>> offers_;
-  std::map<std::int64_t, std::chrono::steady_clock::time_point> first_seen_;
-};
 
 // A group of this peer alone (a round applied on its own).
 optim::Group solo_group() {
@@ -249,21 +87,26 @@ optim::Group solo_group() {
   return g;
 }
 
-// The state members share after a round: the parameters (fp32) and the outer optimizer's state.
-Bytes encode_shared_state(const std::vector<at::Tensor>& params, const optim::OuterOptimizer& outer) {
+// The state members share after a round: the parameters (fp32), the outer optimizer's state and,
+// for ddp, whose members hold identical inner optimizers, the inner state too (a LibTorch archive of
+// model and AdamW; empty otherwise): blob params | blob outer | blob inner.
+Bytes encode_shared_state(const std::vector<at::Tensor>& params, const optim::OuterOptimizer& outer, ByteView inner) {
   const at::Tensor flat = optim::flatten(params);
   Writer w;
   w.blob(ByteView(reinterpret_cast<const std::byte*>(flat.data_ptr<float>()), static_cast<std::size_t>(flat.numel()) * 4));
   w.blob(outer.save());
+  w.blob(inner);
   return std::move(w).take();
 }
 
-Status load_shared_state(ByteView bytes, std::vector<at::Tensor> params, optim::OuterOptimizer& outer) {
+// Loads the parameters and the outer state; returns the inner state (a view into `bytes`).
+Result<ByteView> load_shared_state(ByteView bytes, std::vector<at::Tensor> params, optim::OuterOptimizer& outer) {
   Reader r(bytes, "shared state");
   std::int64_t numel = 0;
   for (const auto& p : params) numel += p.numel();
   const ByteView flat = r.blob(static_cast<std::size_t>(numel) * 4);
   const ByteView outer_state = r.blob(std::size_t{8} << 30);
+  const ByteView inner = r.blob(std::size_t{8} << 30);
   r.expect_end();
   if (!r.ok()) return r.status();
   if (flat.size() != static_cast<std::size_t>(numel) * 4) {
@@ -275,7 +118,7 @@ Status load_shared_state(ByteView bytes, std::vector<at::Tensor> params, optim::
   if (!torch::isfinite(values).all().item<bool>()) return error(ErrorCode::kMalformed, "the shared state holds non-finite parameters");
   if (Status st = outer.load(outer_state); !st.ok()) return st;
   optim::write_flat(params, values);
-  return Status();
+  return inner;
 }
 
 }  // namespace
@@ -343,12 +186,15 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   train::RunConfig config;
   if (Status st = train::apply_toml(config, spec, "run spec"); !st.ok()) return st;
   if (Status st = train::validate(config); !st.ok()) return st;
-  auto period = round_period(config);
-  if (!period.ok()) return period.status();
   auto outer_config = train::outer_config(config);
   if (!outer_config.ok()) return outer_config.status();
+  auto schedule_or = round_schedule(config);
+  if (!schedule_or.ok()) return schedule_or.status();
+  const RoundSchedule schedule = *schedule_or;
+  const bool ddp = config.outer.method == "ddp";
+  const Nanos round_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config.train.round_timeout_s));
   const Digest spec_hash = digest_of(as_bytes(spec));
-  spdlog::info("run {} ({} on {} steps, rounds every {} steps)", spec_hash.hex().substr(0, 16), config.outer.method, config.train.steps, *period);
+  spdlog::info("run {} ({} on {} steps, rounds every {} steps)", spec_hash.hex().substr(0, 16), config.outer.method, config.train.steps, schedule.period);
   std::atomic<std::int64_t> current_round{-1};
   SpecAnnouncer announcer(**gossip, run_spec, current_round);
   if (Status st = write_file_atomic(req.out_dir / "config.toml", as_bytes(spec)); !st.ok()) return st;
@@ -363,6 +209,13 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   auto transport = transport::make_tcp_transport(to);
   if (!transport.ok()) return transport.status().with_context("starting the links");
   const std::string link_address = (*transport)->address();
+  {
+    // ddp on Gloo: each group's rank 0 serves the rendezvous where its links listen.
+    const auto c = link_address.rfind(':');
+    outer_config->gloo.over_group_links = true;
+    outer_config->gloo.store_host = outer_config->gloo.interface_host = link_address.substr(0, c);
+    outer_config->gloo.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(std::min(round_timeout, kLinkTimeout));
+  }
   if (Status st = write_file_atomic(req.out_dir / "address", as_bytes(address + "\n" + link_address + "\n")); !st.ok()) return st;
   StateServer server;
   PeerLinks links(**transport, [&server](std::shared_ptr<transport::Link> l) { server.serve(std::move(l)); });
@@ -379,7 +232,6 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   auto corpus = train::load_corpus(config);
   if (!corpus.ok()) return corpus.status();
   if (config.train.threads > 0) torch::set_num_threads(static_cast<int>(config.train.threads));
-  const Nanos round_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config.train.round_timeout_s));
 
   // A run that is already training is joined through a state transfer; otherwise round 0 says who
   // starts, and so each peer's shard.
@@ -456,20 +308,24 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   std::uint64_t epoch = start ? start->epoch : 0;
   std::size_t start_size = start ? start->members.size() : 0;  // group sizes other than this one are logged
   std::int64_t joins = 0;
-  // Takes a fetched state as this peer's own: the step, the parameters and the outer state (its inner
-  // optimizer starts afresh), then tells the members it takes part in the next round.
+  // Takes a fetched state as this peer's own: the step, the parameters, the outer state and, for ddp,
+  // the inner optimizer (otherwise its own goes on), then tells the members which round it takes
+  // part in.
   auto adopt = [&](const FetchResult& f) -> Status {
+    auto inner = load_shared_state(f.bytes, worker.model().parameters(), *setup->outer);
+    if (!inner.ok()) return inner.status().with_context("loading the run's state");
     train::CheckpointState st = worker.checkpoint_state("");
     st.step = f.manifest.step;
     st.next_batch = f.manifest.step;
     st.tokens_seen = 0;
-    if (Status s2 = worker.restore(st); !s2.ok()) return s2;
-    if (Status s2 = load_shared_state(f.bytes, worker.model().parameters(), *setup->outer); !s2.ok()) return s2.with_context("loading the run's state");
-    agreed_round = f.manifest.round;
+    if (!inner->empty()) st.tensors.assign(inner->begin(), inner->end());
+    if (Status s2 = worker.restore(st); !s2.ok()) return s2.with_context("loading the run's state");
+    const std::int64_t first = schedule.first_round_after(f.manifest.step);
+    agreed_round = first - 1;
     current_round = f.manifest.round;
     ++joins;
-    coordinator.intend(f.manifest.round + 1);
-    spdlog::info("joined at round {} (step {}); taking part from round {}", f.manifest.round, f.manifest.step, f.manifest.round + 1);
+    coordinator.intend(first);
+    spdlog::info("joined at round {} (step {}); taking part from round {}", f.manifest.round, f.manifest.step, first);
     return Status();
   };
   if (resumed) {
@@ -477,7 +333,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
     // then replaces the shared part.
     if (Status st = worker.restore(*resumed); !st.ok()) return st.with_context("resuming from " + ckpt_path.string());
     if (Status st = setup->outer->load(resumed->outer_state); !st.ok()) return st.with_context("resuming from " + ckpt_path.string());
-    agreed_round = worker.steps_done() / *period;
+    agreed_round = schedule.first_round_after(worker.steps_done()) - 1;
     spdlog::info("resumed from {} at step {}", ckpt_path.string(), worker.steps_done());
   }
   if (fetched && (!resumed || fetched->manifest.step > worker.steps_done())) {
@@ -491,6 +347,9 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   std::int64_t solo_rounds = 0;
   std::int64_t last_checkpoint = worker.steps_done();
   auto save_checkpoint = [&] {
+    if (Status st = setup->outer->settle(Deadline::after(real_clock(), round_timeout)); !st.ok()) {
+      spdlog::warn("checkpointing without the average in flight: {}", st.to_string());
+    }
     train::CheckpointState cs = worker.checkpoint_state(spec);
     cs.outer_state = setup->outer->save();
     return train::write_checkpoint(ckpt_path, cs);
@@ -513,46 +372,106 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
     }
     return true;
   };
-  // The group of each round, agreed just before the round's last inner step; asked again for the same
-  // round, it is a retry after a failed collective. Just after a round, while a newcomer waits,
-  // this peer also offers the state it now shares with the other members.
-  hooks.regroup = [&](std::int64_t step) -> std::optional<optim::Group> {
-    if (step > 1 && (step - 1) % *period == 0) {
-      if (const auto newcomers = board->waiting(); !newcomers.empty()) {
-        const std::int64_t done = (step - 1) / *period;
-        server.offer(Snapshot::make(done, step - 1, static_cast<std::uint32_t>(world), encode_shared_state(worker.model().parameters(), *setup->outer)));
+  // The group of each round, agreed just before the step after which its collective launches; asked
+  // again for the same step, it is a retry after a failed collective (of the round in effect). Just
+  // after a round, while a newcomer waits, this peer also offers the state it now shares with the
+  // other members, checkpoints when due, and asks for the next round's group ahead (not for ddp,
+  // whose next round is agreed right there), so the agreement is off the critical path.
+  std::int64_t last_asked = -1;
+  std::vector<MemberInfo> members = start ? start->members : std::vector<MemberInfo>();  // of the group in effect
+  std::optional<std::pair<std::int64_t, std::future<Result<GroupView>>>> ahead;
+  struct AheadGuard {  // whatever way this returns, a question asked ahead is withdrawn first
+    Coordinator& coordinator;
+    std::optional<std::pair<std::int64_t, std::future<Result<GroupView>>>>& ahead;
+    ~AheadGuard() {
+      if (!ahead) return;
+      coordinator.stop();
+      ahead.reset();
+    }
+  } ahead_guard{coordinator, ahead};
+  const std::int64_t last_round = schedule.last_round(config.train.steps);
+  auto boundary = [&](std::int64_t done_step) {
+    const std::int64_t done = schedule.rounds_over(done_step);
+    const auto newcomers = board->waiting();
+    const bool checkpoint_due = config.train.checkpoint_every > 0 && done_step / config.train.checkpoint_every > last_checkpoint / config.train.checkpoint_every;
+    if (!newcomers.empty()) {
+      // CO2's average in flight is part of what is shared.
+      if (Status st = setup->outer->settle(Deadline::after(real_clock(), round_timeout)); !st.ok()) {
+        spdlog::warn("round {}: no state offered to newcomers: {}", done, st.to_string());
+      } else {
+        const Bytes inner = ddp ? worker.checkpoint_state("").tensors : Bytes();
+        server.offer(Snapshot::make(done, done_step, static_cast<std::uint32_t>(world),
+                                    encode_shared_state(worker.model().parameters(), *setup->outer, ByteView(inner))));
         board->offer(done, link_address);
-        // A newcomer that takes this state is due at the next round: the leader waits for it there.
-        for (transport::PeerId id : newcomers) coordinator.expect(done + 1, id);
+        // A newcomer that takes this state is due at the next round agreed: the leader waits for it there.
+        for (transport::PeerId id : newcomers) coordinator.expect(schedule.first_round_after(done_step), id);
       }
     }
-    if (step > 1 && (step - 1) % *period == 0 && config.train.checkpoint_every > 0 &&
-        (step - 1) / config.train.checkpoint_every > last_checkpoint / config.train.checkpoint_every) {
+    if (checkpoint_due) {
       if (Status st = save_checkpoint(); !st.ok() && failure.ok()) failure = st;
-      last_checkpoint = step - 1;
+      last_checkpoint = done_step;
     }
-    if (step % *period != 0) return std::nullopt;
-    const std::int64_t round = step / *period;
-    const bool retry = round == agreed_round;
+    const std::int64_t next = schedule.first_round_after(done_step);
+    if (!ddp && next <= last_round && !ahead) {
+      ahead.emplace(next, std::async(std::launch::async, [c = coordinator_ptr, next, d = Deadline::after(real_clock(), round_timeout)] {
+                      return c->agree(next, 0, d);
+                    }));
+    }
+  };
+  hooks.regroup = [&](std::int64_t step) -> std::optional<optim::Group> {
+    const bool again = step == last_asked;
+    last_asked = step;
+    if (!again && schedule.ends_round(step - 1)) boundary(step - 1);
+    std::int64_t round = agreed_round;
+    if (!again) {
+      const auto due = schedule.agreed_before(step);
+      if (!due || *due <= agreed_round) return std::nullopt;
+      round = *due;
+    }
+    const bool retry = again;
     const Deadline deadline = Deadline::after(real_clock(), round_timeout);
     std::uint64_t failed = retry ? epoch : 0;
     for (int attempt = 0; attempt < 3; ++attempt) {
       if (failed > 0) links.close_through(failed);
-      auto view = coordinator.agree(round, failed, deadline);
+      Result<GroupView> view = error(ErrorCode::kTimeout, "not asked");
+      if (ahead && ahead->first == round && failed == 0) {
+        view = ahead->second.get();
+        ahead.reset();
+        if (view.ok() && view->epoch < epoch) {
+          failed = view->epoch;  // overtaken by a retry since: ask again after it
+          continue;
+        }
+        if (!view.ok() && view.status().code() == ErrorCode::kTimeout) view = coordinator.agree(round, 0, deadline);
+      } else {
+        view = coordinator.agree(round, failed, deadline);
+      }
       if (!view.ok() && view.status().code() == ErrorCode::kAborted) {
+        if (req.stop != nullptr && req.stop->load()) return std::nullopt;
         // Left out (too slow): this peer's state is no longer the members'. It catches up as a
         // newcomer would.
         spdlog::warn("round {}: {}; catching up with the members", round, view.status().to_string());
         auto got = fetch_newest(Deadline::after(real_clock(), round_timeout));
         Status st = got.ok() ? adopt(*got) : got.status();
         if (!st.ok()) failure = st.with_context("catching up after being left out");
+        epoch = 0;
         return solo_group();
       }
       if (!view.ok()) {
         spdlog::warn("round {}: {}; this peer applies the round on its own", round, view.status().to_string());
         ++solo_rounds;
         agreed_round = round;
+        epoch = 0;
         return solo_group();
+      }
+      if (view->epoch == epoch && !retry) {
+        if (view->members == members) {  // the same members as before: the same links go on
+          agreed_round = round;
+          current_round = round;
+          return std::nullopt;
+        }
+        spdlog::warn("round {}: a group of other members under epoch {} (a newer leader's mistake): asking again", round, epoch);
+        failed = view->epoch;
+        continue;
       }
       auto g = links.group(*view, Deadline::after(real_clock(), std::min(round_timeout, kLinkTimeout)),
                            [&, r = round, e = view->epoch] { return coordinator.superseded(r, e); });
@@ -560,6 +479,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
         agreed_round = round;
         current_round = round;
         epoch = view->epoch;
+        members = view->members;
         if (start_size == 0) start_size = view->members.size();
         if (retry || view->members.size() != start_size) {
           spdlog::info("round {}: group of {} (epoch {})", round, view->members.size(), view->epoch);
@@ -588,7 +508,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   if (!stopped) {
     // A last agreement as a barrier: nobody tears its links down while a member may still be
     // receiving its share of the last round (a shaped link delivers after send() returned).
-    auto done = coordinator.agree(config.train.steps / *period + 1, 0, Deadline::after(real_clock(), round_timeout));
+    auto done = coordinator.agree(last_round + 1, 0, Deadline::after(real_clock(), round_timeout));
     if (!done.ok()) spdlog::warn("the members did not all finish together: {}", done.status().to_string());
   }
 

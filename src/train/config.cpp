@@ -76,6 +76,7 @@ const std::vector<KeySpec>& schema() {
       IntKey{"outer.codec_block", "values per scale block of the scaled codecs (int8, fp8, int4, fp4)", [](RunConfig& c) -> std::int64_t& { return c.outer.codec_block; }, 1, 1 << 20},
       StringKey{"ddp.codec", "codec of the gradients ddp all-reduces", [](RunConfig& c) -> std::string& { return c.ddp.codec; }, {"fp32", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2", "int4", "fp4_e3m0", "fp4_e2m1"}},
       StringKey{"ddp.engine", "links: our all-reduce; gloo: c10d ProcessGroupGloo (real runs, fp32)", [](RunConfig& c) -> std::string& { return c.ddp.engine; }, {"links", "gloo"}},
+      IntKey{"ddp.round_steps", "real runs: steps between agreements on the members (a newcomer joins there; a lost member is dropped at once)", [](RunConfig& c) -> std::int64_t& { return c.ddp.round_steps; }, 1, 1LL << 40},
       IntKey{"diloco.inner_steps", "H: inner steps per outer round", [](RunConfig& c) -> std::int64_t& { return c.diloco.inner_steps; }, 1, 1LL << 40},
       FloatKey{"diloco.outer_lr", "outer Nesterov learning rate", [](RunConfig& c) -> double& { return c.diloco.outer_lr; }, 0.0, 10.0, true},
       FloatKey{"diloco.outer_momentum", "outer Nesterov momentum", [](RunConfig& c) -> double& { return c.diloco.outer_momentum; }, 0.0, 0.999999, false},

@@ -69,6 +69,7 @@ struct OuterSection {
 struct DdpSection {
   std::string codec = "fp32";
   std::string engine = "links";  // links (our all-reduce) or gloo (c10d ProcessGroupGloo, real runs)
+  std::int64_t round_steps = 10;  // real runs: members are agreed (newcomers join) every this many steps
 };
 struct DiLoCoSection {
   std::int64_t inner_steps = 500;

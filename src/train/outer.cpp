@@ -185,7 +185,6 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
     if (!synced.ok()) {
       spdlog::warn("step {}: {} round failed and was skipped: {}", r.step, outer.name(), synced.status().to_string());
       outer.skip_round();
-      regroup(r.step + 1);
     }
 
     const bool last = r.step == o.steps;

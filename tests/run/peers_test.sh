@@ -3,7 +3,7 @@
 # bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
 set -u
 G="$1"; shift
-SCENARIOS="${*:-four_peers sim_agrees kill_one kill_leader late_join restart shaped wrong_run wrong_key noise}"
+SCENARIOS="${*:-four_peers sim_agrees methods ddp_gloo kill_one kill_leader late_join restart shaped wrong_run wrong_key noise}"
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
 FAILED=0
@@ -67,6 +67,52 @@ sim_agrees() {
   [ -n "$sim" ] && [ "$(echo "$sim" | wc -l)" -eq 6 ] || { fail "sim_agrees: the simulation's curve has not 6 points: $sim"; return; }
   [ "$sim" = "$real" ] || { fail "sim_agrees: the curves differ"; echo "sim:"; echo "$sim"; echo "real:"; echo "$real"; return; }
   echo "sim_agrees: simulated and real validation curves are bit-identical ($(echo "$sim" | tr '\n' ' '))"
+}
+
+# Every other method across 4 real peers against the simulator on the same config: the validation
+# curves of shard 0 must be bit-identical (Streaming DiLoCo with 2 fragments and overlap 1, CO2 with
+# its average one round late, ddp averaging every step over our all-reduce).
+METHOD_SETS=(--set model.layers=2 --set train.eval_every=10 --set streaming_diloco.fragment_layers=1 --set streaming_diloco.inner_steps=10
+             --set co2.inner_steps=10)
+curve_of() { grep val_loss "$1" | sed -n 's/.*"step":\([0-9]*\).*"val_loss":\([0-9.e+-]*\).*/\1 \2/p'; }
+# Runs 4 real peers of method $1 in $2 (extra arguments go to every peer); prints shard 0's curve.
+real_curve() {
+  local m=$1 d=$2; shift 2
+  start_first "$d/p0" 4 "${METHOD_SETS[@]}" --set outer.method=$m "$@"; local a; a=$(address_of "$d/p0") || return 1
+  for i in 1 2 3; do start_joiner "$d/p$i" "$a"; done
+  wait
+  for i in 0 1 2 3; do [ -f "$d/p$i/summary.json" ] || { tail -n 20 "$d/p$i.log"; return 1; }; done
+  for i in 0 1 2 3; do grep -q '"shard": 0,' "$d/p$i/summary.json" && curve_of "$d/p$i/metrics.jsonl"; done
+  return 0
+}
+methods() {
+  local m
+  for m in streaming_diloco co2 ddp; do
+    local d=$WORK/methods/$m
+    mkdir -p "$d"
+    "$G" sim "${SETS[@]}" "${METHOD_SETS[@]}" --set outer.method=$m --set sim.workers=4 --out "$d/sim" > "$d/sim.log" 2>&1 || { fail "methods: the $m simulation failed"; continue; }
+    local sim real
+    sim=$(grep '"worker":0' "$d/sim/$m/metrics.jsonl" | curve_of /dev/stdin)
+    real=$(real_curve $m "$d") || { fail "methods: the real $m run did not finish"; continue; }
+    [ "$(echo "$sim" | wc -l)" -eq 6 ] || { fail "methods: the $m simulation's curve has not 6 points: $sim"; continue; }
+    [ "$sim" = "$real" ] || { fail "methods: $m curves differ"; echo "sim:"; echo "$sim"; echo "real:"; echo "$real"; continue; }
+    echo "methods: $m on 4 real peers and in the simulator: bit-identical validation curves ($(echo "$sim" | tail -n1))"
+  done
+}
+
+# ddp on Gloo (c10d ProcessGroupGloo, rendezvous over each group's links) against ddp on our
+# all-reduce: the same curve within 1e-5 relative (the two sum in different orders).
+ddp_gloo() {
+  local d=$WORK/gloo ours gloo
+  mkdir -p "$d/links" "$d/gloo"
+  ours=$(real_curve ddp "$d/links") || { fail "ddp_gloo: the ddp run over links did not finish"; return; }
+  gloo=$(real_curve ddp "$d/gloo" --set ddp.engine=gloo) || { fail "ddp_gloo: the ddp run on gloo did not finish"; return; }
+  [ "$(echo "$gloo" | wc -l)" -eq 6 ] || { fail "ddp_gloo: the curve has not 6 points: $gloo"; return; }
+  local d0; d0=$(digest "$d/gloo/p0")
+  for i in 1 2 3; do [ "$(digest "$d/gloo/p$i")" = "$d0" ] || fail "ddp_gloo: peer $i holds other parameters than peer 0"; done
+  paste <(echo "$ours") <(echo "$gloo") | awk '{ d = ($2 - $4) / $2; if (d < 0) d = -d; if ($1 != $3 || d > 1e-5) bad = 1 } END { exit bad }' ||
+    { fail "ddp_gloo: the gloo curve is not within 1e-5 of ours"; paste <(echo "$ours") <(echo "$gloo"); return; }
+  echo "ddp_gloo: 4 peers on gloo end with identical parameters; curve within 1e-5 of our all-reduce's ($(echo "$gloo" | tail -n1 | cut -d' ' -f2) vs $(echo "$ours" | tail -n1 | cut -d' ' -f2))"
 }
 
 kill_one() {

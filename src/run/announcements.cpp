@@ -1,0 +1,173 @@
+#include "run/announcements.h"
+
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "core/hash.h"
+#include "core/wire.h"
+
+namespace gossamer::run {
+
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr const char* kSpecTopic = "gossamer.spec";
+constexpr const char* kStateTopic = "gossamer.state";
+constexpr std::uint8_t kStateVersion = 1;
+constexpr std::uint8_t kSpecVersion = 1;
+constexpr std::uint8_t kJoin = 1, kOffer = 2;
+
+Bytes encode_spec(const Spec& spec, std::int64_t round) {
+  Writer w;
+  w.u8(kSpecVersion);
+  const Digest d = digest_of(as_bytes(spec.toml));
+  w.raw(ByteView(reinterpret_cast<const std::byte*>(d.bytes.data()), d.bytes.size()));
+  w.str(spec.toml);
+  w.u32(spec.wait_for);
+  w.i64(round);
+  return std::move(w).take();
+}
+
+}  // namespace
+
+SpecAnnouncer::SpecAnnouncer(transport::Gossip& gossip, Spec spec, const std::atomic<std::int64_t>& round)
+    : gossip_(gossip), spec_(std::move(spec)), round_(round) {
+  thread_ = std::thread([this] {
+    std::unique_lock lock(mu_);
+    while (!stop_) {
+      lock.unlock();
+      (void)gossip_.broadcast(kSpecTopic, encode_spec(spec_, round_.load()));
+      lock.lock();
+      cv_.wait_for(lock, 1s, [&] { return stop_; });
+    }
+  });
+}
+
+SpecAnnouncer::~SpecAnnouncer() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip) {
+  auto heard = std::make_shared<HeardSpec>();
+  gossip.subscribe(kSpecTopic, [heard](transport::PeerId origin, const Bytes& payload) {
+    Reader r(payload, "run spec from peer " + origin.to_string());
+    const std::uint8_t version = r.u8();
+    const ByteView hash = r.raw(32);
+    std::string toml = r.str(kMaxSpec);
+    const std::uint32_t wait_for = r.u32();
+    const std::int64_t round = r.i64();
+    r.expect_end();
+    std::lock_guard lock(heard->mu);
+    std::string problem;
+    if (!r.ok()) {
+      problem = r.status().to_string();
+    } else if (version != kSpecVersion) {
+      problem = "peer " + origin.to_string() + " announces a run spec of version " + std::to_string(version) + ", this peer reads " +
+                std::to_string(kSpecVersion) + ": run the same gossamer version on every peer";
+    } else if (std::memcmp(hash.data(), digest_of(as_bytes(toml)).bytes.data(), 32) != 0) {
+      problem = "the run spec from peer " + origin.to_string() + " does not match its hash";
+    } else {
+      if (!heard->spec) heard->spec = Spec{std::move(toml), wait_for};
+      heard->latest_round = std::max(heard->latest_round, round);
+      heard->cv.notify_all();
+      return;
+    }
+    if (problem != heard->last_problem) spdlog::warn("ignored a run spec: {}", problem);
+    heard->last_problem = std::move(problem);
+  });
+  return heard;
+}
+
+Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout) {
+  std::unique_lock lock(heard.mu);
+  if (!heard.cv.wait_for(lock, timeout, [&] { return heard.spec.has_value(); })) {
+    return error(ErrorCode::kTimeout, "no run spec heard from the peers joined within " + std::to_string(timeout.count() / 1000000000) + " s" +
+                                          (heard.last_problem.empty() ? std::string(": check the --join addresses (and that every peer has the same --key)")
+                                                                      : ": " + heard.last_problem));
+  }
+  return *heard.spec;
+}
+
+std::shared_ptr<JoinBoard> JoinBoard::make(transport::Gossip& gossip) {
+  auto b = std::make_shared<JoinBoard>(gossip);
+  gossip.subscribe(kStateTopic, [weak = std::weak_ptr<JoinBoard>(b)](transport::PeerId origin, const Bytes& payload) {
+    if (auto self = weak.lock()) self->on_message(origin, payload);
+  });
+  return b;
+}
+
+void JoinBoard::ask_to_join() { (void)gossip_.broadcast(kStateTopic, encode(kJoin, 0, "")); }
+
+void JoinBoard::offer(std::int64_t round, const std::string& address) { (void)gossip_.broadcast(kStateTopic, encode(kOffer, round, address)); }
+
+std::vector<transport::PeerId> JoinBoard::waiting() const {
+  std::lock_guard lock(mu_);
+  std::vector<transport::PeerId> ids;
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& [id, until] : wanted_until_) {
+    if (now < until) ids.push_back(id);
+  }
+  return ids;
+}
+
+std::optional<std::pair<std::int64_t, std::vector<Donor>>> JoinBoard::newest_offer(Nanos settle) const {
+  std::lock_guard lock(mu_);
+  const auto now = std::chrono::steady_clock::now();
+  for (auto it = offers_.rbegin(); it != offers_.rend(); ++it) {
+    if (now < first_seen_.at(it->first) + settle) continue;
+    std::vector<Donor> out;
+    for (const auto& [id, address] : it->second) out.push_back(Donor{address, id.to_string()});
+    return std::make_pair(it->first, out);
+  }
+  return std::nullopt;
+}
+
+void JoinBoard::forget(std::int64_t round) {
+  std::lock_guard lock(mu_);
+  offers_.erase(offers_.begin(), offers_.upper_bound(round));
+}
+
+Bytes JoinBoard::encode(std::uint8_t kind, std::int64_t round, const std::string& address) const {
+  Writer w;
+  w.u8(kStateVersion);
+  w.u8(kind);
+  w.u64(gossip_.self().value);
+  if (kind == kOffer) {
+    w.i64(round);
+    w.str(address);
+  }
+  return std::move(w).take();
+}
+
+void JoinBoard::on_message(transport::PeerId origin, const Bytes& payload) {
+  Reader r(payload, "state message from peer " + origin.to_string());
+  const std::uint8_t version = r.u8(), kind = r.u8();
+  const transport::PeerId id{r.u64()};
+  std::int64_t round = 0;
+  std::string address;
+  if (kind == kOffer) {
+    round = r.i64();
+    address = r.str(256);
+  }
+  r.expect_end();
+  if (!r.ok() || version != kStateVersion || (kind != kJoin && kind != kOffer)) {
+    spdlog::warn("dropped a state message from peer {}: {}", origin.to_string(), r.ok() ? "unknown version or kind" : r.status().to_string());
+    return;
+  }
+  std::lock_guard lock(mu_);
+  if (kind == kJoin) {
+    wanted_until_[id] = std::chrono::steady_clock::now() + 5s;
+  } else {
+    offers_[round][id] = address;
+    first_seen_.try_emplace(round, std::chrono::steady_clock::now());
+  }
+}
+
+}  // namespace gossamer::run

@@ -1,0 +1,100 @@
+// What peers announce to everyone over gossip besides rounds: the run spec (topic "gossamer.spec")
+// and who wants the training state or offers it (topic "gossamer.state").
+//
+// Run spec: version u8 | BLAKE2b-256 of the TOML u8[32] | TOML str | peers to wait for at the start
+// u32 | the announcer's current round i64 (-1 before the start). Every peer that holds the spec
+// repeats it every second (SpecAnnouncer); a joiner takes the first one whose hash checks out.
+// State board: version u8 | kind u8 (1 JOIN, 2 OFFER) | id u64, then for OFFER: round i64 | link
+// address str. A newcomer repeats JOIN while it waits; members that snapshot their state after a
+// round OFFER it (state_sync.h serves it).
+//
+// Untrusted input: malformed messages, other versions and specs whose hash does not match are
+// dropped and logged (a repeated problem once). Threading: handlers run on the gossip thread; every
+// method is thread-safe; the gossip handlers hold the board and the heard spec by shared or weak
+// pointers, so either may go first.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "run/state_sync.h"
+#include "transport/gossip.h"
+
+namespace gossamer::run {
+
+inline constexpr std::size_t kMaxSpec = 60 * 1024;  // a gossip broadcast carries at most 64 KiB
+
+struct Spec {
+  std::string toml;
+  std::uint32_t wait_for = 1;
+};
+
+// Repeats the run spec every second from a thread of its own, with the round this peer is at.
+class SpecAnnouncer {
+ public:
+  SpecAnnouncer(transport::Gossip& gossip, Spec spec, const std::atomic<std::int64_t>& round);
+  ~SpecAnnouncer();
+  SpecAnnouncer(const SpecAnnouncer&) = delete;
+  SpecAnnouncer& operator=(const SpecAnnouncer&) = delete;
+
+ private:
+  transport::Gossip& gossip_;
+  const Spec spec_;
+  const std::atomic<std::int64_t>& round_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// What a peer hears of the run spec; shared with the gossip handler, which stays subscribed.
+struct HeardSpec {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<Spec> spec;
+  std::int64_t latest_round = -1;  // the furthest round any announcer was at
+  std::string last_problem;
+};
+
+std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip);
+// Waits for the run spec (kTimeout, with what to check, when nobody announces one in time).
+[[nodiscard]] Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout);
+
+class JoinBoard {
+ public:
+  static std::shared_ptr<JoinBoard> make(transport::Gossip& gossip);
+  explicit JoinBoard(transport::Gossip& gossip) : gossip_(gossip) {}
+
+  void ask_to_join();
+  void offer(std::int64_t round, const std::string& address);
+  // The newcomers that asked for state in the last few seconds.
+  std::vector<transport::PeerId> waiting() const;
+  // The newest round offered for at least `settle` (so most donors of it are known), with its donors.
+  std::optional<std::pair<std::int64_t, std::vector<Donor>>> newest_offer(Nanos settle) const;
+  // Drops the offers of `round` and older (they failed, so older ones are gone too).
+  void forget(std::int64_t round);
+
+ private:
+  Bytes encode(std::uint8_t kind, std::int64_t round, const std::string& address) const;
+  void on_message(transport::PeerId origin, const Bytes& payload);
+
+  transport::Gossip& gossip_;
+  mutable std::mutex mu_;
+  std::map<transport::PeerId, std::chrono::steady_clock::time_point> wanted_until_;
+  std::map<std::int64_t, std::map<transport::PeerId, std::string>> offers_;
+  std::map<std::int64_t, std::chrono::steady_clock::time_point> first_seen_;
+};
+
+}  // namespace gossamer::run
