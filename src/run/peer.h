@@ -1,13 +1,16 @@
 // A real peer of a multi-process run: what `gossamer peer` does.
 //
 // The first peer defines the run from its config; it and every peer that holds the run spec repeat
-// it over gossip (topic "gossamer.spec": version u8 | BLAKE2b-256 of the TOML u8[32] | TOML str).
+// it over gossip (announcements.h).
 // A joiner takes the spec it hears, checks the hash, and, if it was given a config of its own,
 // refuses to start when the two differ. The spec's hash is the run id of the peer's links, so peers
 // of another run are refused at the handshake. Training starts once `wait_for` peers are ready
 // (round 0); each peer trains its own shard (its rank in that group) and synchronizes at every round
-// over a group agreed through coordinator.h, with links per epoch (peer_links.h). A failed round is
-// retried once without the peers that are gone, else skipped; all of it is logged and counted.
+// over a group agreed through coordinator.h, with links per epoch (peer_links.h); when a method's
+// rounds fall, and what a newcomer is given, is in peer.cpp (RoundSchedule) and docs/peer.md. Every
+// method but `local` runs; ddp over our all-reduce or Gloo (rendezvous over each group's links). A
+// failed round is retried once without the peers that are gone, else skipped; all of it is logged
+// and counted.
 //
 // The run folder (out_dir) holds: address (the gossip address to --join, then the links' address),
 // config.toml, metrics.jsonl
@@ -16,8 +19,8 @@
 //
 // Threading: run_peer blocks the calling thread until the run ends, fails, or `stop` becomes true
 // (checked between steps; the peer then leaves gracefully). Errors: kInvalidArgument for what the
-// user must change (no config on the first peer, a config that differs from the run's, a method not
-// supported across processes yet), others for network and I/O failures.
+// user must change (no config on the first peer, a config that differs from the run's, the `local`
+// method), others for network and I/O failures.
 #pragma once
 
 #include <atomic>
