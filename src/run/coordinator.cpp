@@ -15,6 +15,8 @@ constexpr std::uint8_t kVersion = 1;
 enum class Kind : std::uint8_t { kReady = 1, kGroup = 2, kIntent = 3 };
 constexpr std::size_t kMaxAddress = 256, kMaxMembers = 4096;
 constexpr auto kPoll = std::chrono::milliseconds(20);
+constexpr std::size_t kLagHistory = 8;   // rounds whose lag the grace adapts to
+constexpr std::size_t kLagsToAdapt = 3;  // before that many, the full straggler_grace
 using Steady = std::chrono::steady_clock;
 
 // Every round message starts the same way.
@@ -206,10 +208,17 @@ void Coordinator::announce(const GroupView& g) {
   }
 }
 
+Nanos Coordinator::grace() const {
+  if (lags_.size() < kLagsToAdapt) return options_.straggler_grace;
+  const Nanos typical = *std::max_element(lags_.begin(), lags_.end());
+  const auto scaled = std::chrono::duration_cast<Nanos>(typical * options_.grace_factor);
+  return std::clamp(scaled, std::min(options_.min_grace, options_.straggler_grace), options_.straggler_grace);
+}
+
 std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::uint64_t after_epoch, Steady::time_point ready_since) {
   const std::set<transport::PeerId> alive = live_ids(gossip_);
   const transport::PeerId self = gossip_.self();
-  const bool grace_over = Steady::now() >= ready_since + options_.straggler_grace;
+  const bool grace_over = Steady::now() >= ready_since + grace();
   // The leader: the lowest live id among the last group's members (this peer among them); at the
   // start, and once the grace is over (stragglers and the dead no longer count), among the peers
   // ready for this attempt. A newcomer, which knows no last group (nor the epochs in use), does not
@@ -247,7 +256,22 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
   }
   const bool complete = std::all_of(expected.begin(), expected.end(), [&](transport::PeerId id) { return ready.count(id) == 1; });
   const bool enough = last_ || ready.size() >= options_.min_members;
-  if (!enough || (!complete && !grace_over)) return std::nullopt;
+  // A newcomer still on its way (its state transfer is no member's lag) gets the whole grace.
+  bool newcomer_missing = false;
+  if (auto in = intents_.find(round); in != intents_.end()) {
+    for (transport::PeerId id : in->second) newcomer_missing = newcomer_missing || (expected.count(id) == 1 && ready.count(id) == 0);
+  }
+  const bool waited_enough = newcomer_missing ? Steady::now() >= ready_since + options_.straggler_grace : grace_over;
+  if (!enough || (!complete && !waited_enough)) return std::nullopt;
+  if (complete && last_ && after_epoch == 0) {
+    // How long after this leader the last member became ready: the lag the grace adapts to.
+    Nanos lag{0};
+    for (transport::PeerId id : expected) {
+      if (id != self) lag = std::max(lag, std::chrono::duration_cast<Nanos>(ready_[round][id].at - ready_since));
+    }
+    lags_.push_back(lag);
+    if (lags_.size() > kLagHistory) lags_.pop_front();
+  }
 
   GroupView g;
   g.round = round;

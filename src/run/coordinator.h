@@ -5,8 +5,9 @@
 // (gossip's view) among the previous group's members (at the start, and once a straggler's grace is
 // over, among the ready peers; a newcomer never leads before that); it waits until every peer of the
 // previous group that is still alive
-// is ready (at round 0: until `min_members` peers are), or until `straggler_grace` has passed since
-// it became ready itself, and announces GROUP(k): the members, sorted by id, and an epoch. The epoch
+// is ready (at round 0: until `min_members` peers are), or until an adaptive grace has passed since
+// it became ready itself (a few times the usual lag of the last members; see CoordinatorOptions),
+// and announces GROUP(k): the members, sorted by id, and an epoch. The epoch
 // names the group's links: a group with the same members as the last one, which nobody retries,
 // keeps its epoch (and so its links, and a collective in flight over them, as CO2's is); any other
 // group gets a new one, so nothing of a failed round can reach a later one. A peer may ask for a
@@ -31,6 +32,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -61,7 +63,12 @@ struct GroupView {
 
 struct CoordinatorOptions {
   std::size_t min_members = 1;                      // round 0 waits for this many peers
-  Nanos straggler_grace = std::chrono::seconds(60);  // how long a leader waits for the rest
+  // How long a leader waits for the rest: `grace_factor` times the largest lag of the last 8 rounds
+  // it led whole (how long after it the last member became ready), within [min_grace,
+  // straggler_grace]; straggler_grace itself until it has led 3 such rounds.
+  Nanos straggler_grace = std::chrono::seconds(60);
+  Nanos min_grace = std::chrono::seconds(2);
+  double grace_factor = 4.0;
   Nanos repeat_every = std::chrono::milliseconds(300);
 };
 
@@ -109,6 +116,7 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
                                            std::chrono::steady_clock::time_point ready_since);
   void announce(const GroupView& g);
   bool superseded_locked(std::int64_t round, std::uint64_t epoch) const;
+  Nanos grace() const;  // the straggler grace now (under mu_)
 
   transport::Gossip& gossip_;
   const std::string address_;
@@ -123,6 +131,7 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   std::uint64_t max_epoch_ = 0;                                        // the largest epoch seen
   CoordinatorStats stats_;
   bool stopping_ = false;
+  std::deque<Nanos> lags_;  // the adaptive grace's history (leader side)
 };
 
 }  // namespace gossamer::run

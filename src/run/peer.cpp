@@ -375,8 +375,9 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   // The group of each round, agreed just before the step after which its collective launches; asked
   // again for the same step, it is a retry after a failed collective (of the round in effect). Just
   // after a round, while a newcomer waits, this peer also offers the state it now shares with the
-  // other members, checkpoints when due, and asks for the next round's group ahead (not for ddp,
-  // whose next round is agreed right there), so the agreement is off the critical path.
+  // other members, and checkpoints when due. A tenth of a round before the group is needed it asks
+  // for it ahead (not for ddp, whose rounds are agreed right at their boundary), so the agreement
+  // is off the critical path.
   std::int64_t last_asked = -1;
   std::vector<MemberInfo> members = start ? start->members : std::vector<MemberInfo>();  // of the group in effect
   std::optional<std::pair<std::int64_t, std::future<Result<GroupView>>>> ahead;
@@ -411,17 +412,26 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
       if (Status st = save_checkpoint(); !st.ok() && failure.ok()) failure = st;
       last_checkpoint = done_step;
     }
-    const std::int64_t next = schedule.first_round_after(done_step);
-    if (!ddp && next <= last_round && !ahead) {
-      ahead.emplace(next, std::async(std::launch::async, [c = coordinator_ptr, next, d = Deadline::after(real_clock(), round_timeout)] {
-                      return c->agree(next, 0, d);
-                    }));
-    }
+  };
+  // Asks for round `next`'s group from a thread of its own, so the agreement runs while this peer
+  // trains its last steps before the round.
+  auto ask_ahead = [&](std::int64_t next) {
+    ahead.emplace(next, std::async(std::launch::async, [c = coordinator_ptr, next, d = Deadline::after(real_clock(), round_timeout)] {
+                    return c->agree(next, 0, d);
+                  }));
   };
   hooks.regroup = [&](std::int64_t step) -> std::optional<optim::Group> {
     const bool again = step == last_asked;
     last_asked = step;
     if (!again && schedule.ends_round(step - 1)) boundary(step - 1);
+    if (!again && !ddp && !ahead) {
+      // A tenth of a round before the group is needed (late enough that a peer's READY says how far
+      // it got, so the leader's grace can tell a straggler), but after the last round's boundary.
+      const std::int64_t next = schedule.first_round_after(step - 1);
+      const std::int64_t needed_at = next * schedule.period - schedule.lead;
+      const std::int64_t ask_at = std::max(needed_at - std::max<std::int64_t>(1, schedule.period / 10), (next - 1) * schedule.period + 1);
+      if (next > agreed_round && next <= last_round && step >= ask_at && step < needed_at) ask_ahead(next);
+    }
     std::int64_t round = agreed_round;
     if (!again) {
       const auto due = schedule.agreed_before(step);

@@ -128,3 +128,44 @@ TEST_CASE("round messages of another protocol version, or malformed, are dropped
     CHECK(r->members.size() == 2);
   }
 }
+
+TEST_CASE("the leader's grace adapts to the usual lag: a straggler far past it is left out at once") {
+  std::vector<std::unique_ptr<transport::Gossip>> nodes;
+  nodes.push_back(node());
+  for (int i = 0; i < 2; ++i) nodes.push_back(node({nodes[0]->address()}));
+  CoordinatorOptions o;
+  o.min_members = 3;
+  o.straggler_grace = 20s;  // what a straggler would cost without the adaptation
+  o.min_grace = 300ms;
+  std::vector<std::shared_ptr<Coordinator>> cs;
+  for (std::size_t i = 0; i < nodes.size(); ++i) cs.push_back(Coordinator::make(*nodes[i], "addr-" + std::to_string(i), o));
+  // Rounds where everyone is ready at once teach the leader that the lag is small.
+  for (std::int64_t round = 0; round < 5; ++round) {
+    for (auto& r : agree_all(cs, round)) REQUIRE(r.ok());
+  }
+  // Round 5: the peer with the highest id does not come.
+  std::size_t straggler = 0;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    if (nodes[straggler]->self() < nodes[i]->self()) straggler = i;
+  }
+  std::vector<std::shared_ptr<Coordinator>> prompt;
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    if (i != straggler) prompt.push_back(cs[i]);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto next = agree_all(prompt, 5);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (auto& r : next) {
+    REQUIRE(r.ok());
+    CHECK(r->members.size() == 2);
+    CHECK(r->rank_of(nodes[straggler]->self()) == -1);
+  }
+  CHECK(waited < 5.0);  // the adapted grace (>= 300 ms), far below the 20 s cap
+  std::int64_t left_out = 0;
+  for (auto& c : prompt) left_out += c->stats().left_out;
+  CHECK(left_out == 1);
+  // The straggler, arriving late, learns it was left out.
+  auto late = cs[straggler]->agree(5, 0, in(5s));
+  REQUIRE_FALSE(late.ok());
+  CHECK(late.status().code() == ErrorCode::kAborted);
+}
