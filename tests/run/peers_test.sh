@@ -3,7 +3,7 @@
 # bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
 set -u
 G="$1"; shift
-SCENARIOS="${*:-four_peers sim_agrees methods ddp_gloo kill_one kill_leader late_join restart shaped wrong_run wrong_key noise}"
+SCENARIOS="${*:-four_peers sim_agrees methods ddp_gloo kill_one kill_leader leave late_join restart shaped wrong_run wrong_key noise}"
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
 FAILED=0
@@ -164,6 +164,28 @@ kill_leader() {
   [ "$(digest "$d/p${survivors[0]}")" = "$(digest "$d/p${survivors[1]}")" ] || fail "kill_leader: the survivors disagree"
   grep -q '"groups_led": [1-9]' "$d/p${survivors[0]}/summary.json" "$d/p${survivors[1]}/summary.json" || fail "kill_leader: no survivor took over as leader"
   echo "kill_leader: the leader (peer $leader) was killed; a survivor took over and both finished with identical parameters"
+}
+
+# Ctrl-C (SIGINT) to the first peer, the one whose config defines the run: it leaves gracefully
+# (exit 130, a checkpoint and a summary saying it did not finish) and the others finish together.
+leave() {
+  local d=$WORK/leave
+  mkdir -p "$d"
+  start_first "$d/p0" 3 --set train.steps=300 --set train.eval_every=100; local first=$!
+  local a; a=$(address_of "$d/p0") || { fail "leave: no address"; return; }
+  start_joiner "$d/p1" "$a"; start_joiner "$d/p2" "$a"
+  for _ in $(seq 600); do grep -q '"step":30' "$d/p0/metrics.jsonl" 2>/dev/null && break; sleep 0.05; done
+  pkill -INT -f -- "^$G peer .*--out $d/p0" || fail "leave: found no first peer to interrupt"
+  local code=0
+  wait "$first" || code=$?
+  wait
+  [ "$code" -eq 130 ] || fail "leave: the interrupted peer exited with $code, not 130"
+  grep -q "stop requested" "$d/p0.log" || fail "leave: the first peer did not say it was leaving"
+  grep -q '"finished": false' "$d/p0/summary.json" 2>/dev/null || fail "leave: the first peer's summary does not say it left early"
+  [ -f "$d/p0/checkpoint.bin" ] || fail "leave: the first peer wrote no checkpoint when it left"
+  for i in 1 2; do grep -q '"finished": true' "$d/p$i/summary.json" 2>/dev/null || { fail "leave: peer $i did not finish"; tail -n 20 "$d/p$i.log"; return; }; done
+  [ "$(digest "$d/p1")" = "$(digest "$d/p2")" ] || fail "leave: the remaining peers disagree"
+  echo "leave: the first peer left on Ctrl-C (exit 130, checkpoint written); the other two finished with identical parameters"
 }
 
 late_join() {
