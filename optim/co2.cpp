@@ -68,8 +68,12 @@ void CO2::lost(std::int64_t round) {
 
 Status CO2::regroup(Group group) {
   comm_->set_group(std::move(group));
-  if (pending_) lost(pending_round_);
-  pending_.reset();
+  // An average that is in is the group's, whoever the members are now (callers settle() before the
+  // members change, so every member keeps it alike); one still in flight over the old group is lost.
+  if (pending_ && !(pending_->done() && pending_->wait(Deadline::never()).ok())) {
+    lost(pending_round_);
+    pending_.reset();
+  }
   return Status();
 }
 

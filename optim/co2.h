@@ -67,7 +67,9 @@ class CO2 {
   // A failed round is counted where it happens, once per average lost (see skipped_rounds()), so the
   // caller's skip adds nothing.
   void skip_round() {}
-  // An average in flight over the old group is dropped (and counted): the next round only launches.
+  // An average that is in stays (it is applied next round); one still in flight over the old group
+  // is dropped (and counted), and the next round only launches. Call settle() first when the members
+  // change without a failure, so that every member keeps the average alike.
   [[nodiscard]] Status regroup(Group group);
   // Averages lost: failed, dropped by a regroup, or never launched because their round failed.
   std::int64_t skipped_rounds() const { return skipped_rounds_; }

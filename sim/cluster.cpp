@@ -119,6 +119,7 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
   // The late join: the first member to reach join_at_step captures its training state (model, inner
   // and outer optimizer, step) and streams it to the newcomer from a thread of its own while it trains
   // on; the newcomer loads it and takes part from that step. The transfer's bytes are counted on both.
+  const Nanos round_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config.train.round_timeout_s));
   constexpr int kStateEpoch = 1 << 24;  // the links state transfers use
   constexpr transport::Tag kStateTag = 0x05A7E000u;
   std::mutex join_mu;
@@ -128,16 +129,20 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
   std::vector<std::pair<std::uint64_t, std::uint64_t>> state_traffic(static_cast<std::size_t>(m));
   std::vector<std::unique_ptr<ClockThread>> transfers;
   auto serve_newcomer = [&](int r) {
-    auto& worker = *workers[static_cast<std::size_t>(r)];
-    train::CheckpointState state = worker.checkpoint_state("");
-    state.outer_state = setups[static_cast<std::size_t>(r)].outer->save();
-    auto blob = std::make_shared<Bytes>(train::encode_checkpoint(state));
-    spdlog::info("sim: worker {} sends its training state at step {} ({:.1f} MB) to newcomer {}", r, worker.steps_done(), blob->size() / 1e6, joiner);
     {
-      std::lock_guard lock(join_mu);
+      std::lock_guard lock(join_mu);  // this member serves it (the others need not, even while it waits below)
       donor = r;
     }
     join_signal->notify_all();
+    auto& worker = *workers[static_cast<std::size_t>(r)];
+    train::CheckpointState state = worker.checkpoint_state("");
+    // An average in flight (CO2) goes with the state, so the newcomer applies it with the others.
+    if (Status st = setups[static_cast<std::size_t>(r)].outer->settle(Deadline::after(scheduler, round_timeout)); !st.ok()) {
+      spdlog::warn("sim: worker {}: {}", r, st.to_string());
+    }
+    state.outer_state = setups[static_cast<std::size_t>(r)].outer->save();
+    auto blob = std::make_shared<Bytes>(train::encode_checkpoint(state));
+    spdlog::info("sim: worker {} sends its training state at step {} ({:.1f} MB) to newcomer {}", r, worker.steps_done(), blob->size() / 1e6, joiner);
     transfers.push_back(scheduler.start_thread([&, r, blob] {
       auto link = net.link(r, joiner, kStateEpoch);
       if (Status st = link->send(kStateTag, *blob, Deadline::never()); !st.ok()) {
@@ -208,7 +213,7 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
       lo.steps = config.train.steps;
       lo.eval_every = config.train.eval_every;
       lo.evaluate = r == evaluator;
-      lo.round_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config.train.round_timeout_s));
+      lo.round_timeout = round_timeout;
       train::LoopHooks hooks;
       hooks.pace = [&, slow](double measured) {
         const double s = step_seconds(config, result.parameters, measured) * slow;
@@ -230,6 +235,13 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
         int& mine = worker_epoch[static_cast<std::size_t>(r)];
         const int epoch = epoch_for(step);
         if (mine == epoch) return std::nullopt;
+        if (epoch == mine + 1 && epoch % 2 == 1) {
+          // The newcomer comes in (nobody failed): what is in flight over the current links (CO2's
+          // average) finishes first, so every member keeps it alike.
+          if (Status st = setups[static_cast<std::size_t>(r)].outer->settle(Deadline::after(scheduler, round_timeout)); !st.ok()) {
+            spdlog::warn("sim: worker {}: {}", r, st.to_string());
+          }
+        }
         for (int j = 0; j < m; ++j) {
           if (j != r) net.close(r, j, mine);  // peers still waiting on us there fail now, and follow
         }

@@ -483,6 +483,11 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
         failed = view->epoch;
         continue;
       }
+      if (!retry && failed == 0) {
+        // The members change without a failure: what is in flight over the current links (CO2's
+        // average) is let finish first, so every member keeps it alike.
+        if (Status st = setup->outer->settle(deadline); !st.ok()) spdlog::warn("round {}: {}", round, st.to_string());
+      }
       auto g = links.group(*view, Deadline::after(real_clock(), std::min(round_timeout, kLinkTimeout)),
                            [&, r = round, e = view->epoch] { return coordinator.superseded(r, e); });
       if (g.ok()) {

@@ -3,7 +3,7 @@
 # bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
 set -u
 G="$1"; shift
-SCENARIOS="${*:-four_peers sim_agrees methods ddp_gloo kill_one kill_leader leave late_join restart shaped wrong_run wrong_key noise}"
+SCENARIOS="${*:-four_peers sim_agrees methods ddp_gloo kill_one kill_leader leave late_join co2_join restart shaped wrong_run wrong_key noise}"
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
 FAILED=0
@@ -188,25 +188,33 @@ leave() {
   echo "leave: the first peer left on Ctrl-C (exit 130, checkpoint written); the other two finished with identical parameters"
 }
 
-late_join() {
-  local d=$WORK/join
+# A fourth peer joins a run of 3 under way; $1 names the scenario, the rest goes to the first peer.
+join_of() {
+  local name=$1; shift
+  local d=$WORK/$name
   mkdir -p "$d"
-  start_first "$d/p0" 3 --set train.steps=500 --set train.eval_every=100; local a; a=$(address_of "$d/p0") || { fail "late_join: no address"; return; }
+  start_first "$d/p0" 3 --set train.steps=500 --set train.eval_every=100 "$@"; local a; a=$(address_of "$d/p0") || { fail "$name: no address"; return; }
   start_joiner "$d/p1" "$a"; start_joiner "$d/p2" "$a"
   # A fourth peer once the run is past step 50: it fetches the state and takes part from the next round.
   for _ in $(seq 600); do grep -q '"step":50' "$d/p0/metrics.jsonl" 2>/dev/null && break; sleep 0.05; done
   start_joiner "$d/p3" "$a"
   wait
   for i in 0 1 2 3; do
-    [ -f "$d/p$i/summary.json" ] || { fail "late_join: peer $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
+    [ -f "$d/p$i/summary.json" ] || { fail "$name: peer $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
   done
   local d0; d0=$(digest "$d/p0")
-  for i in 1 2 3; do [ "$(digest "$d/p$i")" = "$d0" ] || fail "late_join: peer $i holds other parameters than peer 0"; done
-  grep -q '"joins": 1,' "$d/p3/summary.json" || fail "late_join: the newcomer did not join through exactly one state transfer"
-  grep -q "group of 4" "$d/p0.log" || fail "late_join: the members never formed a group of 4"
-  grep -q '"state_bytes_received": [1-9]' "$d/p3/summary.json" || fail "late_join: the newcomer counts no state bytes"
-  echo "late_join: a fourth peer joined mid-run ($(grep -o 'joined at round [0-9]*' "$d/p3.log" | head -n1)) and ended with the others' parameters"
+  for i in 1 2 3; do [ "$(digest "$d/p$i")" = "$d0" ] || fail "$name: peer $i holds other parameters than peer 0"; done
+  grep -q '"joins": 1,' "$d/p3/summary.json" || fail "$name: the newcomer did not join through exactly one state transfer"
+  grep -q "group of 4" "$d/p0.log" || fail "$name: the members never formed a group of 4"
+  grep -q '"state_bytes_received": [1-9]' "$d/p3/summary.json" || fail "$name: the newcomer counts no state bytes"
+  for i in 0 1 2 3; do grep -q '"skipped_rounds": 0,' "$d/p$i/summary.json" || fail "$name: peer $i lost a round to the join"; done
+  echo "$name: a fourth peer joined mid-run ($(grep -o 'joined at round [0-9]*' "$d/p3.log" | head -n1)) and ended with the others' parameters"
 }
+
+late_join() { join_of late_join; }
+# CO2: the members' average in flight goes with the state and stays with them across the join, so
+# the newcomer too ends bit-identical.
+co2_join() { join_of co2_join --set outer.method=co2 --set co2.inner_steps=10; }
 
 # A peer killed (kill -9) after a checkpoint restarts with --resume, catches up and ends with the
 # other's parameters.
