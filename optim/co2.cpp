@@ -60,6 +60,8 @@ Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
   return true;
 }
 
+bool CO2::average_in() const { return pending_ && pending_->done() && pending_->wait(Deadline::never()).ok(); }
+
 void CO2::lost(std::int64_t round) {
   if (round <= last_lost_) return;
   last_lost_ = round;
@@ -70,7 +72,7 @@ Status CO2::regroup(Group group) {
   comm_->set_group(std::move(group));
   // An average that is in is the group's, whoever the members are now (callers settle() before the
   // members change, so every member keeps it alike); one still in flight over the old group is lost.
-  if (pending_ && !(pending_->done() && pending_->wait(Deadline::never()).ok())) {
+  if (pending_ && !average_in()) {
     lost(pending_round_);
     pending_.reset();
   }
@@ -84,8 +86,7 @@ Status CO2::settle(Deadline deadline) {
 
 Bytes CO2::save() const {
   const at::Tensor prev = previous_outer_.defined() ? previous_outer_ : torch::zeros_like(outer_);
-  // The average launched last round, when it is in.
-  const bool in = pending_ && pending_->done() && pending_->wait(Deadline::never()).ok();
+  const bool in = average_in();  // the average launched last round goes with the state when it is in
   return save_state("co2", {rounds_, skipped_rounds_, in ? pending_round_ : 0, last_lost_},
                     {outer_, prev, momentum_, in ? pending_->tensor() : torch::zeros_like(outer_)});
 }

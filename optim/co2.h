@@ -90,6 +90,7 @@ class CO2 {
   std::shared_ptr<const StalenessPenalty> penalty_;
   at::Tensor outer_, previous_outer_, momentum_;
   void lost(std::int64_t round);  // counts the average of `round` as lost, once
+  bool average_in() const;        // the pending average finished, and well
 
   std::shared_ptr<Work> pending_;
   std::int64_t pending_round_ = 0;  // the round whose average pending_ is

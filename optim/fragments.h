@@ -35,6 +35,9 @@ struct Fragment {
   std::int64_t numel = 0;
 };
 
+// How many fragments make_fragments cuts: `fragments`, plus the edges' two of their own.
+inline int fragment_count(const FragmentOptions& o) { return o.fragments + (o.edges == EdgePlacement::kOwnFragments ? 2 : 0); }
+
 // blocks: [embedding, transformer blocks..., final]; at least one transformer block.
 std::vector<Fragment> make_fragments(const std::vector<ParamBlock>& blocks, const FragmentOptions& options);
 

@@ -91,11 +91,11 @@ class GlooDdp final : public DataParallel {
     if (group.size == 1) return Status();
     try {
       auto pg = connect_over_group(options_, group);
-      if (!pg.ok()) return pg.status().with_context("re-forming the gloo group");
+      if (!pg.ok()) return pg.status().with_context("forming the gloo group");
       pg_ = std::move(*pg);
       size_ = group.size;
     } catch (const std::exception& e) {
-      return error(ErrorCode::kUnavailable, std::string("re-forming the gloo group failed: ") + e.what());
+      return error(ErrorCode::kUnavailable, std::string("forming the gloo group failed: ") + e.what());
     }
     return Status();
   }
@@ -137,17 +137,13 @@ Result<GlooDataParallel> make_gloo_data_parallel(const GlooOptions& o, const Gro
   const int rank = o.over_group_links ? group.rank : o.rank, size = o.over_group_links ? group.size : o.size;
   GOSSAMER_CHECK(size >= 1 && rank >= 0 && rank < size, "make_gloo_data_parallel: rank outside the group");
   try {
-    ProcessGroup pg;
-    if (size > 1 || !o.over_group_links) {
-      if (o.over_group_links) {
-        auto connected = connect_over_group(o, group);
-        if (!connected.ok()) return connected.status().with_context("gloo rendezvous");
-        pg = std::move(*connected);
-      } else {
-        pg = connect_fixed(o);
-      }
+    std::unique_ptr<GlooDdp> ddp;
+    if (o.over_group_links) {  // the first group is formed as every later one is
+      ddp = std::make_unique<GlooDdp>(ProcessGroup(), 1, o);
+      if (Status st = ddp->regroup(group); !st.ok()) return st;
+    } else {
+      ddp = std::make_unique<GlooDdp>(connect_fixed(o), size, o);
     }
-    auto ddp = std::make_unique<GlooDdp>(std::move(pg), size, o);
     GlooDataParallel out;
     out.gradient_sync = ddp.get();
     out.outer = std::move(ddp);

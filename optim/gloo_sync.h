@@ -5,8 +5,9 @@
 // FileStore at store_file (every rank on one machine, or a shared file system), or, for real peers
 // whose members change (over_group_links), a TCPStore that rank 0 of each group serves on an
 // ephemeral port and announces over the group's links (tag kGlooRendezvousTag: host str | port u16);
-// regroup() then builds a new process group over the new members. c10d types stay in the .cpp file. Ownership: the returned object owns its process group. Threading: one training thread
-// calls sync_gradients(); every rank must call it with the same parameter shapes in the same order.
+// regroup() then builds a new process group over the new members. c10d types stay in the .cpp file.
+// Ownership: the returned object owns its process group. Threading: one training thread calls
+// sync_gradients(); every rank must call it with the same parameter shapes in the same order.
 // Errors: construction failures (store unreachable, peers missing past the timeout) and collective
 // failures (a peer died) come back as Status values; Gloo's own exceptions never escape.
 #pragma once

@@ -40,27 +40,29 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
       st.pending_window = window;
     }
     // COMPLETE at t_f.
-    if ((s - t_f) % h == 0 && s >= t_f && !st.pending) missed(st, s / h);  // failed, dropped or never launched
-    if ((s - t_f) % h == 0 && s >= t_f && st.pending) {
-      if (Status w = st.pending->wait(deadline); !w.ok()) {
-        if (st.pending->done()) {  // failed for good (its bytes count): the next window launches afresh
-          comm_ += st.pending->stats();
-          st.pending.reset();
-          missed(st, s / h);
-        }
-        return w.with_context("Streaming DiLoCo fragment " + std::to_string(f) + " at step " + std::to_string(s));
-      }
-      comm_ += st.pending->stats();
-      const at::Tensor delta = st.pending->tensor();
-      st.pending.reset();
-      const double mu = options_.outer_momentum, lr = options_.outer_lr, alpha = options_.mixing;
-      st.momentum.mul_(mu).add_(delta);
-      st.outer.sub_((delta + mu * st.momentum) * lr);
-      auto& tensors = fragments_[static_cast<std::size_t>(f)].tensors;
-      write_flat(tensors, alpha == 0.0 ? st.outer : flatten(tensors) * alpha + st.outer * (1.0 - alpha));
-      ++completed_;
-      ++done;
+    if ((s - t_f) % h != 0 || s < t_f) continue;
+    if (!st.pending) {
+      missed(st, s / h);  // failed, dropped or never launched
+      continue;
     }
+    if (Status w = st.pending->wait(deadline); !w.ok()) {
+      if (st.pending->done()) {  // failed for good (its bytes count): the next window launches afresh
+        comm_ += st.pending->stats();
+        st.pending.reset();
+        missed(st, s / h);
+      }
+      return w.with_context("Streaming DiLoCo fragment " + std::to_string(f) + " at step " + std::to_string(s));
+    }
+    comm_ += st.pending->stats();
+    const at::Tensor delta = st.pending->tensor();
+    st.pending.reset();
+    const double mu = options_.outer_momentum, lr = options_.outer_lr, alpha = options_.mixing;
+    st.momentum.mul_(mu).add_(delta);
+    st.outer.sub_((delta + mu * st.momentum) * lr);
+    auto& tensors = fragments_[static_cast<std::size_t>(f)].tensors;
+    write_flat(tensors, alpha == 0.0 ? st.outer : flatten(tensors) * alpha + st.outer * (1.0 - alpha));
+    ++completed_;
+    ++done;
   }
   return done;
 }

@@ -128,6 +128,13 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
   int members_done = 0;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> state_traffic(static_cast<std::size_t>(m));
   std::vector<std::unique_ptr<ClockThread>> transfers;
+  // Lets what is in flight over worker r's links (CO2's average) finish: before its state is handed
+  // over, and before the members change for the newcomer, so every member keeps it alike.
+  auto settle = [&](int r) {
+    if (Status st = setups[static_cast<std::size_t>(r)].outer->settle(Deadline::after(scheduler, round_timeout)); !st.ok()) {
+      spdlog::warn("sim: worker {}: {}", r, st.to_string());
+    }
+  };
   auto serve_newcomer = [&](int r) {
     {
       std::lock_guard lock(join_mu);  // this member serves it (the others need not, even while it waits below)
@@ -136,10 +143,7 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
     join_signal->notify_all();
     auto& worker = *workers[static_cast<std::size_t>(r)];
     train::CheckpointState state = worker.checkpoint_state("");
-    // An average in flight (CO2) goes with the state, so the newcomer applies it with the others.
-    if (Status st = setups[static_cast<std::size_t>(r)].outer->settle(Deadline::after(scheduler, round_timeout)); !st.ok()) {
-      spdlog::warn("sim: worker {}: {}", r, st.to_string());
-    }
+    settle(r);  // an average in flight (CO2) goes with the state, so the newcomer applies it with the others
     state.outer_state = setups[static_cast<std::size_t>(r)].outer->save();
     auto blob = std::make_shared<Bytes>(train::encode_checkpoint(state));
     spdlog::info("sim: worker {} sends its training state at step {} ({:.1f} MB) to newcomer {}", r, worker.steps_done(), blob->size() / 1e6, joiner);
@@ -235,13 +239,7 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
         int& mine = worker_epoch[static_cast<std::size_t>(r)];
         const int epoch = epoch_for(step);
         if (mine == epoch) return std::nullopt;
-        if (epoch == mine + 1 && epoch % 2 == 1) {
-          // The newcomer comes in (nobody failed): what is in flight over the current links (CO2's
-          // average) finishes first, so every member keeps it alike.
-          if (Status st = setups[static_cast<std::size_t>(r)].outer->settle(Deadline::after(scheduler, round_timeout)); !st.ok()) {
-            spdlog::warn("sim: worker {}: {}", r, st.to_string());
-          }
-        }
+        if (epoch == mine + 1 && epoch % 2 == 1) settle(r);  // the newcomer comes in (nobody failed)
         for (int j = 0; j < m; ++j) {
           if (j != r) net.close(r, j, mine);  // peers still waiting on us there fail now, and follow
         }

@@ -67,8 +67,6 @@ int run_peer_command(const PeerArgs& args) {
     auto config = build_config(args.source);
     if (!config.ok()) return report_failure(config.status());
     req.config = *config;
-  } else if (args.join.empty() && !args.resume) {
-    return report_failure(error(ErrorCode::kInvalidArgument, "the first peer defines the run: pass --config (and --set), or --join a running peer"));
   }
   if (!args.key.empty()) {
     auto key = transport::read_run_key(args.key);

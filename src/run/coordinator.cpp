@@ -249,18 +249,17 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
   } else {
     expected = alive;
   }
+  // A newcomer still on its way (its state transfer is no member's lag) gets the whole grace.
+  bool newcomer_missing = false;
   if (auto in = intents_.find(round); in != intents_.end()) {
     for (transport::PeerId id : in->second) {
-      if (alive.count(id) == 1) expected.insert(id);
+      if (alive.count(id) == 0) continue;
+      expected.insert(id);
+      newcomer_missing = newcomer_missing || ready.count(id) == 0;
     }
   }
   const bool complete = std::all_of(expected.begin(), expected.end(), [&](transport::PeerId id) { return ready.count(id) == 1; });
   const bool enough = last_ || ready.size() >= options_.min_members;
-  // A newcomer still on its way (its state transfer is no member's lag) gets the whole grace.
-  bool newcomer_missing = false;
-  if (auto in = intents_.find(round); in != intents_.end()) {
-    for (transport::PeerId id : in->second) newcomer_missing = newcomer_missing || (expected.count(id) == 1 && ready.count(id) == 0);
-  }
   const bool waited_enough = newcomer_missing ? Steady::now() >= ready_since + options_.straggler_grace : grace_over;
   if (!enough || (!complete && !waited_enough)) return std::nullopt;
   if (complete && last_ && after_epoch == 0) {
@@ -325,7 +324,7 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
       return error(ErrorCode::kUnavailable, "the run is already past its start (its peers are at round " +
                                                        std::to_string(std::max(ready_.empty() ? 0 : ready_.rbegin()->first,
                                                                                groups_.empty() ? 0 : groups_.rbegin()->first)) +
-                                                       "); joining a run mid-way is not supported yet: start every peer before training begins");
+                                                       "): it joins through a state transfer");
     }
     if (auto decided = leader_decision(round, after_epoch, ready_since)) {
       groups_[round] = *decided;

@@ -27,7 +27,8 @@
 // Threading: agree() is called by the training thread; the gossip handler runs on the gossip
 // thread; every method is thread-safe. Blocking: agree() blocks until a group is announced or the
 // deadline passes. Errors: kTimeout at the deadline; kAborted when this peer was left out of the
-// round (a straggler).
+// round (a straggler) or is leaving (stop()); kUnavailable when round 0 is asked for after the run
+// started (the caller joins through a state transfer).
 #pragma once
 
 #include <condition_variable>

@@ -65,18 +65,13 @@ struct RoundSchedule {
   std::int64_t last_round(std::int64_t steps) const { return (steps + lead) / period; }
 };
 
-Result<RoundSchedule> round_schedule(const train::RunConfig& c) {
+Result<RoundSchedule> round_schedule(const train::RunConfig& c, const optim::OuterConfig& outer) {
   const std::string& m = c.outer.method;
   if (m == "diloco") return RoundSchedule{c.diloco.inner_steps, 0};
   if (m == "noloco") return RoundSchedule{c.noloco.inner_steps, 0};
   if (m == "co2") return RoundSchedule{c.co2.inner_steps, 0};
   if (m == "ddp") return RoundSchedule{c.ddp.round_steps, -1};
-  if (m == "streaming_diloco") {
-    auto outer = train::outer_config(c);
-    if (!outer.ok()) return outer.status();
-    const std::int64_t p = outer->fragments.fragments + (outer->fragments.edges == optim::EdgePlacement::kOwnFragments ? 2 : 0);
-    return RoundSchedule{c.streaming_diloco.inner_steps / p, c.streaming_diloco.overlap};
-  }
+  if (m == "streaming_diloco") return RoundSchedule{c.streaming_diloco.inner_steps / optim::fragment_count(outer.fragments), c.streaming_diloco.overlap};
   return error(ErrorCode::kInvalidArgument, "outer.method = \"" + m + "\": independent workers need no peers; use gossamer train");
 }
 
@@ -87,13 +82,18 @@ optim::Group solo_group() {
   return g;
 }
 
+// The bytes of a contiguous fp32 tensor (a view: the tensor must outlive it).
+ByteView bytes_of(const at::Tensor& flat) {
+  return ByteView(reinterpret_cast<const std::byte*>(flat.data_ptr<float>()), static_cast<std::size_t>(flat.numel()) * 4);
+}
+
 // The state members share after a round: the parameters (fp32), the outer optimizer's state and,
 // for ddp, whose members hold identical inner optimizers, the inner state too (a LibTorch archive of
 // model and AdamW; empty otherwise): blob params | blob outer | blob inner.
 Bytes encode_shared_state(const std::vector<at::Tensor>& params, const optim::OuterOptimizer& outer, ByteView inner) {
   const at::Tensor flat = optim::flatten(params);
   Writer w;
-  w.blob(ByteView(reinterpret_cast<const std::byte*>(flat.data_ptr<float>()), static_cast<std::size_t>(flat.numel()) * 4));
+  w.blob(bytes_of(flat));
   w.blob(outer.save());
   w.blob(inner);
   return std::move(w).take();
@@ -188,7 +188,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   if (Status st = train::validate(config); !st.ok()) return st;
   auto outer_config = train::outer_config(config);
   if (!outer_config.ok()) return outer_config.status();
-  auto schedule_or = round_schedule(config);
+  auto schedule_or = round_schedule(config, *outer_config);
   if (!schedule_or.ok()) return schedule_or.status();
   const RoundSchedule schedule = *schedule_or;
   const bool ddp = config.outer.method == "ddp";
@@ -421,10 +421,10 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
                   }));
   };
   hooks.regroup = [&](std::int64_t step) -> std::optional<optim::Group> {
-    const bool again = step == last_asked;
+    const bool retry = step == last_asked;  // asked again for the same step: its collective failed
     last_asked = step;
-    if (!again && schedule.ends_round(step - 1)) boundary(step - 1);
-    if (!again && !ddp && !ahead) {
+    if (!retry && schedule.ends_round(step - 1)) boundary(step - 1);
+    if (!retry && !ddp && !ahead) {
       // A tenth of a round before the group is needed (late enough that a peer's READY says how far
       // it got, so the leader's grace can tell a straggler), but after the last round's boundary.
       const std::int64_t next = schedule.first_round_after(step - 1);
@@ -433,12 +433,11 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
       if (next > agreed_round && next <= last_round && step >= ask_at && step < needed_at) ask_ahead(next);
     }
     std::int64_t round = agreed_round;
-    if (!again) {
+    if (!retry) {
       const auto due = schedule.agreed_before(step);
       if (!due || *due <= agreed_round) return std::nullopt;
       round = *due;
     }
-    const bool retry = again;
     const Deadline deadline = Deadline::after(real_clock(), round_timeout);
     std::uint64_t failed = retry ? epoch : 0;
     for (int attempt = 0; attempt < 3; ++attempt) {
@@ -537,7 +536,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   out.retries = cs.retries;
   out.finished = !stopped && worker.steps_done() >= config.train.steps;
   const at::Tensor flat = optim::flatten(worker.model().parameters());
-  out.params_digest = digest_of(ByteView(reinterpret_cast<const std::byte*>(flat.data_ptr<float>()), static_cast<std::size_t>(flat.numel()) * 4)).hex();
+  out.params_digest = digest_of(bytes_of(flat)).hex();
   if (out.finished) out.final_val_loss = final_val ? *final_val : worker.evaluate();
   nlohmann::json summary = account->to_json();
   summary["peer"] = go.self.to_string();

@@ -22,6 +22,12 @@ constexpr std::uint64_t kMaxTotal = std::uint64_t{8} << 30;
 constexpr std::uint32_t kMaxChunk = 16u << 20;
 constexpr std::uint32_t kMaxChunks = 1u << 18;  // the manifest stays under 16 MiB
 
+// Where chunk i of a state of `total` bytes cut in `chunk_bytes` starts, and how long it is.
+std::pair<std::uint64_t, std::size_t> chunk_range(std::uint64_t total, std::uint32_t chunk_bytes, std::uint64_t i) {
+  const std::uint64_t at = i * chunk_bytes;
+  return {at, static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, total - at))};
+}
+
 void put_digest(Writer& w, const Digest& d) { w.raw(ByteView(reinterpret_cast<const std::byte*>(d.bytes.data()), d.bytes.size())); }
 
 Digest get_digest(Reader& r) {
@@ -114,8 +120,8 @@ std::shared_ptr<const Snapshot> Snapshot::make(std::int64_t round, std::int64_t 
   s->manifest.total = bytes.size();
   s->manifest.chunk_bytes = chunk_bytes;
   s->manifest.whole = digest_of(bytes);
-  for (std::uint64_t at = 0; at < bytes.size(); at += chunk_bytes) {
-    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_bytes, bytes.size() - at));
+  for (std::uint64_t i = 0; i * chunk_bytes < bytes.size(); ++i) {
+    const auto [at, n] = chunk_range(bytes.size(), chunk_bytes, i);
     s->manifest.chunks.push_back(digest_of(ByteView(bytes.data() + at, n)));
   }
   s->bytes = std::move(bytes);
@@ -176,8 +182,7 @@ void StateServer::serve(std::shared_ptr<transport::Link> link) {
       } else if (chunk >= snap->manifest.chunks.size()) {
         reply = refusal("no chunk " + std::to_string(chunk));
       } else {
-        const std::uint64_t at = std::uint64_t{chunk} * snap->manifest.chunk_bytes;
-        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(snap->manifest.chunk_bytes, snap->bytes.size() - at));
+        const auto [at, n] = chunk_range(snap->bytes.size(), snap->manifest.chunk_bytes, chunk);
         reply = answer(ByteView(snap->bytes.data() + at, n));
         served_ += n;
       }
@@ -253,8 +258,7 @@ Result<FetchResult> fetch_state(transport::Transport& transport, const std::vect
           ++busy;
         }
         auto body = ask(*src.link, kAskChunk, round, chunk, deadline);
-        const std::uint64_t at = std::uint64_t{chunk} * manifest->chunk_bytes;
-        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(manifest->chunk_bytes, manifest->total - at));
+        const auto [at, n] = chunk_range(manifest->total, manifest->chunk_bytes, chunk);
         bool good = body.ok() && body->size() == n && digest_of(*body) == manifest->chunks[chunk];
         std::unique_lock lock(mu);
         --busy;

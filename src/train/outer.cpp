@@ -43,7 +43,7 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   o.fragments.pattern = sd.pattern == "sequential" ? optim::FragmentPattern::kSequential : optim::FragmentPattern::kStrided;
   o.fragments.edges = sd.edges == "own_fragments" ? optim::EdgePlacement::kOwnFragments : optim::EdgePlacement::kWithNeighbors;
   o.fragments.fragments = static_cast<int>((c.model.layers + sd.fragment_layers - 1) / sd.fragment_layers);
-  const std::int64_t p = o.fragments.fragments + (o.fragments.edges == optim::EdgePlacement::kOwnFragments ? 2 : 0);
+  const std::int64_t p = optim::fragment_count(o.fragments);
   o.streaming.inner_steps = sd.inner_steps;
   o.streaming.overlap = sd.overlap;
   o.streaming.mixing = sd.mixing;

@@ -34,17 +34,26 @@ std::vector<Result<GroupView>> agree_all(std::vector<std::shared_ptr<Coordinator
   return out;
 }
 
+// Three gossip nodes that know each other, each with a coordinator waiting for all three at the start.
+struct Trio {
+  std::vector<std::unique_ptr<transport::Gossip>> nodes;
+  std::vector<std::shared_ptr<Coordinator>> cs;
+};
+Trio trio(CoordinatorOptions o) {
+  Trio t;
+  t.nodes.push_back(node());
+  for (int i = 0; i < 2; ++i) t.nodes.push_back(node({t.nodes[0]->address()}));
+  o.min_members = 3;
+  for (std::size_t i = 0; i < t.nodes.size(); ++i) t.cs.push_back(Coordinator::make(*t.nodes[i], "addr-" + std::to_string(i), o));
+  return t;
+}
+
 }  // namespace
 
 TEST_CASE("peers agree on one group per round, keep its epoch while the members stay, and the lowest id leads") {
-  std::vector<std::unique_ptr<transport::Gossip>> nodes;
-  nodes.push_back(node());
-  for (int i = 0; i < 2; ++i) nodes.push_back(node({nodes[0]->address()}));
   CoordinatorOptions o;
-  o.min_members = 3;
   o.straggler_grace = 10s;
-  std::vector<std::shared_ptr<Coordinator>> cs;
-  for (std::size_t i = 0; i < nodes.size(); ++i) cs.push_back(Coordinator::make(*nodes[i], "addr-" + std::to_string(i), o));
+  auto [nodes, cs] = trio(o);
   auto start = agree_all(cs, 0);
   for (auto& r : start) REQUIRE(r.ok());
   const transport::PeerId lowest = std::min({nodes[0]->self(), nodes[1]->self(), nodes[2]->self()});
@@ -130,15 +139,10 @@ TEST_CASE("round messages of another protocol version, or malformed, are dropped
 }
 
 TEST_CASE("the leader's grace adapts to the usual lag: a straggler far past it is left out at once") {
-  std::vector<std::unique_ptr<transport::Gossip>> nodes;
-  nodes.push_back(node());
-  for (int i = 0; i < 2; ++i) nodes.push_back(node({nodes[0]->address()}));
   CoordinatorOptions o;
-  o.min_members = 3;
   o.straggler_grace = 20s;  // what a straggler would cost without the adaptation
   o.min_grace = 300ms;
-  std::vector<std::shared_ptr<Coordinator>> cs;
-  for (std::size_t i = 0; i < nodes.size(); ++i) cs.push_back(Coordinator::make(*nodes[i], "addr-" + std::to_string(i), o));
+  auto [nodes, cs] = trio(o);
   // Rounds where everyone is ready at once teach the leader that the lag is small.
   for (std::int64_t round = 0; round < 5; ++round) {
     for (auto& r : agree_all(cs, round)) REQUIRE(r.ok());

@@ -29,6 +29,14 @@ start_joiner() {
   timeout 120 "$G" peer --listen 127.0.0.1:0 --join "$seed" --out "$dir" "$@" > "$dir.log" 2>&1 &
 }
 digest() { sed -n 's/.*"params_digest": "\([0-9a-f]*\)".*/\1/p' "$1/summary.json" 2>/dev/null; }
+# Fails scenario $1 unless the peers in the run folders after it all hold the same parameters.
+same_params() {
+  local name=$1 first=$2 d0; shift 2
+  d0=$(digest "$first")
+  [ -n "$d0" ] || { fail "$name: $first holds no parameters digest"; return 1; }
+  local p
+  for p in "$@"; do [ "$(digest "$p")" = "$d0" ] || { fail "$name: $p holds other parameters than $first"; return 1; }; done
+}
 val_loss() { sed -n 's/.*"final_val_loss": \([0-9.e+-]*\).*/\1/p' "$1/summary.json" 2>/dev/null; }
 
 four_peers() {
@@ -41,10 +49,8 @@ four_peers() {
   for i in 0 1 2 3; do
     [ -f "$d/p$i/summary.json" ] || { fail "four_peers: peer $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
   done
+  same_params four_peers "$d"/p{0,1,2,3}
   local d0; d0=$(digest "$d/p0")
-  for i in 1 2 3; do
-    [ "$(digest "$d/p$i")" = "$d0" ] || fail "four_peers: peer $i holds other parameters than peer 0"
-  done
   grep -q '"rounds": 6' "$d/p0/summary.json" || fail "four_peers: peer 0 did not apply 6 rounds"
   echo "four_peers: 4 peers finished 6 rounds with identical parameters ($d0), val loss $(val_loss "$d/p0")"
 }
@@ -108,8 +114,7 @@ ddp_gloo() {
   ours=$(real_curve ddp "$d/links") || { fail "ddp_gloo: the ddp run over links did not finish"; return; }
   gloo=$(real_curve ddp "$d/gloo" --set ddp.engine=gloo) || { fail "ddp_gloo: the ddp run on gloo did not finish"; return; }
   [ "$(echo "$gloo" | wc -l)" -eq 6 ] || { fail "ddp_gloo: the curve has not 6 points: $gloo"; return; }
-  local d0; d0=$(digest "$d/gloo/p0")
-  for i in 1 2 3; do [ "$(digest "$d/gloo/p$i")" = "$d0" ] || fail "ddp_gloo: peer $i holds other parameters than peer 0"; done
+  same_params ddp_gloo "$d"/gloo/p{0,1,2,3}
   paste <(echo "$ours") <(echo "$gloo") | awk '{ d = ($2 - $4) / $2; if (d < 0) d = -d; if ($1 != $3 || d > 1e-5) bad = 1 } END { exit bad }' ||
     { fail "ddp_gloo: the gloo curve is not within 1e-5 of ours"; paste <(echo "$ours") <(echo "$gloo"); return; }
   echo "ddp_gloo: 4 peers on gloo end with identical parameters; curve within 1e-5 of our all-reduce's ($(echo "$gloo" | tail -n1 | cut -d' ' -f2) vs $(echo "$ours" | tail -n1 | cut -d' ' -f2))"
@@ -132,8 +137,7 @@ kill_one() {
     [ -f "$d/p$i/summary.json" ] || { fail "kill_one: survivor $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
   done
   [ -f "$d/p3/summary.json" ] && fail "kill_one: the killed peer finished (killed too late to test anything)"
-  local d0; d0=$(digest "$d/p0")
-  for i in 1 2; do [ "$(digest "$d/p$i")" = "$d0" ] || fail "kill_one: survivor $i holds other parameters than survivor 0"; done
+  same_params kill_one "$d"/p{0,1,2}
   # Killed in a collective, the round is retried without it; killed between rounds, the next group leaves it out.
   grep -q "group of 3" "$d/p0.log" || fail "kill_one: the survivors never formed a group of 3"
   local ref got
@@ -161,7 +165,7 @@ kill_leader() {
   for i in "${survivors[@]}"; do
     [ -f "$d/p$i/summary.json" ] || { fail "kill_leader: survivor $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
   done
-  [ "$(digest "$d/p${survivors[0]}")" = "$(digest "$d/p${survivors[1]}")" ] || fail "kill_leader: the survivors disagree"
+  same_params kill_leader "$d/p${survivors[0]}" "$d/p${survivors[1]}"
   grep -q '"groups_led": [1-9]' "$d/p${survivors[0]}/summary.json" "$d/p${survivors[1]}/summary.json" || fail "kill_leader: no survivor took over as leader"
   echo "kill_leader: the leader (peer $leader) was killed; a survivor took over and both finished with identical parameters"
 }
@@ -184,7 +188,7 @@ leave() {
   grep -q '"finished": false' "$d/p0/summary.json" 2>/dev/null || fail "leave: the first peer's summary does not say it left early"
   [ -f "$d/p0/checkpoint.bin" ] || fail "leave: the first peer wrote no checkpoint when it left"
   for i in 1 2; do grep -q '"finished": true' "$d/p$i/summary.json" 2>/dev/null || { fail "leave: peer $i did not finish"; tail -n 20 "$d/p$i.log"; return; }; done
-  [ "$(digest "$d/p1")" = "$(digest "$d/p2")" ] || fail "leave: the remaining peers disagree"
+  same_params leave "$d/p1" "$d/p2"
   echo "leave: the first peer left on Ctrl-C (exit 130, checkpoint written); the other two finished with identical parameters"
 }
 
@@ -202,8 +206,7 @@ join_of() {
   for i in 0 1 2 3; do
     [ -f "$d/p$i/summary.json" ] || { fail "$name: peer $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
   done
-  local d0; d0=$(digest "$d/p0")
-  for i in 1 2 3; do [ "$(digest "$d/p$i")" = "$d0" ] || fail "$name: peer $i holds other parameters than peer 0"; done
+  same_params "$name" "$d"/p{0,1,2,3}
   grep -q '"joins": 1,' "$d/p3/summary.json" || fail "$name: the newcomer did not join through exactly one state transfer"
   grep -q "group of 4" "$d/p0.log" || fail "$name: the members never formed a group of 4"
   grep -q '"state_bytes_received": [1-9]' "$d/p3/summary.json" || fail "$name: the newcomer counts no state bytes"
@@ -233,7 +236,7 @@ restart() {
   [ -f "$d/p0/summary.json" ] && [ -f "$d/p1/summary.json" ] || { fail "restart: the run did not finish"; tail -n 20 "$d/p1-again.log"; return; }
   grep -q "resumed from" "$d/p1-again.log" || fail "restart: peer 1 did not resume from its checkpoint"
   grep -q "joined at round" "$d/p1-again.log" || fail "restart: peer 1 did not catch up with the run"
-  [ "$(digest "$d/p0")" = "$(digest "$d/p1")" ] || fail "restart: the restarted peer holds other parameters"
+  same_params restart "$d/p0" "$d/p1"
   echo "restart: peer 1 resumed ($(grep -o 'resumed from .* at step [0-9]*' "$d/p1-again.log" | sed 's/.* at //')), $(grep -o 'joined at round [0-9]*' "$d/p1-again.log" | head -n1), and finished with the other's parameters"
 }
 
@@ -246,7 +249,7 @@ shaped() {
   start_joiner "$d/p1" "$a" --shape 100,25
   wait
   [ -f "$d/p0/summary.json" ] && [ -f "$d/p1/summary.json" ] || { fail "shaped: the run did not finish"; tail -n 20 "$d/p0.log"; return; }
-  [ "$(digest "$d/p0")" = "$(digest "$d/p1")" ] || fail "shaped: the peers disagree on the parameters"
+  same_params shaped "$d/p0" "$d/p1"
   local blocked; blocked=$(sed -n 's/.*"blocked_s": \([0-9.e+-]*\).*/\1/p' "$d/p0/summary.json")
   awk -v b="$blocked" 'BEGIN { exit !(b >= 0.3) }' || fail "shaped: blocked only $blocked s on 25 ms links over 6 rounds"
   echo "shaped: 100 Mbit/s, 25 ms links: blocked $blocked s over 6 rounds"
@@ -280,7 +283,7 @@ wrong_key() {
   start_joiner "$d/p1" "$a" --key "$d/k1"
   wait
   [ -f "$d/p0/summary.json" ] && [ -f "$d/p1/summary.json" ] || { fail "wrong_key: the keyed run did not finish"; tail -n 20 "$d/p0.log"; return; }
-  [ "$(digest "$d/p0")" = "$(digest "$d/p1")" ] || fail "wrong_key: the keyed peers disagree on the parameters"
+  same_params wrong_key "$d/p0" "$d/p1"
   echo "wrong_key: a joiner with another key heard nothing and gave up (exit $rc); the keyed run finished"
 }
 
@@ -299,7 +302,7 @@ noise() {
   done
   wait
   [ -f "$d/p0/summary.json" ] && [ -f "$d/p1/summary.json" ] || { fail "noise: the run did not finish"; tail -n 20 "$d/p0.log"; return; }
-  [ "$(digest "$d/p0")" = "$(digest "$d/p1")" ] || fail "noise: the peers disagree on the parameters"
+  same_params noise "$d/p0" "$d/p1"
   grep -q "handshake\|refused\|dropped" "$d/p0.log" || fail "noise: the garbage was not even noticed"
   echo "noise: random bytes at the gossip and link ports did not disturb the run"
 }

@@ -45,17 +45,26 @@ struct DonorPeer {
   }
 };
 
+// n members that all offer `snapshot`, and the donor list a newcomer would hear of.
+struct Donors {
+  std::vector<std::unique_ptr<DonorPeer>> peers;
+  std::vector<Donor> list;
+};
+Donors serving(int n, const std::shared_ptr<const Snapshot>& snapshot) {
+  Donors d;
+  for (int i = 0; i < n; ++i) {
+    d.peers.push_back(std::make_unique<DonorPeer>());
+    d.peers.back()->server->offer(snapshot);
+    d.list.push_back(d.peers.back()->donor());
+  }
+  return d;
+}
+
 }  // namespace
 
 TEST_CASE("a newcomer fetches the state from several donors at once, chunk hashes and whole hash checked") {
   const Bytes state = random_bytes(3'000'000, 1);
-  std::vector<std::unique_ptr<DonorPeer>> donors;
-  std::vector<Donor> list;
-  for (int i = 0; i < 3; ++i) {
-    donors.push_back(std::make_unique<DonorPeer>());
-    donors.back()->server->offer(Snapshot::make(7, 70, 4, state, 64 * 1024));
-    list.push_back(donors.back()->donor());
-  }
+  auto [donors, list] = serving(3, Snapshot::make(7, 70, 4, state, 64 * 1024));
   auto newcomer = tcp();
   auto got = fetch_state(*newcomer, list, 7, in(30s));
   REQUIRE(got.ok());
@@ -96,13 +105,7 @@ TEST_CASE("a donor serving corrupt chunks and an unreachable donor do not spoil 
 
 TEST_CASE("a donor that leaves mid-transfer only hands its share to the others") {
   const Bytes state = random_bytes(16'000'000, 3);
-  std::vector<std::unique_ptr<DonorPeer>> donors;
-  std::vector<Donor> list;
-  for (int i = 0; i < 2; ++i) {
-    donors.push_back(std::make_unique<DonorPeer>());
-    donors.back()->server->offer(Snapshot::make(5, 50, 2, state, 16 * 1024));
-    list.push_back(donors.back()->donor());
-  }
+  auto [donors, list] = serving(2, Snapshot::make(5, 50, 2, state, 16 * 1024));
   // Donor 0 leaves once it has served a few chunks.
   std::atomic<bool> left{false};
   std::thread leaver([&] {
