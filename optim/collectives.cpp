@@ -89,7 +89,12 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
     const std::int64_t b = chunk_begin(n, m, j), len = chunk_begin(n, m, j + 1) - b;
     return b + len * s / segs;
   };
-  auto segment = [&](const at::Tensor& t, int j, std::int64_t s) { return t.slice(0, seg_begin(j, s), seg_begin(j, s + 1)); };
+  // Segments as spans of raw fp32 (no tensor per message: a small model's ddp sends many a step).
+  auto segment = [&](float* base, int j, std::int64_t s) {
+    const std::int64_t b = seg_begin(j, s);
+    return std::span<float>(base + b, static_cast<std::size_t>(seg_begin(j, s + 1) - b));
+  };
+  float* const flat_data = flat.data_ptr<float>();
   auto link = [&](int j) -> transport::Link& { return *g.peers[static_cast<std::size_t>(j)]; };
   auto rank_context = [&](Status st, const char* what, int j) {
     return st.with_context("allreduce: rank " + std::to_string(r) + " " + what + " rank " + std::to_string(j));
@@ -103,7 +108,7 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   const bool exact = codec.codec == quant::CodecId::kFp32;  // fp32 round-trips bit for bit
   const transport::Tag mean_tag = tag | kAllreduceMeanPhase;
   const std::int64_t mine_begin = chunk_begin(n, m, r);
-  at::Tensor acc = torch::empty({chunk_begin(n, m, r + 1) - mine_begin}, torch::kFloat);
+  std::vector<float> acc(static_cast<std::size_t>(chunk_begin(n, m, r + 1) - mine_begin));
   // parts[j][s]: the mean of segment s of chunk j as encoded by its owner (ours only when not exact).
   std::vector<std::vector<Bytes>> parts(static_cast<std::size_t>(m), std::vector<Bytes>(static_cast<std::size_t>(segs)));
   // Segment by segment, so the sums and the means of early segments overlap later ones in flight, and
@@ -112,34 +117,39 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
     // 1. Segment s of each chunk, encoded once, to its owner (fp32 straight from `flat`).
     for (int k = 1; k < m; ++k) {
       const int j = to(k);
-      if (Status st = send_counted(link(j), tag, quant::encode_view(segment(flat, j, s), codec), deadline, stats); !st.ok()) {
+      if (Status st = send_counted(link(j), tag, quant::encode_view(segment(flat_data, j, s), codec), deadline, stats); !st.ok()) {
         return rank_context(st, "sending to", j);
       }
     }
     // 2. The owner sums every contribution in fp32 in rank order (the same order every run), each
     // straight from its payload, then takes the mean.
-    at::Tensor acc_seg = acc.slice(0, seg_begin(r, s) - mine_begin, seg_begin(r, s + 1) - mine_begin);
-    const at::Tensor own = segment(flat, r, s);
+    const std::span<float> acc_seg(acc.data() + (seg_begin(r, s) - mine_begin), static_cast<std::size_t>(seg_begin(r, s + 1) - seg_begin(r, s)));
+    const std::span<const float> own = segment(flat_data, r, s);
     for (int j = 0; j < m; ++j) {
       if (j == r && exact) {
-        if (j == 0) acc_seg.copy_(own); else acc_seg.add_(own);
+        if (j == 0) {
+          std::copy(own.begin(), own.end(), acc_seg.begin());
+        } else {
+          for (std::size_t i = 0; i < own.size(); ++i) acc_seg[i] += own[i];
+        }
         continue;
       }
       Bytes part;
       if (j == r) {
-        part = quant::encode(own, codec);  // ours passes the codec too
+        part = quant::encode_view(own, codec).head;  // ours passes the codec too (not exact: the whole payload)
       } else {
-        auto got = recv_chunk(link(j), tag, acc_seg.numel(), deadline, stats);
+        auto got = recv_chunk(link(j), tag, static_cast<std::int64_t>(acc_seg.size()), deadline, stats);
         if (!got.ok()) return rank_context(got.status(), "receiving from", j);
         part = std::move(*got);
       }
-      Status st = j == 0 ? quant::decode_into(part, span_of(acc_seg)) : quant::decode_add(part, span_of(acc_seg));
+      Status st = j == 0 ? quant::decode_into(part, acc_seg) : quant::decode_add(part, acc_seg);
       if (!st.ok()) return rank_context(decoded(st, j == r ? nullptr : &link(j)), "reducing the chunk of", j);
       if (j != r) link(j).recycle(std::move(part));
     }
-    acc_seg.div_(static_cast<float>(m));
+    const auto mf = static_cast<float>(m);
+    for (float& v : acc_seg) v /= mf;
     // 3. The mean, encoded once, to everyone; every rank (the owner too) decodes the same bytes.
-    const quant::EncodedView mean = quant::encode_view(acc_seg, codec);
+    const quant::EncodedView mean = quant::encode_view(std::span<const float>(acc_seg), codec);
     if (!exact) {
       Bytes& own_mean = parts[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)];
       own_mean = mean.head;
@@ -162,15 +172,15 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   // when it is contiguous CPU fp32, else through one staging tensor.
   const bool direct = tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
   at::Tensor out = direct ? flat : torch::empty({n}, torch::kFloat);
+  float* const out_data = out.data_ptr<float>();
   for (int j = 0; j < m; ++j) {
     if (j == r && exact) {
-      out.slice(0, mine_begin, mine_begin + acc.numel()).copy_(acc);
+      std::copy(acc.begin(), acc.end(), out_data + mine_begin);
       continue;
     }
     for (std::int64_t s = 0; s < segs; ++s) {
       Bytes& part = parts[static_cast<std::size_t>(j)][static_cast<std::size_t>(s)];
-      at::Tensor dst = segment(out, j, s);
-      if (Status st = quant::decode_into(part, span_of(dst)); !st.ok()) {
+      if (Status st = quant::decode_into(part, segment(out_data, j, s)); !st.ok()) {
         return rank_context(decoded(st, j == r ? nullptr : &link(j)), "decoding the mean of", j);
       }
       if (j != r) link(j).recycle(std::move(part));

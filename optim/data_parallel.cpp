@@ -45,12 +45,12 @@ Status DataParallel::load(ByteView state) {
 Status DataParallel::sync_gradients(const std::vector<at::Tensor>& params, std::int64_t step, Deadline deadline) {
   std::vector<at::Tensor> grads;  // each parameter's own gradient, or zeros where it has none
   for (const auto& p : params) grads.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
-  at::Tensor flat = flatten(grads);
+  flatten_into(grads, flat_);
   CommStats stats;
-  Status st = average(flat, step, deadline, stats);
+  Status st = average(flat_, step, deadline, stats);
   comm_ += stats;
   if (!st.ok()) return st.with_context("ddp step " + std::to_string(step));
-  write_flat(grads, flat);
+  write_flat(grads, flat_);
   ++rounds_;
   return Status();
 }

@@ -30,6 +30,7 @@ class DataParallel : public OuterOptimizer, public GradientSync {
  private:
   std::int64_t rounds_ = 0, skipped_ = 0;
   CommStats comm_;
+  at::Tensor flat_;  // the gradients, flattened; kept from step to step
 };
 
 // ddp over the group's Links with our all-reduce (any codec).

@@ -2,19 +2,67 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "core/check.h"
 
 namespace gossamer::optim {
 
+namespace {
+
+// Contiguous fp32 on the CPU: copied with memcpy, without a LibTorch operation per tensor (ddp
+// flattens every parameter's gradient every step, and a small model has many small tensors).
+bool plain(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); }
+
+}  // namespace
+
 at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
+  if (!tensors.empty() && std::all_of(tensors.begin(), tensors.end(), plain)) {
+    std::int64_t n = 0;
+    for (const auto& t : tensors) n += t.numel();
+    at::Tensor out = torch::empty({n}, torch::kFloat);
+    float* dst = out.data_ptr<float>();
+    for (const auto& t : tensors) {
+      if (t.numel() > 0) std::memcpy(dst, t.data_ptr<float>(), static_cast<std::size_t>(t.numel()) * sizeof(float));
+      dst += t.numel();
+    }
+    return out;
+  }
   std::vector<at::Tensor> flat;
   flat.reserve(tensors.size());
   for (const auto& t : tensors) flat.push_back(t.detach().to(at::kCPU, at::kFloat).reshape({-1}));
   return flat.empty() ? torch::empty({0}) : torch::cat(flat);
 }
 
+void flatten_into(const std::vector<at::Tensor>& tensors, at::Tensor& out) {
+  std::int64_t n = 0;
+  for (const auto& t : tensors) n += t.numel();
+  if (!out.defined() || !plain(out) || out.numel() != n || !std::all_of(tensors.begin(), tensors.end(), plain)) {
+    out = flatten(tensors);
+    return;
+  }
+  float* dst = out.data_ptr<float>();
+  for (const auto& t : tensors) {
+    if (t.numel() > 0) std::memcpy(dst, t.data_ptr<float>(), static_cast<std::size_t>(t.numel()) * sizeof(float));
+    dst += t.numel();
+  }
+}
+
 void write_flat(std::vector<at::Tensor>& tensors, const at::Tensor& flat) {
   torch::NoGradGuard no_grad;
+  if (plain(flat) && std::all_of(tensors.begin(), tensors.end(), plain)) {
+    std::int64_t total = 0;
+    for (const auto& t : tensors) total += t.numel();
+    GOSSAMER_CHECK(total == flat.numel(), "write_flat: the flat vector's length differs from the tensors'");
+    const float* src = flat.data_ptr<float>();
+    for (auto& t : tensors) {
+      if (t.numel() > 0) std::memcpy(t.data_ptr<float>(), src, static_cast<std::size_t>(t.numel()) * sizeof(float));
+      t.unsafeGetTensorImpl()->bump_version();  // an in-place write, as copy_() would record it
+      src += t.numel();
+    }
+    return;
+  }
   std::int64_t offset = 0;
   for (auto& t : tensors) {
     const std::int64_t n = t.numel();

@@ -11,6 +11,9 @@
 namespace gossamer::optim {
 
 at::Tensor flatten(const std::vector<at::Tensor>& tensors);
+// flatten() into `out`, reusing its memory when it is already a flat fp32 CPU vector of the right
+// length (a buffer kept from step to step).
+void flatten_into(const std::vector<at::Tensor>& tensors, at::Tensor& out);
 void write_flat(std::vector<at::Tensor>& tensors, const at::Tensor& flat);
 
 }  // namespace gossamer::optim

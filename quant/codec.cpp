@@ -130,6 +130,20 @@ Bytes encode(const at::Tensor& tensor, const EncodeOptions& o) {
   return payload;
 }
 
+EncodedView encode_view(std::span<const float> values, const EncodeOptions& o) {
+  const std::size_t n = values.size();
+  const bool borrow = o.codec == CodecId::kFp32 && !o.zstd && n > 0;
+  // Anything else is encoded from a tensor over the same memory (no copy).
+  if (!borrow) return {encode(at::from_blob(const_cast<float*>(values.data()), {static_cast<std::int64_t>(n)}, at::kFloat), o), {}};
+  // The header encode() writes (a test pins the two to the same bytes), the body borrowed.
+  GOSSAMER_CHECK(n <= static_cast<std::size_t>(kMaxElements), "quant::encode: tensor too large");
+  const auto* data = reinterpret_cast<const std::uint8_t*>(values.data());
+  GOSSAMER_CHECK(kernels::check_finite_fp32(data, n), "quant::encode: the tensor holds NaN or Inf");
+  const std::int64_t dims[1] = {static_cast<std::int64_t>(n)};
+  return {payload_header(CodecId::kFp32, SourceDtype::kFloat32, 0, ScaleFormat::kNone, 0, dims, n * 4, std::nullopt),
+          ByteView(reinterpret_cast<const std::byte*>(data), n * 4)};
+}
+
 EncodedView encode_view(const at::Tensor& tensor, const EncodeOptions& o) {
   const bool borrow = o.codec == CodecId::kFp32 && !o.zstd && tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat &&
                       tensor.is_contiguous() && tensor.numel() > 0;

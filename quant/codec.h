@@ -27,6 +27,8 @@
 // Threading: the functions are pure and thread-safe.
 #pragma once
 
+#include <span>
+
 #include <ATen/core/Tensor.h>
 
 #include "quant/format.h"
@@ -45,6 +47,9 @@ struct EncodedView {
   std::size_t size() const { return head.size() + body.size(); }
 };
 EncodedView encode_view(const at::Tensor& tensor, const EncodeOptions& options);
+// The same for a flat run of fp32 values (encoded as a 1-D tensor), without making a tensor of them
+// when the body is borrowed: what a collective sends many times per step.
+EncodedView encode_view(std::span<const float> values, const EncodeOptions& options);
 // max_elements: see inspect() in quant/format.h.
 [[nodiscard]] Result<at::Tensor> decode(ByteView payload, std::int64_t max_elements = kMaxElements);
 

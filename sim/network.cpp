@@ -22,25 +22,64 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// Messages from one sender on one epoch, queued by tag. A link carries few tags at a time (a
+// collective's phases) but a new set every round, so a queue that runs empty is handed to the next
+// new tag instead of being kept under its old one.
 struct Mailbox {
   std::mutex mu;
   std::unique_ptr<Signal> signal;
-  std::map<transport::Tag, std::deque<Bytes>> queues;
+  std::vector<std::pair<transport::Tag, std::deque<Bytes>>> queues;
   bool closed = false;
+
+  std::deque<Bytes>* find(transport::Tag tag) {
+    for (auto& [t, q] : queues) {
+      if (t == tag && !q.empty()) return &q;
+    }
+    return nullptr;
+  }
+  std::deque<Bytes>& queue(transport::Tag tag) {
+    if (std::deque<Bytes>* q = find(tag); q != nullptr) return *q;
+    for (auto& [t, q] : queues) {
+      if (q.empty()) {
+        t = tag;
+        return q;
+      }
+    }
+    return queues.emplace_back(tag, std::deque<Bytes>()).second;
+  }
+};
+
+// The links a message crosses (resource indices): the sender's uplink, its site's uplink, the
+// receiver's site's downlink, the hub, the receiver's downlink; at most five, kept inline.
+struct Path {
+  std::array<int, 5> r{};
+  int size = 0;
+  void push_back(int x) { r[static_cast<std::size_t>(size++)] = x; }
+  const int* begin() const { return r.data(); }
+  const int* end() const { return r.data() + size; }
 };
 
 struct Flow {
   int from = 0, to = 0, epoch = 0;
-  std::vector<int> path;  // resource indices
+  Path path;
   double remaining = 0;   // bytes on the wire still to send
   double rate = 0;        // bytes per second, from the last fair-share computation
   Nanos delay{0};         // latency + jitter + loss, drawn at send time
   Bytes payload;
   transport::Tag tag = 0;
+  Mailbox* inbox = nullptr;  // the receiver's mailbox for this sender and epoch
   std::mutex mu;
-  std::unique_ptr<Signal> signal;
+  Signal* signal = nullptr;  // the sending link's: notified when the flow is done
   bool done = false;
   Status result;
+};
+
+// A message whose last byte has left, on its way to the receiver's mailbox.
+struct Delivery {
+  Mailbox* inbox = nullptr;
+  int from = 0, to = 0;
+  transport::Tag tag = 0;
+  Bytes payload;
 };
 
 }  // namespace
@@ -80,8 +119,9 @@ struct Network::Impl {
     return *m;
   }
 
-  std::vector<int> path(int from, int to) const {
-    std::vector<int> p{2 * from};
+  Path path(int from, int to) const {
+    Path p;
+    p.push_back(2 * from);
     const int sf = spec.nodes[static_cast<std::size_t>(from)].site, st = spec.nodes[static_cast<std::size_t>(to)].site;
     if (sf != st) {
       if (sf >= 0) p.push_back(2 * n + 2 * sf);
@@ -123,34 +163,33 @@ struct Network::Impl {
     return Nanos(static_cast<std::int64_t>(std::llround(total)));
   }
 
-  // Max-min fair rates by progressive filling over the links the flows cross.
+  // Max-min fair rates by progressive filling over the links the flows cross. Every link whose fair
+  // share is the smallest saturates at once (their flows all get that share), so flows that share
+  // nothing, as in an all-reduce's exchanges, are settled in one pass.
   void recompute() {
     // Scratch kept between calls: this runs once per instant that flows change.
     std::vector<double>& cap = scratch_cap;
     std::vector<int>& count = scratch_count;
+    std::vector<char>& tight = scratch_tight;
     std::vector<Flow*>& open = scratch_open;
     std::vector<Flow*>& rest = scratch_rest;
     cap = capacity;
     count.assign(cap.size(), 0);
-    open.clear();
+    open.assign(flows.begin(), flows.end());
     for (Flow* f : flows) {
-      open.push_back(f);
       for (int r : f->path) ++count[static_cast<std::size_t>(r)];
     }
+    auto share_of = [&](std::size_t r) { return count[r] == 0 || std::isinf(cap[r]) ? kInf : std::max(0.0, cap[r]) / count[r]; };
     while (!open.empty()) {
-      int best = -1;
       double share = kInf;
-      for (std::size_t r = 0; r < cap.size(); ++r) {
-        if (count[r] == 0 || std::isinf(cap[r])) continue;
-        const double s = std::max(0.0, cap[r]) / count[r];
-        if (s < share) {
-          share = s;
-          best = static_cast<int>(r);
-        }
+      for (std::size_t r = 0; r < cap.size(); ++r) share = std::min(share, share_of(r));
+      tight.assign(cap.size(), 0);
+      if (!std::isinf(share)) {
+        for (std::size_t r = 0; r < cap.size(); ++r) tight[r] = share_of(r) == share ? 1 : 0;
       }
       rest.clear();
       for (Flow* f : open) {
-        const bool through = best < 0 || std::find(f->path.begin(), f->path.end(), best) != f->path.end();
+        const bool through = std::isinf(share) || std::any_of(f->path.begin(), f->path.end(), [&](int r) { return tight[static_cast<std::size_t>(r)] != 0; });
         if (!through) {
           rest.push_back(f);
           continue;
@@ -232,21 +271,36 @@ struct Network::Impl {
     f->signal->notify_all();
   }
 
-  // The last byte left: the sender is free, and the message lands after its delay.
+  // The last byte left: the sender is free, and the message lands after its delay. The delivery
+  // waits in a slot, so the timer's callback carries only its index.
   void complete(Flow* f) {
     flows.erase(std::remove(flows.begin(), flows.end(), f), flows.end());
-    const int from = f->from, to = f->to, epoch = f->epoch;
+    const int from = f->from, to = f->to;
     Nanos at = std::max(sched.now() + f->delay, last_delivery[pair(from, to)]);
     last_delivery[pair(from, to)] = at;
-    sched.call_at(at, [this, from, to, epoch, tag = f->tag, payload = std::move(f->payload)]() mutable {
-      if (dead[static_cast<std::size_t>(to)] || dead[static_cast<std::size_t>(from)]) return;
-      Mailbox& m = mailbox(to, from, epoch);
-      std::lock_guard<std::mutex> lock(m.mu);
-      if (m.closed) return;
-      m.queues[tag].push_back(std::move(payload));
-      m.signal->notify_all();
-    });
+    std::size_t slot = deliveries.size();
+    if (!free_slots.empty()) {
+      slot = free_slots.back();
+      free_slots.pop_back();
+    } else {
+      deliveries.emplace_back();
+    }
+    deliveries[slot] = Delivery{f->inbox, from, to, f->tag, std::move(f->payload)};
+    sched.call_at(at, [this, slot] { deliver(slot); });
     finish(f, Status());
+  }
+
+  void deliver(std::size_t slot) {
+    Delivery d = std::move(deliveries[slot]);
+    free_slots.push_back(slot);
+    Mailbox& m = *d.inbox;
+    std::lock_guard<std::mutex> lock(m.mu);
+    if (dead[static_cast<std::size_t>(d.to)] || dead[static_cast<std::size_t>(d.from)] || m.closed) {
+      recycle(std::move(d.payload));
+      return;
+    }
+    m.queue(d.tag).push_back(std::move(d.payload));
+    m.signal->notify_all();
   }
 
   // Fails every message still leaving between a and b on that epoch, either way.
@@ -320,6 +374,9 @@ struct Network::Impl {
   std::vector<Bytes> pool;  // recycled payload buffers
   std::vector<double> scratch_cap;
   std::vector<int> scratch_count;
+  std::vector<char> scratch_tight;
+  std::vector<Delivery> deliveries;  // messages on their way, by slot
+  std::vector<std::size_t> free_slots;
   std::vector<Flow*> scratch_open, scratch_rest;
   Scheduler& sched;
   NetworkSpec spec;
@@ -341,7 +398,14 @@ namespace {
 
 class SimLink final : public transport::Link {
  public:
-  SimLink(Network::Impl& net, int self, int peer, int epoch) : net_(net), self_(self), peer_(peer), epoch_(epoch) {}
+  SimLink(Network::Impl& net, int self, int peer, int epoch)
+      : net_(net),
+        self_(self),
+        peer_(peer),
+        epoch_(epoch),
+        inbox_(net.mailbox(self, peer, epoch)),
+        outbox_(net.mailbox(peer, self, epoch)),
+        sent_(net.sched.make_signal()) {}
   transport::PeerId peer() const override { return transport::PeerId{static_cast<std::uint64_t>(peer_) + 1}; }
   std::string remote_address() const override { return "sim://node-" + std::to_string(peer_); }
 
@@ -352,8 +416,7 @@ class SimLink final : public transport::Link {
 
   // The message is copied once, into the flow that carries it.
   Status send_parts(transport::Tag tag, std::span<const ByteView> parts, Deadline deadline) override {
-    if (net_.dead[static_cast<std::size_t>(self_)] || net_.dead[static_cast<std::size_t>(peer_)] || net_.mailbox(peer_, self_, epoch_).closed ||
-        net_.mailbox(self_, peer_, epoch_).closed) {
+    if (net_.dead[static_cast<std::size_t>(self_)] || net_.dead[static_cast<std::size_t>(peer_)] || outbox_.closed || inbox_.closed) {
       return lost();
     }
     Flow f;
@@ -369,7 +432,8 @@ class SimLink final : public transport::Link {
     f.payload = net_.take_buffer(size);
     for (ByteView p : parts) f.payload.insert(f.payload.end(), p.begin(), p.end());
     f.delay = net_.draw_delay(self_, peer_, size);
-    f.signal = net_.sched.make_signal();
+    f.inbox = &outbox_;
+    f.signal = sent_.get();
     const auto wire = static_cast<std::uint64_t>(f.remaining);
     net_.add(&f);
     std::unique_lock<std::mutex> lock(f.mu);
@@ -390,19 +454,18 @@ class SimLink final : public transport::Link {
   }
 
   Result<Bytes> recv(transport::Tag tag, Deadline deadline) override {
-    Mailbox& m = net_.mailbox(self_, peer_, epoch_);
+    Mailbox& m = inbox_;
     std::unique_lock<std::mutex> lock(m.mu);
     auto has = [&] {
-      auto it = m.queues.find(tag);
-      return m.closed || (it != m.queues.end() && !it->second.empty());
+      return m.closed || m.find(tag) != nullptr;
     };
     if (!m.signal->wait(lock, deadline, has)) {
       return error(ErrorCode::kTimeout, "no message from node " + std::to_string(peer_) + " before the deadline");
     }
-    auto it = m.queues.find(tag);
-    if (it == m.queues.end() || it->second.empty()) return lost();
-    Bytes out = std::move(it->second.front());
-    it->second.pop_front();
+    std::deque<Bytes>* q = m.find(tag);
+    if (q == nullptr) return lost();
+    Bytes out = std::move(q->front());
+    q->pop_front();
     stats_.bytes_received += out.size() + transport::kFrameHeaderBytes;
     stats_.messages_received += 1;
     return out;
@@ -417,6 +480,9 @@ class SimLink final : public transport::Link {
 
   Network::Impl& net_;
   int self_, peer_, epoch_;
+  Mailbox& inbox_;   // what the peer sends us (mailboxes live as long as the Network)
+  Mailbox& outbox_;  // what we send the peer
+  std::unique_ptr<Signal> sent_;  // notified as this link's sends finish (each waits for its own)
   transport::LinkStats stats_;
 };
 

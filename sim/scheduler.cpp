@@ -8,11 +8,11 @@
 #include <exception>
 #include <mutex>
 #include <optional>
-#include <queue>
 #include <string>
 #include <vector>
 
-#include <ATen/ThreadLocalState.h>
+#include <c10/core/AutogradState.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include "core/check.h"
 
@@ -51,12 +51,27 @@ class FiberStack {
   std::byte* base_ = nullptr;
 };
 
+// The part of LibTorch's thread-local state that a training thread changes: grad, inference and
+// forward-grad modes, and the dispatch keys that guards (no-grad, below-autograd) include or exclude.
+// Two plain values, captured and restored at every switch; the rest of at::ThreadLocalState
+// (profiler callbacks, debug info, Python modes) is not used by simulated threads, and capturing it
+// whole cost more than the messages that made the switch.
+struct TorchTls {
+  c10::AutogradState autograd;
+  c10::impl::LocalDispatchKeySet keys;
+  static TorchTls capture() { return {c10::AutogradState::get_tls_state(), c10::impl::tls_local_dispatch_key_set()}; }
+  void restore() const {
+    c10::AutogradState::set_tls_state(autograd);
+    c10::impl::_force_tls_local_dispatch_key_set(keys);
+  }
+};
+
 // One execution context: a simulated thread (a fiber with its own stack) or the thread that called
 // run() (no stack of ours). Each keeps LibTorch's thread-local state (grad mode, dispatch keys) across
 // switches, since every fiber runs on the same OS thread.
 struct Context {
   ucontext_t uc{};
-  std::optional<at::ThreadLocalState> torch_tls;
+  std::optional<TorchTls> torch_tls;
   const void* stack_bottom = nullptr;  // for the sanitizers
   std::size_t stack_size = 0;
 #if defined(GOSSAMER_FIBER_TSAN)
@@ -95,12 +110,19 @@ thread_local Actor* t_current = nullptr;  // the actor running on this thread, i
 struct Scheduler::Impl {
   Nanos now{0};
   std::uint64_t seq = 0;
-  std::priority_queue<Event, std::vector<Event>, Later> events;
+  // A binary heap (std::push_heap/pop_heap with Later): the earliest event is moved out, never copied
+  // (a delivery's callback carries its payload).
+  std::vector<Event> events;
+  void push(Event e) {
+    events.push_back(std::move(e));
+    std::push_heap(events.begin(), events.end(), Later{});
+  }
   std::deque<Actor*> ready;
   std::vector<std::unique_ptr<Actor>> actors;
   std::size_t finished = 0;
   Context main;                       // the thread in run() (or the destructor)
-  at::ThreadLocalState fresh_tls;     // what a new simulated thread starts with, as a new OS thread would
+  // What a new simulated thread starts with, as a new OS thread would: grad mode on, no guards.
+  TorchTls fresh_tls{c10::AutogradState(/*grad_mode=*/true, /*inference_mode=*/false, /*fw_grad_mode=*/true), c10::impl::LocalDispatchKeySet(c10::impl::PODLocalDispatchKeySet{})};  // zero: the defaults, as a new thread has
   bool stopping = false;
   std::exception_ptr failure;
 
@@ -121,8 +143,9 @@ struct Scheduler::Impl {
         return a;
       }
       if (events.empty() || finished == actors.size()) return nullptr;  // what is left cannot affect an actor
-      Event e = events.top();
-      events.pop();
+      std::pop_heap(events.begin(), events.end(), Later{});
+      Event e = std::move(events.back());
+      events.pop_back();
       if (e.wake != nullptr) {
         if (!e.wake->parked || e.wake->wait_token != e.token) continue;  // stale: that wait already ended; time stays
         now = std::max(now, e.time);
@@ -139,7 +162,7 @@ struct Scheduler::Impl {
   void switch_to(Actor* from, Actor* to) {
     Context& a = from != nullptr ? from->ctx : main;
     Context& b = to != nullptr ? to->ctx : main;
-    a.torch_tls.emplace();  // captures this context's LibTorch thread-local state
+    a.torch_tls = TorchTls::capture();  // this context's LibTorch thread-local state
     t_current = to;
 #if defined(GOSSAMER_FIBER_ASAN)
     void* fake_stack = nullptr;
@@ -161,7 +184,7 @@ struct Scheduler::Impl {
     }
 #endif
     t_current = from;
-    if (a.torch_tls) at::ThreadLocalState::setThreadLocalState(*a.torch_tls);
+    if (a.torch_tls) a.torch_tls->restore();
   }
 
   // Hands control from `self` (parking, or finished) straight to the next actor, or back to run()
@@ -181,7 +204,7 @@ struct Scheduler::Impl {
     if (stopping) throw SimulationStopped();
   }
 
-  void schedule_wake(Actor* a, Nanos t) { events.push(Event{t, seq++, a, a->wait_token + 1, {}}); }
+  void schedule_wake(Actor* a, Nanos t) { push(Event{t, seq++, a, a->wait_token + 1, {}}); }
   // wait_token + 1 is the token the actor will hold while parked (make_ready bumps it on wake-up).
 
   // A simulated thread's first frame: runs the body, then hands control on for good.
@@ -197,7 +220,7 @@ struct Scheduler::Impl {
       st.main.stack_size = prev_size;
     }
 #endif
-    at::ThreadLocalState::setThreadLocalState(st.fresh_tls);
+    st.fresh_tls.restore();
     if (!st.stopping) {
       try {
         a->body();
@@ -281,7 +304,6 @@ class SimThread final : public ClockThread {
 }  // namespace
 
 Scheduler::Scheduler() : impl_(std::make_unique<Impl>()) {
-  impl_->fresh_tls.set_grad_mode(true);  // as on a new thread, whatever the creating thread's mode
 }
 
 void Scheduler::stop() {
@@ -347,7 +369,7 @@ std::unique_ptr<ClockThread> Scheduler::start_thread(std::function<void()> body)
 
 void Scheduler::call_at(Nanos t, std::function<void()> fn) {
   auto& s = *impl_;
-  s.events.push(Event{std::max(t, s.now), s.seq++, nullptr, 0, std::move(fn)});
+  s.push(Event{std::max(t, s.now), s.seq++, nullptr, 0, std::move(fn)});
 }
 
 Status Scheduler::run() {
