@@ -179,13 +179,17 @@ struct Network::Impl {
     for (Flow* f : flows) {
       for (int r : f->path) ++count[static_cast<std::size_t>(r)];
     }
-    auto share_of = [&](std::size_t r) { return count[r] == 0 || std::isinf(cap[r]) ? kInf : std::max(0.0, cap[r]) / count[r]; };
+    std::vector<double>& shares = scratch_shares;
+    shares.resize(cap.size());
     while (!open.empty()) {
       double share = kInf;
-      for (std::size_t r = 0; r < cap.size(); ++r) share = std::min(share, share_of(r));
+      for (std::size_t r = 0; r < cap.size(); ++r) {
+        shares[r] = count[r] == 0 || std::isinf(cap[r]) ? kInf : std::max(0.0, cap[r]) / count[r];
+        share = std::min(share, shares[r]);
+      }
       tight.assign(cap.size(), 0);
       if (!std::isinf(share)) {
-        for (std::size_t r = 0; r < cap.size(); ++r) tight[r] = share_of(r) == share ? 1 : 0;
+        for (std::size_t r = 0; r < cap.size(); ++r) tight[r] = shares[r] == share ? 1 : 0;
       }
       rest.clear();
       for (Flow* f : open) {
@@ -375,6 +379,7 @@ struct Network::Impl {
   std::vector<double> scratch_cap;
   std::vector<int> scratch_count;
   std::vector<char> scratch_tight;
+  std::vector<double> scratch_shares;
   std::vector<Delivery> deliveries;  // messages on their way, by slot
   std::vector<std::size_t> free_slots;
   std::vector<Flow*> scratch_open, scratch_rest;

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "optim/flat_params.h"
 #include "optim/outer_optimizer.h"
 #include "optim/ranks.h"
 
@@ -99,4 +100,28 @@ TEST_CASE("ddp averages gradients every step before the inner optimizer") {
     CHECK(setups[static_cast<std::size_t>(r)].outer->rounds() == 1);
     CHECK(setups[static_cast<std::size_t>(r)].outer->comm().bytes_sent > 0);
   }
+}
+
+TEST_CASE("flatten, flatten_into and write_flat move parameters in order, in place where they can") {
+  std::vector<at::Tensor> ts = {torch::randn({3, 4}), torch::randn({5}), torch::zeros({0}), torch::randn({2, 2, 2})};
+  const at::Tensor flat = optim::flatten(ts);
+  REQUIRE(flat.numel() == 25);
+  CHECK(torch::equal(flat.slice(0, 12, 17), ts[1]));
+  at::Tensor buffer = torch::empty({25});
+  const void* where = buffer.data_ptr();
+  optim::flatten_into(ts, buffer);
+  CHECK(buffer.data_ptr() == where);  // the buffer is reused
+  CHECK(torch::equal(buffer, flat));
+  at::Tensor wrong = torch::empty({7});
+  optim::flatten_into(ts, wrong);  // the wrong length: a new buffer
+  CHECK(torch::equal(wrong, flat));
+  // Non-contiguous and non-fp32 tensors take the general path and agree with the fast one.
+  std::vector<at::Tensor> mixed = {ts[0].t(), ts[1].to(torch::kDouble)};
+  CHECK(torch::equal(optim::flatten(mixed), torch::cat({ts[0].t().reshape({-1}), ts[1]})));
+  std::vector<at::Tensor> out = {torch::empty({3, 4}), torch::empty({5}), torch::empty({0}), torch::empty({2, 2, 2})};
+  const auto version = out[0].unsafeGetTensorImpl()->version_counter().current_version();
+  optim::write_flat(out, flat * 2);
+  for (std::size_t i = 0; i < ts.size(); ++i) CHECK(torch::equal(out[i], ts[i] * 2));
+  CHECK(out[0].unsafeGetTensorImpl()->version_counter().current_version() > version);  // recorded as an in-place write
+  CHECK_THROWS(optim::write_flat(out, torch::zeros({24})));
 }

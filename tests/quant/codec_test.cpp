@@ -292,3 +292,21 @@ TEST_CASE("encode_view gives encode's bytes in two pieces, borrowing an fp32 ten
   bad[1][2] = std::numeric_limits<float>::quiet_NaN();
   CHECK_THROWS(encode_view(bad, fp32));
 }
+
+TEST_CASE("encode_view of a span of floats gives the bytes of the same values as a 1-D tensor") {
+  const at::Tensor t = torch::randn({150});
+  const std::span<const float> values(t.data_ptr<float>(), 150);
+  for (int c = 0; c < kNumCodecs; ++c) {
+    EncodeOptions o;
+    o.codec = static_cast<CodecId>(c);
+    CAPTURE(c);
+    const EncodedView v = encode_view(values, o);
+    Bytes joined = v.head;
+    joined.insert(joined.end(), v.body.begin(), v.body.end());
+    CHECK((joined == encode(t, o)));
+    CHECK((o.codec == CodecId::kFp32) == (static_cast<const void*>(v.body.data()) == t.data_ptr()));  // fp32 borrows
+  }
+  std::vector<float> bad(8, 1.0f);
+  bad[3] = std::numeric_limits<float>::infinity();
+  CHECK_THROWS(encode_view(std::span<const float>(bad), EncodeOptions{}));
+}

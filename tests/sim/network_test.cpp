@@ -68,7 +68,7 @@ TEST_CASE("two flows through one uplink share it; flows on separate links do not
   const double one = wire / 1e8;  // seconds alone on a link
   auto run = [&](std::vector<std::pair<int, int>> pairs) {
     Scheduler s;
-    Network net(s, uniform(4, p));
+    Network net(s, uniform(5, p));
     std::vector<Nanos> arrivals(pairs.size());
     std::vector<std::unique_ptr<ClockThread>> threads;
     for (std::size_t i = 0; i < pairs.size(); ++i) {
@@ -88,6 +88,13 @@ TEST_CASE("two flows through one uplink share it; flows on separate links do not
   for (Nanos t : apart) CHECK(std::chrono::duration<double>(t - 10ms).count() == doctest::Approx(one).epsilon(1e-6));
   const auto incast = run({{0, 2}, {1, 2}});  // both enter through node 2's downlink
   for (Nanos t : incast) CHECK(std::chrono::duration<double>(t - 10ms).count() == doctest::Approx(2 * one).epsilon(1e-6));
+  // Max-min, not an equal split: three flows into node 3 get a third of its downlink each, so node 2's
+  // second flow (to node 4) gets the two thirds of node 2's uplink that the first leaves unused.
+  const auto maxmin = run({{0, 3}, {1, 3}, {2, 3}, {2, 4}});
+  for (int i = 0; i < 3; ++i) {
+    CHECK(std::chrono::duration<double>(maxmin[static_cast<std::size_t>(i)] - 10ms).count() == doctest::Approx(3 * one).epsilon(1e-6));
+  }
+  CHECK(std::chrono::duration<double>(maxmin[3] - 10ms).count() == doctest::Approx(1.5 * one).epsilon(1e-6));
 }
 
 TEST_CASE("workers behind one site uplink share it when they talk to the outside") {
