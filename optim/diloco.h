@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -48,6 +49,8 @@ class DiLoCo {
   }
 
   const at::Tensor& outer_weights() const { return state_.outer; }
+  // The model's tensors with the outer weights that stand for them (what to evaluate and export).
+  std::vector<std::pair<std::vector<at::Tensor>, at::Tensor>> evaluation_weights() const { return {{params_, state_.outer}}; }
   const at::Tensor& momentum() const { return state_.momentum; }
   std::int64_t rounds() const { return state_.rounds; }
   std::int64_t skipped_rounds() const { return state_.skipped; }

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "optim/data_parallel.h"
+#include "optim/flat_params.h"
 #include "optim/gloo_sync.h"
 #include "optim/state_io.h"
 
@@ -59,6 +60,26 @@ class Adapter final : public OuterOptimizer {
       return impl_.settle(d);
     } else {
       return Status();
+    }
+  }
+  double evaluate_outer(const std::function<double()>& evaluate) override {
+    if constexpr (requires { impl_.evaluation_weights(); }) {
+      // Each (model tensors, flat outer weights) pair: the model's own saved, the outer written in,
+      // and the model's own written back whichever way `evaluate` returns.
+      auto pairs = impl_.evaluation_weights();
+      std::vector<at::Tensor> saved;
+      for (auto& [tensors, outer] : pairs) saved.push_back(flatten(tensors));
+      struct Restore {
+        decltype(pairs)& p;
+        std::vector<at::Tensor>& s;
+        ~Restore() {
+          for (std::size_t i = 0; i < s.size(); ++i) write_flat(p[i].first, s[i]);
+        }
+      } restore{pairs, saved};
+      for (auto& [tensors, outer] : pairs) write_flat(tensors, outer);
+      return evaluate();
+    } else {
+      return evaluate();
     }
   }
 

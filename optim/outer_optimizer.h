@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -46,6 +47,10 @@ class OuterOptimizer {
   // Waits for communication in flight whose outcome is part of the state (CO2's average), so that
   // save() then captures it whole; other methods have none.
   [[nodiscard]] virtual Status settle(Deadline) { return Status(); }
+  // Runs `evaluate` with the weights this method evaluates and exports in the model's parameters:
+  // DiLoCo's outer weights, Streaming DiLoCo's (each fragment as last synchronized; ALGORITHMS.md
+  // 2.3); the live model for the other methods. The model's own weights are back in place after.
+  virtual double evaluate_outer(const std::function<double()>& evaluate) { return evaluate(); }
 };
 
 // Averages gradients across the group before each inner step (ddp).

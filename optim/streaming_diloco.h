@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/bytes.h"
@@ -42,6 +43,12 @@ class StreamingDiLoCo {
   [[nodiscard]] Result<int> step(std::int64_t inner_steps_done, Deadline deadline);
 
   const at::Tensor& outer_weights(std::size_t fragment) const { return state_[fragment].outer; }
+  // Every fragment's tensors with its outer weights (what to evaluate and export).
+  std::vector<std::pair<std::vector<at::Tensor>, at::Tensor>> evaluation_weights() const {
+    std::vector<std::pair<std::vector<at::Tensor>, at::Tensor>> out;
+    for (std::size_t p = 0; p < fragments_.size(); ++p) out.emplace_back(fragments_[p].tensors, state_[p].outer);
+    return out;
+  }
   std::int64_t rounds() const { return completed_; }
   // A fragment's failed or dropped window is counted where it happens, once (see skipped_rounds()),
   // so the caller's skip adds nothing.

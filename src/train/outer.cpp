@@ -191,7 +191,7 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
     std::optional<double> val;
     if (o.evaluate && ((o.eval_every > 0 && r.step % o.eval_every == 0) || last)) {
       Stopwatch eval_watch(real_clock());
-      val = worker.evaluate();
+      val = outer.evaluate_outer([&] { return worker.evaluate(); });
       acc.eval_wall_s += eval_watch.elapsed_seconds();
     }
     const bool round = synced.ok() && *synced && setup.gradient_sync == nullptr;

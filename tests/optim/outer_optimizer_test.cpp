@@ -125,3 +125,34 @@ TEST_CASE("flatten, flatten_into and write_flat move parameters in order, in pla
   CHECK(out[0].unsafeGetTensorImpl()->version_counter().current_version() > version);  // recorded as an in-place write
   CHECK_THROWS(optim::write_flat(out, torch::zeros({24})));
 }
+
+TEST_CASE("diloco and streaming_diloco evaluate their outer weights and give the model its own back") {
+  for (const auto& method : outer_methods()) {
+    CAPTURE(method);
+    auto blocks = toy(1.0f);
+    auto setup = make_outer_optimizer(config(method), blocks, mesh(1)[0]);
+    REQUIRE(setup.ok());
+    // Local steps with no outer step yet: the outer weights are still the starting ones (1.0 ...).
+    for (auto& blk : blocks) {
+      for (auto& t : blk.tensors) t.add_(0.25f);
+    }
+    std::vector<at::Tensor> params;
+    for (auto& blk : blocks) {
+      for (auto& t : blk.tensors) params.push_back(t);
+    }
+    const at::Tensor local = optim::flatten(params);
+    const at::Tensor start = optim::flatten(params) - 0.25f;
+    at::Tensor seen;
+    const double v = setup->outer->evaluate_outer([&] {
+      seen = optim::flatten(params);
+      return 42.0;
+    });
+    CHECK(v == 42.0);
+    const bool outer = method == "diloco" || method == "streaming_diloco";
+    CHECK(torch::equal(seen, outer ? start : local));
+    CHECK(torch::equal(optim::flatten(params), local));  // the model's own weights are back
+    // ...also when the evaluation throws.
+    CHECK_THROWS(setup->outer->evaluate_outer([]() -> double { throw std::runtime_error("eval failed"); }));
+    CHECK(torch::equal(optim::flatten(params), local));
+  }
+}
