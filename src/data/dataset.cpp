@@ -53,15 +53,25 @@ Result<Dataset> Dataset::from_text(std::string text, double val_fraction, std::i
   return d;
 }
 
-ShardSampler::ShardSampler(const std::string& train, int rank, int world, std::int64_t batch, std::int64_t context, std::uint64_t seed)
+ShardSampler::ShardSampler(const std::string& train, int rank, int world, std::int64_t batch, std::int64_t context, std::uint64_t seed,
+                           std::int64_t block)
     : text_(&train), rank_(rank), batch_(batch), context_(context), seed_(seed) {
   GOSSAMER_CHECK(world >= 1 && rank >= 0 && rank < world, "ShardSampler: rank must be in [0, world)");
   GOSSAMER_CHECK(batch >= 1 && context >= 1, "ShardSampler: batch and context must be positive");
+  GOSSAMER_CHECK(block == 0 || block > context, "ShardSampler: a block must hold a window (block > context)");
   const auto n = static_cast<std::int64_t>(train.size());
-  begin_ = n * rank / world;
-  end_ = n * (rank + 1) / world;
-  GOSSAMER_CHECK(end_ - begin_ >= context + 1, "ShardSampler: shard of " + std::to_string(end_ - begin_) +
-                                                   " bytes is shorter than context + 1; use fewer workers or more data");
+  if (block == 0) {
+    pieces_.emplace_back(n * rank / world, n * (rank + 1) / world);
+  } else {
+    for (std::int64_t b = rank * block; b < n; b += world * block) pieces_.emplace_back(b, std::min(n, b + block));
+  }
+  if (pieces_.empty()) pieces_.emplace_back(n, n);  // a text too short to give this rank a block
+  for (const auto& [b, e] : pieces_) {
+    starts_before_.push_back(starts_);
+    starts_ += std::max<std::int64_t>(0, e - b - context);
+  }
+  GOSSAMER_CHECK(starts_ >= 1, "ShardSampler: shard of " + std::to_string(shard_end() - shard_begin()) +
+                                   " bytes holds no window of context + 1; use fewer workers or more data");
 }
 
 namespace {
@@ -76,9 +86,14 @@ std::uint64_t splitmix64(std::uint64_t x) {
 std::vector<std::int64_t> ShardSampler::offsets(std::int64_t index) const {
   GOSSAMER_CHECK(index >= 0, "batch index must be >= 0");
   std::mt19937_64 rng(splitmix64(seed_ ^ splitmix64(static_cast<std::uint64_t>(rank_) ^ splitmix64(static_cast<std::uint64_t>(index)))));
-  std::uniform_int_distribution<std::int64_t> pick(begin_, end_ - context_ - 1);
+  std::uniform_int_distribution<std::int64_t> pick(0, starts_ - 1);
   std::vector<std::int64_t> out(static_cast<std::size_t>(batch_));
-  for (auto& o : out) o = pick(rng);
+  for (auto& o : out) {
+    const std::int64_t k = pick(rng);
+    // The piece holding the k-th window start (pieces too short for a window hold none).
+    const auto i = static_cast<std::size_t>(std::upper_bound(starts_before_.begin(), starts_before_.end(), k) - starts_before_.begin()) - 1;
+    o = pieces_[i].first + (k - starts_before_[i]);
+  }
   return out;
 }
 

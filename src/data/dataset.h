@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -40,14 +41,19 @@ class Dataset {
 };
 
 // Batches for worker `rank` of `world`: windows of T+1 bytes drawn uniformly (with a counter-based
-// seeded RNG) from the rank's disjoint slice of the training text.
+// seeded RNG) from the rank's disjoint shard of the training text. With block = 0 the shard is one
+// contiguous slice (rank r of the text's world equal parts); with block > T the text is cut into
+// blocks of that many bytes dealt in turns (block i to rank i mod world), so every shard spans the
+// whole text as a shard of a shuffled corpus does, and a window never crosses a block's end.
 class ShardSampler {
  public:
-  ShardSampler(const std::string& train, int rank, int world, std::int64_t batch, std::int64_t context, std::uint64_t seed);
+  ShardSampler(const std::string& train, int rank, int world, std::int64_t batch, std::int64_t context, std::uint64_t seed,
+               std::int64_t block = 0);
 
   Batch batch(std::int64_t index) const;
-  std::int64_t shard_begin() const { return begin_; }
-  std::int64_t shard_end() const { return end_; }
+  // Where the shard's first piece begins and its last piece ends (the slice itself when contiguous).
+  std::int64_t shard_begin() const { return pieces_.front().first; }
+  std::int64_t shard_end() const { return pieces_.back().second; }
   // Offset of every window of batch `index` (exposed for tests).
   std::vector<std::int64_t> offsets(std::int64_t index) const;
 
@@ -56,7 +62,9 @@ class ShardSampler {
   int rank_;
   std::int64_t batch_, context_;
   std::uint64_t seed_;
-  std::int64_t begin_, end_;
+  std::vector<std::pair<std::int64_t, std::int64_t>> pieces_;  // [begin, end) of each piece of the shard
+  std::vector<std::int64_t> starts_before_;  // window starts available in the pieces before piece i
+  std::int64_t starts_ = 0;                   // window starts available in the whole shard
 };
 
 // A fixed evaluation set: up to max_batches batches of non-overlapping windows spread evenly over the

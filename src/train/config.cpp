@@ -50,6 +50,7 @@ const std::vector<KeySpec>& schema() {
       StringKey{"data.path", "text file or folder of text files; empty for the built-in synthetic language", [](RunConfig& c) -> std::string& { return c.data.path; }, {}},
       FloatKey{"data.val_fraction", "fraction of the corpus (its end) held out for validation", [](RunConfig& c) -> double& { return c.data.val_fraction; }, 0.0, 0.5, true},
       IntKey{"data.max_bytes", "refuse corpora larger than this", [](RunConfig& c) -> std::int64_t& { return c.data.max_bytes; }, 1024, std::numeric_limits<std::int64_t>::max()},
+      IntKey{"data.shard_block", "bytes per block when the training text is dealt to the workers in turns (block i to worker i mod workers: every shard spans the corpus, as shards of a shuffled dataset do); 0: one contiguous slice per worker", [](RunConfig& c) -> std::int64_t& { return c.data.shard_block; }, 0, std::numeric_limits<std::int64_t>::max()},
       IntKey{"data.synthetic.words", "vocabulary size of the synthetic language", [](RunConfig& c) -> std::int64_t& { return c.data.synthetic.words; }, 2, 100000},
       IntKey{"data.synthetic.classes", "word classes (the next word depends on the class of the current one)", [](RunConfig& c) -> std::int64_t& { return c.data.synthetic.classes; }, 1, 100000},
       FloatKey{"data.synthetic.zipf", "Zipf exponent of the next-word distribution", [](RunConfig& c) -> double& { return c.data.synthetic.zipf; }, 0.0, 10.0, false},
@@ -316,6 +317,10 @@ Status validate(const RunConfig& c) {
   }
   if (c.train.warmup_steps > c.train.steps) {
     return bad("train.warmup_steps (" + std::to_string(c.train.warmup_steps) + ") must not exceed train.steps (" + std::to_string(c.train.steps) + ")");
+  }
+  if (c.data.shard_block != 0 && c.data.shard_block <= c.model.context) {
+    return bad("data.shard_block (" + std::to_string(c.data.shard_block) + ") must exceed model.context (" + std::to_string(c.model.context) +
+               ") so that a window fits in a block, or be 0 for contiguous shards");
   }
   if (c.data.synthetic.classes > c.data.synthetic.words) {
     return bad("data.synthetic.classes (" + std::to_string(c.data.synthetic.classes) + ") must not exceed data.synthetic.words (" +

@@ -37,6 +37,8 @@ struct DataSection {
   std::string path;               // empty: the built-in synthetic language
   double val_fraction = 0.05;
   std::int64_t max_bytes = 1LL << 32;
+  std::int64_t shard_block = 0;   // > 0: the training text is dealt to the workers in blocks of this
+                                  // many bytes, block i to worker i mod workers; 0: contiguous slices
   SyntheticSection synthetic;
 };
 

@@ -50,7 +50,7 @@ struct Worker::Impl {
       : config(c),
         clock(&clk),
         gpt(gpt_config(c, rank)),
-        sampler(d.train(), rank, world, c.train.batch_size, c.model.context, static_cast<std::uint64_t>(c.train.seed)),
+        sampler(d.train(), rank, world, c.train.batch_size, c.model.context, static_cast<std::uint64_t>(c.train.seed), c.data.shard_block),
         eval_set(data::validation_batches(d.val(), c.train.batch_size, c.model.context, c.train.eval_batches)) {
     optimizer = make_adamw(gpt, c.train);
     schedule.lr = c.train.lr;

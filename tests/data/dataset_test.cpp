@@ -1,5 +1,7 @@
 #include <doctest/doctest.h>
 
+#include <set>
+
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -52,6 +54,37 @@ TEST_CASE("shards are disjoint, cover the training text and give reproducible ba
     CHECK(s.offsets(17) != other_seed.offsets(17));
   }
   CHECK(expected_begin == static_cast<std::int64_t>(t.size()));
+}
+
+TEST_CASE("interleaved shards deal the text's blocks in turns; windows stay inside one of the rank's blocks") {
+  const std::string t = text_of(100000);
+  const int world = 4;
+  const std::int64_t T = 32, block = 1000;
+  for (int rank = 0; rank < world; ++rank) {
+    ShardSampler s(t, rank, world, 8, T, 11, block);
+    CHECK(s.shard_begin() == rank * block);
+    std::set<std::int64_t> blocks;
+    for (std::int64_t i = 0; i < 200; ++i) {
+      for (auto off : s.offsets(i)) {
+        const std::int64_t b = off / block;
+        CHECK(b % world == rank);                   // one of this rank's blocks...
+        CHECK((off + T) / block == b);              // ...and the whole window inside it
+        CHECK(off + T + 1 <= static_cast<std::int64_t>(t.size()));
+        blocks.insert(b);
+      }
+    }
+    // The shard spans the text: windows come from its first and its last quarter alike.
+    CHECK(*blocks.begin() < 100000 / block / 4);
+    CHECK(*blocks.rbegin() >= 3 * 100000 / block / 4);
+    ShardSampler again(t, rank, world, 8, T, 11, block);
+    CHECK(s.offsets(17) == again.offsets(17));
+  }
+  // Contiguous shards (block 0) are what they always were: rank r's slice of the text.
+  ShardSampler slice(t, 1, world, 8, T, 11, 0);
+  CHECK(slice.shard_begin() == 25000);
+  CHECK(slice.shard_end() == 50000);
+  CHECK_THROWS(ShardSampler(t, 0, world, 8, T, 11, T));  // a block must hold a window
+  CHECK_THROWS(ShardSampler(text_of(100), 3, world, 8, T, 11, 64));  // rank 3 gets no block
 }
 
 TEST_CASE("batches hold bytes as tokens and targets shifted by one") {
