@@ -7,5 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh
-out="runs/compare-$(date +%Y%m%d-%H%M%S)"
-exec ./build/src/app/gossamer compare --out "$out" "$@"
+# A fresh output folder each run, unless the arguments name one.
+for arg in "$@"; do
+  case "$arg" in --out|--out=*) exec ./build/src/app/gossamer compare "$@" ;; esac
+done
+exec ./build/src/app/gossamer compare --out "runs/compare-$(date +%Y%m%d-%H%M%S)" "$@"
