@@ -15,18 +15,26 @@ namespace {
 // flattens every parameter's gradient every step, and a small model has many small tensors).
 bool plain(const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(); }
 
+// Copies plain tensors one after another into `dst`, which holds their total.
+void gather(const std::vector<at::Tensor>& tensors, float* dst) {
+  for (const auto& t : tensors) {
+    if (t.numel() > 0) std::memcpy(dst, t.data_ptr<float>(), static_cast<std::size_t>(t.numel()) * sizeof(float));
+    dst += t.numel();
+  }
+}
+
+std::int64_t total(const std::vector<at::Tensor>& tensors) {
+  std::int64_t n = 0;
+  for (const auto& t : tensors) n += t.numel();
+  return n;
+}
+
 }  // namespace
 
 at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
   if (!tensors.empty() && std::all_of(tensors.begin(), tensors.end(), plain)) {
-    std::int64_t n = 0;
-    for (const auto& t : tensors) n += t.numel();
-    at::Tensor out = torch::empty({n}, torch::kFloat);
-    float* dst = out.data_ptr<float>();
-    for (const auto& t : tensors) {
-      if (t.numel() > 0) std::memcpy(dst, t.data_ptr<float>(), static_cast<std::size_t>(t.numel()) * sizeof(float));
-      dst += t.numel();
-    }
+    at::Tensor out = torch::empty({total(tensors)}, torch::kFloat);
+    gather(tensors, out.data_ptr<float>());
     return out;
   }
   std::vector<at::Tensor> flat;
@@ -36,25 +44,17 @@ at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
 }
 
 void flatten_into(const std::vector<at::Tensor>& tensors, at::Tensor& out) {
-  std::int64_t n = 0;
-  for (const auto& t : tensors) n += t.numel();
-  if (!out.defined() || !plain(out) || out.numel() != n || !std::all_of(tensors.begin(), tensors.end(), plain)) {
+  if (out.defined() && plain(out) && out.numel() == total(tensors) && std::all_of(tensors.begin(), tensors.end(), plain)) {
+    gather(tensors, out.data_ptr<float>());
+  } else {
     out = flatten(tensors);
-    return;
-  }
-  float* dst = out.data_ptr<float>();
-  for (const auto& t : tensors) {
-    if (t.numel() > 0) std::memcpy(dst, t.data_ptr<float>(), static_cast<std::size_t>(t.numel()) * sizeof(float));
-    dst += t.numel();
   }
 }
 
 void write_flat(std::vector<at::Tensor>& tensors, const at::Tensor& flat) {
   torch::NoGradGuard no_grad;
   if (plain(flat) && std::all_of(tensors.begin(), tensors.end(), plain)) {
-    std::int64_t total = 0;
-    for (const auto& t : tensors) total += t.numel();
-    GOSSAMER_CHECK(total == flat.numel(), "write_flat: the flat vector's length differs from the tensors'");
+    GOSSAMER_CHECK(total(tensors) == flat.numel(), "write_flat: the flat vector's length differs from the tensors'");
     const float* src = flat.data_ptr<float>();
     for (auto& t : tensors) {
       if (t.numel() > 0) std::memcpy(t.data_ptr<float>(), src, static_cast<std::size_t>(t.numel()) * sizeof(float));

@@ -130,32 +130,37 @@ Bytes encode(const at::Tensor& tensor, const EncodeOptions& o) {
   return payload;
 }
 
-EncodedView encode_view(std::span<const float> values, const EncodeOptions& o) {
-  const std::size_t n = values.size();
-  const bool borrow = o.codec == CodecId::kFp32 && !o.zstd && n > 0;
-  // Anything else is encoded from a tensor over the same memory (no copy).
-  if (!borrow) return {encode(at::from_blob(const_cast<float*>(values.data()), {static_cast<std::int64_t>(n)}, at::kFloat), o), {}};
-  // The header encode() writes (a test pins the two to the same bytes), the body borrowed.
+namespace {
+
+// fp32 without zstd, borrowed: the header encode() writes (a test pins the two to the same bytes)
+// and the values themselves as the body, checked finite.
+EncodedView borrowed_fp32(const float* values, std::size_t n, at::IntArrayRef sizes) {
   GOSSAMER_CHECK(n <= static_cast<std::size_t>(kMaxElements), "quant::encode: tensor too large");
-  const auto* data = reinterpret_cast<const std::uint8_t*>(values.data());
+  const auto* data = reinterpret_cast<const std::uint8_t*>(values);
   GOSSAMER_CHECK(kernels::check_finite_fp32(data, n), "quant::encode: the tensor holds NaN or Inf");
-  const std::int64_t dims[1] = {static_cast<std::int64_t>(n)};
-  return {payload_header(CodecId::kFp32, SourceDtype::kFloat32, 0, ScaleFormat::kNone, 0, dims, n * 4, std::nullopt),
+  return {payload_header(CodecId::kFp32, SourceDtype::kFloat32, 0, ScaleFormat::kNone, 0, sizes, n * 4, std::nullopt),
           ByteView(reinterpret_cast<const std::byte*>(data), n * 4)};
 }
 
+bool borrowable(const EncodeOptions& o, std::size_t n) { return o.codec == CodecId::kFp32 && !o.zstd && n > 0; }
+
+}  // namespace
+
+EncodedView encode_view(std::span<const float> values, const EncodeOptions& o) {
+  const std::size_t n = values.size();
+  const auto dim = static_cast<std::int64_t>(n);
+  // Anything else is encoded from a tensor over the same memory (no copy).
+  if (!borrowable(o, n)) return {encode(at::from_blob(const_cast<float*>(values.data()), {dim}, at::kFloat), o), {}};
+  return borrowed_fp32(values.data(), n, at::IntArrayRef(&dim, 1));
+}
+
 EncodedView encode_view(const at::Tensor& tensor, const EncodeOptions& o) {
-  const bool borrow = o.codec == CodecId::kFp32 && !o.zstd && tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat &&
-                      tensor.is_contiguous() && tensor.numel() > 0;
-  if (!borrow) return {encode(tensor, o), {}};
-  // The header encode() writes (a test pins the two to the same bytes), the body borrowed.
-  GOSSAMER_CHECK(tensor.dim() <= kMaxDims, "quant::encode: more than " + std::to_string(kMaxDims) + " dimensions");
-  GOSSAMER_CHECK(tensor.numel() <= kMaxElements, "quant::encode: tensor too large");
   const auto n = static_cast<std::size_t>(tensor.numel());
-  const auto* data = static_cast<const std::uint8_t*>(tensor.data_ptr());
-  GOSSAMER_CHECK(kernels::check_finite_fp32(data, n), "quant::encode: the tensor holds NaN or Inf");
-  return {payload_header(CodecId::kFp32, SourceDtype::kFloat32, 0, ScaleFormat::kNone, 0, tensor.sizes(), n * 4, std::nullopt),
-          ByteView(reinterpret_cast<const std::byte*>(data), n * 4)};
+  if (!borrowable(o, n) || !tensor.device().is_cpu() || tensor.scalar_type() != at::kFloat || !tensor.is_contiguous()) {
+    return {encode(tensor, o), {}};
+  }
+  GOSSAMER_CHECK(tensor.dim() <= kMaxDims, "quant::encode: more than " + std::to_string(kMaxDims) + " dimensions");
+  return borrowed_fp32(tensor.data_ptr<float>(), n, tensor.sizes());
 }
 
 Result<at::Tensor> decode(ByteView payload, std::int64_t max_elements) {

@@ -303,8 +303,7 @@ class SimThread final : public ClockThread {
 
 }  // namespace
 
-Scheduler::Scheduler() : impl_(std::make_unique<Impl>()) {
-}
+Scheduler::Scheduler() : impl_(std::make_unique<Impl>()) {}
 
 void Scheduler::stop() {
   auto& s = *impl_;

@@ -537,7 +537,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   out.finished = !stopped && worker.steps_done() >= config.train.steps;
   const at::Tensor flat = optim::flatten(worker.model().parameters());
   out.params_digest = digest_of(bytes_of(flat)).hex();
-  if (out.finished) out.final_val_loss = final_val ? *final_val : worker.evaluate();
+  if (out.finished) out.final_val_loss = final_val ? *final_val : setup->outer->evaluate_outer([&] { return worker.evaluate(); });
   nlohmann::json summary = account->to_json();
   summary["peer"] = go.self.to_string();
   summary["run"] = spec_hash.hex();
