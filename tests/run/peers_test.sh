@@ -217,7 +217,7 @@ join_of() {
 late_join() { join_of late_join; }
 # CO2: the members' average in flight goes with the state and stays with them across the join, so
 # the newcomer too ends bit-identical.
-co2_join() { join_of co2_join --set outer.method=co2 --set co2.inner_steps=10; }
+co2_join() { join_of co2_join --set outer.method=co2 --set co2.inner_steps=25; }
 
 # A peer killed (kill -9) after a checkpoint restarts with --resume, catches up and ends with the
 # other's parameters.
