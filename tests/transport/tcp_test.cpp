@@ -250,6 +250,60 @@ TEST_CASE("garbage, oversized and truncated frames drop that link only") {
   CHECK(text_of(*ba->recv(4, in(2s))) == "still here");
 }
 
+// Large frames are read with a receive low-water mark (the reader is woken per half MiB, not per
+// segment): a frame whose bytes trickle in, its last few long after the rest, must still arrive
+// whole, the small frame behind it too, and a peer that dies mid-frame must still be noticed.
+TEST_CASE("a large frame arriving in uneven pieces, its tail late, is delivered whole and promptly") {
+  auto b = make();
+  RawPeer raw(b->address());
+  raw.handshake();
+  auto link = b->accept(in(2s));
+  REQUIRE(link.ok());
+  const std::size_t n = (std::size_t{3} << 20) + 7;
+  Bytes big(n);
+  for (std::size_t i = 0; i < n; ++i) big[i] = static_cast<std::byte>((i * 131) ^ (i >> 11));
+  std::uint8_t h[kFrameHeaderBytes];
+
+  SUBCASE("whole, again at once, then a small frame behind them") {
+    encode_frame_header(FrameHeader{FrameType::kData, 0, 7, n}, h);
+    raw.write_all(h, sizeof(h));
+    const std::size_t cuts[] = {1000, 100 << 10, (1 << 20) + 3, (2 << 20) + 999, n - 5, n};
+    std::size_t at = 0;
+    for (std::size_t cut : cuts) {
+      std::this_thread::sleep_for(20ms);  // each piece on its own, the reader waiting in between
+      raw.write_all(big.data() + at, cut - at);
+      at = cut;
+    }
+    // The same frame at once, then after a pause a frame smaller than the mark was.
+    raw.write_all(h, sizeof(h));
+    raw.write_all(big);
+    std::this_thread::sleep_for(20ms);
+    encode_frame_header(FrameHeader{FrameType::kData, 0, 8, 3}, h);
+    raw.write_all(h, sizeof(h));
+    raw.write_all("end", 3);
+    Stopwatch w(real_clock());
+    for (int i = 0; i < 2; ++i) {
+      auto got = (*link)->recv(7, in(5s));
+      REQUIRE(got.ok());
+      CHECK(*got == big);
+    }
+    auto small = (*link)->recv(8, in(5s));
+    REQUIRE(small.ok());
+    CHECK(text_of(*small) == "end");
+    CHECK(w.elapsed() < 1s);
+  }
+  SUBCASE("the peer dies a megabyte into it: reported lost promptly") {
+    encode_frame_header(FrameHeader{FrameType::kData, 0, 7, n}, h);
+    raw.write_all(h, sizeof(h));
+    raw.write_all(big.data(), (1 << 20) + 1);
+    std::this_thread::sleep_for(20ms);
+    raw.close();
+    Stopwatch w(real_clock());
+    CHECK((*link)->recv(7, in(5s)).status().code() == ErrorCode::kPeerLost);
+    CHECK(w.elapsed() < 1s);
+  }
+}
+
 TEST_CASE("deadlines: a silent peer times out, a closed peer is lost, nothing hangs") {
   auto a = make(), b = make();
   auto [ab, ba] = connect_pair(*a, *b);
