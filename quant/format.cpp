@@ -209,16 +209,14 @@ Status decode_into(ByteView payload, std::span<float> out) {
   return Status();
 }
 
-Status decode_add(ByteView payload, std::span<float> acc) {
-  Body body;
-  if (Status st = open_body(payload, acc.size(), body); !st.ok()) return st;
+namespace {
+
+// Adds a body's values to `acc` (acc[i] += value[i]); false on NaN, Inf or a bad scale. Codecs other
+// than fp32 are decoded a cache-sized piece at a time: no buffer of the payload's size.
+bool add_body(const Body& body, std::span<float> acc) {
   const auto* src = reinterpret_cast<const std::uint8_t*>(body.bytes.data());
   const std::size_t n = acc.size();
-  if (body.info.codec == CodecId::kFp32) {
-    if (!kernels::add_fp32(src, n, acc.data())) return non_finite();
-    return Status();
-  }
-  // Other codecs decode a cache-sized piece at a time and add it: no buffer of the payload's size.
+  if (body.info.codec == CodecId::kFp32) return kernels::add_fp32(src, n, acc.data());
   constexpr std::size_t kPiece = 8192;
   std::size_t step = kPiece;
   if (body.info.block_size > 0) {  // scaled codecs: pieces of whole blocks (unscaled ones carry block 0)
@@ -228,10 +226,67 @@ Status decode_add(ByteView payload, std::span<float> acc) {
   std::vector<float> piece(std::min(step, n));
   for (std::size_t first = 0; first < n; first += step) {
     const std::size_t count = std::min(step, n - first);
-    if (!decode_range(body.info, src, n, first, count, piece.data())) return non_finite();
+    if (!decode_range(body.info, src, n, first, count, piece.data())) return false;
     float* a = acc.data() + first;
     for (std::size_t i = 0; i < count; ++i) a[i] += piece[i];
   }
+  return true;
+}
+
+}  // namespace
+
+Status decode_add(ByteView payload, std::span<float> acc) {
+  Body body;
+  if (Status st = open_body(payload, acc.size(), body); !st.ok()) return st;
+  if (!add_body(body, acc)) return non_finite();
+  return Status();
+}
+
+Status mean_into(std::span<const MeanTerm> terms, float divisor, std::span<float> out, std::ptrdiff_t& failed) {
+  GOSSAMER_CHECK(!terms.empty(), "mean_into: no terms");
+  const std::size_t n = out.size();
+  std::vector<Body> bodies(terms.size());
+  bool all_fp32 = true;  // every term is fp32 in memory: the one-pass path
+  for (std::size_t t = 0; t < terms.size(); ++t) {
+    failed = static_cast<std::ptrdiff_t>(t);
+    if (terms[t].payload.empty()) {
+      GOSSAMER_CHECK(terms[t].values.size() == n, "mean_into: own values of the wrong size");
+      continue;
+    }
+    if (Status st = open_body(terms[t].payload, n, bodies[t]); !st.ok()) return st;
+    all_fp32 = all_fp32 && bodies[t].info.codec == CodecId::kFp32;
+  }
+  auto bytes_of = [&](std::size_t t) {
+    return terms[t].payload.empty() ? reinterpret_cast<const std::uint8_t*>(terms[t].values.data())
+                                    : reinterpret_cast<const std::uint8_t*>(bodies[t].bytes.data());
+  };
+  // A block at a time (in L1), term after term, then the division: each input is read once and the
+  // output written once, with the same operations in the same order as term by term.
+  constexpr std::size_t kBlock = 2048;
+  const std::size_t step = all_fp32 ? kBlock : std::max<std::size_t>(n, 1);
+  for (std::size_t first = 0; first < n; first += step) {
+    const std::size_t count = std::min(step, n - first);
+    float* o = out.data() + first;
+    for (std::size_t t = 0; t < terms.size(); ++t) {
+      failed = static_cast<std::ptrdiff_t>(t);
+      bool finite;
+      if (all_fp32) {
+        const std::uint8_t* src = bytes_of(t) + 4 * first;
+        finite = t == 0 ? kernels::copy_finite_fp32(src, count, o) : kernels::add_fp32(src, count, o);
+      } else if (terms[t].payload.empty()) {
+        const auto* src = reinterpret_cast<const std::uint8_t*>(terms[t].values.data());
+        finite = t == 0 ? kernels::copy_finite_fp32(src, n, o) : kernels::add_fp32(src, n, o);
+      } else {
+        finite = t == 0 ? decode_range(bodies[t].info, bytes_of(t), n, 0, n, o) : add_body(bodies[t], out);
+      }
+      if (!finite) return non_finite();
+    }
+    if (!kernels::divide_finite_fp32(o, count, divisor)) {
+      failed = -1;
+      return error(ErrorCode::kOutOfRange, "the mean overflowed float32 (values too large to average)");
+    }
+  }
+  failed = -1;
   return Status();
 }
 

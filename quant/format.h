@@ -100,4 +100,19 @@ struct PayloadInfo {
 // `acc` may hold a partial sum (the caller discards it).
 [[nodiscard]] Status decode_add(ByteView payload, std::span<float> acc);
 
+// One term of mean_into: a payload (untrusted, any codec), or, when `payload` is empty, the caller's
+// own fp32 values.
+struct MeanTerm {
+  ByteView payload;
+  std::span<const float> values;
+};
+// The mean of the terms, each of out.size() values: summed in fp32 in the order given, then divided
+// by `divisor`, into `out` (the owner's step of the quantized all-reduce; bit for bit what
+// decode_into of the first, decode_add of the others and a division give). When every term is fp32
+// it is one pass, a cache-sized block at a time, so each input is read once. Errors: a payload as
+// decode_into, or non-finite own values (kMalformed), with `failed` its index; a mean that overflows
+// float32 although every term is finite is kOutOfRange with `failed` -1. On an error `out` holds
+// partial sums.
+[[nodiscard]] Status mean_into(std::span<const MeanTerm> terms, float divisor, std::span<float> out, std::ptrdiff_t& failed);
+
 }  // namespace gossamer::quant

@@ -297,7 +297,17 @@ bool decode_fp16(const std::uint8_t* in, std::size_t n, float* out) {
   return bad == 0;
 }
 
-bool check_finite_fp32(const std::uint8_t* in, std::size_t n) {
+[[gnu::target_clones("avx2", "default")]] bool divide_finite_fp32(float* x, std::size_t n, float divisor) {
+  std::uint32_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float v = x[i] / divisor;
+    bad |= static_cast<std::uint32_t>((std::bit_cast<std::uint32_t>(v) & 0x7F800000u) == 0x7F800000u);
+    x[i] = v;
+  }
+  return bad == 0;
+}
+
+[[gnu::target_clones("avx2", "default")]] bool check_finite_fp32(const std::uint8_t* in, std::size_t n) {
   std::uint32_t bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
     std::uint32_t b;

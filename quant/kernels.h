@@ -18,6 +18,8 @@ bool decode_fp16(const std::uint8_t* in, std::size_t n, float* out);
 // fp32 (little-endian) copied into `out` / added to `acc`, in one pass; false if any value is NaN or Inf.
 bool copy_finite_fp32(const std::uint8_t* in, std::size_t n, float* out);
 bool add_fp32(const std::uint8_t* in, std::size_t n, float* acc);
+// x[i] /= divisor; false if any result is NaN or Inf.
+bool divide_finite_fp32(float* x, std::size_t n, float divisor);
 // False if any value is NaN or Inf.
 bool check_finite_fp32(const std::uint8_t* in, std::size_t n);
 bool check_finite_bf16(const std::uint8_t* in, std::size_t n);

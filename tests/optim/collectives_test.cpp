@@ -103,6 +103,47 @@ TEST_CASE("bytes on the wire are 2(M-1)/M x n x bytes per value, headers within 
   }
 }
 
+TEST_CASE("the fp32 mean is summed in rank order then divided, bit for bit, with many segments in flight") {
+  // Random values (no integer shortcut): every rank must hold exactly ((x0 + x1) + x2 + ...) / m.
+  for (int m : {2, 3, 5}) {
+    for (std::int64_t segment : {kAllreduceSegmentValues, std::int64_t{37}}) {
+      CAPTURE(m);
+      CAPTURE(segment);
+      const std::int64_t n = 4099;
+      auto groups = mesh(m);
+      std::vector<at::Tensor> t(static_cast<std::size_t>(m));
+      for (int r = 0; r < m; ++r) t[static_cast<std::size_t>(r)] = torch::randn({n}) * (r + 1);
+      at::Tensor expected = t[0].clone();
+      for (int r = 1; r < m; ++r) expected.add_(t[static_cast<std::size_t>(r)]);
+      expected.div_(static_cast<float>(m));
+      std::vector<Status> st(static_cast<std::size_t>(m));
+      on_ranks(m, [&](int r) {
+        st[static_cast<std::size_t>(r)] = allreduce_mean(groups[static_cast<std::size_t>(r)], t[static_cast<std::size_t>(r)],
+                                                         codec(quant::CodecId::kFp32), 1, in(10s), nullptr, segment);
+      });
+      for (int r = 0; r < m; ++r) {
+        REQUIRE(st[static_cast<std::size_t>(r)].ok());
+        CHECK(torch::equal(t[static_cast<std::size_t>(r)], expected));
+      }
+    }
+  }
+}
+
+TEST_CASE("values too large to average give every rank an error, not an exception") {
+  const int m = 2;
+  auto groups = mesh(m);
+  std::vector<at::Tensor> t = {torch::full({100}, 3.0e38f), torch::full({100}, 3.0e38f)};
+  std::vector<Status> st(m);
+  on_ranks(m, [&](int r) {
+    st[static_cast<std::size_t>(r)] = allreduce_mean(groups[static_cast<std::size_t>(r)], t[static_cast<std::size_t>(r)],
+                                                     codec(quant::CodecId::kFp32), 1, in(5s));
+  });
+  for (int r = 0; r < m; ++r) {
+    CHECK(st[static_cast<std::size_t>(r)].code() == ErrorCode::kOutOfRange);
+    CHECK(st[static_cast<std::size_t>(r)].message().find("overflowed") != std::string::npos);
+  }
+}
+
 TEST_CASE("a lost peer fails the all-reduce and leaves the tensor untouched") {
   const int m = 3;
   auto groups = mesh(m);

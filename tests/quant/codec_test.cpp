@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 
 #include "quant/codec.h"
@@ -267,6 +269,85 @@ TEST_CASE("decode_add refuses NaN in an fp32 payload") {
   at::Tensor acc = torch::zeros({64});
   Status st = decode_add(payload, std::span<float>(acc.data_ptr<float>(), 64));
   CHECK(st.code() == ErrorCode::kMalformed);
+}
+
+namespace {
+std::span<float> span_of(at::Tensor& t) { return {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())}; }
+std::span<const float> cspan_of(const at::Tensor& t) { return {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())}; }
+}  // namespace
+
+TEST_CASE("mean_into is decode_into of the first term, decode_add of the rest and a division, bit for bit") {
+  // All fp32 (the one-pass path, over several blocks and a partial one) and with a lossy codec among
+  // them (term by term); own values first, in the middle and absent.
+  for (CodecId c : {CodecId::kFp32, CodecId::kInt8}) {
+    for (int own_at : {0, 2, -1}) {
+      for (std::int64_t n : {std::int64_t{1}, std::int64_t{5000}}) {
+        CAPTURE(traits(c).name);
+        CAPTURE(own_at);
+        CAPTURE(n);
+        const int k = 4;
+        std::vector<at::Tensor> x;
+        std::vector<Bytes> payloads(k);
+        std::vector<MeanTerm> terms(k);
+        for (int t = 0; t < k; ++t) {
+          x.push_back(gaussian({n}, 100 + static_cast<std::uint64_t>(t)) * (t + 1));
+          if (t == own_at) {
+            terms[static_cast<std::size_t>(t)].values = cspan_of(x.back());
+          } else {
+            payloads[static_cast<std::size_t>(t)] = encode(x.back(), opts(t == 1 ? c : CodecId::kFp32));
+            terms[static_cast<std::size_t>(t)].payload = payloads[static_cast<std::size_t>(t)];
+          }
+        }
+        at::Tensor expected = torch::empty({n});
+        for (int t = 0; t < k; ++t) {
+          const auto ts = static_cast<std::size_t>(t);
+          if (t == own_at) {
+            if (t == 0) {
+              expected.copy_(x[ts]);
+            } else {
+              expected.add_(x[ts]);
+            }
+          } else {
+            REQUIRE((t == 0 ? decode_into(payloads[ts], span_of(expected)) : decode_add(payloads[ts], span_of(expected))).ok());
+          }
+        }
+        expected.div_(static_cast<float>(k));
+        at::Tensor out = torch::full({n}, 7.0f);
+        std::ptrdiff_t failed = 99;
+        REQUIRE(mean_into(terms, static_cast<float>(k), span_of(out), failed).ok());
+        CHECK(failed == -1);
+        CHECK(torch::equal(out, expected));
+      }
+    }
+  }
+}
+
+TEST_CASE("mean_into names the term that holds NaN, and refuses a mean that overflows") {
+  const std::int64_t n = 3000;
+  at::Tensor a = torch::ones({n}), b = torch::ones({n});
+  Bytes pa = encode(a, opts(CodecId::kFp32)), pb = encode(b, opts(CodecId::kFp32));
+  const float nan = std::nanf("");
+  std::memcpy(pb.data() + pb.size() - 4 * 10, &nan, 4);  // late in the last block
+  at::Tensor out = torch::empty({n});
+  std::ptrdiff_t failed = 99;
+  std::vector<MeanTerm> terms = {{pa, {}}, {pb, {}}};
+  Status st = mean_into(terms, 2.0f, span_of(out), failed);
+  CHECK(st.code() == ErrorCode::kMalformed);
+  CHECK(failed == 1);
+
+  at::Tensor own = torch::ones({n});
+  own[5] = std::numeric_limits<float>::infinity();
+  terms = {{pa, {}}, {{}, cspan_of(own)}};
+  CHECK(mean_into(terms, 2.0f, span_of(out), failed).code() == ErrorCode::kMalformed);
+  CHECK(failed == 1);
+
+  // Every value finite, the sum not: a peer cannot make the owner produce (or throw on) an Inf mean.
+  at::Tensor huge = torch::full({n}, 3.0e38f);
+  Bytes ph = encode(huge, opts(CodecId::kFp32));
+  terms = {{ph, {}}, {ph, {}}};
+  st = mean_into(terms, 2.0f, span_of(out), failed);
+  CHECK(st.code() == ErrorCode::kOutOfRange);
+  CHECK(failed == -1);
 }
 
 TEST_CASE("encode_view gives encode's bytes in two pieces, borrowing an fp32 tensor's storage") {
