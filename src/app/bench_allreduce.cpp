@@ -137,8 +137,13 @@ int bench_allreduce(const BenchArgs& args) {
     return Timed{bytes / seconds, used};
   };
 
-  fmt::print("bench allreduce: mean of {} fp32 values ({} MiB) over {} in-process ranks on TCP loopback, {} rounds\n", n,
+  fmt::print("bench allreduce: mean of {} fp32 values ({} MiB) over {} in-process ranks on TCP loopback, {} rounds after a warm-up\n", n,
              (n * 4) >> 20, m, args.rounds);
+  // One untimed call of each first: connections, buffer pools and allocator arenas warm up on both sides.
+  for (const Result<Timed>& warm : {time_gloo(), time_ours(quant::CodecId::kFp32), time_ours(quant::CodecId::kFp32, n),
+                                    time_ours(quant::CodecId::kInt8), time_ours(quant::CodecId::kFp4E2M1)}) {
+    if (!warm.ok()) return report_failure(warm.status());
+  }
   std::vector<double> g, f32, whole, i8, f4, ratio, g_cpu, f32_cpu;
   for (std::int64_t round = 0; round < args.rounds; ++round) {
     Result<Timed> gl = Timed{}, a = Timed{};
