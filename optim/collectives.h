@@ -5,7 +5,8 @@
 // encoded once with the codec; the owner decodes the contributions and accumulates them in fp32 in
 // rank order, divides by the group size, encodes the mean once, and sends it to every other rank,
 // which decodes it. Chunks move in segments (kAllreduceSegmentValues), and a segment's mean leaves
-// as soon as its sum is done, so the phases overlap as in a pipelined ring. Every rank ends with
+// as soon as its sum is done, so the phases overlap as in a pipelined ring; contributions run a few
+// segments ahead of the sums, so a rank waiting on one slow peer still feeds the others. Every rank ends with
 // bit-identical values (all decode the same bytes), the sum is exact for integer-valued fp32
 // tensors, and each rank sends and receives 2 (M-1)/M x n values of the codec's size (plus payload
 // and frame headers for each segment).
@@ -15,6 +16,8 @@
 // tensor untouched, so the caller can retry or skip the round; a mean chunk whose values a peer
 // corrupted (NaN, Inf) is refused while the result is being written, so after that error the
 // tensor's contents are unspecified: pass a buffer owned by this call (every optimizer here does).
+// Contributions so large that their mean overflows float32 are kOutOfRange on the chunk's owner
+// (the others then time out waiting for that mean).
 // Misuse (a non-float tensor, a group without a link to some rank) throws ContractError.
 #pragma once
 
