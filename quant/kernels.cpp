@@ -89,6 +89,33 @@ std::array<float, 256> build_int_values(int total_bits) {
   return v;
 }
 
+// A minifloat code's value computed from its bits (what build_code_values tabulates, bit for bit):
+// a normal's exponent and mantissa fields shifted into a float's and rebiased, a subnormal as
+// mantissa times the step, then the sign. Integer work and one select, so a loop over codes
+// vectorizes where a table lookup per element does not. `invalid` is set for codes beyond the max.
+struct MiniFloatDecoder {
+  std::uint32_t mag_mask, max_code, sign_shift, mbits, shift, exp_offset;
+  float sub_step;
+
+  explicit MiniFloatDecoder(const MiniFloat& f)
+      : mag_mask((1u << f.sign_shift) - 1u),
+        max_code(f.max_code),
+        sign_shift(static_cast<std::uint32_t>(f.sign_shift)),
+        mbits(static_cast<std::uint32_t>(f.mbits)),
+        shift(static_cast<std::uint32_t>(23 - f.mbits)),
+        exp_offset(static_cast<std::uint32_t>(127 - f.bias) << 23),
+        sub_step(f.sub_step) {}
+
+  [[gnu::always_inline]] float operator()(std::uint32_t c, std::uint32_t& invalid) const {
+    const std::uint32_t mag = c & mag_mask;
+    invalid |= static_cast<std::uint32_t>(mag > max_code);
+    const std::uint32_t normal = (mag << shift) + exp_offset;
+    const std::uint32_t sub = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(mag)) * sub_step);
+    const std::uint32_t is_sub = 0u - static_cast<std::uint32_t>((mag >> mbits) == 0);
+    return std::bit_cast<float>((sub & is_sub) | (normal & ~is_sub) | (((c >> sign_shift) & 1u) << 31));
+  }
+};
+
 inline void store_scale(ScaleFormat f, float s, std::uint8_t* out) {
   if (f == ScaleFormat::kBf16) {
     const std::uint16_t b = float_to_bf16(s);
@@ -261,17 +288,16 @@ bool decode_bf16(const std::uint8_t* in, std::size_t n, float* out) {
   return bad == 0;
 }
 
-bool decode_fp16(const std::uint8_t* in, std::size_t n, float* out) {
-  static const std::vector<float> table = [] {
-    std::vector<float> t(65536);
-    for (std::uint32_t h = 0; h < 65536; ++h) t[h] = fp16_to_float(static_cast<std::uint16_t>(h));
-    return t;
-  }();
+// IEEE half precision read as a minifloat (10 mantissa bits, bias 15): fp16_to_float's values, bit
+// for bit, without its branches or a table, so the loop vectorizes. Inf and NaN (exponent 31) are
+// the codes beyond the largest finite one.
+[[gnu::target_clones("avx2", "default")]] bool decode_fp16(const std::uint8_t* in, std::size_t n, float* out) {
+  constexpr MiniFloat kHalf{10, 15, 0x7BFF, 15, 0x1p-14f, 0x1p-24f};
+  const MiniFloatDecoder half(kHalf);
   std::uint32_t bad = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t h = static_cast<std::uint32_t>(in[2 * i]) | (static_cast<std::uint32_t>(in[2 * i + 1]) << 8);
-    bad |= static_cast<std::uint32_t>((h & 0x7C00u) == 0x7C00u);
-    out[i] = table[h];
+    out[i] = half(h, bad);
   }
   return bad == 0;
 }
@@ -402,33 +428,6 @@ const float* code_values(CodecId codec) {
 }
 
 namespace {
-
-// A minifloat code's value computed from its bits (what build_code_values tabulates, bit for bit):
-// a normal's exponent and mantissa fields shifted into a float's and rebiased, a subnormal as
-// mantissa times the step, then the sign. Integer work and one select, so a loop over codes
-// vectorizes where a table lookup per element does not. `invalid` is set for codes beyond the max.
-struct MiniFloatDecoder {
-  std::uint32_t mag_mask, max_code, sign_shift, mbits, shift, exp_offset;
-  float sub_step;
-
-  explicit MiniFloatDecoder(const MiniFloat& f)
-      : mag_mask((1u << f.sign_shift) - 1u),
-        max_code(f.max_code),
-        sign_shift(static_cast<std::uint32_t>(f.sign_shift)),
-        mbits(static_cast<std::uint32_t>(f.mbits)),
-        shift(static_cast<std::uint32_t>(23 - f.mbits)),
-        exp_offset(static_cast<std::uint32_t>(127 - f.bias) << 23),
-        sub_step(f.sub_step) {}
-
-  [[gnu::always_inline]] float operator()(std::uint32_t c, std::uint32_t& invalid) const {
-    const std::uint32_t mag = c & mag_mask;
-    invalid |= static_cast<std::uint32_t>(mag > max_code);
-    const std::uint32_t normal = (mag << shift) + exp_offset;
-    const std::uint32_t sub = std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(mag)) * sub_step);
-    const std::uint32_t is_sub = 0u - static_cast<std::uint32_t>((mag >> mbits) == 0);
-    return std::bit_cast<float>((sub & is_sub) | (normal & ~is_sub) | (((c >> sign_shift) & 1u) << 31));
-  }
-};
 
 // A 4-bit two's complement code, sign-extended.
 [[gnu::always_inline]] inline float int4_value(std::uint32_t nibble) {

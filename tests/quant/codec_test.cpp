@@ -120,6 +120,26 @@ TEST_CASE("decoding every code of every scaled codec gives its table value times
   }
 }
 
+TEST_CASE("fp16 decoding gives fp16_to_float of every finite code and refuses every Inf and NaN") {
+  std::vector<std::uint8_t> finite;
+  std::vector<float> expected;
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const std::uint8_t bytes[2] = {static_cast<std::uint8_t>(h & 0xFF), static_cast<std::uint8_t>(h >> 8)};
+    if ((h & 0x7C00u) == 0x7C00u) {
+      float out = 0;
+      CHECK_FALSE(kernels::decode_fp16(bytes, 1, &out));
+      continue;
+    }
+    finite.insert(finite.end(), bytes, bytes + 2);
+    expected.push_back(kernels::fp16_to_float(static_cast<std::uint16_t>(h)));
+  }
+  std::vector<float> out(expected.size());
+  REQUIRE(kernels::decode_fp16(finite.data(), out.size(), out.data()));
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) mismatches += std::bit_cast<std::uint32_t>(out[i]) != std::bit_cast<std::uint32_t>(expected[i]);
+  CHECK(mismatches == 0);
+}
+
 TEST_CASE("relative RMSE stays within each codec's budget (docs/quant.md)") {
   // budget on Gaussian, budget on heavy-tailed data; block 128, fp32 scales, round to nearest even.
   struct Budget {
