@@ -256,12 +256,9 @@ Status mean_into(std::span<const MeanTerm> terms, float divisor, std::span<float
     if (Status st = open_body(terms[t].payload, n, bodies[t]); !st.ok()) return st;
     all_fp32 = all_fp32 && bodies[t].info.codec == CodecId::kFp32;
   }
-  auto bytes_of = [&](std::size_t t) {
-    return terms[t].payload.empty() ? reinterpret_cast<const std::uint8_t*>(terms[t].values.data())
-                                    : reinterpret_cast<const std::uint8_t*>(bodies[t].bytes.data());
-  };
   // A block at a time (in L1), term after term, then the division: each input is read once and the
-  // output written once, with the same operations in the same order as term by term.
+  // output written once, with the same operations in the same order as term by term. With a term
+  // of another codec, the block is the whole span (its decoder works in whole scale blocks).
   constexpr std::size_t kBlock = 2048;
   const std::size_t step = all_fp32 ? kBlock : std::max<std::size_t>(n, 1);
   for (std::size_t first = 0; first < n; first += step) {
@@ -269,15 +266,13 @@ Status mean_into(std::span<const MeanTerm> terms, float divisor, std::span<float
     float* o = out.data() + first;
     for (std::size_t t = 0; t < terms.size(); ++t) {
       failed = static_cast<std::ptrdiff_t>(t);
+      const bool own = terms[t].payload.empty();
+      const auto* src = reinterpret_cast<const std::uint8_t*>(own ? static_cast<const void*>(terms[t].values.data()) : bodies[t].bytes.data());
       bool finite;
-      if (all_fp32) {
-        const std::uint8_t* src = bytes_of(t) + 4 * first;
-        finite = t == 0 ? kernels::copy_finite_fp32(src, count, o) : kernels::add_fp32(src, count, o);
-      } else if (terms[t].payload.empty()) {
-        const auto* src = reinterpret_cast<const std::uint8_t*>(terms[t].values.data());
-        finite = t == 0 ? kernels::copy_finite_fp32(src, n, o) : kernels::add_fp32(src, n, o);
-      } else {
-        finite = t == 0 ? decode_range(bodies[t].info, bytes_of(t), n, 0, n, o) : add_body(bodies[t], out);
+      if (own || bodies[t].info.codec == CodecId::kFp32) {
+        finite = t == 0 ? kernels::copy_finite_fp32(src + 4 * first, count, o) : kernels::add_fp32(src + 4 * first, count, o);
+      } else {  // first == 0 and count == n here
+        finite = t == 0 ? decode_range(bodies[t].info, src, n, 0, n, o) : add_body(bodies[t], std::span<float>(o, count));
       }
       if (!finite) return non_finite();
     }

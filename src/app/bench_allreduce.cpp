@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <thread>
+#include <utility>
 
 #include <sys/resource.h>
 
@@ -91,50 +92,47 @@ int bench_allreduce(const BenchArgs& args) {
   for (int r = 0; r < m; ++r) data[static_cast<std::size_t>(r)] = torch::randn({n});
   const double bytes = static_cast<double>(n) * 4;
 
-  // Each returns the algorithm bandwidth, or the first rank's failure (never a figure for a failed run).
-  // Each rank's input, a fresh copy of its data made before the clock starts (both sides reduce in
-  // place, as DDP does on its gradient buckets).
-  auto inputs = [&] {
+  // One all-reduce on every rank at once, each rank reducing in place a fresh copy of its data made
+  // before the clock starts (as DDP reduces its gradient buckets): bandwidth and CPU seconds.
+  // `reduce(r, tensor)` returns whether rank r succeeded.
+  auto timed = [&](auto reduce) -> std::pair<Timed, bool> {
     std::vector<at::Tensor> in;
     for (int r = 0; r < m; ++r) in.push_back(data[static_cast<std::size_t>(r)].clone());
-    return in;
+    std::vector<int> ok(static_cast<std::size_t>(m), 0);
+    const double cpu = process_cpu_seconds();
+    Stopwatch w(real_clock());
+    on_ranks(m, [&](int r) { ok[static_cast<std::size_t>(r)] = reduce(r, in[static_cast<std::size_t>(r)]) ? 1 : 0; });
+    const double seconds = w.elapsed_seconds();
+    return {Timed{bytes / seconds, process_cpu_seconds() - cpu}, std::count(ok.begin(), ok.end(), 0) == 0};
   };
+  // Each returns the figures, or the first rank's failure (never a figure for a failed run).
   auto time_ours = [&](quant::CodecId codec, std::int64_t segment_values = optim::kAllreduceSegmentValues) -> Result<Timed> {
     quant::EncodeOptions o;
     o.codec = codec;
-    std::vector<at::Tensor> in = inputs();
-    const double cpu = process_cpu_seconds();
-    Stopwatch w(real_clock());
     std::vector<Status> st(static_cast<std::size_t>(m));
-    on_ranks(m, [&](int r) {
-      st[static_cast<std::size_t>(r)] = optim::allreduce_mean(groups[static_cast<std::size_t>(r)], in[static_cast<std::size_t>(r)], o, 1,
-                                                            Deadline::after(real_clock(), 120s), nullptr, segment_values);
+    const auto [t, ok] = timed([&](int r, at::Tensor& x) {
+      st[static_cast<std::size_t>(r)] =
+          optim::allreduce_mean(groups[static_cast<std::size_t>(r)], x, o, 1, Deadline::after(real_clock(), 120s), nullptr, segment_values);
+      return st[static_cast<std::size_t>(r)].ok();
     });
-    const double seconds = w.elapsed_seconds();
-    const double used = process_cpu_seconds() - cpu;
     for (const auto& s : st) {
       if (!s.ok()) return s.with_context("gossamer all-reduce");
     }
-    return Timed{bytes / seconds, used};
+    return t;
   };
   auto time_gloo = [&]() -> Result<Timed> {
-    std::vector<at::Tensor> in = inputs();
-    const double cpu = process_cpu_seconds();
-    Stopwatch w(real_clock());
-    std::vector<int> ok(static_cast<std::size_t>(m), 1);
-    on_ranks(m, [&](int r) {
-      std::vector<at::Tensor> ts{in[static_cast<std::size_t>(r)]};
+    const auto [t, ok] = timed([&](int r, at::Tensor& x) {
+      std::vector<at::Tensor> ts{x};
       try {
-        ok[static_cast<std::size_t>(r)] = gloo[static_cast<std::size_t>(r)]->allreduce(ts)->wait() ? 1 : 0;
+        if (!gloo[static_cast<std::size_t>(r)]->allreduce(ts)->wait()) return false;
       } catch (const std::exception&) {
-        ok[static_cast<std::size_t>(r)] = 0;
+        return false;
       }
       ts[0].div_(m);  // Gloo sums; DDP divides afterwards
+      return true;
     });
-    const double seconds = w.elapsed_seconds();
-    const double used = process_cpu_seconds() - cpu;
-    if (std::count(ok.begin(), ok.end(), 0) > 0) return error(ErrorCode::kInternal, "the gloo all-reduce failed");
-    return Timed{bytes / seconds, used};
+    if (!ok) return error(ErrorCode::kInternal, "the gloo all-reduce failed");
+    return t;
   };
 
   fmt::print("bench allreduce: mean of {} fp32 values ({} MiB) over {} in-process ranks on TCP loopback, {} rounds after a warm-up\n", n,
