@@ -41,30 +41,33 @@ class ShapedLink final : public Link {
 
   Status send(Tag tag, ByteView payload, Deadline deadline) override {
     std::unique_lock<std::mutex> serial(send_mu_);  // one message on the wire at a time, in call order
-    SteadyTime finish, due;
+    SteadyTime finish, due, returns;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!failed_.ok()) return failed_;
       const SteadyTime now = steady_now();
       const SteadyTime start = std::max(now, next_free_);
       const double bytes = profile_.wire_bytes(payload.size() + kFrameHeaderBytes);
-      finish = start + to_duration(std::isinf(profile_.bandwidth_bytes_per_s) ? 0.0 : bytes / profile_.bandwidth_bytes_per_s);
+      const bool unlimited = std::isinf(profile_.bandwidth_bytes_per_s);
+      finish = start + to_duration(unlimited ? 0.0 : bytes / profile_.bandwidth_bytes_per_s);
+      // The call returns once no more than the send buffer's worth of bytes is left to go out.
+      const SteadyTime buffered = finish - to_duration(unlimited ? 0.0 : static_cast<double>(kShaperSendBufferBytes) / profile_.bandwidth_bytes_per_s);
+      returns = std::max(now, buffered);
+      if (returns > deadline.steady_time()) {
+        return error(ErrorCode::kTimeout, "shaped send of " + std::to_string(payload.size()) + " bytes to peer " + peer().to_string() +
+                                              " needs longer than its deadline at " + std::to_string(profile_.bandwidth_bytes_per_s * 8 / 1e6) +
+                                              " Mbit/s");
+      }
       next_free_ = finish;
       due = finish + profile_.latency + extra_delay(payload.size() + kFrameHeaderBytes);
       due = std::max(due, last_due_);  // in order: jitter never reorders a stream
       last_due_ = due;
+      queue_.push_back(Pending{due, tag, Bytes(payload.begin(), payload.end())});
+      cv_.notify_all();
+      stats_.bytes_sent += payload.size() + kFrameHeaderBytes;
+      stats_.messages_sent += 1;
     }
-    if (finish > deadline.steady_time()) {
-      return error(ErrorCode::kTimeout, "shaped send of " + std::to_string(payload.size()) + " bytes to peer " + peer().to_string() +
-                                            " needs longer than its deadline at " + std::to_string(profile_.bandwidth_bytes_per_s * 8 / 1e6) +
-                                            " Mbit/s");
-    }
-    std::this_thread::sleep_until(finish);  // serialization time: the sender is busy
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(Pending{due, tag, Bytes(payload.begin(), payload.end())});
-    cv_.notify_all();
-    stats_.bytes_sent += payload.size() + kFrameHeaderBytes;
-    stats_.messages_sent += 1;
+    std::this_thread::sleep_until(returns);  // a full send buffer blocks the writer
     return Status();
   }
 

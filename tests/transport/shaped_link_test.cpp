@@ -64,6 +64,9 @@ TEST_CASE("the shaper adds its latency within 1 ms") {
 TEST_CASE("the shaper delivers within 5% of its configured rate for messages of 1 MiB and more") {
   Pair p = make_pair();
   for (std::size_t size : {std::size_t{1} << 20, std::size_t{4} << 20}) {
+    // The sender pauses 20 ms before each message, as a caller preparing the next one does; the
+    // send buffer (84 ms at this rate) keeps the wire busy meanwhile. Without it, the pauses would
+    // cost 100 ms of the 0.5 s that 6 MiB take: 20% of the rate.
     LinkProfile profile;
     profile.bandwidth_bytes_per_s = 100e6 / 8;  // 100 Mbit/s
     profile.latency = 10ms;
@@ -73,7 +76,10 @@ TEST_CASE("the shaper delivers within 5% of its configured rate for messages of 
     const Bytes payload(size, std::byte{1});
     const auto t0 = std::chrono::steady_clock::now();
     std::thread sender([&] {
-      for (int i = 0; i < messages; ++i) REQUIRE((*shaped)->send(2, payload, Deadline::never()).ok());
+      for (int i = 0; i < messages; ++i) {
+        if (i > 0) std::this_thread::sleep_for(20ms);
+        REQUIRE((*shaped)->send(2, payload, Deadline::never()).ok());
+      }
     });
     for (int i = 0; i < messages; ++i) REQUIRE(p.ba->recv(2, Deadline::after(real_clock(), 30s)).ok());
     const double elapsed = seconds_since(t0);
@@ -114,6 +120,14 @@ TEST_CASE("jitter never reorders, loss only delays, and a send past its deadline
   auto crawl = make_shaped_link(p.ab, slow);
   REQUIRE(crawl.ok());
   CHECK((*crawl)->send(4, Bytes(1 << 20), Deadline::after(real_clock(), 100ms)).code() == ErrorCode::kTimeout);
+  // The refused message occupies nothing: a small one after it goes out at once (0.2 s of wire;
+  // behind the refused one it would need 18 minutes and time out too).
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE((*crawl)->send(4, Bytes(64), Deadline::after(real_clock(), 100ms)).ok());
+  auto small = p.ba->recv(4, Deadline::after(real_clock(), 5s));
+  REQUIRE(small.ok());
+  CHECK(small->size() == 64);
+  CHECK(seconds_since(t0) < 2.0);
   LinkProfile invalid;
   invalid.loss = 2.0;
   CHECK(make_shaped_link(p.ab, invalid).status().code() == ErrorCode::kInvalidArgument);
