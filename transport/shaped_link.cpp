@@ -30,6 +30,7 @@ class ShapedLink final : public Link {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
+      drain_until_ = steady_now() + kDrainLimit;
       cv_.notify_all();
     }
     thread_.join();
@@ -85,6 +86,7 @@ class ShapedLink final : public Link {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (failed_.ok()) failed_ = error(ErrorCode::kPeerLost, "shaped link to peer " + peer().to_string() + " was closed locally");
+      cv_.notify_all();
     }
     inner_->close();
   }
@@ -123,20 +125,26 @@ class ShapedLink final : public Link {
   void delay_line() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      if (stopping_) return;
+      // Going away, a link delivers what it accepted, as a closed TCP socket still sends its buffer,
+      // unless it failed or was closed, or the drain takes longer than kDrainLimit.
+      if (stopping_ && (queue_.empty() || !failed_.ok() || steady_now() >= drain_until_)) return;
       if (queue_.empty()) {
         cv_.wait(lock);
         continue;
       }
       const SteadyTime due = queue_.front().due;
       if (steady_now() < due) {
-        cv_.wait_until(lock, due);
+        cv_.wait_until(lock, stopping_ ? std::min(due, drain_until_) : due);
         continue;
       }
       Pending p = std::move(queue_.front());
       queue_.pop_front();
+      // While draining, an inner link that does not take the message in time (its peer stopped
+      // reading) must not hold the destructor.
+      const Deadline give_up = stopping_ ? Deadline::after(real_clock(), std::chrono::duration_cast<Nanos>(drain_until_ - steady_now()))
+                                         : Deadline::never();
       lock.unlock();
-      Status st = inner_->send(p.tag, p.payload, Deadline::never());
+      Status st = inner_->send(p.tag, p.payload, give_up);
       lock.lock();
       if (!st.ok() && failed_.ok()) failed_ = st;
     }
@@ -147,7 +155,8 @@ class ShapedLink final : public Link {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::mt19937_64 rng_;
-  SteadyTime next_free_, last_due_;
+  static constexpr std::chrono::seconds kDrainLimit{10};
+  SteadyTime next_free_, last_due_, drain_until_;
   std::deque<Pending> queue_;
   bool stopping_ = false;
   Status failed_;

@@ -14,6 +14,9 @@
 //   delivers in order (head-of-line blocking), so jitter delays but never reorders;
 // - loss: each MTU-sized packet is lost with probability `loss` (seeded), and each loss costs one
 //   round trip (2 x latency) of retransmission delay, the fast-retransmit case.
+// Lifetime: destroying a ShapedLink delivers what its sends accepted, at their due times, as a
+// closed TCP socket still sends its buffer (at most 10 s; what is left then is dropped with a
+// warning); close() drops it at once.
 // Threading: thread-safe like any Link; one delay-line thread per ShapedLink. An error of the inner
 // link found by the delay line (after send() returned) fails the link: later calls report it.
 #pragma once

@@ -41,24 +41,34 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 }  // namespace
 
+// Real-time checks on a shared machine: a stall of the host only ever adds delay, so "never early"
+// and "never faster" hold in every attempt, while "on time" and "at full rate" need to hold in one
+// of three attempts (a shaper that is wrong fails all three).
+constexpr int kAttempts = 3;
+
 TEST_CASE("the shaper adds its latency within 1 ms") {
   Pair p = make_pair();
   LinkProfile profile;
   profile.latency = 20ms;
   auto shaped = make_shaped_link(p.ab, profile);
   REQUIRE(shaped.ok());
-  // The median of several samples: a busy 2-core machine can delay any single wake-up.
-  std::vector<double> ms;
-  for (int i = 0; i < 9; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    REQUIRE((*shaped)->send(1, Bytes(64), Deadline::never()).ok());
-    REQUIRE(p.ba->recv(1, Deadline::after(real_clock(), 5s)).ok());
-    ms.push_back(seconds_since(t0) * 1e3);
-    CHECK(ms.back() >= 20.0);  // never early
+  std::vector<double> medians;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    std::vector<double> ms;
+    for (int i = 0; i < 9; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      REQUIRE((*shaped)->send(1, Bytes(64), Deadline::never()).ok());
+      REQUIRE(p.ba->recv(1, Deadline::after(real_clock(), 5s)).ok());
+      ms.push_back(seconds_since(t0) * 1e3);
+      CHECK(ms.back() >= 20.0);  // never early
+    }
+    std::sort(ms.begin(), ms.end());
+    medians.push_back(ms[4]);
+    if (ms[4] <= 21.0) break;
   }
-  std::sort(ms.begin(), ms.end());
-  CAPTURE(ms[4]);
-  CHECK(ms[4] <= 21.0);
+  CAPTURE(medians.front());
+  CAPTURE(medians.back());
+  CHECK(medians.back() <= 21.0);
 }
 
 TEST_CASE("the shaper delivers within 5% of its configured rate for messages of 1 MiB and more") {
@@ -70,28 +80,58 @@ TEST_CASE("the shaper delivers within 5% of its configured rate for messages of 
     LinkProfile profile;
     profile.bandwidth_bytes_per_s = 100e6 / 8;  // 100 Mbit/s
     profile.latency = 10ms;
-    auto shaped = make_shaped_link(p.ab, profile);
-    REQUIRE(shaped.ok());
+    CHECK(profile.goodput_bytes_per_s() == doctest::Approx(profile.bandwidth_bytes_per_s * 1448.0 / 1514.0));
     const int messages = 6;
     const Bytes payload(size, std::byte{1});
-    const auto t0 = std::chrono::steady_clock::now();
-    std::thread sender([&] {
-      for (int i = 0; i < messages; ++i) {
-        if (i > 0) std::this_thread::sleep_for(20ms);
-        REQUIRE((*shaped)->send(2, payload, Deadline::never()).ok());
-      }
-    });
-    for (int i = 0; i < messages; ++i) REQUIRE(p.ba->recv(2, Deadline::after(real_clock(), 30s)).ok());
-    const double elapsed = seconds_since(t0);
-    sender.join();
-    // Delivery of the last byte = all bytes at the configured rate + one latency. The configured rate
-    // is on the wire; payload goes at the goodput (about 95.6% of it with 1500-byte packets).
-    const double rate = static_cast<double>(messages) * static_cast<double>(size) / (elapsed - 0.010);
+    std::vector<double> rates;
+    for (int attempt = 0; attempt < kAttempts; ++attempt) {
+      auto shaped = make_shaped_link(p.ab, profile);
+      REQUIRE(shaped.ok());
+      const auto t0 = std::chrono::steady_clock::now();
+      std::thread sender([&] {
+        for (int i = 0; i < messages; ++i) {
+          if (i > 0) std::this_thread::sleep_for(20ms);
+          REQUIRE((*shaped)->send(2, payload, Deadline::never()).ok());
+        }
+      });
+      for (int i = 0; i < messages; ++i) REQUIRE(p.ba->recv(2, Deadline::after(real_clock(), 30s)).ok());
+      const double elapsed = seconds_since(t0);
+      sender.join();
+      // Delivery of the last byte = all bytes at the configured rate + one latency. The configured
+      // rate is on the wire; payload goes at the goodput (about 95.6% of it with 1500-byte packets).
+      const double rate = static_cast<double>(messages) * static_cast<double>(size) / (elapsed - 0.010);
+      rates.push_back(rate);
+      CAPTURE(size);
+      CAPTURE(rate);
+      CHECK(rate <= profile.goodput_bytes_per_s() * 1.05);  // never faster
+      if (rate >= profile.goodput_bytes_per_s() * 0.95) break;
+    }
     CAPTURE(size);
-    CAPTURE(rate);
-    CHECK(rate == doctest::Approx(profile.goodput_bytes_per_s()).epsilon(0.05));
-    CHECK(profile.goodput_bytes_per_s() == doctest::Approx(profile.bandwidth_bytes_per_s * 1448.0 / 1514.0));
+    CAPTURE(rates.front());
+    CAPTURE(rates.back());
+    CHECK(rates.back() == doctest::Approx(profile.goodput_bytes_per_s()).epsilon(0.05));
   }
+}
+
+TEST_CASE("a shaped link going away still delivers what its sends accepted") {
+  Pair p = make_pair();
+  LinkProfile profile;
+  profile.bandwidth_bytes_per_s = 100e6 / 8;
+  profile.latency = 1s;
+  auto shaped = make_shaped_link(p.ab, profile);
+  REQUIRE(shaped.ok());
+  Bytes payload(std::size_t{3} << 20);
+  for (std::size_t i = 0; i < payload.size(); i += 4096) payload[i] = static_cast<std::byte>(i / 4096);
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE((*shaped)->send(5, payload, Deadline::never()).ok());
+  // send() returned with the last MiB still to go out (84 ms) and the second of latency ahead; the
+  // link is destroyed long before the message is due, and must deliver it all the same.
+  CHECK(seconds_since(t0) < 1.0);
+  shaped->reset();
+  auto got = p.ba->recv(5, Deadline::after(real_clock(), 5s));
+  REQUIRE(got.ok());
+  CHECK(*got == payload);
+  CHECK(seconds_since(t0) >= 1.25);  // 3 MiB of wire bytes at 100 Mbit/s, plus 1 s: never early
 }
 
 TEST_CASE("jitter never reorders, loss only delays, and a send past its deadline fails") {
