@@ -62,6 +62,18 @@ Bytes payload_header(CodecId codec, SourceDtype dtype, std::uint8_t flags, Scale
   return std::move(w).take();
 }
 
+// fp32 without zstd, borrowed: the header encode() writes (a test pins the two to the same bytes)
+// and the values themselves as the body, checked finite.
+EncodedView borrowed_fp32(const float* values, std::size_t n, at::IntArrayRef sizes) {
+  GOSSAMER_CHECK(n <= static_cast<std::size_t>(kMaxElements), "quant::encode: tensor too large");
+  const auto* data = reinterpret_cast<const std::uint8_t*>(values);
+  GOSSAMER_CHECK(kernels::check_finite_fp32(data, n), "quant::encode: the tensor holds NaN or Inf");
+  return {payload_header(CodecId::kFp32, SourceDtype::kFloat32, 0, ScaleFormat::kNone, 0, sizes, n * 4, std::nullopt),
+          ByteView(reinterpret_cast<const std::byte*>(data), n * 4)};
+}
+
+bool borrowable(const EncodeOptions& o, std::size_t n) { return o.codec == CodecId::kFp32 && !o.zstd && n > 0; }
+
 }  // namespace
 
 Bytes encode(const at::Tensor& tensor, const EncodeOptions& o) {
@@ -129,22 +141,6 @@ Bytes encode(const at::Tensor& tensor, const EncodeOptions& o) {
   payload.insert(payload.end(), compressed.begin(), compressed.begin() + static_cast<std::ptrdiff_t>(c));
   return payload;
 }
-
-namespace {
-
-// fp32 without zstd, borrowed: the header encode() writes (a test pins the two to the same bytes)
-// and the values themselves as the body, checked finite.
-EncodedView borrowed_fp32(const float* values, std::size_t n, at::IntArrayRef sizes) {
-  GOSSAMER_CHECK(n <= static_cast<std::size_t>(kMaxElements), "quant::encode: tensor too large");
-  const auto* data = reinterpret_cast<const std::uint8_t*>(values);
-  GOSSAMER_CHECK(kernels::check_finite_fp32(data, n), "quant::encode: the tensor holds NaN or Inf");
-  return {payload_header(CodecId::kFp32, SourceDtype::kFloat32, 0, ScaleFormat::kNone, 0, sizes, n * 4, std::nullopt),
-          ByteView(reinterpret_cast<const std::byte*>(data), n * 4)};
-}
-
-bool borrowable(const EncodeOptions& o, std::size_t n) { return o.codec == CodecId::kFp32 && !o.zstd && n > 0; }
-
-}  // namespace
 
 EncodedView encode_view(std::span<const float> values, const EncodeOptions& o) {
   const std::size_t n = values.size();

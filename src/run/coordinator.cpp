@@ -51,7 +51,9 @@ Bytes encode_group(const GroupView& g) {
 std::set<transport::PeerId> live_ids(const transport::Gossip& gossip) {
   std::set<transport::PeerId> ids{gossip.self()};
   for (const auto& m : gossip.members()) {
-    if (m.state == transport::MemberState::kAlive) ids.insert(m.id);
+    // A suspect (silent for a while, not yet dead) still counts: a peer stalled for a moment is not
+    // left out of a round, and a dead one is dropped once gossip declares it dead.
+    if (m.state == transport::MemberState::kAlive || m.state == transport::MemberState::kSuspect) ids.insert(m.id);
   }
   return ids;
 }

@@ -2,7 +2,7 @@
 //
 // Each round k (round 0 is the start of training) goes like this. Every peer that reaches it
 // announces READY(k) with the address of its links. The round's leader is the lowest live id
-// (gossip's view) among the previous group's members (at the start, and once a straggler's grace is
+// (gossip's view: alive or suspect, not yet declared dead) among the previous group's members (at the start, and once a straggler's grace is
 // over, among the ready peers; a newcomer never leads before that); it waits until every peer of the
 // previous group that is still alive
 // is ready (at round 0: until `min_members` peers are), or until an adaptive grace has passed since

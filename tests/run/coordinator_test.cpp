@@ -113,9 +113,17 @@ TEST_CASE("round messages of another protocol version, or malformed, are dropped
   auto a = node(), b = node({a->address()});
   auto ca = Coordinator::make(*a, "addr-a", CoordinatorOptions{});
   auto cb = Coordinator::make(*b, "addr-b", CoordinatorOptions{});
-  // Wait until b hears a at all.
+  // Wait until each hears the other: b's broadcasts go to the peers it knows.
   const auto until = std::chrono::steady_clock::now() + 10s;
-  while (a->members().empty() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  auto knows = [](const transport::Gossip& g, transport::PeerId id) {
+    for (const auto& m : g.members()) {
+      if (m.id == id && m.state == transport::MemberState::kAlive) return true;
+    }
+    return false;
+  };
+  while (!(knows(*a, b->self()) && knows(*b, a->self())) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  REQUIRE(knows(*a, b->self()));
+  REQUIRE(knows(*b, a->self()));
   Writer future;
   future.u8(99);  // a version from the future
   future.u8(1);

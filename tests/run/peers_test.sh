@@ -224,7 +224,9 @@ co2_join() { join_of co2_join --set outer.method=co2 --set co2.inner_steps=25; }
 restart() {
   local d=$WORK/restart
   mkdir -p "$d"
-  start_first "$d/p0" 2 --set train.steps=600 --set train.eval_every=200 --set train.checkpoint_every=20
+  # 1500 steps: the restart (a new process, its checkpoint, a state transfer) took the time the
+  # survivor needed for 360 of them; the survivor must not finish before peer 1 is back.
+  start_first "$d/p0" 2 --set train.steps=1500 --set train.eval_every=500 --set train.checkpoint_every=20
   local a; a=$(address_of "$d/p0") || { fail "restart: no address"; return; }
   start_joiner "$d/p1" "$a"
   for _ in $(seq 600); do grep -q '"step":60' "$d/p1/metrics.jsonl" 2>/dev/null && break; sleep 0.05; done

@@ -2,6 +2,7 @@
 // serving corrupt chunks, a donor unreachable, a donor leaving mid-transfer, and malformed manifests.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <random>
 #include <thread>
@@ -66,17 +67,25 @@ TEST_CASE("a newcomer fetches the state from several donors at once, chunk hashe
   const Bytes state = random_bytes(3'000'000, 1);
   auto [donors, list] = serving(3, Snapshot::make(7, 70, 4, state, 64 * 1024));
   auto newcomer = tcp();
-  auto got = fetch_state(*newcomer, list, 7, in(30s));
-  REQUIRE(got.ok());
-  CHECK(digest_of(got->bytes) == digest_of(state));
-  CHECK(got->manifest.round == 7);
-  CHECK(got->manifest.step == 70);
-  CHECK(got->manifest.shards == 4);
-  CHECK(got->bytes_received == state.size());
-  CHECK(got->donors_used >= 2);  // 46 chunks spread over three donors
+  // Chunks go to whichever donor asks next: 46 chunks spread over the three donors, unless a stall of
+  // the machine lets one donor take them all, so the spread needs to show in one of three fetches.
+  std::uint64_t fetched = 0;
+  std::size_t most_donors = 0;
+  for (int attempt = 0; attempt < 3 && most_donors < 2; ++attempt) {
+    auto got = fetch_state(*newcomer, list, 7, in(30s));
+    REQUIRE(got.ok());
+    CHECK(digest_of(got->bytes) == digest_of(state));
+    CHECK(got->manifest.round == 7);
+    CHECK(got->manifest.step == 70);
+    CHECK(got->manifest.shards == 4);
+    CHECK(got->bytes_received == state.size());
+    fetched += state.size();
+    most_donors = std::max(most_donors, static_cast<std::size_t>(got->donors_used));
+  }
+  CHECK(most_donors >= 2);
   std::uint64_t served = 0;
   for (auto& d : donors) served += d->server->bytes_served();
-  CHECK(served == state.size());
+  CHECK(served == fetched);
   // A round nobody holds: refused, and said so.
   auto none = fetch_state(*newcomer, list, 8, in(10s));
   CHECK(none.status().code() == ErrorCode::kUnavailable);

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -17,17 +18,19 @@ using namespace std::chrono_literals;
 
 namespace {
 
-GossipOptions fast(std::vector<std::string> seeds = {}) {
+// Heartbeats every 50 ms. Failure detection is slow (2 s) unless a test is about it: a stall of the
+// shared test machine must not make a live peer look suspect where a test counts live members.
+GossipOptions fast(std::vector<std::string> seeds = {}, Nanos suspect_after = 2s, Nanos dead_after = 4s) {
   GossipOptions o;
   o.seeds = std::move(seeds);
   o.period = 50ms;
-  o.suspect_after = 250ms;
-  o.dead_after = 500ms;
+  o.suspect_after = suspect_after;
+  o.dead_after = dead_after;
   return o;
 }
 
-std::unique_ptr<Gossip> node(std::vector<std::string> seeds = {}) {
-  auto g = make_gossip(fast(std::move(seeds)));
+std::unique_ptr<Gossip> node(std::vector<std::string> seeds = {}, Nanos suspect_after = 2s, Nanos dead_after = 4s) {
+  auto g = make_gossip(fast(std::move(seeds), suspect_after, dead_after));
   REQUIRE(g.ok());
   return std::move(*g);
 }
@@ -93,25 +96,28 @@ TEST_CASE("16 gossip peers reach full membership through one seed") {
 }
 
 TEST_CASE("a silent peer is suspected, then declared dead within a few heartbeats") {
-  auto a = node(), b = node({a->address()});
+  // Suspect after 1 s of silence, dead after 2 s: windows wide enough to be seen on a busy machine.
+  auto a = node({}, 1s, 2s), b = node({a->address()}, 1s, 2s);
+  REQUIRE(eventually([&] { return count_state(*a, MemberState::kAlive) == 1; }, 5s));
   zmq::context_t ctx;
   zmq::socket_t fake(ctx, zmq::socket_type::dealer);
   fake.set(zmq::sockopt::linger, 0);
   fake.connect(a->address());
   const Bytes hello = fake_table(777, "tcp://127.0.0.1:1", 1);
-  (void)fake.send(zmq::buffer(hello.data(), hello.size()));
-  auto state_of_fake = [&](const Gossip& g) {
+  auto state_of_fake = [&](const Gossip& g) -> std::optional<MemberState> {
     for (const auto& m : g.members()) {
       if (m.id.value == 777) return m.state;
     }
-    return MemberState::kLeft;  // not known
+    return std::nullopt;  // not known
   };
-  REQUIRE(eventually([&] { return state_of_fake(*a) == MemberState::kAlive; }, 2s));
-  Stopwatch w(real_clock());
-  CHECK(eventually([&] { return state_of_fake(*a) == MemberState::kSuspect; }, 2s));
-  CHECK(eventually([&] { return state_of_fake(*a) == MemberState::kDead; }, 2s));
-  MESSAGE("declared dead " << w.elapsed_seconds() << " s after it was last seen alive (dead_after 0.5 s)");
-  CHECK(w.elapsed() < 1s);
+  Stopwatch w(real_clock());  // the fake is last heard of after this
+  (void)fake.send(zmq::buffer(hello.data(), hello.size()));
+  REQUIRE(eventually([&] { return state_of_fake(*a).has_value(); }, 2s));
+  CHECK(eventually([&] { return state_of_fake(*a) == MemberState::kSuspect; }, 4s));
+  CHECK(eventually([&] { return state_of_fake(*a) == MemberState::kDead; }, 4s));
+  MESSAGE("declared dead " << w.elapsed_seconds() << " s after it was heard of (dead_after 2 s)");
+  CHECK(w.elapsed() >= 2s);  // never early
+  CHECK(w.elapsed() < 4s);
   // The live peer stays alive on both sides, and the dead one is never sampled.
   CHECK(eventually([&] { return count_state(*a, MemberState::kAlive) == 1 && count_state(*b, MemberState::kAlive) == 1; }, 2s));
   for (auto& m : a->sample(10)) CHECK(m.id.value != 777);
@@ -130,7 +136,7 @@ TEST_CASE("a peer that leaves is known to have left at once") {
   };
   Stopwatch w(real_clock());
   CHECK(eventually([&] { return left_on(*a) && left_on(*c); }, 2s));
-  CHECK(w.elapsed() < 400ms);  // faster than failure detection (dead_after 500 ms)
+  CHECK(w.elapsed() < 2s);  // faster than failure detection could even suspect it (2 s)
   CHECK(b->broadcast("t", {}).code() == ErrorCode::kAborted);
 }
 
@@ -201,9 +207,10 @@ TEST_CASE("secured gossip admits only peers holding the run key") {
   auto stranger = secured(generate_run_key(), {a->address()});
   auto insecure = secured(std::nullopt, {a->address()});
   CHECK(eventually([&] { return a->dropped_messages() >= 2; }, 5s));  // both refusals logged and counted
-  std::this_thread::sleep_for(300ms);
-  CHECK(count_state(*a, MemberState::kAlive) == 1);
-  CHECK(count_state(*b, MemberState::kAlive) == 1);
+  std::this_thread::sleep_for(300ms);  // time for a wrongly admitted stranger to show up
+  CHECK(eventually([&] { return count_state(*a, MemberState::kAlive) == 1 && count_state(*b, MemberState::kAlive) == 1; }, 2s));
+  CHECK(a->members().size() == 1);
+  CHECK(b->members().size() == 1);
   CHECK(stranger->members().empty());
   CHECK(insecure->members().empty());
 }
