@@ -158,7 +158,7 @@ TEST_CASE("a lost peer fails the all-reduce and leaves the tensor untouched") {
   auto g2 = mesh(2);
   Stopwatch w(real_clock());
   CHECK(allreduce_mean(g2[0], x, codec(quant::CodecId::kFp32), 5, in(200ms)).code() == ErrorCode::kTimeout);
-  CHECK(w.elapsed() < 1s);
+  CHECK(w.elapsed() < 3s);  // ends at its deadline, nothing hangs (3 s: room for a stalled host)
   CHECK(torch::equal(x, before));
 }
 

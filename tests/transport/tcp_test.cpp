@@ -243,7 +243,7 @@ TEST_CASE("garbage, oversized and truncated frames drop that link only") {
     Stopwatch w(real_clock());
     auto r = (*bad)->recv(1, in(5s));
     CHECK(r.status().code() == ErrorCode::kPeerLost);
-    CHECK(w.elapsed() < 1s);
+    CHECK(w.elapsed() < 3s);  // well before the 5 s deadline: nothing waits it out
   }
   // The well-behaved link keeps working.
   REQUIRE(ab->send(4, bytes_of("still here"), in(2s)).ok());
@@ -290,7 +290,7 @@ TEST_CASE("a large frame arriving in uneven pieces, its tail late, is delivered 
     auto small = (*link)->recv(8, in(5s));
     REQUIRE(small.ok());
     CHECK(text_of(*small) == "end");
-    CHECK(w.elapsed() < 1s);
+    CHECK(w.elapsed() < 3s);  // well before the 5 s deadline: nothing waits it out
   }
   SUBCASE("the peer dies a megabyte into it: reported lost promptly") {
     encode_frame_header(FrameHeader{FrameType::kData, 0, 7, n}, h);
@@ -300,7 +300,7 @@ TEST_CASE("a large frame arriving in uneven pieces, its tail late, is delivered 
     raw.close();
     Stopwatch w(real_clock());
     CHECK((*link)->recv(7, in(5s)).status().code() == ErrorCode::kPeerLost);
-    CHECK(w.elapsed() < 1s);
+    CHECK(w.elapsed() < 3s);  // well before the 5 s deadline: nothing waits it out
   }
 }
 
@@ -311,7 +311,7 @@ TEST_CASE("deadlines: a silent peer times out, a closed peer is lost, nothing ha
   auto r = ba->recv(1, in(200ms));
   CHECK(r.status().code() == ErrorCode::kTimeout);
   CHECK(w.elapsed() >= 200ms);
-  CHECK(w.elapsed() < 1s);
+  CHECK(w.elapsed() < 3s);  // ends at its deadline, nothing hangs (3 s: room for a stalled host)
   // A goodbye: the other side learns at once.
   ab->close();
   CHECK(ba->recv(1, in(5s)).status().code() == ErrorCode::kPeerLost);
