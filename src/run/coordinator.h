@@ -2,10 +2,10 @@
 //
 // Each round k (round 0 is the start of training) goes like this. Every peer that reaches it
 // announces READY(k) with the address of its links. The round's leader is the lowest live id
-// (gossip's view: alive or suspect, not yet declared dead) among the previous group's members (at the start, and once a straggler's grace is
-// over, among the ready peers; a newcomer never leads before that); it waits until every peer of the
-// previous group that is still alive
-// is ready (at round 0: until `min_members` peers are), or until an adaptive grace has passed since
+// (gossip's view; live: alive or suspect, not yet declared dead) among the previous group's members
+// (at the start, and once a straggler's grace is over, among the ready peers; a newcomer never leads
+// before that); it waits until every live peer of the previous group is ready (at round 0: until
+// `min_members` peers are), or until an adaptive grace has passed since
 // it became ready itself (a few times the usual lag of the last members; see CoordinatorOptions),
 // and announces GROUP(k): the members, sorted by id, and an epoch. The epoch
 // names the group's links: a group with the same members as the last one, which nobody retries,
