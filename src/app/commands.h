@@ -58,6 +58,7 @@ struct PeerArgs {
   std::int64_t wait_for = 1;
   double join_timeout_s = 60;
   std::string shape;
+  double dead_after_s = 1.0;
   bool resume = false;
 };
 void add_peer_command(CLI::App& app, PeerArgs& args);

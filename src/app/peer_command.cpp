@@ -50,6 +50,11 @@ void add_peer_command(CLI::App& app, PeerArgs& args) {
   cmd->add_option("--shape", args.shape,
                   "make this peer's links behave like a network path: a preset (" + fmt::format("{}", fmt::join(transport::link_profile_names(), ", ")) +
                       ") or MBIT,MS (bandwidth in Mbit/s, one-way latency in ms)");
+  cmd->add_option("--dead-after", args.dead_after_s,
+                  "seconds of silence after which gossip declares a peer dead and rounds go on without it (suspect after half of it); "
+                  "raise it on lossy or long paths")
+      ->check(CLI::Range(0.5, 3600.0))
+      ->capture_default_str();
   cmd->add_flag("--resume", args.resume, "restart from OUT/checkpoint.bin (its config is the run's) and catch up with the members");
   cmd->add_option("--join-timeout", args.join_timeout_s, "seconds to wait for the run spec from the peers joined")
       ->check(CLI::PositiveNumber)
@@ -82,6 +87,7 @@ int run_peer_command(const PeerArgs& args) {
   }
   req.out_dir = args.out;
   req.resume = args.resume;
+  req.dead_after = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(args.dead_after_s));
   req.wait_for = static_cast<std::size_t>(args.wait_for);
   req.spec_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(args.join_timeout_s));
   req.stop = &g_peer_stop;

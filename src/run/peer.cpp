@@ -153,6 +153,11 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   for (const auto& j : req.join) go.seeds.push_back(zmq_address(j));
   go.self = transport::random_peer_id();
   go.key = req.key;
+  if (req.dead_after < 5 * go.period) {
+    return error(ErrorCode::kInvalidArgument, "dead_after must be at least 5 gossip periods (0.5 s): a shorter silence is no sign of death");
+  }
+  go.dead_after = req.dead_after;
+  go.suspect_after = req.dead_after / 2;
   auto gossip = transport::make_gossip(go);
   if (!gossip.ok()) return gossip.status().with_context("starting gossip on " + req.listen);
   std::string address = (*gossip)->address();
@@ -546,6 +551,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   summary["finished"] = out.finished;
   summary["params_digest"] = out.params_digest;
   summary["retries"] = cs.retries;
+  summary["dead_after_s"] = std::chrono::duration<double>(req.dead_after).count();
   summary["groups_led"] = cs.groups_announced;
   summary["left_out_by_this_leader"] = cs.left_out;
   summary["solo_rounds"] = solo_rounds;

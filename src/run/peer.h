@@ -49,6 +49,9 @@ struct PeerRequest {
   bool resume = false;
   std::size_t wait_for = 1;  // peers that must be ready before training starts
   std::optional<transport::LinkProfile> shape;  // shape this peer's group links (emulating distance)
+  // This peer's failure detector: a peer silent this long is dead and rounds go on without it; it is
+  // suspect after half of it (still counted in rounds). At least 5 gossip periods (0.5 s).
+  Nanos dead_after = std::chrono::seconds(1);
   Nanos spec_timeout = std::chrono::seconds(60);
   Nanos start_timeout = std::chrono::minutes(10);
   const std::atomic<bool>* stop = nullptr;

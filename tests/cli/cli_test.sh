@@ -38,6 +38,8 @@ run 2 "$G" peer "${TINY[@]}" --set outer.method=local --out "$tmp/peer-local"
 says "use gossamer train"
 run 2 "$G" peer --resume --out "$tmp/peer-none"
 says "nothing to resume"
+run 2 "$G" peer "${TINY[@]}" --dead-after 0.1 --out "$tmp/peer-quick"
+says "--dead-after"
 
 # Bad configuration: exit code 2 and one message naming the key and what is allowed.
 run 2 "$G" train --set model.layerz=3 --out "$tmp/a"

@@ -247,11 +247,13 @@ restart() {
 shaped() {
   local d=$WORK/shaped
   mkdir -p "$d"
-  start_first "$d/p0" 2 --shape 100,25; local a; a=$(address_of "$d/p0") || { fail "shaped: no address"; return; }
-  start_joiner "$d/p1" "$a" --shape 100,25
+  start_first "$d/p0" 2 --shape 100,25 --dead-after 3; local a; a=$(address_of "$d/p0") || { fail "shaped: no address"; return; }
+  start_joiner "$d/p1" "$a" --shape 100,25 --dead-after 2.5
   wait
   [ -f "$d/p0/summary.json" ] && [ -f "$d/p1/summary.json" ] || { fail "shaped: the run did not finish"; tail -n 20 "$d/p0.log"; return; }
   same_params shaped "$d/p0" "$d/p1"
+  grep -q '"dead_after_s": 3.0' "$d/p0/summary.json" && grep -q '"dead_after_s": 2.5' "$d/p1/summary.json" ||
+    fail "shaped: the peers' summaries do not show their --dead-after (3 and 2.5 s)"
   local blocked; blocked=$(sed -n 's/.*"blocked_s": \([0-9.e+-]*\).*/\1/p' "$d/p0/summary.json")
   awk -v b="$blocked" 'BEGIN { exit !(b >= 0.3) }' || fail "shaped: blocked only $blocked s on 25 ms links over 6 rounds"
   echo "shaped: 100 Mbit/s, 25 ms links: blocked $blocked s over 6 rounds"
