@@ -43,6 +43,7 @@ class ShapedLink final : public Link {
   Status send(Tag tag, ByteView payload, Deadline deadline) override {
     std::unique_lock<std::mutex> serial(send_mu_);  // one message on the wire at a time, in call order
     SteadyTime finish, due, returns;
+    Bytes copy(payload.begin(), payload.end());  // before the lock: the delay line need not wait on it
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!failed_.ok()) return failed_;
@@ -63,7 +64,7 @@ class ShapedLink final : public Link {
       due = finish + profile_.latency + extra_delay(payload.size() + kFrameHeaderBytes);
       due = std::max(due, last_due_);  // in order: jitter never reorders a stream
       last_due_ = due;
-      queue_.push_back(Pending{due, tag, Bytes(payload.begin(), payload.end())});
+      queue_.push_back(Pending{due, tag, std::move(copy)});
       cv_.notify_all();
       stats_.bytes_sent += payload.size() + kFrameHeaderBytes;
       stats_.messages_sent += 1;
