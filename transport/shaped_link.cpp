@@ -49,12 +49,9 @@ class ShapedLink final : public Link {
       if (!failed_.ok()) return failed_;
       const SteadyTime now = steady_now();
       const SteadyTime start = std::max(now, next_free_);
-      const double bytes = profile_.wire_bytes(payload.size() + kFrameHeaderBytes);
-      const bool unlimited = std::isinf(profile_.bandwidth_bytes_per_s);
-      finish = start + to_duration(unlimited ? 0.0 : bytes / profile_.bandwidth_bytes_per_s);
+      finish = start + wire_time(profile_.wire_bytes(payload.size() + kFrameHeaderBytes));
       // The call returns once no more than the send buffer's worth of bytes is left to go out.
-      const SteadyTime buffered = finish - to_duration(unlimited ? 0.0 : static_cast<double>(kShaperSendBufferBytes) / profile_.bandwidth_bytes_per_s);
-      returns = std::max(now, buffered);
+      returns = std::max(now, finish - wire_time(static_cast<double>(kShaperSendBufferBytes)));
       if (returns > deadline.steady_time()) {
         return error(ErrorCode::kTimeout, "shaped send of " + std::to_string(payload.size()) + " bytes to peer " + peer().to_string() +
                                               " needs longer than its deadline at " + std::to_string(profile_.bandwidth_bytes_per_s * 8 / 1e6) +
@@ -106,6 +103,11 @@ class ShapedLink final : public Link {
 
   static std::chrono::steady_clock::duration to_duration(double seconds) {
     return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+  }
+
+  // Time `bytes` occupy the link at its bandwidth (none when unlimited).
+  std::chrono::steady_clock::duration wire_time(double bytes) const {
+    return to_duration(std::isinf(profile_.bandwidth_bytes_per_s) ? 0.0 : bytes / profile_.bandwidth_bytes_per_s);
   }
 
   // Jitter and loss delay for a message of n bytes (under mu_).

@@ -7,9 +7,11 @@
 
 #include "core/wire.h"
 #include "run/coordinator.h"
+#include "support/eventually.h"
 
 using namespace gossamer;
 using namespace gossamer::run;
+using gossamer::testing::eventually;
 using namespace std::chrono_literals;
 
 namespace {
@@ -114,16 +116,13 @@ TEST_CASE("round messages of another protocol version, or malformed, are dropped
   auto ca = Coordinator::make(*a, "addr-a", CoordinatorOptions{});
   auto cb = Coordinator::make(*b, "addr-b", CoordinatorOptions{});
   // Wait until each hears the other: b's broadcasts go to the peers it knows.
-  const auto until = std::chrono::steady_clock::now() + 10s;
   auto knows = [](const transport::Gossip& g, transport::PeerId id) {
     for (const auto& m : g.members()) {
       if (m.id == id && m.state == transport::MemberState::kAlive) return true;
     }
     return false;
   };
-  while (!(knows(*a, b->self()) && knows(*b, a->self())) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
-  REQUIRE(knows(*a, b->self()));
-  REQUIRE(knows(*b, a->self()));
+  REQUIRE(eventually([&] { return knows(*a, b->self()) && knows(*b, a->self()); }, 10s));
   Writer future;
   future.u8(99);  // a version from the future
   future.u8(1);
@@ -135,7 +134,7 @@ TEST_CASE("round messages of another protocol version, or malformed, are dropped
   truncated.i64(0);
   truncated.u64(5);  // a GROUP cut short
   REQUIRE(b->broadcast("gossamer.round", truncated.bytes()).ok());
-  while (ca->stats().dropped < 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+  CHECK(eventually([&] { return ca->stats().dropped >= 2; }, 10s));
   CHECK(ca->stats().dropped == 2);
   // And the round protocol still works between them.
   std::vector<std::shared_ptr<Coordinator>> cs{ca, cb};

@@ -10,10 +10,12 @@
 #include <zmq.hpp>
 
 #include "core/wire.h"
+#include "support/eventually.h"
 #include "transport/gossip.h"
 
 using namespace gossamer;
 using namespace gossamer::transport;
+using gossamer::testing::eventually;
 using namespace std::chrono_literals;
 
 namespace {
@@ -39,17 +41,6 @@ std::size_t count_state(const Gossip& g, MemberState s) {
   std::size_t n = 0;
   for (const auto& m : g.members()) n += m.state == s ? 1 : 0;
   return n;
-}
-
-// Polls `done` until it holds or the deadline passes (the gossip runs on its own threads).
-template <typename F>
-bool eventually(F done, Nanos within) {
-  const Deadline d = Deadline::after(real_clock(), within);
-  while (!d.expired(real_clock())) {
-    if (done()) return true;
-    std::this_thread::sleep_for(10ms);
-  }
-  return done();
 }
 
 // A gossip table message from a fake peer, in the wire format of transport/gossip.cpp.
