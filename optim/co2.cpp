@@ -5,11 +5,12 @@
 #include "core/check.h"
 #include "optim/flat_params.h"
 #include "optim/state_io.h"
+#include "transport/tags.h"
 
 namespace gossamer::optim {
 
 namespace {
-constexpr transport::Tag kCO2Tag = 0x0D030000u;  // + round (round_tag)
+constexpr transport::Tag kCO2Tag = transport::tags::kCO2;  // + round (round_tag)
 }  // namespace
 
 CO2::CO2(std::vector<at::Tensor> params, AsyncCollectives& comm, CO2Options options, std::shared_ptr<const StalenessPenalty> penalty)

@@ -31,6 +31,7 @@
 #include "core/status.h"
 #include "quant/format.h"
 #include "transport/link.h"
+#include "transport/tags.h"
 
 namespace gossamer::optim {
 
@@ -57,7 +58,7 @@ inline transport::Tag round_tag(transport::Tag method_base, std::int64_t round) 
 }
 
 // The collective's means travel under `tag | kAllreduceMeanPhase`, so callers' tags keep bit 31 clear.
-inline constexpr transport::Tag kAllreduceMeanPhase = 0x80000000u;
+inline constexpr transport::Tag kAllreduceMeanPhase = transport::tags::kMeanPhase;
 // Each chunk moves in segments of at most this many values (1 MiB of fp32), so summing and sending
 // means overlap the transfers of later segments.
 inline constexpr std::int64_t kAllreduceSegmentValues = std::int64_t{1} << 18;

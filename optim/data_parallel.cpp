@@ -4,12 +4,13 @@
 
 #include "optim/flat_params.h"
 #include "optim/state_io.h"
+#include "transport/tags.h"
 
 namespace gossamer::optim {
 
 namespace {
 
-constexpr transport::Tag kDdpTag = 0x0D040000u;  // + step (round_tag)
+constexpr transport::Tag kDdpTag = transport::tags::kDdp;  // + step (round_tag)
 
 class LinksDataParallel final : public DataParallel {
  public:

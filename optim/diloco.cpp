@@ -4,11 +4,12 @@
 
 #include "core/check.h"
 #include "optim/flat_params.h"
+#include "transport/tags.h"
 
 namespace gossamer::optim {
 
 namespace {
-constexpr transport::Tag kDiLoCoTag = 0x0D010000u;  // + round (round_tag)
+constexpr transport::Tag kDiLoCoTag = transport::tags::kDiLoCo;  // + round (round_tag)
 }  // namespace
 
 DiLoCo::DiLoCo(std::vector<at::Tensor> params, Group group, DiLoCoOptions options)

@@ -17,6 +17,7 @@
 #include "core/status.h"
 #include "optim/gloo_options.h"
 #include "optim/outer_optimizer.h"
+#include "transport/tags.h"
 
 namespace gossamer::optim {
 
@@ -30,6 +31,6 @@ struct GlooDataParallel {
 // `group` is used only with over_group_links (its rank and size replace the options').
 [[nodiscard]] Result<GlooDataParallel> make_gloo_data_parallel(const GlooOptions& options, const Group& group = Group{});
 
-inline constexpr transport::Tag kGlooRendezvousTag = 0x0D6C0000u;
+inline constexpr transport::Tag kGlooRendezvousTag = transport::tags::kGlooRendezvous;
 
 }  // namespace gossamer::optim

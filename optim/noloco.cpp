@@ -7,12 +7,13 @@
 #include "core/check.h"
 #include "optim/flat_params.h"
 #include "optim/state_io.h"
+#include "transport/tags.h"
 
 namespace gossamer::optim {
 
 namespace {
 
-constexpr transport::Tag kNoLoCoTag = 0x0D020000u;  // + round (round_tag)
+constexpr transport::Tag kNoLoCoTag = transport::tags::kNoLoCo;  // + round (round_tag)
 
 std::uint64_t splitmix64(std::uint64_t& state) {
   std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);

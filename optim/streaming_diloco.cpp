@@ -5,11 +5,12 @@
 #include "core/check.h"
 #include "optim/flat_params.h"
 #include "optim/state_io.h"
+#include "transport/tags.h"
 
 namespace gossamer::optim {
 
 namespace {
-constexpr transport::Tag kStreamingTagBase = 0x0E000000u;  // | fragment << 16, + window (round_tag)
+constexpr transport::Tag kStreamingTagBase = transport::tags::kStreaming;  // | fragment << 16, + window (round_tag)
 }  // namespace
 
 StreamingDiLoCo::StreamingDiLoCo(std::vector<Fragment> fragments, AsyncCollectives& comm, StreamingDiLoCoOptions options)

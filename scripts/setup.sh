@@ -13,8 +13,8 @@ PACKAGES=(
   libasio-dev libzmq3-dev cppzmq-dev libzstd-dev libsodium-dev libgloo-dev
   # support libraries
   libspdlog-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
-  # tests and benchmarks
-  doctest-dev libbenchmark-dev
+  # tests and benchmarks (iproute2 and nftables: peers on hosts of their own, behind NAT, in the net tests)
+  doctest-dev libbenchmark-dev iproute2 nftables
 )
 
 missing=()

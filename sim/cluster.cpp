@@ -9,6 +9,7 @@
 #include "train/checkpoint.h"
 #include "train/worker.h"
 #include "transport/protocol.h"
+#include "transport/tags.h"
 
 namespace gossamer::sim {
 
@@ -121,7 +122,7 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
   // on; the newcomer loads it and takes part from that step. The transfer's bytes are counted on both.
   const Nanos round_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config.train.round_timeout_s));
   constexpr int kStateEpoch = 1 << 24;  // the links state transfers use
-  constexpr transport::Tag kStateTag = 0x05A7E000u;
+  constexpr transport::Tag kStateTag = transport::tags::kSimState;
   std::mutex join_mu;
   auto join_signal = scheduler.make_signal();
   int donor = -1;

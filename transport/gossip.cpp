@@ -14,7 +14,9 @@
 #include <sodium.h>
 #include <zmq.hpp>
 
+#include "core/log.h"
 #include "core/wire.h"
+#include "transport/endpoint.h"
 
 namespace gossamer::transport {
 
@@ -98,6 +100,7 @@ class ZmqGossip final : public Gossip {
 
   PeerId self() const override { return options_.self; }
   std::string address() const override { return address_; }
+  const std::string& announced() const { return options_.advertise.empty() ? address_ : options_.advertise; }
 
   std::vector<Member> members() const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -155,7 +158,7 @@ class ZmqGossip final : public Gossip {
     w.u8(kVersion);
     w.u8(static_cast<std::uint8_t>(type));
     w.u64(options_.self.value);
-    w.str(address_);
+    w.str(announced());
   }
 
   // Under mu_.
@@ -164,7 +167,7 @@ class ZmqGossip final : public Gossip {
     write_header(w, MsgType::kTable);
     w.u32(static_cast<std::uint32_t>(table_.size() + 1));
     w.u64(options_.self.value);
-    w.str(address_);
+    w.str(announced());
     w.u64(heartbeat_);
     w.u8(leaving ? 1 : 0);
     for (const auto& [id, e] : table_) {
@@ -279,10 +282,10 @@ class ZmqGossip final : public Gossip {
 
   void drop(const std::string& why) {
     dropped_.fetch_add(1);
-    spdlog::warn("gossip: dropped a message: {}", why);
+    if (drop_log_.allow()) spdlog::warn("gossip: dropped a message: {}", why);
   }
 
-  void handle(ByteView data) {
+  void handle(ByteView data, const std::string& observed_ip) {
     Reader r(data, "gossip message");
     ByteView magic = r.raw(4);
     if (!r.ok() || std::memcmp(magic.data(), kMagic, 4) != 0) return drop("not a Gossamer gossip message");
@@ -316,8 +319,14 @@ class ZmqGossip final : public Gossip {
         }
         r.expect_end();
         if (!r.ok()) return drop(r.status().message());
-        for (const auto& row : rows) {
+        for (auto& row : rows) {
           if (row.id == options_.self.value || row.id == 0 || row.left > 1) continue;
+          if (is_wildcard_address(row.address)) {
+            // A peer listening on every address announces a wildcard: its own row takes the IP its
+            // messages come from; another's is left until a peer that heard it directly relays it.
+            if (row.id != sender || observed_ip.empty()) continue;
+            row.address = with_host(row.address, observed_ip);
+          }
           auto [it, fresh] = table_.try_emplace(row.id);
           Entry& e = it->second;
           if (fresh || row.heartbeat > e.heartbeat) {
@@ -347,7 +356,7 @@ class ZmqGossip final : public Gossip {
         return drop("unknown gossip message type " + std::to_string(type));
       }
     }
-    (void)sender_address;
+    (void)sender_address;  // the sender's own table row carries its address (and heartbeat)
     for (auto& [to, m] : sends) send_to(to, m);
     flush_deliveries();
   }
@@ -410,7 +419,10 @@ class ZmqGossip final : public Gossip {
             body = std::move(extra);
             drop("multi-frame gossip message");
           }
-          handle(ByteView(static_cast<const std::byte*>(body.data()), body.size()));
+          // The IP the sender's connection comes from: where a peer that listens on a wildcard
+          // address (0.0.0.0, [::]) can be reached.
+          const char* observed = zmq_msg_gets(body.handle(), "Peer-Address");
+          handle(ByteView(static_cast<const std::byte*>(body.data()), body.size()), observed != nullptr ? std::string(observed) : std::string());
         }
       } catch (const zmq::error_t& e) {
         spdlog::warn("gossip: {}", e.what());
@@ -439,7 +451,7 @@ class ZmqGossip final : public Gossip {
     const bool ok = curve && frames.size() >= 7 && frames[6].size() == 32 && sodium_memcmp(frames[6].data(), curve_pk_.data(), 32) == 0;
     if (!ok) {
       dropped_.fetch_add(1);
-      spdlog::warn("gossip: refused {}: it does not hold this run's key (check --key)", address);
+      if (refusal_log_.allow()) spdlog::warn("gossip: refused {}: it does not hold this run's key (check --key)", address);
     }
     const std::string code = ok ? "200" : "400", text = ok ? "OK" : "not a member of this run";
     zap_->send(zmq::str_buffer("1.0"), zmq::send_flags::sndmore);
@@ -490,6 +502,9 @@ class ZmqGossip final : public Gossip {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<std::uint64_t> dropped_{0};
+  // Anyone on the network can send junk or knock with a wrong key: bounded log lines for both.
+  LogLimiter drop_log_{"gossip: dropped messages"};
+  LogLimiter refusal_log_{"gossip: refused peers without this run's key"};
 
   mutable std::mutex mu_;
   std::condition_variable left_cv_;

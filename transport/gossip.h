@@ -33,6 +33,10 @@ namespace gossamer::transport {
 
 struct GossipOptions {
   std::string bind = "tcp://127.0.0.1:*";  // '*': an ephemeral port
+  // The address other nodes are told to reach this one at ("tcp://HOST:PORT"), for a node behind a
+  // port forward or known by a public name; empty: the bound address (a wildcard one is replaced by
+  // the receivers with the IP the node's messages come from).
+  std::string advertise;
   std::vector<std::string> seeds;           // gossip addresses of running nodes
   PeerId self;                              // zero: a random id
   Nanos period = std::chrono::milliseconds(100);

@@ -21,10 +21,11 @@
 
 #include "transport/link.h"
 #include "transport/transport.h"
+#include "transport/tags.h"
 
 namespace gossamer::transport {
 
-inline constexpr Tag kLaneTag = 0xFFFFFFF0u;
+inline constexpr Tag kLaneTag = tags::kLane;
 inline constexpr std::size_t kMaxLanes = 64;
 
 struct StripeOptions {

@@ -6,6 +6,7 @@
 #include <sys/uio.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <condition_variable>
@@ -19,6 +20,7 @@
 #include <asio.hpp>
 #include <spdlog/spdlog.h>
 
+#include "core/log.h"
 #include "transport/protocol.h"
 
 namespace gossamer::transport {
@@ -812,7 +814,8 @@ class TcpTransport final : public Transport {
         auto hs = std::make_shared<Handshake>(std::move(socket), hello_, options_.key, /*initiator=*/false);
         hs->run(options_.handshake_timeout, [this, hs, who](Status st, Hello theirs, std::unique_ptr<SecureSession> session) {
           if (!st.ok()) {
-            spdlog::warn("refusing connection from {}: {}", who, st.message());
+            refused_.fetch_add(1);
+            if (refusal_log_.allow()) spdlog::warn("refusing connection from {}: {}", who, st.message());
             return;
           }
           auto link = register_link(std::move(hs->socket), theirs.peer, std::move(session));
@@ -827,6 +830,9 @@ class TcpTransport final : public Transport {
 
   TcpOptions options_;
   Hello hello_;
+  // Anyone can open connections that fail the handshake: counted, and logged at a bounded rate.
+  std::atomic<std::uint64_t> refused_{0};
+  LogLimiter refusal_log_{"refused connections that failed the handshake"};
   std::shared_ptr<asio::io_context> io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   tcp::acceptor acceptor_;

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "app/args.h"
 #include "app/commands.h"
 #include "core/clock.h"
 #include "train/run.h"
@@ -25,17 +26,17 @@ void add_bench_command(CLI::App& app, BenchArgs& args) {
       ->check(CLI::IsMember({"train", "quant", "transport", "allreduce"}))
       ->capture_default_str();
   add_config_source(*cmd, args.source);
-  cmd->add_option("--steps", args.steps, "train: steps per timed block")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--rounds", args.rounds, "train: interleaved rounds (the median is reported)")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--elements", args.elements, "quant: fp32 values per buffer")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--block", args.block, "quant: elements per scale block")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  cmd->add_option("--min-time", args.min_time, "quant: seconds per measurement")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--steps", args.steps, "train: steps per timed block")->check(integer_in(1, 1000000))->capture_default_str();
+  cmd->add_option("--rounds", args.rounds, "train: interleaved rounds (the median is reported)")->check(integer_in(1, 10000))->capture_default_str();
+  cmd->add_option("--elements", args.elements, "quant: fp32 values per buffer")->check(integer_in(1, std::int64_t{1} << 31))->capture_default_str();
+  cmd->add_option("--block", args.block, "quant: elements per scale block")->check(integer_in(1, 1 << 20))->capture_default_str();
+  cmd->add_option("--min-time", args.min_time, "quant: seconds per measurement")->check(number_in(0.0, 3600.0, true))->capture_default_str();
   cmd->add_flag("!--no-naive", args.naive, "quant: skip the naive LibTorch-ops rows");
-  cmd->add_option("--message-mib", args.message_mib, "transport: message size in MiB")->check(CLI::Range(1, 1024))->capture_default_str();
-  cmd->add_option("--ranks", args.ranks, "allreduce: in-process ranks")->check(CLI::Range(2, 16))->capture_default_str();
-  cmd->add_option("--values", args.elements_allreduce, "allreduce: fp32 values in the tensor")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--message-mib", args.message_mib, "transport: message size in MiB")->check(integer_in(1, 1024))->capture_default_str();
+  cmd->add_option("--ranks", args.ranks, "allreduce: in-process ranks")->check(integer_in(2, 16))->capture_default_str();
+  cmd->add_option("--values", args.elements_allreduce, "allreduce: fp32 values in the tensor")->check(integer_in(1, std::int64_t{1} << 31))->capture_default_str();
   cmd->add_flag("!--insecure", args.encrypted, "transport: measure plain links only (no encrypted rows)");
-  cmd->add_option("--gossip-peers", args.gossip_peers, "transport: gossip nodes for the convergence time")->check(CLI::Range(2, 512))->capture_default_str();
+  cmd->add_option("--gossip-peers", args.gossip_peers, "transport: gossip nodes for the convergence time")->check(integer_in(2, 512))->capture_default_str();
 }
 
 namespace {

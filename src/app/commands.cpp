@@ -1,3 +1,4 @@
+#include "app/args.h"
 #include "app/commands.h"
 
 #include <unistd.h>
@@ -5,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <filesystem>
 #include <iostream>
 
 #include <fmt/format.h>
@@ -53,7 +55,7 @@ void add_train_command(CLI::App& app, TrainArgs& args) {
   add_config_source(*cmd, args.source);
   cmd->add_option("--out", args.out, "run folder: config.toml, metrics.jsonl, checkpoint.bin, summary.json")->capture_default_str();
   cmd->add_flag("--resume", args.resume, "continue the run in --out from its checkpoint (its stored config, plus any --set)");
-  cmd->add_option("--stop-at", args.stop_at, "stop with a checkpoint once this many steps are done (resume later)")->check(CLI::PositiveNumber);
+  cmd->add_option("--stop-at", args.stop_at, "stop with a checkpoint once this many steps are done (resume later)")->check(integer_in(1, std::int64_t{1} << 40));
 }
 
 int run_train_command(const TrainArgs& args) {
@@ -84,6 +86,12 @@ int run_train_command(const TrainArgs& args) {
 
   auto outcome = train::run_training(req, real_clock());
   if (!outcome.ok()) return report_failure(outcome.status());
+  if (outcome->nothing_to_do) {
+    spdlog::info("the run in {} is already at step {} of train.steps = {}: nothing to do, nothing changed "
+                 "(to train further: gossamer train --out {} --resume --set train.steps=N)",
+                 args.out, outcome->steps, req.config.train.steps, args.out);
+    return 0;
+  }
   if (!outcome->finished) {
     spdlog::info("stopped at step {}; continue with: gossamer train --out {} --resume", outcome->steps, args.out);
     return g_stop_requested.load() ? 130 : 0;
@@ -127,6 +135,15 @@ void add_keygen_command(CLI::App& app, KeygenArgs& args) {
 }
 
 int run_keygen_command(const KeygenArgs& args) {
+  if (args.out.empty()) return report_failure(error(ErrorCode::kInvalidArgument, "--out is empty: name the key file, e.g. --out run.key"));
+  const std::filesystem::path parent = std::filesystem::path(args.out).parent_path();
+  if (!parent.empty() && !std::filesystem::is_directory(parent)) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "--out " + args.out + ": folder " + parent.string() + " does not exist (create it first)"));
+  }
+  if (std::filesystem::is_directory(args.out)) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "--out " + args.out + " is a folder: name the key file, e.g. " +
+                                                                 (std::filesystem::path(args.out) / "run.key").string()));
+  }
   if (!args.force && std::filesystem::exists(args.out)) {
     return report_failure(error(ErrorCode::kInvalidArgument, args.out + " already exists: pass --force to replace it (peers holding the old key will be refused)"));
   }

@@ -52,6 +52,8 @@ int run_keygen_command(const KeygenArgs& args);
 struct PeerArgs {
   std::string listen = "127.0.0.1:0";
   std::vector<std::string> join;
+  std::string advertise;
+  std::int64_t link_port = -1;  // -1: the gossip port + 1
   ConfigSource source;
   std::string key;
   std::string out = "runs/peer";
@@ -64,9 +66,13 @@ struct PeerArgs {
 void add_peer_command(CLI::App& app, PeerArgs& args);
 int run_peer_command(const PeerArgs& args);
 
+// A fresh folder name for commands whose --out is optional: "runs/<command>-YYYYmmdd-HHMMSS".
+std::string dated_out(const std::string& command);
+
 struct SimArgs {
   ConfigSource source;
-  std::string out = "runs/sim";
+  std::string out;  // given, or dated_out("sim")
+  const CLI::Option* out_option = nullptr;
   double target_loss = 0;  // 0: the default target
 };
 void add_sim_command(CLI::App& app, SimArgs& args);
@@ -74,7 +80,8 @@ int run_sim_command(const SimArgs& args);
 
 struct CompareArgs {
   ConfigSource source;
-  std::string out = "runs/compare";
+  std::string out;  // given, or dated_out("compare")
+  const CLI::Option* out_option = nullptr;
   std::vector<std::string> methods = {"ddp", "diloco", "streaming_diloco", "noloco", "co2"};
   double target_loss = 0;
 };

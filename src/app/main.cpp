@@ -7,7 +7,8 @@
 //   gossamer config  print the effective configuration, or every key with its meaning
 //   gossamer keygen  write a run key that secures every link of a run
 //   gossamer bench   measure Gossamer against references (LibTorch, memcpy, plain sockets)
-// Exit codes: 0 success, 1 runtime failure, 2 bad usage or bad configuration.
+// Exit codes: 0 done, 1 failed at run time, 2 bad input (usage, configuration, addresses, a
+// configuration that cannot fit in memory), 130 interrupted (Ctrl-C or SIGTERM, after a checkpoint).
 #include <malloc.h>
 
 #include <unistd.h>
@@ -16,12 +17,47 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <new>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <c10/util/Exception.h>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
 #include "app/commands.h"
 #include "core/log.h"
+#include "core/text.h"
+
+namespace {
+
+// The first word that is neither an option nor an option's value: what the user meant as the command.
+std::optional<std::string> first_word(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--log-level") {
+      ++i;
+      continue;
+    }
+    if (!a.empty() && a[0] != '-') return a;
+  }
+  return std::nullopt;
+}
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// Commands without a checkpoint to take (sim, compare, plan, bench, config, keygen) end at once on
+// Ctrl-C or SIGTERM with the interrupted exit code; their results are only ever written whole
+// (atomically, at the end), so nothing is left half-written.
+extern "C" void quit_interrupted(int) {
+  static const char kMsg[] = "\ngossamer: interrupted; no results were written\n";
+  (void)!::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+  ::_exit(130);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
 #ifdef __GLIBC__
@@ -41,6 +77,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("gossamer ") + GOSSAMER_VERSION);
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")->capture_default_str();
+  bool debug = false;
+  app.add_flag("--debug", debug, "on an internal error, print the full message with its stack trace");
 
   gossamer::app::TrainArgs train_args;
   gossamer::app::add_train_command(app, train_args);
@@ -68,12 +106,26 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    if (app.get_subcommands().empty()) {
+      if (auto typed = first_word(argc, argv)) {
+        std::vector<std::string> names;
+        for (const auto* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+        std::cerr << "gossamer: unknown command '" << *typed << "'";
+        if (auto best = gossamer::closest_match(*typed, names)) std::cerr << "; did you mean '" << *best << "'?";
+        std::cerr << " (`gossamer --help` lists the commands)\n";
+        return 2;
+      }
+    }
     std::cerr << "gossamer: " << e.what() << "\n(run `gossamer --help` or `gossamer <command> --help`)\n";
     return 2;
   }
   if (auto st = gossamer::init_logging(log_level); !st.ok()) {
     std::cerr << "gossamer: " << st.message() << "\n";
     return 2;
+  }
+  if (!app.got_subcommand("train") && !app.got_subcommand("peer")) {
+    std::signal(SIGINT, quit_interrupted);
+    std::signal(SIGTERM, quit_interrupted);
   }
   try {
     if (app.got_subcommand("train")) return gossamer::app::run_train_command(train_args);
@@ -84,6 +136,18 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("config")) return gossamer::app::run_config_command(config_args);
     if (app.got_subcommand("bench")) return gossamer::app::run_bench_command(bench_args);
     if (app.got_subcommand("keygen")) return gossamer::app::run_keygen_command(keygen_args);
+  } catch (const std::bad_alloc&) {
+    spdlog::error("out of memory: an allocation failed; make the model, batch or corpus smaller, or run fewer workers on this machine");
+    return 1;
+  } catch (const c10::Error& e) {
+    const std::string what = debug ? e.what() : e.what_without_backtrace();
+    if (what.find("can't allocate memory") != std::string::npos || what.find("out of memory") != std::string::npos) {
+      spdlog::error("out of memory: {}; make the model, batch or corpus smaller, or run fewer workers on this machine", first_line(what));
+    } else {
+      spdlog::error("internal error: {} (please report it with the command you ran{})", debug ? what : first_line(what),
+                    debug ? "" : "; --debug prints the whole message");
+    }
+    return 1;
   } catch (const std::exception& e) {
     spdlog::error("internal error: {} (please report it with the command you ran)", e.what());
     return 1;

@@ -6,8 +6,11 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include "app/args.h"
 #include "app/commands.h"
 #include "run/peer.h"
+#include "train/memory.h"
+#include "train/outer.h"
 #include "transport/link_profile.h"
 
 namespace gossamer::app {
@@ -39,13 +42,21 @@ Result<transport::LinkProfile> parse_shape(const std::string& text) {
 void add_peer_command(CLI::App& app, PeerArgs& args) {
   auto* cmd = app.add_subcommand("peer", "Train as one peer of a run across machines: the first peer defines the run, others --join it");
   cmd->add_option("--listen", args.listen, "host:port this peer's gossip listens on (port 0: any free port, written to OUT/address)")
+      ->check(host_port(transport::EndpointUse::kListen))
       ->capture_default_str();
-  cmd->add_option("--join", args.join, "host:port of running peers, comma-separated (leave out on the first peer)")->delimiter(',');
+  cmd->add_option("--join", args.join, "host:port of running peers, comma-separated (leave out on the first peer)")
+      ->delimiter(',')
+      ->check(host_port(transport::EndpointUse::kDial));
+  cmd->add_option("--advertise", args.advertise,
+                  "HOST[:PORT] the other peers reach this one at, when that is not the --listen address: a public address or DNS name "
+                  "with ports PORT and PORT+1 forwarded here (PORT: the --listen port)");
+  cmd->add_option("--link-port", args.link_port, "port of this peer's links (default: the --listen port + 1; 0: any free port)")
+      ->check(integer_in(0, 65535));
   add_config_source(*cmd, args.source);
   cmd->add_option("--key", args.key, "run key file (`gossamer keygen`): links and gossip are then authenticated and encrypted");
   cmd->add_option("--out", args.out, "run folder: address, config.toml, metrics.jsonl, checkpoint.bin, summary.json")->capture_default_str();
   cmd->add_option("--wait-for", args.wait_for, "peers that must be ready before training starts (the first peer's value counts)")
-      ->check(CLI::Range(1, 4096))
+      ->check(integer_in(1, 4096))
       ->capture_default_str();
   cmd->add_option("--shape", args.shape,
                   "make this peer's links behave like a network path: a preset (" + fmt::format("{}", fmt::join(transport::link_profile_names(), ", ")) +
@@ -53,11 +64,11 @@ void add_peer_command(CLI::App& app, PeerArgs& args) {
   cmd->add_option("--dead-after", args.dead_after_s,
                   "seconds of silence after which gossip declares a peer dead and rounds go on without it (suspect after half of it); "
                   "raise it on lossy or long paths")
-      ->check(CLI::Range(0.5, 3600.0))
+      ->check(number_in(0.5, 3600.0))
       ->capture_default_str();
   cmd->add_flag("--resume", args.resume, "restart from OUT/checkpoint.bin (its config is the run's) and catch up with the members");
   cmd->add_option("--join-timeout", args.join_timeout_s, "seconds to wait for the run spec from the peers joined")
-      ->check(CLI::PositiveNumber)
+      ->check(number_in(0.0, 86400.0, true))
       ->capture_default_str();
 }
 
@@ -65,12 +76,17 @@ int run_peer_command(const PeerArgs& args) {
   run::PeerRequest req;
   req.listen = args.listen;
   req.join = args.join;
+  req.advertise = args.advertise;
+  if (args.link_port >= 0) req.link_port = static_cast<std::uint16_t>(args.link_port);
   if (args.resume && (!args.source.config_file.empty() || !args.source.overrides.empty())) {
     return report_failure(error(ErrorCode::kInvalidArgument, "--resume takes the run's config from the checkpoint: drop --config and --set"));
   }
   if (!args.source.config_file.empty() || !args.source.overrides.empty()) {
     auto config = build_config(args.source);
     if (!config.ok()) return report_failure(config.status());
+    // What the run would refuse later is refused before anything starts.
+    if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
+    if (Status st = train::check_memory(*config, /*workers=*/1); !st.ok()) return report_failure(st);
     req.config = *config;
   }
   if (!args.key.empty()) {
@@ -94,7 +110,13 @@ int run_peer_command(const PeerArgs& args) {
   std::signal(SIGINT, on_peer_interrupt);
   std::signal(SIGTERM, on_peer_interrupt);
   auto outcome = run::run_peer(req);
-  if (!outcome.ok()) return report_failure(outcome.status());
+  if (!outcome.ok()) {
+    if (g_peer_stop.load() && outcome.status().code() == ErrorCode::kAborted) {
+      spdlog::info("left before training: {}", outcome.status().message());
+      return 130;
+    }
+    return report_failure(outcome.status());
+  }
   if (!outcome->finished) {
     spdlog::info("left the run at step {}", outcome->steps);
     return g_peer_stop.load() ? 130 : 1;

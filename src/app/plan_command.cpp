@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "app/args.h"
 #include "app/commands.h"
 #include "quant/format.h"
 #include "sim/plan.h"
@@ -74,22 +75,22 @@ void add_plan_command(CLI::App& app, PlanArgs& a) {
   auto* cmd = app.add_subcommand("plan",
                                  "Bandwidth each method needs to keep workers computing a target share of the time (analytic; the model is in "
                                  "sim/plan.h, checked against the simulator)");
-  cmd->add_option("--params", a.params, "model parameters")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--layers", a.layers, "transformer blocks")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--step-time", a.step_time, "seconds per inner step")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--workers", a.workers, "replicas")->capture_default_str()->check(CLI::Range(2, 1 << 20));
-  cmd->add_option("--inner-steps", a.inner_steps, "H: inner steps between synchronizations")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--fragment-layers", a.fragment_layers, "streaming_diloco: blocks per fragment")->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--overlap", a.overlap, "streaming_diloco: tau, steps a fragment's all-reduce may overlap")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--params", a.params, "model parameters")->capture_default_str()->check(number_in(1.0, 1e15));
+  cmd->add_option("--layers", a.layers, "transformer blocks")->capture_default_str()->check(integer_in(1, 100000));
+  cmd->add_option("--step-time", a.step_time, "seconds per inner step")->capture_default_str()->check(positive_number());
+  cmd->add_option("--workers", a.workers, "replicas")->capture_default_str()->check(integer_in(2, 1 << 20));
+  cmd->add_option("--inner-steps", a.inner_steps, "H: inner steps between synchronizations")->capture_default_str()->check(integer_in(1, 1 << 30));
+  cmd->add_option("--fragment-layers", a.fragment_layers, "streaming_diloco: blocks per fragment")->capture_default_str()->check(integer_in(1, 100000));
+  cmd->add_option("--overlap", a.overlap, "streaming_diloco: tau, steps a fragment's all-reduce may overlap")->capture_default_str()->check(integer_in(0, 1 << 30));
   cmd->add_option("--codec", a.codec, "codec of ddp, diloco, noloco and co2")->capture_default_str();
   cmd->add_option("--streaming-codec", a.streaming_codec, "codec of streaming_diloco")->capture_default_str();
-  cmd->add_option("--utilization", a.utilization, "target compute utilization")->capture_default_str()->check(CLI::Range(0.01, 0.9999));
+  cmd->add_option("--utilization", a.utilization, "target compute utilization")->capture_default_str()->check(number_in(0.01, 0.9999));
   cmd->add_option("--backward-overlap", a.backward_overlap,
                   "share of a step during which the last step's gradients may already be sent (2/3 for layer-by-layer sends "
                   "during backward; 0 for Gossamer today)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--latency-ms", a.latency_ms, "one-way latency per hop")->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->check(number_in(0.0, 1.0));
+  cmd->add_option("--latency-ms", a.latency_ms, "one-way latency per hop")->capture_default_str()->check(number_in(0.0, 1e6));
   cmd->add_flag("--table4", a.table4, "reproduce Table 4 of Streaming DiLoCo with this model, beside the paper's figures");
 }
 

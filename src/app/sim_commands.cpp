@@ -2,16 +2,21 @@
 // in virtual time over an emulated network, with metrics, summary.json and report.html.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "app/args.h"
 #include "app/commands.h"
 #include "sim/cluster.h"
 #include "sim/report.h"
+#include "train/memory.h"
+#include "train/run_folder.h"
 
 namespace gossamer::app {
 
@@ -102,9 +107,16 @@ void print_summary(const nlohmann::json& summary) {
   }
 }
 
-int run_and_report(const std::vector<train::RunConfig>& configs, const std::string& out, double target, const std::string& title) {
+int run_and_report(const std::vector<train::RunConfig>& configs, const std::string& out, double target, const std::string& title,
+                   train::RunKind kind) {
+  if (Status st = train::RunFolder::check_new(out, kind); !st.ok()) return report_failure(st);
+  for (const auto& c : configs) {
+    if (Status st = train::check_memory(c, c.sim.workers); !st.ok()) return report_failure(st);
+  }
   auto corpus = train::load_corpus(configs.front());
   if (!corpus.ok()) return report_failure(corpus.status());
+  // Claimed before simulating: a second command given the same --out is refused at once.
+  if (auto folder = train::RunFolder::create(out, kind); !folder.ok()) return report_failure(folder.status());
   spdlog::info("data: {}", corpus->description);
   spdlog::info("network: {}", network_text(configs.front()));
   std::vector<sim::MethodRun> runs;
@@ -131,6 +143,15 @@ int run_and_report(const std::vector<train::RunConfig>& configs, const std::stri
 }
 
 }  // namespace
+
+std::string dated_out(const std::string& command) {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &local);
+  return "runs/" + command + "-" + stamp;
+}
 
 train::RunConfig compare_defaults() {
   // Sized to finish in about five minutes on two cores (300 inner steps x 4 workers x 5 methods of a
@@ -172,14 +193,17 @@ train::RunConfig compare_defaults() {
 void add_sim_command(CLI::App& app, SimArgs& args) {
   auto* cmd = app.add_subcommand("sim", "Simulate one method (outer.method) with many workers in virtual time over an emulated network");
   add_config_source(*cmd, args.source);
-  cmd->add_option("--out", args.out, "output folder: metrics.jsonl, summary.json, report.html")->capture_default_str();
-  cmd->add_option("--target-loss", args.target_loss, "validation loss whose first crossing is time_to_target_s (default: final loss + 10%)");
+  args.out_option = cmd->add_option("--out", args.out, "output folder, new or empty: metrics.jsonl, summary.json, report.html (default: runs/sim-<time>)");
+  cmd->add_option("--target-loss", args.target_loss, "validation loss whose first crossing is time_to_target_s (default: final loss + 10%)")
+      ->check(positive_number());
 }
 
 int run_sim_command(const SimArgs& args) {
   auto config = build_config(args.source);
   if (!config.ok()) return report_failure(config.status());
-  return run_and_report({*config}, args.out, args.target_loss, "Gossamer simulation: " + config->outer.method);
+  if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
+  const std::string out = args.out_option != nullptr && args.out_option->count() > 0 ? args.out : dated_out("sim");
+  return run_and_report({*config}, out, args.target_loss, "Gossamer simulation: " + config->outer.method, train::RunKind::kSim);
 }
 
 void add_compare_command(CLI::App& app, CompareArgs& args) {
@@ -188,14 +212,21 @@ void add_compare_command(CLI::App& app, CompareArgs& args) {
                                  "Built-in defaults: 4 workers behind 100 Mbit/s, 80 ms RTT links, a small GPT on the synthetic language "
                                  "(`gossamer config` with --set shows any key; --config and --set change them)");
   add_config_source(*cmd, args.source);
-  cmd->add_option("--out", args.out, "output folder: summary.json, report.html, <method>/metrics.jsonl")->capture_default_str();
+  args.out_option = cmd->add_option("--out", args.out, "output folder, new or empty: summary.json, report.html, <method>/metrics.jsonl (default: runs/compare-<time>)");
   cmd->add_option("--methods", args.methods, "methods to run, comma-separated")->delimiter(',')->capture_default_str()
       ->check(CLI::IsMember({"ddp", "diloco", "streaming_diloco", "noloco", "co2", "local"}));
-  cmd->add_option("--target-loss", args.target_loss, "validation loss for time_to_target_s (default: ddp's final loss + 10%)");
+  cmd->add_option("--target-loss", args.target_loss, "validation loss for time_to_target_s (default: ddp's final loss + 10%)")
+      ->check(positive_number());
 }
 
 int run_compare_command(const CompareArgs& args) {
   std::vector<train::RunConfig> configs;
+  for (std::size_t i = 0; i < args.methods.size(); ++i) {
+    if (std::find(args.methods.begin(), args.methods.begin() + static_cast<std::ptrdiff_t>(i), args.methods[i]) != args.methods.begin() + static_cast<std::ptrdiff_t>(i)) {
+      return report_failure(error(ErrorCode::kInvalidArgument, "--methods names " + args.methods[i] +
+                                                                   " twice: each method runs once (its metrics go to <out>/" + args.methods[i] + "/)"));
+    }
+  }
   for (const auto& m : args.methods) {
     train::RunConfig base = compare_defaults();
     base.outer.method = m;
@@ -207,7 +238,8 @@ int run_compare_command(const CompareArgs& args) {
   }
   if (configs.empty()) return report_failure(error(ErrorCode::kInvalidArgument, "--methods names no method"));
   spdlog::info("compare: {} methods, {} workers, {} inner steps each", configs.size(), configs.front().sim.workers, configs.front().train.steps);
-  return run_and_report(configs, args.out, args.target_loss, "Gossamer comparison");
+  const std::string out = args.out_option != nullptr && args.out_option->count() > 0 ? args.out : dated_out("compare");
+  return run_and_report(configs, out, args.target_loss, "Gossamer comparison", train::RunKind::kCompare);
 }
 
 }  // namespace gossamer::app

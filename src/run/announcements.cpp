@@ -1,5 +1,7 @@
 #include "run/announcements.h"
 
+#include "transport/endpoint.h"
+
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -85,9 +87,23 @@ std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip) {
   return heard;
 }
 
-Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout) {
+std::string reachable_address(const transport::Gossip& gossip, transport::PeerId id, const std::string& address) {
+  if (!transport::is_wildcard_address(address)) return address;
+  for (const auto& m : gossip.members()) {
+    if (m.id == id && !transport::is_wildcard_address(m.address)) return transport::with_host(address, transport::host_of(m.address));
+  }
+  return address;
+}
+
+Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout, const std::atomic<bool>* stop) {
   std::unique_lock lock(heard.mu);
-  if (!heard.cv.wait_for(lock, timeout, [&] { return heard.spec.has_value(); })) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  // In slices, so that a stop request (Ctrl-C) ends the wait within a tenth of a second.
+  while (!heard.spec.has_value() && std::chrono::steady_clock::now() < until) {
+    if (stop != nullptr && stop->load()) return error(ErrorCode::kAborted, "stop requested while waiting for the run spec");
+    heard.cv.wait_until(lock, std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)));
+  }
+  if (!heard.spec.has_value()) {
     return error(ErrorCode::kTimeout, "no run spec heard from the peers joined within " + std::to_string(timeout.count() / 1000000000) + " s" +
                                           (heard.last_problem.empty() ? std::string(": check the --join addresses (and that every peer has the same --key)")
                                                                       : ": " + heard.last_problem));
@@ -123,7 +139,7 @@ std::optional<std::pair<std::int64_t, std::vector<Donor>>> JoinBoard::newest_off
   for (auto it = offers_.rbegin(); it != offers_.rend(); ++it) {
     if (now < first_seen_.at(it->first) + settle) continue;
     std::vector<Donor> out;
-    for (const auto& [id, address] : it->second) out.push_back(Donor{address, id.to_string()});
+    for (const auto& [id, address] : it->second) out.push_back(Donor{reachable_address(gossip_, id, address), id.to_string()});
     return std::make_pair(it->first, out);
   }
   return std::nullopt;

@@ -69,8 +69,14 @@ struct HeardSpec {
 };
 
 std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip);
-// Waits for the run spec (kTimeout, with what to check, when nobody announces one in time).
-[[nodiscard]] Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout);
+
+// Where peer `id` can be reached at `address`, one of its link addresses: a peer listening on a
+// wildcard address (0.0.0.0, [::]) announces it as it is, and the host is taken from its gossip
+// address as this peer knows it (the IP its gossip came from). Other addresses are returned as given.
+std::string reachable_address(const transport::Gossip& gossip, transport::PeerId id, const std::string& address);
+// Waits for the run spec (kTimeout, with what to check, when nobody announces one in time; kAborted
+// within 0.1 s of `stop` becoming true).
+[[nodiscard]] Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout, const std::atomic<bool>* stop = nullptr);
 
 class JoinBoard {
  public:

@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <algorithm>
 #include <future>
 #include <map>
 #include <mutex>
@@ -20,10 +21,13 @@
 #include "run/peer_links.h"
 #include "run/state_sync.h"
 #include "train/checkpoint.h"
+#include "train/memory.h"
 #include "train/metrics.h"
+#include "train/run_folder.h"
 #include "train/outer.h"
 #include "train/run.h"
 #include "train/worker.h"
+#include "transport/endpoint.h"
 #include "transport/gossip.h"
 #include "transport/tcp_transport.h"
 
@@ -125,31 +129,78 @@ Result<ByteView> load_shared_state(ByteView bytes, std::vector<at::Tensor> param
 
 std::string spec_hash_hex(const train::RunConfig& config) { return digest_of(as_bytes(train::to_toml(config))).hex(); }
 
+namespace {
+
+// --advertise HOST[:PORT]; without a port, the gossip's own port (which must then be fixed).
+Result<transport::Endpoint> parse_advertise(const std::string& text, std::uint16_t listen_port) {
+  auto ep = transport::parse_endpoint(text, transport::EndpointUse::kDial, "--advertise");
+  if (ep.ok()) return ep;
+  auto host_only = transport::parse_endpoint(text + ":1", transport::EndpointUse::kDial, "--advertise");
+  if (!host_only.ok()) return ep.status();
+  if (listen_port == 0) {
+    return error(ErrorCode::kInvalidArgument, "--advertise " + text + " names no port and --listen picks a free one: give --advertise HOST:PORT, or a fixed --listen port");
+  }
+  host_only->port = listen_port;
+  return host_only;
+}
+
+// The links' port: --link-port, else the gossip port + 1 (ephemeral when the gossip port is).
+Result<std::uint16_t> link_port_of(const PeerRequest& req, std::uint16_t listen_port) {
+  if (req.link_port) return *req.link_port;
+  if (listen_port == 0) return std::uint16_t{0};
+  if (listen_port == 65535) return error(ErrorCode::kInvalidArgument, "--listen port 65535 leaves no port for the links (port + 1): pass --link-port");
+  return static_cast<std::uint16_t>(listen_port + 1);
+}
+
+// Every address the user gave, parsed and looked up before anything starts.
+Status check_addresses(const PeerRequest& req) {
+  auto listen = transport::parse_endpoint(req.listen, transport::EndpointUse::kListen, "--listen");
+  if (!listen.ok()) return listen.status();
+  if (auto lp = link_port_of(req, listen->port); !lp.ok()) return lp.status();
+  if (req.link_port && *req.link_port != 0 && *req.link_port == listen->port) {
+    return error(ErrorCode::kInvalidArgument, "--link-port " + std::to_string(*req.link_port) + " is the gossip port of --listen: the links need a port of their own");
+  }
+  if (!req.advertise.empty()) {
+    auto adv = parse_advertise(req.advertise, listen->port);
+    if (!adv.ok()) return adv.status();
+  }
+  for (const auto& j : req.join) {
+    auto seed = transport::parse_endpoint(j, transport::EndpointUse::kDial, "--join");
+    if (!seed.ok()) return seed.status();
+    if (Status st = transport::check_resolves(*seed, "--join"); !st.ok()) return st;
+  }
+  return Status();
+}
+
+}  // namespace
+
 Result<PeerOutcome> run_peer(const PeerRequest& req) {
+  if (Status st = check_addresses(req); !st.ok()) return st;
   std::optional<train::CheckpointState> resumed;
   const fs::path ckpt_path = req.out_dir / train::kCheckpointFile;
   if (req.resume) {
+    auto folder = train::RunFolder::open_to_resume(req.out_dir, train::RunKind::kPeer);
+    if (!folder.ok()) return folder.status();
     auto state = train::read_checkpoint(ckpt_path);
-    if (!state.ok()) {
-      if (state.status().code() == ErrorCode::kNotFound) {
-        return error(ErrorCode::kInvalidArgument, "nothing to resume: " + ckpt_path.string() + " does not exist (drop --resume to start afresh)");
-      }
-      return state.status();
-    }
+    if (!state.ok()) return state.status();
     resumed = std::move(*state);
-  } else if (fs::exists(ckpt_path)) {
-    return error(ErrorCode::kInvalidArgument, "run folder " + req.out_dir.string() + " already holds a checkpoint: pass --resume to restart from it, or choose another --out");
+  } else if (Status st = train::RunFolder::check_new(req.out_dir, train::RunKind::kPeer); !st.ok()) {
+    return st;
   }
   if (req.join.empty() && !req.config && !resumed) {
     return error(ErrorCode::kInvalidArgument, "the first peer defines the run: pass --config (or --join the address of a running peer)");
   }
-  std::error_code ec;
-  fs::create_directories(req.out_dir, ec);
-  if (ec) return error(ErrorCode::kIoError, "cannot create run folder " + req.out_dir.string() + ": " + ec.message());
+  if (!req.resume) {
+    if (auto folder = train::RunFolder::create(req.out_dir, train::RunKind::kPeer); !folder.ok()) return folder.status();
+  }
 
   // Gossip first: joiners learn the run from it.
+  const transport::Endpoint listen = *transport::parse_endpoint(req.listen, transport::EndpointUse::kListen, "--listen");
+  std::optional<transport::Endpoint> advertised;
+  if (!req.advertise.empty()) advertised = *parse_advertise(req.advertise, listen.port);
   transport::GossipOptions go;
   go.bind = zmq_address(req.listen);
+  if (advertised) go.advertise = "tcp://" + advertised->to_string();
   for (const auto& j : req.join) go.seeds.push_back(zmq_address(j));
   go.self = transport::random_peer_id();
   go.key = req.key;
@@ -159,7 +210,11 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   go.dead_after = req.dead_after;
   go.suspect_after = req.dead_after / 2;
   auto gossip = transport::make_gossip(go);
-  if (!gossip.ok()) return gossip.status().with_context("starting gossip on " + req.listen);
+  if (!gossip.ok()) {
+    // The address is the user's: one that is not on this machine, or a port in use, is bad input.
+    return error(ErrorCode::kInvalidArgument, "--listen " + req.listen + ": cannot listen there (" + gossip.status().message() +
+                                                  "); give an address of this machine (or 0.0.0.0) and a free port (0 picks one)");
+  }
   std::string address = (*gossip)->address();
   if (address.rfind("tcp://", 0) == 0) address = address.substr(6);
   if (Status st = write_file_atomic(req.out_dir / "address", as_bytes(address + "\n")); !st.ok()) return st;
@@ -177,7 +232,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   if (req.join.empty()) {
     run_spec = Spec{*own_spec, static_cast<std::uint32_t>(req.wait_for)};
   } else {
-    auto got = receive_spec(*heard, req.spec_timeout);
+    auto got = receive_spec(*heard, req.spec_timeout, req.stop);
     if (!got.ok()) return got.status();
     run_spec = std::move(*got);
     if (own_spec && *own_spec != run_spec.toml) {
@@ -193,6 +248,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   if (Status st = train::validate(config); !st.ok()) return st;
   auto outer_config = train::outer_config(config);
   if (!outer_config.ok()) return outer_config.status();
+  if (Status st = train::check_memory(config, /*workers=*/1); !st.ok()) return st;
   auto schedule_or = round_schedule(config, *outer_config);
   if (!schedule_or.ok()) return schedule_or.status();
   const RoundSchedule schedule = *schedule_or;
@@ -205,25 +261,42 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   if (Status st = write_file_atomic(req.out_dir / "config.toml", as_bytes(spec)); !st.ok()) return st;
 
   // Links: the run id is the spec's hash, so peers of another run are refused at the handshake.
+  // Links on a port of their own next to gossip's (PORT + 1 unless --link-port), so that a firewall
+  // rule or a port forward for two ports is all a peer needs.
   transport::TcpOptions to;
-  const auto colon = req.listen.rfind(':');
-  to.listen = (colon == std::string::npos ? req.listen : req.listen.substr(0, colon)) + ":0";
+  const std::uint16_t link_port = *link_port_of(req, listen.port);
+  to.listen = (listen.ipv6 ? "[" + listen.host + "]" : listen.host) + ":" + std::to_string(link_port);
   to.self = go.self;
   std::copy_n(spec_hash.bytes.begin(), to.run.bytes.size(), to.run.bytes.begin());
   to.key = req.key;
   auto transport = transport::make_tcp_transport(to);
-  if (!transport.ok()) return transport.status().with_context("starting the links");
-  const std::string link_address = (*transport)->address();
+  if (!transport.ok()) {
+    return error(ErrorCode::kInvalidArgument, "cannot listen for links on " + to.listen + " (" + transport.status().message() +
+                                                  "): free that port, or choose the links' port with --link-port (0: any free port)");
+  }
+  const std::string bound_link_address = (*transport)->address();
+  std::string link_address = bound_link_address;
+  if (advertised) {
+    // Announced where the others reach it: the advertised host, the port as far from the advertised
+    // gossip port as the links' is from the gossip's.
+    const int offset = static_cast<int>(std::stoi(bound_link_address.substr(bound_link_address.rfind(':') + 1))) -
+                       static_cast<int>(std::stoi(address.substr(address.rfind(':') + 1)));
+    transport::Endpoint at = *advertised;
+    at.port = static_cast<std::uint16_t>(std::clamp(static_cast<int>(at.port) + offset, 1, 65535));
+    link_address = at.to_string();
+  }
   {
     // ddp on Gloo: each group's rank 0 serves the rendezvous where its links listen.
-    const auto c = link_address.rfind(':');
+    const auto c = bound_link_address.rfind(':');
     outer_config->gloo.over_group_links = true;
-    outer_config->gloo.store_host = outer_config->gloo.interface_host = link_address.substr(0, c);
+    outer_config->gloo.store_host = outer_config->gloo.interface_host = bound_link_address.substr(0, c);
     outer_config->gloo.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(std::min(round_timeout, kLinkTimeout));
   }
-  if (Status st = write_file_atomic(req.out_dir / "address", as_bytes(address + "\n" + link_address + "\n")); !st.ok()) return st;
+  if (Status st = write_file_atomic(req.out_dir / "address", as_bytes(address + "\n" + bound_link_address + "\n")); !st.ok()) return st;
   StateServer server;
-  PeerLinks links(**transport, [&server](std::shared_ptr<transport::Link> l) { server.serve(std::move(l)); });
+  PeerLinks links(
+      **transport, [&server](std::shared_ptr<transport::Link> l) { server.serve(std::move(l)); },
+      [g = gossip->get()](transport::PeerId id, const std::string& announced) { return reachable_address(*g, id, announced); });
   if (req.shape) {
     links.shape(*req.shape);
     spdlog::info("links shaped like '{}'", req.shape->name);
@@ -248,7 +321,13 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   std::optional<GroupView> start;
   if (!joining) {
     spdlog::info("waiting for {} peer(s) to start", run_spec.wait_for);
-    auto agreed = coordinator.agree(0, 0, Deadline::after(real_clock(), req.start_timeout));
+    // Asked from a thread of its own, so that a stop request (Ctrl-C) ends the wait at once.
+    auto pending = std::async(std::launch::async, [&coordinator, d = Deadline::after(real_clock(), req.start_timeout)] { return coordinator.agree(0, 0, d); });
+    while (pending.wait_for(100ms) != std::future_status::ready) {
+      if (req.stop != nullptr && req.stop->load()) coordinator.stop();
+    }
+    auto agreed = pending.get();
+    if (req.stop != nullptr && req.stop->load()) return error(ErrorCode::kAborted, "stop requested while waiting for the peers to start");
     if (agreed.ok()) {
       start = *agreed;
     } else if (agreed.status().code() == ErrorCode::kUnavailable || agreed.status().code() == ErrorCode::kAborted) {

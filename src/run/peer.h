@@ -41,6 +41,11 @@ namespace gossamer::run {
 struct PeerRequest {
   std::string listen = "127.0.0.1:0";  // host:port of this peer's gossip endpoint (port 0: ephemeral)
   std::vector<std::string> join;       // host:port of running peers
+  // HOST or HOST:PORT others reach this peer's gossip at (a port forward, a public name); its links
+  // are announced at HOST:(PORT + link port - gossip port). Empty: the listen address.
+  std::string advertise;
+  // The links' port; nullopt: the gossip port + 1 (ephemeral when the gossip port is).
+  std::optional<std::uint16_t> link_port;
   std::optional<train::RunConfig> config;
   std::optional<transport::RunKey> key;
   std::filesystem::path out_dir;

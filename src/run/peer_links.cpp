@@ -12,8 +12,9 @@ namespace {
 using namespace std::chrono_literals;
 }  // namespace
 
-PeerLinks::PeerLinks(transport::Transport& transport, std::function<void(std::shared_ptr<transport::Link>)> on_state_link)
-    : transport_(transport), on_state_link_(std::move(on_state_link)) {
+PeerLinks::PeerLinks(transport::Transport& transport, std::function<void(std::shared_ptr<transport::Link>)> on_state_link,
+                     std::function<std::string(transport::PeerId, const std::string&)> reachable)
+    : transport_(transport), on_state_link_(std::move(on_state_link)), reachable_(std::move(reachable)) {
   acceptor_ = std::thread([this] { accept_loop(); });
 }
 
@@ -103,7 +104,7 @@ Result<optim::Group> PeerLinks::group(const GroupView& view, Deadline deadline, 
     }
     if (self < m.id) {  // ours to make
       lock.unlock();
-      auto link = transport_.connect(m.address, deadline);
+      auto link = transport_.connect(reachable_ ? reachable_(m.id, m.address) : m.address, deadline);
       if (!link.ok()) return link.status().with_context("connecting to peer " + m.id.to_string() + " for epoch " + std::to_string(view.epoch));
       Writer w;
       w.u64(view.epoch);

@@ -29,17 +29,21 @@
 #include "run/coordinator.h"
 #include "transport/link_profile.h"
 #include "transport/transport.h"
+#include "transport/tags.h"
 
 namespace gossamer::run {
 
 // The first message on every link a peer opens to another: the epoch (u64; 0 for a state transfer).
-inline constexpr transport::Tag kEpochTag = 0x0E90C000u;
+inline constexpr transport::Tag kEpochTag = transport::tags::kEpoch;
 
 class PeerLinks {
  public:
   // on_state_link: what to do with incoming links opened with epoch 0 (state transfers, see
   // state_sync.h); without it they are closed.
-  explicit PeerLinks(transport::Transport& transport, std::function<void(std::shared_ptr<transport::Link>)> on_state_link = {});
+  // reachable: where to dial a member at the address it announced (see reachable_address); the
+  // address itself when empty.
+  explicit PeerLinks(transport::Transport& transport, std::function<void(std::shared_ptr<transport::Link>)> on_state_link = {},
+                     std::function<std::string(transport::PeerId, const std::string&)> reachable = {});
   ~PeerLinks();  // stops the accept thread and closes every link
   PeerLinks(const PeerLinks&) = delete;
   PeerLinks& operator=(const PeerLinks&) = delete;
@@ -60,6 +64,7 @@ class PeerLinks {
 
   transport::Transport& transport_;
   std::function<void(std::shared_ptr<transport::Link>)> on_state_link_;
+  std::function<std::string(transport::PeerId, const std::string&)> reachable_;
   std::atomic<bool> stop_{false};
   std::atomic<std::uint64_t> refused_{0};
   std::mutex mu_;

@@ -34,11 +34,12 @@
 #include "core/hash.h"
 #include "core/status.h"
 #include "transport/transport.h"
+#include "transport/tags.h"
 
 namespace gossamer::run {
 
-inline constexpr transport::Tag kStateRequestTag = 0x05A7E100u;
-inline constexpr transport::Tag kStateResponseTag = 0x05A7E101u;
+inline constexpr transport::Tag kStateRequestTag = transport::tags::kStateRequest;
+inline constexpr transport::Tag kStateResponseTag = transport::tags::kStateResponse;
 
 struct StateManifest {
   std::int64_t round = 0;

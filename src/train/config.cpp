@@ -11,6 +11,7 @@
 #include <toml++/toml.h>
 
 #include "core/file.h"
+#include "core/text.h"
 
 namespace gossamer::train {
 
@@ -145,6 +146,7 @@ std::string allowed_text(const KeySpec& k) {
       [](const auto& s) -> std::string {
         using T = std::decay_t<decltype(s)>;
         if constexpr (std::is_same_v<T, IntKey>) {
+          if (s.max == std::numeric_limits<std::int64_t>::max()) return "an integer >= " + std::to_string(s.min);
           return "an integer in [" + std::to_string(s.min) + ", " + std::to_string(s.max) + "]";
         } else if constexpr (std::is_same_v<T, FloatKey>) {
           return std::string("a number in ") + (s.min_exclusive ? "(" : "[") + format_double(s.min) + ", " + format_double(s.max) + "]";
@@ -158,28 +160,11 @@ std::string allowed_text(const KeySpec& k) {
       k);
 }
 
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 Status unknown_key(std::string_view key, std::string_view source) {
-  std::string best;
-  std::size_t best_d = std::numeric_limits<std::size_t>::max();
-  for (const auto& k : schema()) {
-    const auto d = edit_distance(key, key_name(k));
-    if (d < best_d) best_d = d, best = key_name(k);
-  }
+  std::vector<std::string> names;
+  for (const auto& k : schema()) names.emplace_back(key_name(k));
   std::string msg = std::string(source) + ": unknown config key '" + std::string(key) + "'";
-  if (best_d <= 3) msg += "; did you mean '" + best + "'?";
+  if (auto best = closest_match(key, names)) msg += "; did you mean '" + *best + "'?";
   msg += " (`gossamer config --keys` lists every key)";
   return error(ErrorCode::kInvalidArgument, msg);
 }
@@ -299,7 +284,10 @@ Status apply_override(RunConfig& config, std::string_view assignment) {
   }
   RunConfig updated = config;
   Status st;
-  if (is_toml && parsed.contains("v")) {
+  // A string key takes the text as typed unless it is a quoted TOML string: --set data.path=123 is the
+  // file "123", not an integer.
+  const bool string_key = std::holds_alternative<StringKey>(*spec);
+  if (is_toml && parsed.contains("v") && (!string_key || parsed.get("v")->is_string())) {
     st = set_value(updated, *spec, *parsed.get("v"), "--set");
   } else {
     // A bare word such as a path: take it as a string.
@@ -386,6 +374,29 @@ std::string to_toml(const RunConfig& config_in) {
         spec);
   }
   return os.str();
+}
+
+std::vector<std::string> config_differences(const RunConfig& a_in, const RunConfig& b_in, const std::vector<std::string>& prefixes) {
+  RunConfig a = a_in, b = b_in;  // the schema's accessors take mutable references
+  std::vector<std::string> out;
+  for (const auto& spec : schema()) {
+    const std::string name = key_name(spec);
+    if (!prefixes.empty() && std::none_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; })) continue;
+    std::visit(
+        [&](const auto& s) {
+          using T = std::decay_t<decltype(s)>;
+          if (s.ref(a) == s.ref(b)) return;
+          if constexpr (std::is_same_v<T, FloatKey>) {
+            out.push_back(name + ": " + format_double(s.ref(a)) + " -> " + format_double(s.ref(b)));
+          } else if constexpr (std::is_same_v<T, IntKey>) {
+            out.push_back(name + ": " + std::to_string(s.ref(a)) + " -> " + std::to_string(s.ref(b)));
+          } else {
+            out.push_back(name + ": '" + s.ref(a) + "' -> '" + s.ref(b) + "'");
+          }
+        },
+        spec);
+  }
+  return out;
 }
 
 std::vector<KeyInfo> config_keys() {

@@ -153,6 +153,10 @@ struct RunConfig {
 // Cross-key checks (width divisible by heads, warm-up within the run, ...).
 [[nodiscard]] Status validate(const RunConfig& config);
 
+// The keys whose values differ between `a` and `b`, as "key: A -> B", in schema order; only keys that
+// start with one of `prefixes` ("model." ...) when any are given.
+std::vector<std::string> config_differences(const RunConfig& a, const RunConfig& b, const std::vector<std::string>& prefixes = {});
+
 // Commented TOML holding every key, loadable by apply_toml.
 std::string to_toml(const RunConfig& config);
 

@@ -15,8 +15,17 @@ namespace gossamer::train {
 Result<MetricsWriter> MetricsWriter::open(const std::filesystem::path& path, std::optional<std::int64_t> keep_up_to_step) {
   MetricsWriter w;
   w.path_ = path;
-  if (keep_up_to_step.has_value() && std::filesystem::exists(path)) {
-    auto text = read_text_file(path, std::size_t{1} << 32);
+  w.keep_up_to_step_ = keep_up_to_step;
+  if (!keep_up_to_step.has_value()) {
+    w.out_.open(path, std::ios::trunc);
+    if (!w.out_) return error(ErrorCode::kIoError, "cannot open " + path.string() + " for writing");
+  }
+  return w;
+}
+
+Status MetricsWriter::open_for_resume() {
+  if (std::filesystem::exists(path_)) {
+    auto text = read_text_file(path_, std::size_t{1} << 32);
     if (!text.ok()) return text.status();
     std::istringstream in(*text);
     std::string kept, line;
@@ -24,20 +33,24 @@ Result<MetricsWriter> MetricsWriter::open(const std::filesystem::path& path, std
       if (line.empty()) continue;
       auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
       if (j.is_discarded()) continue;  // a torn last line from a crash
-      if (j.contains("step") && j["step"].is_number_integer() && j["step"].get<std::int64_t>() > *keep_up_to_step) continue;
+      if (j.contains("step") && j["step"].is_number_integer() && j["step"].get<std::int64_t>() > *keep_up_to_step_) continue;
       kept += line + "\n";
     }
-    Status st = write_file_atomic(path, as_bytes(kept));
-    if (!st.ok()) return st;
-    w.out_.open(path, std::ios::app);
-  } else {
-    w.out_.open(path, std::ios::trunc);
+    if (kept != *text) {
+      Status st = write_file_atomic(path_, as_bytes(kept));
+      if (!st.ok()) return st;
+    }
   }
-  if (!w.out_) return error(ErrorCode::kIoError, "cannot open " + path.string() + " for writing");
-  return w;
+  out_.open(path_, std::ios::app);
+  if (!out_) return error(ErrorCode::kIoError, "cannot open " + path_.string() + " for writing");
+  keep_up_to_step_.reset();
+  return Status();
 }
 
 Status MetricsWriter::write(const nlohmann::json& record) {
+  if (keep_up_to_step_.has_value()) {
+    if (Status st = open_for_resume(); !st.ok()) return st;
+  }
   out_ << record.dump() << '\n';
   out_.flush();
   if (!out_) return error(ErrorCode::kIoError, "cannot write to " + path_.string());

@@ -20,13 +20,17 @@ namespace gossamer::train {
 
 class MetricsWriter {
  public:
-  // On resume, records with "step" > keep_up_to_step are removed first (they were written after the
-  // checkpoint being resumed from). Pass nullopt to start a fresh file.
+  // On resume, records with "step" > keep_up_to_step are removed (they were written after the
+  // checkpoint being resumed from) when the first record is written, so a resume that makes no
+  // progress leaves the file as it was. Pass nullopt to start a fresh file.
   static Result<MetricsWriter> open(const std::filesystem::path& path, std::optional<std::int64_t> keep_up_to_step);
   [[nodiscard]] Status write(const nlohmann::json& record);
 
  private:
+  [[nodiscard]] Status open_for_resume();
+
   std::filesystem::path path_;
+  std::optional<std::int64_t> keep_up_to_step_;  // set until the resumed file is opened
   std::ofstream out_;
 };
 

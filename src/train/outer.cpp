@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 namespace gossamer::train {
 
 namespace {
@@ -15,6 +17,22 @@ Result<quant::EncodeOptions> codec(const std::string& name, std::int64_t block, 
   o.codec = *id;
   o.block_size = static_cast<std::uint32_t>(block);
   return o;
+}
+
+// A run in which the method never synchronizes trains independent models and sends nothing: refused.
+Status check_synchronizes(const RunConfig& c, std::int64_t fragments) {
+  const std::string& m = c.outer.method;
+  std::int64_t first = 0;
+  std::string key;
+  if (m == "diloco") first = c.diloco.inner_steps, key = "diloco.inner_steps";
+  if (m == "noloco") first = c.noloco.inner_steps, key = "noloco.inner_steps";
+  if (m == "co2") first = c.co2.inner_steps, key = "co2.inner_steps";
+  if (m == "streaming_diloco") first = c.streaming_diloco.inner_steps / std::max<std::int64_t>(1, fragments), key = "streaming_diloco.inner_steps";
+  if (key.empty() || first <= c.train.steps) return Status();
+  return error(ErrorCode::kInvalidArgument,
+               m + " would never synchronize: its first round comes after step " + std::to_string(first) + " (" + key + " = " +
+                   std::to_string(m == "streaming_diloco" ? c.streaming_diloco.inner_steps : first) + (m == "streaming_diloco" ? ", over " + std::to_string(fragments) + " fragments" : "") +
+                   "), beyond train.steps = " + std::to_string(c.train.steps) + "; lower " + key + " or raise train.steps (outer.method = \"local\" trains without synchronizing)");
 }
 
 }  // namespace
@@ -61,6 +79,13 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
                                                     std::to_string(sd.inner_steps / p));
     }
   }
+
+  if (c.outer.method == "streaming_diloco" && sd.fragment_layers > c.model.layers) {
+    return error(ErrorCode::kInvalidArgument, "streaming_diloco.fragment_layers (" + std::to_string(sd.fragment_layers) + ") exceeds model.layers (" +
+                                                  std::to_string(c.model.layers) + "): a fragment cannot be larger than the model; use at most " +
+                                                  std::to_string(c.model.layers));
+  }
+  if (Status st = check_synchronizes(c, p); !st.ok()) return st;
 
   o.noloco.inner_steps = c.noloco.inner_steps;
   o.noloco.outer_lr = c.noloco.outer_lr;

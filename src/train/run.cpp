@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -9,7 +10,9 @@
 
 #include "core/file.h"
 #include "data/synthetic.h"
+#include "train/memory.h"
 #include "train/metrics.h"
+#include "train/run_folder.h"
 #include "train/worker.h"
 
 namespace gossamer::train {
@@ -61,33 +64,104 @@ Result<RunConfig> config_from_checkpoint(const fs::path& out_dir) {
   return config;
 }
 
+namespace {
+
+// The keys a resumed run may not change: they define the model and the data it was trained on.
+const std::vector<std::string> kIdentityPrefixes = {"model.", "data."};
+
+std::vector<std::string> identity_differences(const RunConfig& a, const RunConfig& b) {
+  std::vector<std::string> diffs = config_differences(a, b, kIdentityPrefixes);
+  // The size cap on corpora changes neither the model nor the data a run was given.
+  diffs.erase(std::remove_if(diffs.begin(), diffs.end(), [](const std::string& d) { return d.rfind("data.max_bytes:", 0) == 0; }), diffs.end());
+  return diffs;
+}
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : ", ") + i;
+  return out;
+}
+
+// The checks before a resume writes anything: the folder is a train run, its checkpoint reads, the
+// checkpoint belongs to the folder's config and to this request's model and data.
+Result<CheckpointState> checked_resume(const TrainRequest& req) {
+  auto folder = RunFolder::open_to_resume(req.out_dir, RunKind::kTrain);
+  if (!folder.ok()) return folder.status();
+  auto state = read_checkpoint(folder->file(kCheckpointFile));
+  if (!state.ok()) return state.status().with_context("resuming");
+  RunConfig stored;
+  if (Status st = apply_toml(stored, state->config_toml, "the checkpoint's stored config"); !st.ok()) return st;
+  if (auto text = read_text_file(folder->file("config.toml"), 16 << 20); text.ok()) {
+    RunConfig recorded;
+    if (apply_toml(recorded, *text, "config.toml").ok()) {
+      if (auto diffs = identity_differences(recorded, stored); !diffs.empty()) {
+        return error(ErrorCode::kInvalidArgument, folder->file(kCheckpointFile).string() + " belongs to another run than the folder's config.toml (" +
+                                                      joined(diffs) + "): resume the folder that checkpoint came from, or start a new run");
+      }
+    }
+  }
+  if (auto diffs = identity_differences(stored, req.config); !diffs.empty()) {
+    return error(ErrorCode::kInvalidArgument, "the checkpoint in " + req.out_dir.string() + " holds another model config or data (" + joined(diffs) +
+                                                  "): a resumed run keeps its model and data; start a new run in another --out to change them");
+  }
+  if (state->step > req.config.train.steps) {
+    return error(ErrorCode::kInvalidArgument, "the run in " + req.out_dir.string() + " is at step " + std::to_string(state->step) +
+                                                  ", beyond train.steps = " + std::to_string(req.config.train.steps) +
+                                                  ": a resume cannot go backwards (raise train.steps, or leave it as it was)");
+  }
+  return state;
+}
+
+}  // namespace
+
 Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
   const RunConfig& config = req.config;
   if (Status st = validate(config); !st.ok()) return st;
+  if (Status st = check_memory(config, /*workers=*/1); !st.ok()) return st;
   const fs::path ckpt_path = req.out_dir / kCheckpointFile;
-  if (!req.resume && fs::exists(ckpt_path)) {
-    return error(ErrorCode::kInvalidArgument, "run folder " + req.out_dir.string() +
-                                                  " already holds a run: pass --resume to continue it, or choose another --out");
+  std::optional<CheckpointState> resumed;
+  if (req.resume) {
+    auto state = checked_resume(req);
+    if (!state.ok()) return state.status();
+    if (state->step == config.train.steps) {
+      TrainOutcome done;
+      done.steps = state->step;
+      done.tokens = state->tokens_seen;
+      done.finished = true;
+      done.nothing_to_do = true;
+      return done;
+    }
+    resumed = std::move(*state);
+  } else if (Status st = RunFolder::check_new(req.out_dir, RunKind::kTrain); !st.ok()) {
+    return st;
   }
   auto corpus = load_corpus(config);
   if (!corpus.ok()) return corpus.status();
   spdlog::info("data: {}", corpus->description);
-  std::error_code ec;
-  fs::create_directories(req.out_dir, ec);
-  if (ec) return error(ErrorCode::kIoError, "cannot create run folder " + req.out_dir.string() + ": " + ec.message());
+  auto folder = req.resume ? RunFolder::open_to_resume(req.out_dir, RunKind::kTrain) : RunFolder::create(req.out_dir, RunKind::kTrain);
+  if (!folder.ok()) return folder.status();
   if (config.train.threads > 0) torch::set_num_threads(static_cast<int>(config.train.threads));
 
+  // A new run records its config at once; a resumed one only once it has made progress, so that a
+  // resume that fails at once leaves the folder as it was.
   const std::string config_toml = to_toml(config);
-  if (Status st = write_file_atomic(req.out_dir / "config.toml", as_bytes(config_toml)); !st.ok()) return st;
+  bool config_written = false;
+  auto write_config = [&]() -> Status {
+    if (config_written) return Status();
+    config_written = true;
+    return folder->write_text("config.toml", config_toml);
+  };
+  if (!req.resume) {
+    if (Status st = write_config(); !st.ok()) return st;
+  }
 
   Worker worker(config, corpus->dataset, /*rank=*/0, /*world=*/1, clock);
   spdlog::info("model: {} layers, width {}, {} heads, context {}: {} parameters", config.model.layers, config.model.width,
                config.model.heads, config.model.context, worker.model().num_parameters());
-  if (req.resume) {
-    auto state = read_checkpoint(ckpt_path);
-    if (!state.ok()) return state.status().with_context("resuming");
-    if (Status st = worker.restore(*state); !st.ok()) return st.with_context("resuming");
+  if (resumed) {
+    if (Status st = worker.restore(*resumed); !st.ok()) return st.with_context("resuming");
     spdlog::info("resumed from {} at step {}", ckpt_path.string(), worker.steps_done());
+    resumed.reset();
   }
 
   auto metrics = MetricsWriter::open(req.out_dir / "metrics.jsonl",
@@ -113,6 +187,7 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
       break;
     }
     const StepResult r = worker.step();
+    if (Status st = write_config(); !st.ok()) return st;
     compute_s += r.seconds;
     tokens_this_run += r.tokens;
     outcome.final_train_loss = r.loss;
@@ -153,7 +228,7 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
     if (outcome.final_val_loss) summary["final_val_loss"] = *outcome.final_val_loss;
     if (outcome.entropy_floor) summary["entropy_floor"] = *outcome.entropy_floor;
     const std::string text = summary.dump(2) + "\n";
-    if (Status st = write_file_atomic(req.out_dir / "summary.json", as_bytes(text)); !st.ok()) return st;
+    if (Status st = folder->write_text("summary.json", text); !st.ok()) return st;
   }
   return outcome;
 }

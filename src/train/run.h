@@ -1,9 +1,13 @@
 // A single-worker training run into a run folder: what `gossamer train` does.
 //
-// The run folder holds config.toml (the effective config), metrics.jsonl, checkpoint.bin (latest,
+// The run folder (train/run_folder.h) holds config.toml (the effective config), metrics.jsonl, checkpoint.bin (latest,
 // written atomically) and summary.json. A run that is resumed continues bit-identically from its last
-// checkpoint. Errors are Status values: kInvalidArgument for what the user must change (bad config,
-// an existing run folder without --resume), others for I/O and corrupt files.
+// checkpoint. A resume checks before writing anything: the folder holds a train run whose checkpoint
+// agrees with its config.toml and with the request on the model and the data, and the request does
+// not go back behind the checkpoint's step; a resume of a finished run changes nothing. A resumed
+// run rewrites config.toml and trims metrics.jsonl (lines after the checkpoint) only once it has made
+// a step. Errors are Status values: kInvalidArgument for what the user must change (bad config, an
+// existing run folder without --resume, a mismatching resume), others for I/O and corrupt files.
 // Blocking: run_training blocks until the run ends or `stop` becomes true (checked between steps).
 #pragma once
 
@@ -46,6 +50,7 @@ struct TrainOutcome {
   std::optional<double> entropy_floor;
   double tok_per_s = 0.0;
   bool finished = false;  // false when stopped early (stop_at or a stop request)
+  bool nothing_to_do = false;  // a resume of a run already at train.steps: nothing was read or written
 };
 
 // The config stored in a run folder's checkpoint, with `overrides` (key=value) applied on top.

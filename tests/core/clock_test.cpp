@@ -73,3 +73,17 @@ TEST_CASE("a Signal of another clock honours that clock's deadline") {
   clock.sleep_for(5ms);  // the manual deadline below is already past: no real waiting
   CHECK_FALSE(sig->wait(lock, Deadline::at(Nanos(1)), [] { return false; }));
 }
+
+#include "core/log.h"
+
+TEST_CASE("log limiter: a flood writes at most the burst per period, and the rest is counted") {
+  gossamer::LogLimiter limiter("test events", /*burst=*/3, std::chrono::seconds(3600));
+  int allowed = 0;
+  for (int i = 0; i < 10000; ++i) allowed += limiter.allow() ? 1 : 0;
+  CHECK(allowed == 3);
+  CHECK(limiter.suppressed_total() == 9997);
+  gossamer::LogLimiter quick("test events", /*burst=*/1, std::chrono::seconds(0));
+  CHECK(quick.allow());
+  CHECK(quick.allow());  // a period of 0 s: every event starts a new window
+  CHECK(quick.suppressed_total() == 0);
+}

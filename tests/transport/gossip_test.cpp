@@ -205,3 +205,23 @@ TEST_CASE("secured gossip admits only peers holding the run key") {
   CHECK(stranger->members().empty());
   CHECK(insecure->members().empty());
 }
+
+TEST_CASE("gossip: a node listening on 0.0.0.0 is known by the IP its messages come from, never by the wildcard") {
+  GossipOptions wild = fast();
+  wild.bind = "tcp://0.0.0.0:*";
+  auto a_or = make_gossip(wild);
+  REQUIRE(a_or.ok());
+  auto& a = **a_or;
+  const std::string port = a.address().substr(a.address().rfind(':'));
+  CHECK(a.address().rfind("tcp://0.0.0.0:", 0) == 0);
+  auto b = node({"tcp://127.0.0.1" + port});
+  REQUIRE(eventually([&] { return count_state(*b, MemberState::kAlive) == 1 && count_state(a, MemberState::kAlive) == 1; }, 10s));
+  const auto members = b->members();
+  REQUIRE(members.size() == 1);
+  CHECK(members[0].id == a.self());
+  CHECK(members[0].address == "tcp://127.0.0.1" + port);
+  // A third node hears of `a` only through `b`: it gets the address `b` learned, not the wildcard.
+  auto c = node({b->address()});
+  REQUIRE(eventually([&] { return count_state(*c, MemberState::kAlive) == 2; }, 10s));
+  for (const auto& m : c->members()) CHECK(m.address.find("0.0.0.0") == std::string::npos);
+}

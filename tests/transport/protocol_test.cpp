@@ -97,3 +97,21 @@ TEST_CASE("link profiles: presets, ideal transfer time, validation") {
   bad.loss = 1.0;
   CHECK_FALSE(bad.validate().ok());
 }
+
+#include "transport/tags.h"
+
+TEST_CASE("tags: the table's ranges are disjoint, and the check catches an overlap") {
+  CHECK(tags::disjoint());
+  // Group epochs once sat inside Streaming DiLoCo's fragment range (0x0E90C000 is fragment 0x90).
+  CHECK(tags::overlaps(tags::kStreaming, tags::kStreaming | 0xFFFFFFu, 0x0E90C000u, 0x0E90C000u));
+  CHECK_FALSE(tags::overlaps(tags::kStreaming, tags::kStreaming | 0xFFFFFFu, tags::kEpoch, tags::kEpoch));
+  for (const auto& r : tags::kRanges) {
+    CHECK(r.first <= r.last);
+    if (r.collective) CHECK((r.last & tags::kMeanPhase) == 0);
+  }
+  // Pinned values: they travel on the wire.
+  CHECK(tags::kDiLoCo == 0x0D010000u);
+  CHECK(tags::kStreaming == 0x0E000000u);
+  CHECK(tags::kEpoch == 0x0F0E0000u);
+  CHECK(tags::kLane == 0xFFFFFFF0u);
+}

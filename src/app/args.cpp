@@ -1,0 +1,72 @@
+#include "app/args.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+namespace gossamer::app {
+
+namespace {
+
+std::string range_text(double min, double max, bool min_exclusive) {
+  const bool open_top = std::isinf(max);
+  if (min == 0 && min_exclusive && open_top) return "a number > 0";
+  if (min == 0 && !min_exclusive && open_top) return "a number >= 0";
+  if (open_top) return fmt::format("a number {} {:g}", min_exclusive ? ">" : ">=", min);
+  return fmt::format("a number in {}{:g}, {:g}]", min_exclusive ? "(" : "[", min, max);
+}
+
+std::string integer_range_text(std::int64_t min, std::int64_t max) {
+  if (max == std::numeric_limits<std::int64_t>::max()) return fmt::format("an integer >= {}", min);
+  return fmt::format("an integer in [{}, {}]", min, max);
+}
+
+}  // namespace
+
+CLI::Validator number_in(double min, double max, bool min_exclusive) {
+  const std::string allowed = range_text(min, max, min_exclusive);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size()) return "'" + text + "' is not a number; expected " + allowed;
+        if (!std::isfinite(v) || errno == ERANGE) return "'" + text + "' is not a finite number; expected " + allowed;
+        const bool below = min_exclusive ? !(v > min) : !(v >= min);
+        if (below || v > max) return "'" + text + "' is out of range; expected " + allowed;
+        return std::string();
+      },
+      allowed);
+}
+
+CLI::Validator positive_number() { return number_in(0.0, kNoLimit, /*min_exclusive=*/true); }
+
+CLI::Validator integer_in(std::int64_t min, std::int64_t max) {
+  const std::string allowed = integer_range_text(min, max);
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long v = std::strtoll(text.c_str(), &end, 10);
+        if (text.empty() || end != text.c_str() + text.size()) return "'" + text + "' is not an integer; expected " + allowed;
+        if (errno == ERANGE || v < min || v > max) return "'" + text + "' is out of range; expected " + allowed;
+        return std::string();
+      },
+      allowed);
+}
+
+CLI::Validator host_port(transport::EndpointUse use) {
+  return CLI::Validator(
+      [use](std::string& text) -> std::string {
+        auto ep = transport::parse_endpoint(text, use, "");
+        if (ep.ok()) return std::string();
+        std::string msg = ep.status().message();
+        if (!msg.empty() && msg.front() == ' ') msg.erase(0, 1);  // the option's name comes from CLI11
+        return msg;
+      },
+      "HOST:PORT");
+}
+
+}  // namespace gossamer::app

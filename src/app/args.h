@@ -1,0 +1,27 @@
+// Checks for what users type on the command line, attached to CLI11 options: numbers that must be
+// finite and in range, and host:port addresses. Each failure message names the value typed and what
+// is allowed (CLI11 puts the option's name in front), and prints no limit the user did not set (no
+// 1.79769e+308). Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include <CLI/CLI.hpp>
+
+#include "transport/endpoint.h"
+
+namespace gossamer::app {
+
+inline constexpr double kNoLimit = std::numeric_limits<double>::infinity();
+
+// A finite number in [min, max] (or (min, max] when min_exclusive). NaN and infinity are refused.
+CLI::Validator number_in(double min, double max, bool min_exclusive = false);
+// A finite number > 0.
+CLI::Validator positive_number();
+// An integer in [min, max], written in decimal.
+CLI::Validator integer_in(std::int64_t min, std::int64_t max);
+// host:port for the given use (transport/endpoint.h).
+CLI::Validator host_port(transport::EndpointUse use);
+
+}  // namespace gossamer::app

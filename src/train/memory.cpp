@@ -1,0 +1,91 @@
+#include "train/memory.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+namespace gossamer::train {
+
+namespace {
+
+constexpr double kVocab = 256;  // byte-level
+constexpr double kFloat = 4;
+
+// Outer optimizer copies, in multiples of the parameters' fp32 bytes.
+double outer_copies(const std::string& method) {
+  if (method == "diloco" || method == "streaming_diloco" || method == "noloco" || method == "co2") return 2;  // anchor + momentum
+  if (method == "ddp") return 1;  // the flat gradient buffer
+  return 0;
+}
+
+std::optional<double> read_number(const char* path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return std::nullopt;
+  try {
+    return std::stod(text);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const RunConfig& c, std::int64_t workers) {
+  const double L = static_cast<double>(c.model.layers), C = static_cast<double>(c.model.width), H = static_cast<double>(c.model.heads);
+  const double T = static_cast<double>(c.model.context), B = static_cast<double>(c.train.batch_size);
+  MemoryEstimate e;
+  e.parameters = kVocab * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+  const double masks = L * T * T;
+  e.state_bytes = e.parameters * kFloat * (4 + outer_copies(c.outer.method)) + masks;
+  e.activation_bytes = L * (18 * B * T * C + 3 * B * H * T * T) * kFloat + 3 * B * T * kVocab * kFloat;
+  e.corpus_bytes = c.data.path.empty() ? 2.0 * static_cast<double>(c.data.synthetic.bytes) : 0.0;  // text files are checked by size when read
+  e.total_bytes = static_cast<double>(std::max<std::int64_t>(1, workers)) * e.state_bytes + e.activation_bytes + e.corpus_bytes;
+  return e;
+}
+
+std::optional<double> available_memory_bytes() {
+  std::optional<double> avail;
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string key;
+    double kib = 0;
+    if (ls >> key >> kib && key == "MemAvailable:") avail = kib * 1024;
+  }
+  const auto limit = read_number("/sys/fs/cgroup/memory.max");
+  const auto used = read_number("/sys/fs/cgroup/memory.current");
+  if (limit && used) avail = std::min(avail.value_or(*limit - *used), *limit - *used);
+  return avail;
+}
+
+std::string format_bytes(double bytes) {
+  if (bytes >= 1e15) return fmt::format("{:.3g} PB", bytes / 1e15);
+  if (bytes >= 1e12) return fmt::format("{:.3g} TB", bytes / 1e12);
+  if (bytes >= 1e9) return fmt::format("{:.3g} GB", bytes / 1e9);
+  return fmt::format("{:.3g} MB", bytes / 1e6);
+}
+
+Status check_memory(const RunConfig& c, std::int64_t workers) {
+  const auto avail = available_memory_bytes();
+  if (!avail) return Status();
+  const MemoryEstimate e = estimate_memory(c, workers);
+  if (e.total_bytes <= *avail) return Status();
+  std::string lower;
+  if (e.activation_bytes >= e.state_bytes * static_cast<double>(workers)) {
+    lower = "lower train.batch_size, model.context or model.width";
+  } else {
+    lower = workers > 1 ? "lower model.width or model.layers, or sim.workers" : "lower model.width or model.layers";
+  }
+  return error(ErrorCode::kInvalidArgument,
+               fmt::format("this configuration needs about {} of memory and this machine has {} available: {:.3g} parameters take {} per worker "
+                           "(weights, gradients, AdamW and the outer optimizer's state){}, and the activations of one batch of {} x {} take {}; {}",
+                           format_bytes(e.total_bytes), format_bytes(*avail), e.parameters, format_bytes(e.state_bytes),
+                           workers > 1 ? fmt::format(" for {} workers", workers) : std::string(), c.train.batch_size, c.model.context,
+                           format_bytes(e.activation_bytes), lower));
+}
+
+}  // namespace gossamer::train

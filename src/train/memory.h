@@ -1,0 +1,41 @@
+// What a run configuration needs in memory, computed from its shapes before anything is allocated,
+// and what this machine has, so that a configuration that cannot fit is one clear error instead of
+// an allocator failure deep inside LibTorch.
+//
+// The estimate is of the built-in GPT trained in fp32 with AdamW (src/model/gpt.cpp): parameters,
+// gradients and AdamW's two moments; the outer optimizer's copies; the causal masks (one T x T byte
+// matrix per block); the activations autograd keeps for one batch (per block about 18 B*T*C floats
+// plus three B*H*T*T attention matrices, then the logits, their softmax and gradient); the corpus.
+// It errs low rather than high: it refuses only configurations that certainly cannot fit.
+// Pure functions except available_memory_bytes, which reads /proc and the cgroup; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/status.h"
+#include "train/config.h"
+
+namespace gossamer::train {
+
+struct MemoryEstimate {
+  double parameters = 0;  // count
+  double state_bytes = 0;        // per worker: weights, gradients, AdamW, outer state, masks
+  double activation_bytes = 0;   // one batch's forward and backward (one worker at a time)
+  double corpus_bytes = 0;       // shared by the workers of one process
+  double total_bytes = 0;        // for `workers` workers in one process
+};
+
+// `workers`: how many workers this process holds (1 for train and peer, sim.workers for sim).
+MemoryEstimate estimate_memory(const RunConfig& config, std::int64_t workers);
+
+// MemAvailable, lowered to the cgroup's limit less its usage where one is set; nullopt if unknown.
+std::optional<double> available_memory_bytes();
+
+// kInvalidArgument with the figures and what to lower when the estimate exceeds what is available.
+[[nodiscard]] Status check_memory(const RunConfig& config, std::int64_t workers);
+
+std::string format_bytes(double bytes);
+
+}  // namespace gossamer::train

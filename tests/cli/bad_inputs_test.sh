@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# Bad input at the command line, as new users type it: every case must end with the documented exit
+# code (2 bad input, 0 nothing to do) and one message that names the option or key and what to do,
+# without a stack trace, an "internal error" or a limit nobody typed; and no result may be lost: a
+# refused command leaves every file of an earlier run byte for byte as it was.
+# Usage: bad_inputs_test.sh path/to/gossamer
+set -u
+G="$1"
+tmp=$(mktemp -d -t gossamer-bad-inputs-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+cases=0
+run() {  # run EXPECTED_CODE command...
+  local want=$1; shift
+  cases=$((cases + 1))
+  timeout 60 "$@" >"$tmp/out" 2>&1
+  local got=$?
+  if [ "$got" -ne "$want" ]; then cat "$tmp/out"; fail "exit code $got, expected $want: $*"; fi
+  # No message may leak internals or print a limit nobody typed.
+  for bad in "internal error" "e+308" "9223372036854775807" "terminate called" "frame #" ".tmp." "A subcommand is required"; do
+    if grep -qF -- "$bad" "$tmp/out"; then cat "$tmp/out"; fail "output holds '$bad': $*"; fi
+  done
+}
+says() { grep -qF -- "$1" "$tmp/out" || { cat "$tmp/out"; fail "output lacks '$1'"; }; }
+# Copies a folder's files aside, to check later that a refused command left them alone.
+snapshot() { rm -rf "$tmp/snap"; cp -a "$1" "$tmp/snap"; }
+unchanged() { diff -r "$tmp/snap" "$1" >/dev/null || { diff -r "$tmp/snap" "$1"; fail "$2: the run folder changed"; }; }
+
+TINY=(--set model.layers=1 --set model.width=32 --set model.heads=2 --set model.context=16
+      --set data.synthetic.bytes=40000 --set train.batch_size=4 --set train.steps=12
+      --set train.warmup_steps=2 --set train.eval_every=4 --set train.eval_batches=2)
+PEERTINY=("${TINY[@]}" --set diloco.inner_steps=4)
+SIMTINY=("${TINY[@]}" --set sim.workers=2 --set sim.compute=fixed --set diloco.inner_steps=4 --set noloco.inner_steps=4)
+
+# --- Commands and options typed wrong.
+run 2 "$G" trian
+says "unknown command 'trian'"; says "did you mean 'train'"
+run 2 "$G" comapre --out "$tmp/x"
+says "did you mean 'compare'"
+run 2 "$G" frobnicate
+says "unknown command 'frobnicate'"
+run 2 "$G" train --stop-at 0 --out "$tmp/x"
+says "--stop-at"; says "expected an integer in [1,"
+run 2 "$G" train --stop-at 1.5 --out "$tmp/x"
+says "'1.5' is not an integer"
+run 2 "$G" train --stop-at abc --out "$tmp/x"
+says "--stop-at"
+[ -e "$tmp/x" ] && fail "a refused command must not create its run folder"
+
+# --- Numbers: NaN, infinity and out-of-range values are refused with the allowed range.
+run 2 "$G" train --set train.lr=nan --out "$tmp/x"
+says "train.lr"
+run 2 "$G" config --set train.lr=inf
+says "train.lr"
+run 2 "$G" config --set model.init_seed=-1
+says "an integer >= 0"
+run 2 "$G" sim "${SIMTINY[@]}" --target-loss nan --out "$tmp/x"
+says "--target-loss"; says "not a finite number"
+run 2 "$G" sim "${SIMTINY[@]}" --target-loss -1 --out "$tmp/x"
+says "expected a number > 0"
+run 2 "$G" compare "${SIMTINY[@]}" --target-loss 0 --out "$tmp/x"
+says "--target-loss"
+run 2 "$G" plan --params nan
+says "--params"
+run 2 "$G" plan --params inf
+says "--params"
+run 2 "$G" plan --layers 0
+says "--layers"
+run 2 "$G" plan --utilization 1.5
+says "--utilization"; says "[0.01, 0.9999]"
+run 2 "$G" plan --step-time -0.1
+says "--step-time"
+run 2 "$G" bench quant --min-time nan
+says "--min-time"
+run 2 "$G" bench quant --elements -5
+says "--elements"
+run 2 "$G" bench quant --elements 1e3
+says "not an integer"
+run 2 "$G" peer --set model.layers=1 --join-timeout nan --out "$tmp/x"
+says "--join-timeout"
+run 2 "$G" peer --set model.layers=1 --dead-after inf --out "$tmp/x"
+says "--dead-after"
+[ -e "$tmp/x" ] && fail "a refused command must not create its run folder"
+
+# --- Strings: a path that looks like a number is a path.
+run 2 "$G" train "${TINY[@]}" --set data.path=123 --out "$tmp/x"
+says "data.path"; says "123"
+grep -qF "wrong type" "$tmp/out" && fail "data.path=123 taken for an integer"
+
+# --- Addresses: refused within a second of start, before anything starts. Loading LibTorch alone
+# takes most of a second here, so the second is counted from a bare start (`--version`, fastest of 3).
+startup_ms=100000
+for i in 1 2 3; do
+  start=$(date +%s%N); "$G" --version >/dev/null 2>&1; ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  [ "$ms" -lt "$startup_ms" ] && startup_ms=$ms
+done
+limit_ms=$((startup_ms + 1000))
+for addr in 127.0.0.1 127.0.0.1:abc 127.0.0.1:99999 not:an:addr 127.0.0.1:0 0.0.0.0:7000 "" "[::1"; do
+  start=$(date +%s%N)
+  run 2 "$G" peer --set model.layers=1 --join "$addr" --out "$tmp/x"
+  says "--join"
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  [ "$ms" -lt "$limit_ms" ] || fail "--join '$addr' took $ms ms to refuse (a bare start takes $startup_ms ms)"
+done
+for addr in 127.0.0.1:70000 127.0.0.1:99999 127.0.0.1 host_name:7000; do
+  run 2 "$G" peer --set model.layers=1 --listen "$addr" --out "$tmp/x"
+  says "--listen"
+done
+start=$(date +%s%N)
+run 2 "$G" peer "${PEERTINY[@]}" --join nosuchhost.invalid:7000 --out "$tmp/x"
+says "cannot be resolved"
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+[ "$ms" -lt "$limit_ms" ] || fail "an unresolvable --join took $ms ms to refuse (a bare start takes $startup_ms ms)"
+# An address that is not this machine's: refused when gossip cannot bind it.
+start=$(date +%s%N)
+run 2 "$G" peer "${PEERTINY[@]}" --listen 192.0.2.250:7000 --out "$tmp/notmine"
+says "--listen 192.0.2.250:7000"; says "cannot listen there"
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+[ "$ms" -lt "$limit_ms" ] || fail "a foreign --listen address took $ms ms to refuse (a bare start takes $startup_ms ms)"
+
+# --- Settings that make a run do nothing.
+run 2 "$G" sim "${SIMTINY[@]}" --set diloco.inner_steps=100 --out "$tmp/x"
+says "never synchronize"; says "diloco.inner_steps"
+run 2 "$G" compare "${SIMTINY[@]}" --methods noloco --set noloco.inner_steps=13 --out "$tmp/x"
+says "noloco.inner_steps"
+run 2 "$G" sim "${SIMTINY[@]}" --set outer.method=streaming_diloco --set streaming_diloco.fragment_layers=3 --set streaming_diloco.inner_steps=4 --out "$tmp/x"
+says "streaming_diloco.fragment_layers"; says "model.layers"
+run 2 "$G" peer "${PEERTINY[@]}" --set diloco.inner_steps=13 --out "$tmp/x"
+says "never synchronize"
+[ -e "$tmp/x" ] && fail "a refused command must not create its run folder"
+
+# --- Memory: a configuration that cannot fit is one error with the figures, before allocating.
+run 2 "$G" train --set model.context=65536 --out "$tmp/x"
+says "memory"; says "model.context"
+run 2 "$G" train --set model.width=65536 --set model.heads=1 --out "$tmp/x"
+says "memory"; says "parameters"
+run 2 "$G" train --set train.batch_size=2000000000 --out "$tmp/x"
+says "train.batch_size"
+run 2 "$G" sim --set model.width=16384 --set sim.workers=64 --out "$tmp/x"
+says "64 workers"
+[ -e "$tmp/x" ] && fail "a refused command must not create its run folder"
+
+# --- keygen and empty --out.
+run 2 "$G" keygen --out "$tmp/nodir/run.key"
+says "$tmp/nodir"; says "does not exist"
+run 2 "$G" keygen --out ""
+says "--out is empty"
+mkdir -p "$tmp/keys"
+run 2 "$G" keygen --out "$tmp/keys"
+says "is a folder"
+run 2 "$G" train "${TINY[@]}" --out ""
+says "--out is empty"
+
+# --- Run folders: never written into by another command, never lost.
+run 0 "$G" train "${TINY[@]}" --out "$tmp/run"
+[ -f "$tmp/run/summary.json" ] || fail "the tiny run did not finish"
+snapshot "$tmp/run"
+# Resuming a finished run: nothing to do, nothing changed.
+run 0 "$G" train --out "$tmp/run" --resume
+says "nothing to do"
+unchanged "$tmp/run" "resume of a finished run"
+# Fewer steps than the checkpoint: refused.
+run 2 "$G" train --out "$tmp/run" --resume --set train.steps=5
+says "cannot go backwards"
+unchanged "$tmp/run" "resume backwards"
+# Another model shape through --set: refused, naming the key.
+run 2 "$G" train --out "$tmp/run" --resume --set model.width=64 --set train.steps=20
+says "model.width"
+unchanged "$tmp/run" "resume with another width"
+# Another data set through --set: refused.
+run 2 "$G" train --out "$tmp/run" --resume --set data.synthetic.seed=7 --set train.steps=20
+says "data.synthetic.seed"
+unchanged "$tmp/run" "resume with other data"
+# A checkpoint of another shape copied into the folder: refused, config.toml kept.
+run 0 "$G" train "${TINY[@]}" --set model.width=64 --out "$tmp/other" --stop-at 3
+cp "$tmp/other/checkpoint.bin" "$tmp/run/checkpoint.bin"
+snapshot "$tmp/run"
+run 2 "$G" train --out "$tmp/run" --resume --set train.steps=20
+says "belongs to another run"; says "model.width"
+unchanged "$tmp/run" "resume of a foreign checkpoint"
+# sim, compare and peer never write into a train run.
+run 2 "$G" sim "${SIMTINY[@]}" --out "$tmp/run"
+says "holds a \`gossamer train\` run"
+run 2 "$G" compare "${SIMTINY[@]}" --methods ddp --out "$tmp/run"
+says "holds a \`gossamer train\` run"
+run 2 "$G" peer "${PEERTINY[@]}" --out "$tmp/run"
+says "holds a \`gossamer train\` run"
+unchanged "$tmp/run" "other commands on a train folder"
+# A folder with someone else's files in it.
+mkdir -p "$tmp/mine" && echo "notes" > "$tmp/mine/notes.txt"
+run 2 "$G" train "${TINY[@]}" --out "$tmp/mine"
+says "other files"
+echo "x" > "$tmp/afile"
+run 2 "$G" sim "${SIMTINY[@]}" --out "$tmp/afile"
+says "is a file"
+
+# compare: repeated methods, and an earlier comparison kept.
+run 2 "$G" compare "${SIMTINY[@]}" --methods ddp,ddp --out "$tmp/x"
+says "twice"
+run 0 "$G" compare "${SIMTINY[@]}" --methods ddp --out "$tmp/cmp"
+snapshot "$tmp/cmp"
+run 2 "$G" compare "${SIMTINY[@]}" --methods noloco --out "$tmp/cmp"
+says "already holds a run"
+run 2 "$G" sim "${SIMTINY[@]}" --out "$tmp/cmp"
+says "holds a \`gossamer compare\` run"
+run 2 "$G" train --out "$tmp/cmp" --resume
+says "nothing to resume"
+unchanged "$tmp/cmp" "commands on a comparison"
+# An empty folder, or one where a run failed before writing results, may be used.
+mkdir -p "$tmp/empty"
+run 0 "$G" sim "${SIMTINY[@]}" --out "$tmp/empty"
+[ -f "$tmp/empty/summary.json" ] || fail "sim into an empty folder wrote no summary"
+[ -f "$tmp/notmine/run.json" ] || fail "the failed peer left no run marker"
+run 2 "$G" peer "${PEERTINY[@]}" --listen 192.0.2.250:7000 --out "$tmp/notmine"
+says "cannot listen there"
+
+# --- Nothing hangs: a peer waiting for others, or for the run spec, stops at Ctrl-C or SIGTERM.
+wait_exit() {  # wait_exit PID LOG SIGNAL WHAT: sends SIGNAL once LOG says WHAT, expects exit 130 within 2 s
+  local pid=$1 log=$2 sig=$3 what=$4 i
+  for i in $(seq 1 200); do grep -qF "$what" "$log" 2>/dev/null && break; sleep 0.05; done
+  grep -qF "$what" "$log" || { cat "$log"; kill -9 "$pid"; fail "the peer never said '$what'"; }
+  local start; start=$(date +%s%N)
+  kill -"$sig" "$pid"
+  wait "$pid"; local code=$?
+  local ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  cases=$((cases + 1))
+  [ "$code" -eq 130 ] || { cat "$log"; fail "after SIG$sig while '$what' the peer exited $code, expected 130"; }
+  [ "$ms" -lt 2000 ] || fail "after SIG$sig while '$what' the peer took $ms ms to exit"
+}
+"$G" peer "${PEERTINY[@]}" --listen 127.0.0.1:0 --wait-for 2 --out "$tmp/first" > "$tmp/first.log" 2>&1 &
+wait_exit $! "$tmp/first.log" INT "waiting for 2 peer(s)"
+"$G" peer "${PEERTINY[@]}" --listen 127.0.0.1:0 --wait-for 2 --out "$tmp/first2" > "$tmp/first2.log" 2>&1 &
+wait_exit $! "$tmp/first2.log" TERM "waiting for 2 peer(s)"
+"$G" peer --listen 127.0.0.1:0 --join 127.0.0.1:9 --out "$tmp/joiner" > "$tmp/joiner.log" 2>&1 &
+wait_exit $! "$tmp/joiner.log" TERM "gossip on"
+
+# A simulation interrupted: exit 130, no results, and the same --out may be used again.
+"$G" sim "${SIMTINY[@]}" --set train.steps=100000 --set train.warmup_steps=2 --out "$tmp/simint" > "$tmp/simint.log" 2>&1 &
+wait_exit $! "$tmp/simint.log" INT "data:"
+[ -e "$tmp/simint/summary.json" ] && fail "an interrupted simulation wrote a summary"
+grep -qF "no results were written" "$tmp/simint.log" || fail "the interrupted simulation did not say so"
+
+echo "bad inputs: all $cases cases passed"

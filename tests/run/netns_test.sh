@@ -1,0 +1,96 @@
+#!/bin/bash
+# Peers on hosts of their own (label net): network namespaces on three subnets joined by a router
+# namespace, each peer started as docs/peer.md says, with `--listen 0.0.0.0:7000`. Addresses come
+# from the documentation ranges and nothing is routed out of the namespaces.
+# Needs root (ip netns); without it the test says so and skips (exit 77).
+# Usage: netns_test.sh path/to/gossamer
+set -u
+G="$(readlink -f "$1")"
+if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null 2>&1; then
+  echo "netns: skipped: network namespaces need root and iproute2"; exit 77
+fi
+tag="g$$"
+R="${tag}r"; H=("${tag}a" "${tag}b" "${tag}c")
+NETS=(192.0.2 198.51.100 203.0.113)
+WORK=$(mktemp -d)
+FAILED=0
+cleanup() {
+  for ns in "${H[@]}" "$R"; do ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null; ip netns del "$ns" 2>/dev/null; done
+  [ $FAILED -eq 0 ] && rm -rf "$WORK"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; FAILED=1; exit 1; }
+
+ip netns add "$R" || { echo "netns: skipped: cannot create a network namespace here"; exit 77; }
+ip -n "$R" link set lo up
+ip netns exec "$R" sysctl -qw net.ipv4.ip_forward=1
+for i in 0 1 2; do
+  ns=${H[$i]}; net=${NETS[$i]}
+  ip netns add "$ns"
+  ip -n "$ns" link set lo up
+  ip link add "${tag}v$i" type veth peer name "${tag}w$i"
+  ip link set "${tag}v$i" netns "$ns"
+  ip link set "${tag}w$i" netns "$R"
+  ip -n "$ns" addr add "$net.2/24" dev "${tag}v$i"
+  ip -n "$ns" link set "${tag}v$i" up
+  ip -n "$R" addr add "$net.1/24" dev "${tag}w$i"
+  ip -n "$R" link set "${tag}w$i" up
+  ip -n "$ns" route add default via "$net.1"
+done
+
+SETS=(--set model.layers=1 --set model.width=32 --set model.heads=2 --set model.context=32 --set train.batch_size=4
+      --set train.steps=40 --set train.warmup_steps=5 --set train.eval_every=20 --set diloco.inner_steps=10 --set train.threads=1
+      --set train.round_timeout_s=30)
+"$G" keygen --out "$WORK/run.key" >/dev/null 2>&1 || fail "keygen failed"
+
+# Scenario: docs/peer.md's commands verbatim, every peer on 0.0.0.0:7000, three hosts on three subnets.
+cd "$WORK"
+ip netns exec "${H[0]}" timeout 120 "$G" peer --listen 0.0.0.0:7000 "${SETS[@]}" --key run.key --wait-for 3 --out p0 > p0.log 2>&1 &
+sleep 1.5
+for i in 1 2; do
+  ip netns exec "${H[$i]}" timeout 120 "$G" peer --listen 0.0.0.0:7000 --join "${NETS[0]}.2:7000" --key run.key --out "p$i" > "p$i.log" 2>&1 &
+done
+wait
+for i in 0 1 2; do
+  [ -f "p$i/summary.json" ] || { tail -n 20 "p$i.log"; fail "wildcard: peer $i did not finish"; }
+done
+digest() { sed -n 's/.*"params_digest": "\([0-9a-f]*\)".*/\1/p' "$1/summary.json"; }
+d0=$(digest p0)
+[ -n "$d0" ] && [ "$(digest p1)" = "$d0" ] && [ "$(digest p2)" = "$d0" ] || fail "wildcard: the peers ended with different parameters"
+grep -q '"skipped_rounds": 0' p0/summary.json || { cat p0/summary.json; fail "wildcard: rounds were skipped"; }
+echo "netns: three peers on three subnets, each on 0.0.0.0:7000, trained to the end with the same parameters"
+
+# Scenario: a peer behind a NAT router whose port forward maps other ports (9000, 9001 outside to 7000,
+# 7001 inside): it is reachable only at the address it advertises.
+if ! command -v nft >/dev/null 2>&1; then echo "netns: port-forward scenario skipped: nft (Debian nftables) is missing"; exit 0; fi
+N="${tag}n"; P="${tag}p"
+H+=("$N" "$P")
+ip netns add "$N"; ip netns add "$P"
+ip -n "$N" link set lo up; ip -n "$P" link set lo up
+ip netns exec "$N" sysctl -qw net.ipv4.ip_forward=1
+# The NAT router's outside leg takes the place of host c on 203.0.113.0/24.
+ip link add "${tag}x0" type veth peer name "${tag}x1"
+ip link set "${tag}x0" netns "$N"; ip link set "${tag}x1" netns "$R"
+ip -n "$R" addr flush dev "${tag}w2"; ip -n "$R" link set "${tag}w2" down
+ip -n "$N" addr add 203.0.113.2/24 dev "${tag}x0"; ip -n "$N" link set "${tag}x0" up
+ip -n "$R" addr add 203.0.113.1/24 dev "${tag}x1"; ip -n "$R" link set "${tag}x1" up
+ip -n "$N" route add default via 203.0.113.1
+ip link add "${tag}y0" type veth peer name "${tag}y1"
+ip link set "${tag}y0" netns "$P"; ip link set "${tag}y1" netns "$N"
+ip -n "$P" addr add 198.18.0.2/24 dev "${tag}y0"; ip -n "$P" link set "${tag}y0" up
+ip -n "$N" addr add 198.18.0.1/24 dev "${tag}y1"; ip -n "$N" link set "${tag}y1" up
+ip -n "$P" route add default via 198.18.0.1
+ip netns exec "$N" nft -f - <<NFT || fail "nft could not set up the NAT"
+table ip nat {
+  chain prerouting { type nat hook prerouting priority dstnat; iifname "${tag}x0" tcp dport 9000 dnat to 198.18.0.2:7000; iifname "${tag}x0" tcp dport 9001 dnat to 198.18.0.2:7001; }
+  chain postrouting { type nat hook postrouting priority srcnat; oifname "${tag}x0" masquerade; }
+}
+NFT
+mkdir -p fwd && cd fwd
+ip netns exec "${H[0]}" timeout 120 "$G" peer --listen 0.0.0.0:7000 "${SETS[@]}" --key ../run.key --wait-for 2 --out p0 > p0.log 2>&1 &
+sleep 1.5
+ip netns exec "$P" timeout 120 "$G" peer --listen 0.0.0.0:7000 --advertise 203.0.113.2:9000 --join "${NETS[0]}.2:7000" --key ../run.key --out p1 > p1.log 2>&1 &
+wait
+for i in 0 1; do [ -f "p$i/summary.json" ] || { tail -n 20 "p$i.log"; fail "advertise: peer $i did not finish"; }; done
+[ "$(digest p0)" = "$(digest p1)" ] || fail "advertise: the peers ended with different parameters"
+echo "netns: a peer behind a NAT's port forward (9000 -> 7000) trained to the end with --advertise 203.0.113.2:9000"
