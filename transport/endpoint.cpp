@@ -1,6 +1,11 @@
 #include "transport/endpoint.h"
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <netdb.h>
 #include <sys/socket.h>
 
@@ -103,6 +108,11 @@ std::string host_of(std::string_view address) {
   return std::string(address.substr(0, colon == std::string_view::npos ? address.size() : colon));
 }
 
+bool is_loopback_ip(std::string_view ip) {
+  if (ip.rfind("::ffff:", 0) == 0) ip.remove_prefix(7);
+  return ip.rfind("127.", 0) == 0 || ip == "::1";
+}
+
 bool is_wildcard_address(std::string_view address) {
   const std::string host = host_of(address);
   return host == "0.0.0.0" || host == "*" || host == "::" || host.empty();
@@ -122,6 +132,38 @@ std::string with_host(std::string_view address, std::string_view host) {
   if (v6) out.push_back(']');
   out.append(port);
   return out;
+}
+
+Status check_can_listen(const Endpoint& endpoint, std::string_view what) {
+  if (endpoint.port == 0) return Status();
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  if (endpoint.ipv6) {
+    auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons(endpoint.port);
+    if (inet_pton(AF_INET6, endpoint.host.c_str(), &a6->sin6_addr) != 1) return Status();
+    len = sizeof(sockaddr_in6);
+  } else {
+    auto* a4 = reinterpret_cast<sockaddr_in*>(&addr);
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons(endpoint.port);
+    if (inet_pton(AF_INET, endpoint.host.c_str(), &a4->sin_addr) != 1) return Status();  // a host name
+    len = sizeof(sockaddr_in);
+  }
+  const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status();
+  const int one = 1;
+  (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as the links' acceptor does
+  const int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len);
+  const int e = errno;
+  ::close(fd);
+  if (rc == 0) return Status();
+  if (e == EADDRINUSE) {
+    return error(ErrorCode::kInvalidArgument, std::string(what) + " " + endpoint.to_string() + ": the port is in use by another program; choose another");
+  }
+  return error(ErrorCode::kInvalidArgument, std::string(what) + " " + endpoint.to_string() + ": cannot listen there (" + std::strerror(e) +
+                                                "); give an address of this machine (or 0.0.0.0)");
 }
 
 Status check_resolves(const Endpoint& endpoint, std::string_view what) {

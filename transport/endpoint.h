@@ -38,8 +38,15 @@ bool is_wildcard_address(std::string_view address);
 // `address` with its host replaced by `host` (an IPv4 or IPv6 address), keeping its "tcp://" prefix
 // and its port: "tcp://0.0.0.0:7000" with "192.0.2.7" is "tcp://192.0.2.7:7000".
 std::string with_host(std::string_view address, std::string_view host);
+// True for 127.0.0.0/8, ::1 and IPv4-mapped loopback addresses.
+bool is_loopback_ip(std::string_view ip);
 // The host of `address` ("tcp://192.0.2.7:7000" -> "192.0.2.7", "[::1]:7" -> "::1"); empty if none.
 std::string host_of(std::string_view address);
+
+// Whether a TCP port can be listened on at `endpoint` now (a test bind, released at once): an address
+// that is not this machine's or a port in use is a kInvalidArgument Status naming `what`. Port 0 and
+// host names are not checked.
+[[nodiscard]] Status check_can_listen(const Endpoint& endpoint, std::string_view what);
 
 // Looks the host up (getaddrinfo; immediate for IP addresses): a name that does not resolve is a
 // kInvalidArgument Status naming `what`. Blocks for as long as the system resolver takes.

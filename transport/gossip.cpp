@@ -89,6 +89,8 @@ class ZmqGossip final : public Gossip {
         monitor_->set(zmq::sockopt::linger, 0);
         monitor_->connect(monitor);
       }
+      // IPv6 only when asked for: with it on, ZeroMQ reports a 0.0.0.0 binding as [::ffff:0.0.0.0].
+      if (options_.bind.find('[') != std::string::npos) router_->set(zmq::sockopt::ipv6, 1);
       router_->bind(options_.bind);
       address_ = router_->get(zmq::sockopt::last_endpoint);
     } catch (const zmq::error_t& e) {
@@ -190,6 +192,7 @@ class ZmqGossip final : public Gossip {
       s->set(zmq::sockopt::curve_publickey, zmq::const_buffer(curve_pk_.data(), curve_pk_.size()));
       s->set(zmq::sockopt::curve_secretkey, zmq::const_buffer(curve_sk_.data(), curve_sk_.size()));
     }
+    if (address.find('[') != std::string::npos) s->set(zmq::sockopt::ipv6, 1);
     s->connect(address);
     return *dealers_.emplace(address, std::move(s)).first->second;
   }
@@ -324,8 +327,10 @@ class ZmqGossip final : public Gossip {
           if (is_wildcard_address(row.address)) {
             // A peer listening on every address announces a wildcard: its own row takes the IP its
             // messages come from; another's is left until a peer that heard it directly relays it.
+            // From this very host (a loopback IP) the wildcard itself reaches it, and is kept as it
+            // is: a loopback address relayed to other hosts would send them to themselves.
             if (row.id != sender || observed_ip.empty()) continue;
-            row.address = with_host(row.address, observed_ip);
+            if (!is_loopback_ip(observed_ip)) row.address = with_host(row.address, observed_ip);
           }
           auto [it, fresh] = table_.try_emplace(row.id);
           Entry& e = it->second;

@@ -50,9 +50,9 @@ std::string first_line(const std::string& text) { return text.substr(0, text.fin
 
 // Commands without a checkpoint to take (sim, compare, plan, bench, config, keygen) end at once on
 // Ctrl-C or SIGTERM with the interrupted exit code; their results are only ever written whole
-// (atomically, at the end), so nothing is left half-written.
+// (atomically, at the end): what was left is a folder that holds no summary.
 extern "C" void quit_interrupted(int) {
-  static const char kMsg[] = "\ngossamer: interrupted; no results were written\n";
+  static const char kMsg[] = "\ngossamer: interrupted\n";
   (void)!::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
   ::_exit(130);
 }

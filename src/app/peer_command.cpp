@@ -86,6 +86,7 @@ int run_peer_command(const PeerArgs& args) {
     if (!config.ok()) return report_failure(config.status());
     // What the run would refuse later is refused before anything starts.
     if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
+    for (const auto& w : train::config_warnings(*config)) spdlog::warn("{}", w);
     if (Status st = train::check_memory(*config, /*workers=*/1); !st.ok()) return report_failure(st);
     req.config = *config;
   }

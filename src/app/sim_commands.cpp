@@ -16,6 +16,7 @@
 #include "sim/cluster.h"
 #include "sim/report.h"
 #include "train/memory.h"
+#include "train/outer.h"
 #include "train/run_folder.h"
 
 namespace gossamer::app {
@@ -116,7 +117,8 @@ int run_and_report(const std::vector<train::RunConfig>& configs, const std::stri
   auto corpus = train::load_corpus(configs.front());
   if (!corpus.ok()) return report_failure(corpus.status());
   // Claimed before simulating: a second command given the same --out is refused at once.
-  if (auto folder = train::RunFolder::create(out, kind); !folder.ok()) return report_failure(folder.status());
+  auto folder = train::RunFolder::create(out, kind);  // held until the report is written
+  if (!folder.ok()) return report_failure(folder.status());
   spdlog::info("data: {}", corpus->description);
   spdlog::info("network: {}", network_text(configs.front()));
   std::vector<sim::MethodRun> runs;
@@ -150,7 +152,12 @@ std::string dated_out(const std::string& command) {
   localtime_r(&now, &local);
   char stamp[32];
   std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &local);
-  return "runs/" + command + "-" + stamp;
+  const std::string base = "runs/" + command + "-" + stamp;
+  // Two commands started in the same second get folders of their own.
+  std::string out = base;
+  std::error_code ec;
+  for (int i = 2; std::filesystem::exists(out, ec); ++i) out = base + "-" + std::to_string(i);
+  return out;
 }
 
 train::RunConfig compare_defaults() {
@@ -202,6 +209,7 @@ int run_sim_command(const SimArgs& args) {
   auto config = build_config(args.source);
   if (!config.ok()) return report_failure(config.status());
   if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
+  for (const auto& w : train::config_warnings(*config)) spdlog::warn("{}", w);
   const std::string out = args.out_option != nullptr && args.out_option->count() > 0 ? args.out : dated_out("sim");
   return run_and_report({*config}, out, args.target_loss, "Gossamer simulation: " + config->outer.method, train::RunKind::kSim);
 }
@@ -234,6 +242,7 @@ int run_compare_command(const CompareArgs& args) {
     if (!config.ok()) return report_failure(config.status());
     config->outer.method = m;  // --methods wins over a method named in --config
     if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
+    for (const auto& w : train::config_warnings(*config)) spdlog::warn("{}", w);
     configs.push_back(*config);
   }
   if (configs.empty()) return report_failure(error(ErrorCode::kInvalidArgument, "--methods names no method"));

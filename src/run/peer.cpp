@@ -152,17 +152,38 @@ Result<std::uint16_t> link_port_of(const PeerRequest& req, std::uint16_t listen_
   return static_cast<std::uint16_t>(listen_port + 1);
 }
 
+// ddp on Gloo serves its rendezvous at the host its links listen on: a wildcard cannot be reached.
+Status check_gloo_listen(const train::RunConfig& config, const std::string& listen) {
+  if (config.outer.method != "ddp" || config.ddp.engine != "gloo" || !transport::is_wildcard_address(listen)) return Status();
+  return error(ErrorCode::kInvalidArgument, "ddp.engine = \"gloo\" serves its rendezvous at the --listen host, which must then be an address the "
+                                            "others reach: give --listen <this machine's address>:PORT instead of " + listen);
+}
+
 // Every address the user gave, parsed and looked up before anything starts.
 Status check_addresses(const PeerRequest& req) {
+  if (req.config) {
+    if (Status st = check_gloo_listen(*req.config, req.listen); !st.ok()) return st;
+  }
   auto listen = transport::parse_endpoint(req.listen, transport::EndpointUse::kListen, "--listen");
   if (!listen.ok()) return listen.status();
-  if (auto lp = link_port_of(req, listen->port); !lp.ok()) return lp.status();
+  if (Status st = transport::check_can_listen(*listen, "--listen"); !st.ok()) return st;
+  auto lp = link_port_of(req, listen->port);
+  if (!lp.ok()) return lp.status();
+  transport::Endpoint links = *listen;
+  links.port = *lp;
+  if (Status st = transport::check_can_listen(links, req.link_port ? "--link-port" : "the links' port (--listen port + 1)"); !st.ok()) {
+    return req.link_port ? st : st.with_context("pass --link-port to choose another");
+  }
   if (req.link_port && *req.link_port != 0 && *req.link_port == listen->port) {
     return error(ErrorCode::kInvalidArgument, "--link-port " + std::to_string(*req.link_port) + " is the gossip port of --listen: the links need a port of their own");
   }
   if (!req.advertise.empty()) {
     auto adv = parse_advertise(req.advertise, listen->port);
     if (!adv.ok()) return adv.status();
+    if (listen->port == 0 || *lp == 0) {
+      return error(ErrorCode::kInvalidArgument, "--advertise needs fixed ports (a port forward points at them): give --listen HOST:PORT with a port, "
+                                                "and no --link-port 0");
+    }
   }
   for (const auto& j : req.join) {
     auto seed = transport::parse_endpoint(j, transport::EndpointUse::kDial, "--join");
@@ -178,9 +199,11 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   if (Status st = check_addresses(req); !st.ok()) return st;
   std::optional<train::CheckpointState> resumed;
   const fs::path ckpt_path = req.out_dir / train::kCheckpointFile;
+  std::optional<train::RunFolder> folder;  // held for the whole run
   if (req.resume) {
-    auto folder = train::RunFolder::open_to_resume(req.out_dir, train::RunKind::kPeer);
-    if (!folder.ok()) return folder.status();
+    auto opened = train::RunFolder::open_to_resume(req.out_dir, train::RunKind::kPeer);
+    if (!opened.ok()) return opened.status();
+    folder.emplace(std::move(*opened));
     auto state = train::read_checkpoint(ckpt_path);
     if (!state.ok()) return state.status();
     resumed = std::move(*state);
@@ -191,7 +214,9 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
     return error(ErrorCode::kInvalidArgument, "the first peer defines the run: pass --config (or --join the address of a running peer)");
   }
   if (!req.resume) {
-    if (auto folder = train::RunFolder::create(req.out_dir, train::RunKind::kPeer); !folder.ok()) return folder.status();
+    auto created = train::RunFolder::create(req.out_dir, train::RunKind::kPeer);
+    if (!created.ok()) return created.status();
+    folder.emplace(std::move(*created));
   }
 
   // Gossip first: joiners learn the run from it.
@@ -253,6 +278,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   if (!schedule_or.ok()) return schedule_or.status();
   const RoundSchedule schedule = *schedule_or;
   const bool ddp = config.outer.method == "ddp";
+  if (Status st = check_gloo_listen(config, req.listen); !st.ok()) return st;
   const Nanos round_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config.train.round_timeout_s));
   const Digest spec_hash = digest_of(as_bytes(spec));
   spdlog::info("run {} ({} on {} steps, rounds every {} steps)", spec_hash.hex().substr(0, 16), config.outer.method, config.train.steps, schedule.period);

@@ -57,8 +57,17 @@ std::optional<double> available_memory_bytes() {
     if (ls >> key >> kib && key == "MemAvailable:") avail = kib * 1024;
   }
   const auto limit = read_number("/sys/fs/cgroup/memory.max");
-  const auto used = read_number("/sys/fs/cgroup/memory.current");
-  if (limit && used) avail = std::min(avail.value_or(*limit - *used), *limit - *used);
+  auto used = read_number("/sys/fs/cgroup/memory.current");
+  if (limit && used) {
+    // Page cache the kernel can drop is counted in memory.current: leave out its inactive part.
+    std::ifstream stat("/sys/fs/cgroup/memory.stat");
+    std::string key;
+    double value = 0;
+    while (stat >> key >> value) {
+      if (key == "inactive_file") *used = std::max(0.0, *used - value);
+    }
+    avail = std::min(avail.value_or(*limit - *used), *limit - *used);
+  }
   return avail;
 }
 

@@ -37,6 +37,21 @@ Status check_synchronizes(const RunConfig& c, std::int64_t fragments) {
 
 }  // namespace
 
+std::vector<std::string> config_warnings(const RunConfig& c) {
+  std::vector<std::string> out;
+  const auto& sd = c.streaming_diloco;
+  if (c.outer.method == "streaming_diloco" && sd.fragment_layers > c.model.layers) {
+    out.push_back("streaming_diloco.fragment_layers (" + std::to_string(sd.fragment_layers) + ") exceeds model.layers (" + std::to_string(c.model.layers) +
+                  "): the whole model is one fragment, synchronized every streaming_diloco.inner_steps steps as DiLoCo would; set it to at most " +
+                  std::to_string(c.model.layers) + " for fragments that take turns");
+  }
+  if (c.outer.method == "co2" && 2 * c.co2.inner_steps > c.train.steps) {
+    out.push_back("co2 applies each average one round late, and this run has a single round (co2.inner_steps = " + std::to_string(c.co2.inner_steps) +
+                  ", train.steps = " + std::to_string(c.train.steps) + "): no average is applied before the end");
+  }
+  return out;
+}
+
 Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   optim::OuterConfig o;
   o.method = c.outer.method;
@@ -80,11 +95,6 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
     }
   }
 
-  if (c.outer.method == "streaming_diloco" && sd.fragment_layers > c.model.layers) {
-    return error(ErrorCode::kInvalidArgument, "streaming_diloco.fragment_layers (" + std::to_string(sd.fragment_layers) + ") exceeds model.layers (" +
-                                                  std::to_string(c.model.layers) + "): a fragment cannot be larger than the model; use at most " +
-                                                  std::to_string(c.model.layers));
-  }
   if (Status st = check_synchronizes(c, p); !st.ok()) return st;
 
   o.noloco.inner_steps = c.noloco.inner_steps;

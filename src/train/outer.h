@@ -29,6 +29,9 @@ namespace gossamer::train {
 // kInvalidArgument (naming the keys) for combinations the method refuses, e.g. a fragment count that
 // does not divide H.
 [[nodiscard]] Result<optim::OuterConfig> outer_config(const RunConfig& config);
+// Settings that are legitimate but probably not what was meant, one sentence each (the commands
+// print them as warnings).
+std::vector<std::string> config_warnings(const RunConfig& config);
 std::vector<optim::ParamBlock> param_blocks(const model::Gpt& gpt);
 
 // What one worker spent and sent so far.

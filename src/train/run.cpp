@@ -85,7 +85,7 @@ std::string joined(const std::vector<std::string>& items) {
 // The checks before a resume writes anything: the folder is a train run, its checkpoint reads, the
 // checkpoint belongs to the folder's config and to this request's model and data.
 Result<CheckpointState> checked_resume(const TrainRequest& req) {
-  auto folder = RunFolder::open_to_resume(req.out_dir, RunKind::kTrain);
+  auto folder = RunFolder::open_to_resume(req.out_dir, RunKind::kTrain, /*claim=*/false);
   if (!folder.ok()) return folder.status();
   auto state = read_checkpoint(folder->file(kCheckpointFile));
   if (!state.ok()) return state.status().with_context("resuming");
@@ -123,7 +123,10 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
   if (req.resume) {
     auto state = checked_resume(req);
     if (!state.ok()) return state.status();
-    if (state->step == config.train.steps) {
+    // A finished run with its summary: nothing to do. (Without one, as after a crash between the last
+    // checkpoint and the summary, the run goes on below and writes it.)
+    std::error_code ec;
+    if (state->step == config.train.steps && fs::exists(req.out_dir / "summary.json", ec)) {
       TrainOutcome done;
       done.steps = state->step;
       done.tokens = state->tokens_seen;
@@ -181,6 +184,7 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
     return write_checkpoint(ckpt_path, worker.checkpoint_state(config_toml));
   };
 
+  const std::int64_t steps_before = worker.steps_done();
   while (worker.steps_done() < stop_at) {
     if (req.stop != nullptr && req.stop->load()) {
       spdlog::warn("stop requested: checkpointing at step {}", worker.steps_done());
@@ -211,7 +215,11 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
     }
   }
   progress.finish();
-  if (Status st = save(); !st.ok()) return st;
+  const bool stepped = worker.steps_done() > steps_before;
+  // A resume that made no step leaves its checkpoint as it was.
+  if (stepped || !req.resume) {
+    if (Status st = save(); !st.ok()) return st;
+  }
 
   outcome.steps = worker.steps_done();
   outcome.tokens = worker.tokens_seen();
@@ -219,12 +227,13 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
   outcome.finished = worker.steps_done() >= total;
 
   if (outcome.finished) {
+    if (!stepped) outcome.final_val_loss = worker.evaluate();  // a finished run whose summary was never written
     nlohmann::json summary = {{"steps", outcome.steps},
                               {"tokens", outcome.tokens},
                               {"parameters", worker.model().num_parameters()},
-                              {"final_train_loss", outcome.final_train_loss},
                               {"tok_per_s", outcome.tok_per_s},
                               {"data", corpus->description}};
+    if (stepped) summary["final_train_loss"] = outcome.final_train_loss;
     if (outcome.final_val_loss) summary["final_val_loss"] = *outcome.final_val_loss;
     if (outcome.entropy_floor) summary["entropy_floor"] = *outcome.entropy_floor;
     const std::string text = summary.dump(2) + "\n";

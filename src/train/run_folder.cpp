@@ -1,7 +1,13 @@
 #include "train/run_folder.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -31,11 +37,15 @@ std::string resume_hint(RunKind kind, const fs::path& path) {
   return "";
 }
 
+bool exists_quietly(const fs::path& p) {
+  std::error_code ec;
+  return fs::exists(p, ec);
+}
+
 // The kind recorded in run.json: nullopt when there is no marker; an error when it cannot be read.
 Result<std::optional<RunKind>> recorded_kind(const fs::path& folder) {
   const fs::path marker = folder / kRunMarkerFile;
-  std::error_code ec;
-  if (!fs::exists(marker, ec)) return std::optional<RunKind>();
+  if (!exists_quietly(marker)) return std::optional<RunKind>();
   auto text = read_text_file(marker, 1 << 16);
   if (!text.ok()) return text.status();
   auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
@@ -53,6 +63,60 @@ Status write_marker(const fs::path& folder, RunKind kind) {
   return write_file_atomic(folder / kRunMarkerFile, as_bytes(j.dump() + "\n"));
 }
 
+// Opens `folder` and takes its advisory lock: the fd, or an error naming what to do when another
+// process holds it.
+Result<int> lock_folder(const fs::path& folder) {
+  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return error(ErrorCode::kIoError, "cannot open run folder " + folder.string() + ": " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    ::close(fd);
+    if (e == EWOULDBLOCK) {
+      return error(ErrorCode::kInvalidArgument, "run folder " + folder.string() + " is in use by another running gossamer command: choose another --out");
+    }
+    return error(ErrorCode::kIoError, "cannot lock run folder " + folder.string() + ": " + std::strerror(e));
+  }
+  return fd;
+}
+
+// Whether another process holds the folder now (check only).
+bool held_elsewhere(const fs::path& folder) {
+  auto fd = lock_folder(folder);
+  if (!fd.ok()) return fd.status().code() == ErrorCode::kInvalidArgument;
+  ::close(*fd);
+  return false;
+}
+
+// The checks of check_new on an existing folder.
+Status check_contents(const fs::path& path, RunKind kind) {
+  auto recorded = recorded_kind(path);
+  if (!recorded.ok()) return recorded.status();
+  std::error_code ec;
+  std::vector<std::string> all, results;
+  for (const auto& entry : fs::directory_iterator(path, ec)) {
+    const std::string name = entry.path().filename().string();
+    all.push_back(name);
+    if (std::find(kStartFiles.begin(), kStartFiles.end(), name) == kStartFiles.end()) results.push_back(name);
+  }
+  if (ec) return error(ErrorCode::kInvalidArgument, "--out " + path.string() + ": cannot be listed (" + ec.message() + ")");
+  if (recorded->has_value() && **recorded != kind) {
+    return error(ErrorCode::kInvalidArgument, "--out " + path.string() + " holds a `gossamer " + std::string(to_string(**recorded)) +
+                                                  "` run: choose another --out (a " + std::string(to_string(kind)) + " run never writes into it)");
+  }
+  if (all.empty() || (results.empty() && recorded->has_value())) return Status();
+  if (!recorded->has_value()) {
+    if (exists_quietly(path / "checkpoint.bin")) {
+      return error(ErrorCode::kInvalidArgument, "run folder " + path.string() + " already holds a run: pass --resume to continue it, or choose another --out");
+    }
+    std::sort(all.begin(), all.end());
+    return error(ErrorCode::kInvalidArgument, "--out " + path.string() + " is a folder with other files in it (" + all.front() +
+                                                  (all.size() > 1 ? ", ..." : "") + "): choose a new or empty folder, so that nothing in it is overwritten");
+  }
+  return error(ErrorCode::kInvalidArgument, "run folder " + path.string() + " already holds a run" +
+                                                (kind == RunKind::kTrain || kind == RunKind::kPeer ? ": pass --resume to continue it, or choose another --out"
+                                                                                                    : ": choose another --out (" + resume_hint(kind, path) + ")"));
+}
+
 }  // namespace
 
 std::string_view to_string(RunKind kind) { return kKindNames.at(static_cast<std::size_t>(kind)); }
@@ -66,32 +130,11 @@ Status RunFolder::check_new(const fs::path& path, RunKind kind) {
   }
   if (!fs::exists(st)) return Status();
   if (!fs::is_directory(st)) return error(ErrorCode::kInvalidArgument, "--out " + path.string() + " is a file, not a folder: choose another --out");
-  auto recorded = recorded_kind(path);
-  if (!recorded.ok()) return recorded.status();
-  std::vector<std::string> all, results;
-  for (const auto& entry : fs::directory_iterator(path, ec)) {
-    const std::string name = entry.path().filename().string();
-    all.push_back(name);
-    if (std::find(kStartFiles.begin(), kStartFiles.end(), name) == kStartFiles.end()) results.push_back(name);
+  if (Status contents = check_contents(path, kind); !contents.ok()) return contents;
+  if (held_elsewhere(path)) {
+    return error(ErrorCode::kInvalidArgument, "run folder " + path.string() + " is in use by another running gossamer command: choose another --out");
   }
-  if (ec) return error(ErrorCode::kInvalidArgument, "--out " + path.string() + ": cannot be listed (" + ec.message() + ")");
-  const bool has_checkpoint = fs::exists(path / "checkpoint.bin");
-  if (recorded->has_value() && **recorded != kind) {
-    return error(ErrorCode::kInvalidArgument, "--out " + path.string() + " holds a `gossamer " + std::string(to_string(**recorded)) +
-                                                  "` run: choose another --out (a " + std::string(to_string(kind)) + " run never writes into it)");
-  }
-  if (all.empty() || (results.empty() && recorded->has_value())) return Status();
-  if (!recorded->has_value()) {
-    if (has_checkpoint) {
-      return error(ErrorCode::kInvalidArgument, "run folder " + path.string() + " already holds a run: pass --resume to continue it, or choose another --out");
-    }
-    std::sort(all.begin(), all.end());
-    return error(ErrorCode::kInvalidArgument, "--out " + path.string() + " is a folder with other files in it (" + all.front() +
-                                                  (all.size() > 1 ? ", ..." : "") + "): choose a new or empty folder, so that nothing in it is overwritten");
-  }
-  return error(ErrorCode::kInvalidArgument, "run folder " + path.string() + " already holds a run" +
-                                                (kind == RunKind::kTrain || kind == RunKind::kPeer ? ": pass --resume to continue it, or choose another --out"
-                                                                                                    : ": choose another --out (" + resume_hint(kind, path) + ")"));
+  return Status();
 }
 
 Result<RunFolder> RunFolder::create(const fs::path& path, RunKind kind) {
@@ -99,28 +142,59 @@ Result<RunFolder> RunFolder::create(const fs::path& path, RunKind kind) {
   std::error_code ec;
   fs::create_directories(path, ec);
   if (ec) return error(ErrorCode::kIoError, "cannot create run folder " + path.string() + ": " + ec.message());
+  auto fd = lock_folder(path);
+  if (!fd.ok()) return fd.status();
+  RunFolder folder(path, kind, *fd);
+  // Checked again under the lock: another command may have written there since.
+  if (Status st = check_contents(path, kind); !st.ok()) return st;
   if (Status st = write_marker(path, kind); !st.ok()) return st;
-  return RunFolder(path, kind);
+  return folder;
 }
 
-Result<RunFolder> RunFolder::open_to_resume(const fs::path& path, RunKind kind) {
+Result<RunFolder> RunFolder::open_to_resume(const fs::path& path, RunKind kind, bool claim) {
   if (path.empty()) return error(ErrorCode::kInvalidArgument, "--out is empty: name the run folder to resume");
   const fs::path ckpt = path / "checkpoint.bin";
-  std::error_code ec;
-  if (!fs::exists(ckpt, ec)) {
+  if (!exists_quietly(ckpt)) {
     return error(ErrorCode::kInvalidArgument, "nothing to resume: " + ckpt.string() + " does not exist (drop --resume to start a new run)");
   }
   auto recorded = recorded_kind(path);
   if (!recorded.ok()) return recorded.status();
-  if (recorded->has_value() && **recorded != kind) {
-    return error(ErrorCode::kInvalidArgument, "run folder " + path.string() + " holds a `gossamer " + std::string(to_string(**recorded)) + "` run, not a " +
-                                                  std::string(to_string(kind)) + " run: " + resume_hint(**recorded, path));
+  // A folder from before run.json: a peer's holds its address file.
+  const RunKind found = recorded->has_value() ? **recorded : (exists_quietly(path / "address") ? RunKind::kPeer : RunKind::kTrain);
+  if (found != kind) {
+    return error(ErrorCode::kInvalidArgument, "run folder " + path.string() + " holds a `gossamer " + std::string(to_string(found)) + "` run, not a " +
+                                                  std::string(to_string(kind)) + " run: " + resume_hint(found, path));
   }
+  if (!claim) {
+    if (held_elsewhere(path)) {
+      return error(ErrorCode::kInvalidArgument, "run folder " + path.string() + " is in use by another running gossamer command: wait for it to end");
+    }
+    return RunFolder(path, kind, -1);
+  }
+  auto fd = lock_folder(path);
+  if (!fd.ok()) return fd.status();
+  RunFolder folder(path, kind, *fd);
   if (!recorded->has_value()) {
-    // A folder from before run.json: its checkpoint makes it a run; record the kind now.
     if (Status st = write_marker(path, kind); !st.ok()) return st;
   }
-  return RunFolder(path, kind);
+  return folder;
+}
+
+RunFolder::RunFolder(RunFolder&& other) noexcept : path_(std::move(other.path_)), kind_(other.kind_), lock_fd_(other.lock_fd_) { other.lock_fd_ = -1; }
+
+RunFolder& RunFolder::operator=(RunFolder&& other) noexcept {
+  if (this != &other) {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    path_ = std::move(other.path_);
+    kind_ = other.kind_;
+    lock_fd_ = other.lock_fd_;
+    other.lock_fd_ = -1;
+  }
+  return *this;
+}
+
+RunFolder::~RunFolder() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // closing the last descriptor releases the flock
 }
 
 Status RunFolder::write_text(std::string_view name, std::string_view text) const {

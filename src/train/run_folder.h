@@ -7,7 +7,9 @@
 // are then only replaced atomically or extended by the run that owns them.
 //
 // The kind is recorded in run.json ({"kind": "train", "format": 1}); folders written before it existed
-// are recognised by their checkpoint when resumed.
+// are recognised by their files when resumed (a checkpoint; an address file for a peer's). While a
+// command writes into a folder it holds an advisory lock on it (flock), so two commands given the
+// same --out at the same time cannot both write there: the second is refused.
 // Thread-compatible value type; the checks and files use the real file system. Errors are Status
 // values: kInvalidArgument for what the user must change (another --out, --resume), kIoError for the
 // file system refusing.
@@ -27,12 +29,21 @@ std::string_view to_string(RunKind kind);
 
 class RunFolder {
  public:
-  // Checks, without touching the disk, that a new run of `kind` may be written into `path`.
+  // Checks, without writing anything, that a new run of `kind` may be written into `path`.
   [[nodiscard]] static Status check_new(const std::filesystem::path& path, RunKind kind);
-  // check_new, then creates the folder (and its parents) and records the kind.
+  // Creates the folder (and its parents), takes it for this process (refused while another process
+  // holds it), checks it as check_new does and records the kind.
   [[nodiscard]] static Result<RunFolder> create(const std::filesystem::path& path, RunKind kind);
-  // A folder holding a run of `kind` with a checkpoint, to resume it.
-  [[nodiscard]] static Result<RunFolder> open_to_resume(const std::filesystem::path& path, RunKind kind);
+  // A folder holding a run of `kind` with a checkpoint, to resume it. With claim = false nothing is
+  // written (the checks a resume makes before deciding anything); with claim = true the folder is
+  // taken for this process and its kind recorded when it was not (a folder from before run.json).
+  [[nodiscard]] static Result<RunFolder> open_to_resume(const std::filesystem::path& path, RunKind kind, bool claim = true);
+
+  RunFolder(RunFolder&& other) noexcept;
+  RunFolder& operator=(RunFolder&& other) noexcept;
+  RunFolder(const RunFolder&) = delete;
+  RunFolder& operator=(const RunFolder&) = delete;
+  ~RunFolder();  // lets the folder go
 
   const std::filesystem::path& path() const { return path_; }
   std::filesystem::path file(std::string_view name) const { return path_ / name; }
@@ -41,9 +52,10 @@ class RunFolder {
   [[nodiscard]] Status write_text(std::string_view name, std::string_view text) const;
 
  private:
-  RunFolder(std::filesystem::path path, RunKind kind) : path_(std::move(path)), kind_(kind) {}
+  RunFolder(std::filesystem::path path, RunKind kind, int lock_fd) : path_(std::move(path)), kind_(kind), lock_fd_(lock_fd) {}
   std::filesystem::path path_;
   RunKind kind_;
+  int lock_fd_ = -1;  // the folder, opened and flock()ed while this process writes into it; -1: not held
 };
 
 inline constexpr const char* kRunMarkerFile = "run.json";

@@ -118,13 +118,32 @@ says "--listen 192.0.2.250:7000"; says "cannot listen there"
 ms=$(( ($(date +%s%N) - start) / 1000000 ))
 [ "$ms" -lt "$limit_ms" ] || fail "a foreign --listen address took $ms ms to refuse (a bare start takes $startup_ms ms)"
 
+run 2 "$G" peer "${PEERTINY[@]}" --listen 127.0.0.1:0 --advertise 192.0.2.9:9000 --out "$tmp/x"
+says "--advertise needs fixed ports"
+run 2 "$G" peer "${PEERTINY[@]}" --listen 127.0.0.1:7300 --link-port 7300 --out "$tmp/x"
+says "--link-port 7300"
+run 2 "$G" peer "${PEERTINY[@]}" --listen 127.0.0.1:65535 --out "$tmp/x"
+says "--link-port"
+run 2 "$G" peer "${PEERTINY[@]}" --set outer.method=ddp --set ddp.engine=gloo --listen 0.0.0.0:0 --out "$tmp/x"
+says "gloo"
+# A links port already taken by another program: refused at start, naming the way out.
+busy_port=$(( 20000 + RANDOM % 20000 ))
+"$G" peer "${PEERTINY[@]}" --listen 127.0.0.1:0 --link-port "$busy_port" --wait-for 2 --out "$tmp/holder" > "$tmp/holder.log" 2>&1 &
+holder=$!
+for i in $(seq 1 100); do grep -qF "waiting for" "$tmp/holder.log" 2>/dev/null && break; sleep 0.05; done
+run 2 "$G" peer "${PEERTINY[@]}" --listen 127.0.0.1:$((busy_port - 1)) --out "$tmp/x"
+says "in use"; says "--link-port"
+kill -9 "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
+[ -e "$tmp/x" ] && fail "a refused command must not create its run folder"
+
 # --- Settings that make a run do nothing.
 run 2 "$G" sim "${SIMTINY[@]}" --set diloco.inner_steps=100 --out "$tmp/x"
 says "never synchronize"; says "diloco.inner_steps"
 run 2 "$G" compare "${SIMTINY[@]}" --methods noloco --set noloco.inner_steps=13 --out "$tmp/x"
 says "noloco.inner_steps"
-run 2 "$G" sim "${SIMTINY[@]}" --set outer.method=streaming_diloco --set streaming_diloco.fragment_layers=3 --set streaming_diloco.inner_steps=4 --out "$tmp/x"
-says "streaming_diloco.fragment_layers"; says "model.layers"
+# A fragment larger than the model is legitimate (one fragment, the whole model) but said plainly.
+run 0 "$G" sim "${SIMTINY[@]}" --set outer.method=streaming_diloco --set streaming_diloco.fragment_layers=3 --set streaming_diloco.inner_steps=4 --out "$tmp/onefrag"
+says "streaming_diloco.fragment_layers (3) exceeds model.layers (1)"
 run 2 "$G" peer "${PEERTINY[@]}" --set diloco.inner_steps=13 --out "$tmp/x"
 says "never synchronize"
 [ -e "$tmp/x" ] && fail "a refused command must not create its run folder"
@@ -210,9 +229,12 @@ unchanged "$tmp/cmp" "commands on a comparison"
 mkdir -p "$tmp/empty"
 run 0 "$G" sim "${SIMTINY[@]}" --out "$tmp/empty"
 [ -f "$tmp/empty/summary.json" ] || fail "sim into an empty folder wrote no summary"
-[ -f "$tmp/notmine/run.json" ] || fail "the failed peer left no run marker"
-run 2 "$G" peer "${PEERTINY[@]}" --listen 192.0.2.250:7000 --out "$tmp/notmine"
-says "cannot listen there"
+[ -e "$tmp/notmine" ] && fail "a peer refused for its --listen address created its run folder"
+run 1 "$G" peer --listen 127.0.0.1:0 --join 127.0.0.1:9 --join-timeout 1 --out "$tmp/failed"
+says "no run spec heard"
+[ -f "$tmp/failed/run.json" ] || fail "the failed peer left no run marker"
+run 1 "$G" peer --listen 127.0.0.1:0 --join 127.0.0.1:9 --join-timeout 1 --out "$tmp/failed"
+says "no run spec heard"
 
 # --- Nothing hangs: a peer waiting for others, or for the run spec, stops at Ctrl-C or SIGTERM.
 wait_exit() {  # wait_exit PID LOG SIGNAL WHAT: sends SIGNAL once LOG says WHAT, expects exit 130 within 2 s
@@ -236,8 +258,13 @@ wait_exit $! "$tmp/joiner.log" TERM "gossip on"
 
 # A simulation interrupted: exit 130, no results, and the same --out may be used again.
 "$G" sim "${SIMTINY[@]}" --set train.steps=100000 --set train.warmup_steps=2 --out "$tmp/simint" > "$tmp/simint.log" 2>&1 &
-wait_exit $! "$tmp/simint.log" INT "data:"
+simpid=$!
+for i in $(seq 1 200); do grep -qF "data:" "$tmp/simint.log" 2>/dev/null && break; sleep 0.05; done
+# A second command given the same --out while the first runs: refused, the first goes on.
+run 2 "$G" sim "${SIMTINY[@]}" --out "$tmp/simint"
+says "in use by another running gossamer command"
+wait_exit "$simpid" "$tmp/simint.log" INT "data:"
 [ -e "$tmp/simint/summary.json" ] && fail "an interrupted simulation wrote a summary"
-grep -qF "no results were written" "$tmp/simint.log" || fail "the interrupted simulation did not say so"
+grep -qF "gossamer: interrupted" "$tmp/simint.log" || fail "the interrupted simulation did not say so"
 
 echo "bad inputs: all $cases cases passed"

@@ -66,4 +66,21 @@ TEST_CASE("endpoints: every malformed address is refused with a reason") {
   CHECK(refusal("*:7000", EndpointUse::kDial).find("'*'") != std::string::npos);
 }
 
+TEST_CASE("endpoints: wildcard and loopback tests, and a host put into an announced address") {
+  CHECK(is_wildcard_address("tcp://0.0.0.0:7000"));
+  CHECK(is_wildcard_address("[::]:7000"));
+  CHECK(is_wildcard_address("*:7000"));
+  CHECK_FALSE(is_wildcard_address("tcp://192.0.2.7:7000"));
+  CHECK(host_of("tcp://192.0.2.7:7000") == "192.0.2.7");
+  CHECK(host_of("[2001:db8::1]:7") == "2001:db8::1");
+  CHECK(with_host("tcp://0.0.0.0:7000", "198.51.100.4") == "tcp://198.51.100.4:7000");
+  CHECK(with_host("0.0.0.0:7001", "2001:db8::9") == "[2001:db8::9]:7001");
+  CHECK(is_loopback_ip("127.0.0.1"));
+  CHECK(is_loopback_ip("127.4.5.6"));
+  CHECK(is_loopback_ip("::1"));
+  CHECK(is_loopback_ip("::ffff:127.0.0.1"));
+  CHECK_FALSE(is_loopback_ip("192.0.2.1"));
+  CHECK_FALSE(is_loopback_ip("::ffff:192.0.2.1"));
+}
+
 }  // namespace gossamer::transport

@@ -206,7 +206,7 @@ TEST_CASE("secured gossip admits only peers holding the run key") {
   CHECK(insecure->members().empty());
 }
 
-TEST_CASE("gossip: a node listening on 0.0.0.0 is known by the IP its messages come from, never by the wildcard") {
+TEST_CASE("gossip: a node listening on 0.0.0.0 is reached through its wildcard on its own host, and others learn it second-hand") {
   GossipOptions wild = fast();
   wild.bind = "tcp://0.0.0.0:*";
   auto a_or = make_gossip(wild);
@@ -219,9 +219,11 @@ TEST_CASE("gossip: a node listening on 0.0.0.0 is known by the IP its messages c
   const auto members = b->members();
   REQUIRE(members.size() == 1);
   CHECK(members[0].id == a.self());
-  CHECK(members[0].address == "tcp://127.0.0.1" + port);
-  // A third node hears of `a` only through `b`: it gets the address `b` learned, not the wildcard.
+  // Heard from this host (a loopback IP), the wildcard is kept: it reaches `a` here, where a loopback
+  // address relayed to other hosts would not. (Other hosts get the IP `a`'s messages come from:
+  // tests/run/netns_test.sh.)
+  CHECK(members[0].address == "tcp://0.0.0.0" + port);
+  // A third node hears of `a` through `b` (a wildcard row it does not dial) and then from `a` itself.
   auto c = node({b->address()});
-  REQUIRE(eventually([&] { return count_state(*c, MemberState::kAlive) == 2; }, 10s));
-  for (const auto& m : c->members()) CHECK(m.address.find("0.0.0.0") == std::string::npos);
+  REQUIRE(eventually([&] { return count_state(*c, MemberState::kAlive) == 2 && count_state(a, MemberState::kAlive) == 2; }, 10s));
 }
