@@ -90,37 +90,43 @@ class Adapter final : public OuterOptimizer {
 
 }  // namespace
 
-std::vector<std::string> outer_methods() { return {"ddp", "diloco", "streaming_diloco", "noloco", "co2", "local"}; }
+std::vector<std::string> outer_methods() { return method_names(); }
 
 Result<OuterSetup> make_outer_optimizer(const OuterConfig& c, const std::vector<ParamBlock>& blocks, Group group) {
   OuterSetup setup;
-  if (c.method == "local") {
-    setup.outer = std::make_unique<Local>();
-  } else if (c.method == "ddp" && c.ddp_engine == "gloo") {
-    auto gloo = make_gloo_data_parallel(c.gloo, group);
-    if (!gloo.ok()) return gloo.status();
-    setup.gradient_sync = gloo->gradient_sync;
-    setup.outer = std::move(gloo->outer);
-  } else if (c.method == "ddp") {
-    if (c.ddp_engine != "links") return error(ErrorCode::kInvalidArgument, "unknown ddp engine '" + c.ddp_engine + "': use links or gloo");
-    auto ddp = make_links_data_parallel(std::move(group), c.ddp_codec);
-    setup.gradient_sync = ddp.get();
-    setup.outer = std::move(ddp);
-  } else if (c.method == "diloco") {
-    setup.outer = std::make_unique<Adapter<DiLoCo>>("diloco", all_tensors(blocks), std::move(group), c.diloco);
-  } else if (c.method == "noloco") {
-    setup.outer = std::make_unique<Adapter<NoLoCo>>("noloco", all_tensors(blocks), std::move(group), c.noloco);
-  } else if (c.method == "co2") {
-    setup.comm = std::make_unique<AsyncCollectives>(std::move(group));
-    setup.outer = std::make_unique<Adapter<CO2>>("co2", all_tensors(blocks), *setup.comm, c.co2);
-  } else if (c.method == "streaming_diloco") {
-    setup.comm = std::make_unique<AsyncCollectives>(std::move(group));
-    setup.outer = std::make_unique<Adapter<StreamingDiLoCo>>("streaming_diloco", make_fragments(blocks, c.fragments), *setup.comm, c.streaming);
-  } else {
-    std::string names;
-    for (const auto& m : outer_methods()) names += (names.empty() ? "" : ", ") + m;
-    return error(ErrorCode::kInvalidArgument, "unknown outer method '" + c.method + "': use one of " + names);
+  switch (c.method) {
+    case Method::kLocal:
+      setup.outer = std::make_unique<Local>();
+      break;
+    case Method::kDdp:
+      if (c.ddp_engine == "gloo") {
+        auto gloo = make_gloo_data_parallel(c.gloo, group);
+        if (!gloo.ok()) return gloo.status();
+        setup.gradient_sync = gloo->gradient_sync;
+        setup.outer = std::move(gloo->outer);
+      } else {
+        if (c.ddp_engine != "links") return error(ErrorCode::kInvalidArgument, "unknown ddp engine '" + c.ddp_engine + "': use links or gloo");
+        auto ddp = make_links_data_parallel(std::move(group), c.ddp_codec);
+        setup.gradient_sync = ddp.get();
+        setup.outer = std::move(ddp);
+      }
+      break;
+    case Method::kDiLoCo:
+      setup.outer = std::make_unique<Adapter<DiLoCo>>("diloco", all_tensors(blocks), std::move(group), c.diloco);
+      break;
+    case Method::kNoLoCo:
+      setup.outer = std::make_unique<Adapter<NoLoCo>>("noloco", all_tensors(blocks), std::move(group), c.noloco);
+      break;
+    case Method::kCO2:
+      setup.comm = std::make_unique<AsyncCollectives>(std::move(group));
+      setup.outer = std::make_unique<Adapter<CO2>>("co2", all_tensors(blocks), *setup.comm, c.co2);
+      break;
+    case Method::kStreamingDiLoCo:
+      setup.comm = std::make_unique<AsyncCollectives>(std::move(group));
+      setup.outer = std::make_unique<Adapter<StreamingDiLoCo>>("streaming_diloco", make_fragments(blocks, c.fragments), *setup.comm, c.streaming);
+      break;
   }
+  if (!setup.outer) return error(ErrorCode::kInvalidArgument, "unknown outer method id " + std::to_string(static_cast<int>(c.method)));
   return setup;
 }
 

@@ -26,6 +26,7 @@
 #include "optim/noloco.h"
 #include "optim/streaming_diloco.h"
 #include "optim/work.h"
+#include "optim/method.h"
 
 namespace gossamer::optim {
 
@@ -62,7 +63,7 @@ class GradientSync {
 };
 
 struct OuterConfig {
-  std::string method = "diloco";
+  Method method = Method::kDiLoCo;
   DiLoCoOptions diloco;
   StreamingDiLoCoOptions streaming;
   FragmentOptions fragments;
@@ -81,6 +82,7 @@ struct OuterSetup {
   GradientSync* gradient_sync = nullptr;   // set for ddp; points into `outer`
 };
 
+// The method names, in the table's order (optim/method.h).
 std::vector<std::string> outer_methods();
 // blocks: the model's parameters by block (embedding, transformer blocks, final), in order.
 [[nodiscard]] Result<OuterSetup> make_outer_optimizer(const OuterConfig& config, const std::vector<ParamBlock>& blocks, Group group);

@@ -64,7 +64,7 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
   auto spec = network_spec(config);
   if (!spec.ok()) return spec.status();
   const int m = static_cast<int>(config.sim.workers);
-  if (config.outer.method == "ddp" && config.ddp.engine != "links") {
+  if (outer_config->method == optim::Method::kDdp && config.ddp.engine != "links") {
     return error(ErrorCode::kInvalidArgument, "the simulator runs ddp over its emulated links: set ddp.engine = \"links\" (gloo is for real peers)");
   }
 

@@ -70,13 +70,16 @@ struct RoundSchedule {
 };
 
 Result<RoundSchedule> round_schedule(const train::RunConfig& c, const optim::OuterConfig& outer) {
-  const std::string& m = c.outer.method;
-  if (m == "diloco") return RoundSchedule{c.diloco.inner_steps, 0};
-  if (m == "noloco") return RoundSchedule{c.noloco.inner_steps, 0};
-  if (m == "co2") return RoundSchedule{c.co2.inner_steps, 0};
-  if (m == "ddp") return RoundSchedule{c.ddp.round_steps, -1};
-  if (m == "streaming_diloco") return RoundSchedule{c.streaming_diloco.inner_steps / optim::fragment_count(outer.fragments), c.streaming_diloco.overlap};
-  return error(ErrorCode::kInvalidArgument, "outer.method = \"" + m + "\": independent workers need no peers; use gossamer train");
+  switch (outer.method) {
+    case optim::Method::kDiLoCo: return RoundSchedule{c.diloco.inner_steps, 0};
+    case optim::Method::kNoLoCo: return RoundSchedule{c.noloco.inner_steps, 0};
+    case optim::Method::kCO2: return RoundSchedule{c.co2.inner_steps, 0};
+    case optim::Method::kDdp: return RoundSchedule{c.ddp.round_steps, -1};
+    case optim::Method::kStreamingDiLoCo:
+      return RoundSchedule{c.streaming_diloco.inner_steps / optim::fragment_count(outer.fragments), c.streaming_diloco.overlap};
+    case optim::Method::kLocal: break;
+  }
+  return error(ErrorCode::kInvalidArgument, "outer.method = \"" + c.outer.method + "\": independent workers need no peers; use gossamer train");
 }
 
 // A group of this peer alone (a round applied on its own).
@@ -154,7 +157,7 @@ Result<std::uint16_t> link_port_of(const PeerRequest& req, std::uint16_t listen_
 
 // ddp on Gloo serves its rendezvous at the host its links listen on: a wildcard cannot be reached.
 Status check_gloo_listen(const train::RunConfig& config, const std::string& listen) {
-  if (config.outer.method != "ddp" || config.ddp.engine != "gloo" || !transport::is_wildcard_address(listen)) return Status();
+  if (config.outer.method != optim::method_name(optim::Method::kDdp) || config.ddp.engine != "gloo" || !transport::is_wildcard_address(listen)) return Status();
   return error(ErrorCode::kInvalidArgument, "ddp.engine = \"gloo\" serves its rendezvous at the --listen host, which must then be an address the "
                                             "others reach: give --listen <this machine's address>:PORT instead of " + listen);
 }
@@ -277,7 +280,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   auto schedule_or = round_schedule(config, *outer_config);
   if (!schedule_or.ok()) return schedule_or.status();
   const RoundSchedule schedule = *schedule_or;
-  const bool ddp = config.outer.method == "ddp";
+  const bool ddp = outer_config->method == optim::Method::kDdp;
   if (Status st = check_gloo_listen(config, req.listen); !st.ok()) return st;
   const Nanos round_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config.train.round_timeout_s));
   const Digest spec_hash = digest_of(as_bytes(spec));

@@ -12,6 +12,8 @@
 
 #include "core/file.h"
 #include "core/text.h"
+#include "optim/method.h"
+#include "quant/format.h"
 
 namespace gossamer::train {
 
@@ -39,6 +41,13 @@ struct StringKey {
 using KeySpec = std::variant<IntKey, FloatKey, StringKey>;
 
 constexpr std::int64_t kBig = std::numeric_limits<std::int32_t>::max();
+
+// The allowed values of codec keys: every codec of quant's table.
+std::vector<std::string> codec_names() {
+  std::vector<std::string> out;
+  for (const auto& t : quant::codec_table()) out.emplace_back(t.name);
+  return out;
+}
 
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> keys = {
@@ -74,15 +83,15 @@ const std::vector<KeySpec>& schema() {
       IntKey{"train.seed", "seed of data order and dropout", [](RunConfig& c) -> std::int64_t& { return c.train.seed; }, 0, std::numeric_limits<std::int64_t>::max()},
       IntKey{"train.threads", "CPU threads for LibTorch; 0 uses every core", [](RunConfig& c) -> std::int64_t& { return c.train.threads; }, 0, 1024},
       FloatKey{"train.round_timeout_s", "a synchronization round (all-reduce, pair exchange) gives up after this many seconds and is skipped", [](RunConfig& c) -> double& { return c.train.round_timeout_s; }, 0.0, 1e7, true},
-      StringKey{"outer.method", "outer optimizer: ddp, diloco, streaming_diloco, noloco, co2 or local", [](RunConfig& c) -> std::string& { return c.outer.method; }, {"ddp", "diloco", "streaming_diloco", "noloco", "co2", "local"}},
+      StringKey{"outer.method", "outer optimizer: how the workers synchronize", [](RunConfig& c) -> std::string& { return c.outer.method; }, optim::method_names()},
       IntKey{"outer.codec_block", "values per scale block of the scaled codecs (int8, fp8, int4, fp4)", [](RunConfig& c) -> std::int64_t& { return c.outer.codec_block; }, 1, 1 << 20},
-      StringKey{"ddp.codec", "codec of the gradients ddp all-reduces", [](RunConfig& c) -> std::string& { return c.ddp.codec; }, {"fp32", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2", "int4", "fp4_e3m0", "fp4_e2m1"}},
+      StringKey{"ddp.codec", "codec of the gradients ddp all-reduces", [](RunConfig& c) -> std::string& { return c.ddp.codec; }, codec_names()},
       StringKey{"ddp.engine", "links: our all-reduce; gloo: c10d ProcessGroupGloo (real runs, fp32)", [](RunConfig& c) -> std::string& { return c.ddp.engine; }, {"links", "gloo"}},
       IntKey{"ddp.round_steps", "real runs: steps between agreements on the members (a newcomer joins there; a lost member is dropped at once)", [](RunConfig& c) -> std::int64_t& { return c.ddp.round_steps; }, 1, 1LL << 40},
       IntKey{"diloco.inner_steps", "H: inner steps per outer round", [](RunConfig& c) -> std::int64_t& { return c.diloco.inner_steps; }, 1, 1LL << 40},
       FloatKey{"diloco.outer_lr", "outer Nesterov learning rate", [](RunConfig& c) -> double& { return c.diloco.outer_lr; }, 0.0, 10.0, true},
       FloatKey{"diloco.outer_momentum", "outer Nesterov momentum", [](RunConfig& c) -> double& { return c.diloco.outer_momentum; }, 0.0, 0.999999, false},
-      StringKey{"diloco.codec", "codec of the pseudo-gradient on the wire", [](RunConfig& c) -> std::string& { return c.diloco.codec; }, {"fp32", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2", "int4", "fp4_e3m0", "fp4_e2m1"}},
+      StringKey{"diloco.codec", "codec of the pseudo-gradient on the wire", [](RunConfig& c) -> std::string& { return c.diloco.codec; }, codec_names()},
       IntKey{"streaming_diloco.inner_steps", "H: each fragment is synchronized once every H steps", [](RunConfig& c) -> std::int64_t& { return c.streaming_diloco.inner_steps; }, 1, 1LL << 40},
       IntKey{"streaming_diloco.fragment_layers", "transformer blocks per fragment (the paper uses 3)", [](RunConfig& c) -> std::int64_t& { return c.streaming_diloco.fragment_layers; }, 1, 1024},
       StringKey{"streaming_diloco.pattern", "how blocks are grouped into fragments", [](RunConfig& c) -> std::string& { return c.streaming_diloco.pattern; }, {"strided", "sequential"}},
@@ -91,17 +100,17 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"streaming_diloco.mixing", "alpha: local share when merging a synchronized fragment (0: take the global one)", [](RunConfig& c) -> double& { return c.streaming_diloco.mixing; }, 0.0, 1.0, false},
       FloatKey{"streaming_diloco.outer_lr", "outer Nesterov learning rate", [](RunConfig& c) -> double& { return c.streaming_diloco.outer_lr; }, 0.0, 10.0, true},
       FloatKey{"streaming_diloco.outer_momentum", "outer Nesterov momentum", [](RunConfig& c) -> double& { return c.streaming_diloco.outer_momentum; }, 0.0, 0.999999, false},
-      StringKey{"streaming_diloco.codec", "codec of the fragments' pseudo-gradients", [](RunConfig& c) -> std::string& { return c.streaming_diloco.codec; }, {"fp32", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2", "int4", "fp4_e3m0", "fp4_e2m1"}},
+      StringKey{"streaming_diloco.codec", "codec of the fragments' pseudo-gradients", [](RunConfig& c) -> std::string& { return c.streaming_diloco.codec; }, codec_names()},
       IntKey{"noloco.inner_steps", "H: inner steps between pairwise averagings", [](RunConfig& c) -> std::int64_t& { return c.noloco.inner_steps; }, 1, 1LL << 40},
       FloatKey{"noloco.outer_lr", "beta = gamma of the coded update", [](RunConfig& c) -> double& { return c.noloco.outer_lr; }, 0.0, 10.0, true},
       FloatKey{"noloco.outer_momentum", "alpha: momentum of the outer update", [](RunConfig& c) -> double& { return c.noloco.outer_momentum; }, 0.0, 0.999999, false},
-      StringKey{"noloco.codec", "codec of the weights sent to the partner", [](RunConfig& c) -> std::string& { return c.noloco.codec; }, {"fp32", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2", "int4", "fp4_e3m0", "fp4_e2m1"}},
+      StringKey{"noloco.codec", "codec of the weights sent to the partner", [](RunConfig& c) -> std::string& { return c.noloco.codec; }, codec_names()},
       IntKey{"co2.inner_steps", "tau: inner steps per round (the average is applied one round late)", [](RunConfig& c) -> std::int64_t& { return c.co2.inner_steps; }, 1, 1LL << 40},
       FloatKey{"co2.outer_lr", "outer learning rate", [](RunConfig& c) -> double& { return c.co2.outer_lr; }, 0.0, 10.0, true},
       FloatKey{"co2.outer_momentum", "outer momentum beta", [](RunConfig& c) -> double& { return c.co2.outer_momentum; }, 0.0, 0.999999, false},
       FloatKey{"co2.gap_penalty", "Lambda: the stale update is divided by it", [](RunConfig& c) -> double& { return c.co2.gap_penalty; }, 1e-6, 1e6, false},
       FloatKey{"co2.clip_threshold", "clip outer momentum elementwise to +-this; 0 disables", [](RunConfig& c) -> double& { return c.co2.clip_threshold; }, 0.0, 1e6, false},
-      StringKey{"co2.codec", "codec of the averaged parameters", [](RunConfig& c) -> std::string& { return c.co2.codec; }, {"fp32", "bf16", "fp16", "int8", "fp8_e4m3", "fp8_e5m2", "int4", "fp4_e3m0", "fp4_e2m1"}},
+      StringKey{"co2.codec", "codec of the averaged parameters", [](RunConfig& c) -> std::string& { return c.co2.codec; }, codec_names()},
       IntKey{"sim.workers", "simulated workers", [](RunConfig& c) -> std::int64_t& { return c.sim.workers; }, 1, 4096},
       StringKey{"sim.network", "network preset of every worker's link, or custom", [](RunConfig& c) -> std::string& { return c.sim.network; }, {"custom", "loopback", "datacenter", "cross-region", "intercontinental", "home", "wan-100m-80ms"}},
       FloatKey{"sim.bandwidth_mbit", "custom network: access bandwidth per worker (Mbit/s)", [](RunConfig& c) -> double& { return c.sim.bandwidth_mbit; }, 0.0, 1e9, true},

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "optim/method.h"
+
 namespace gossamer::train {
 
 namespace {
@@ -14,9 +16,17 @@ constexpr double kVocab = 256;  // byte-level
 constexpr double kFloat = 4;
 
 // Outer optimizer copies, in multiples of the parameters' fp32 bytes.
-double outer_copies(const std::string& method) {
-  if (method == "diloco" || method == "streaming_diloco" || method == "noloco" || method == "co2") return 2;  // anchor + momentum
-  if (method == "ddp") return 1;  // the flat gradient buffer
+double outer_copies(const std::string& name) {
+  const auto method = optim::parse_method(name);
+  if (!method.ok()) return 0;
+  switch (*method) {
+    case optim::Method::kDiLoCo:
+    case optim::Method::kStreamingDiLoCo:
+    case optim::Method::kNoLoCo:
+    case optim::Method::kCO2: return 2;  // anchor + momentum
+    case optim::Method::kDdp: return 1;  // the flat gradient buffer
+    case optim::Method::kLocal: return 0;
+  }
   return 0;
 }
 

@@ -19,19 +19,36 @@ Result<quant::EncodeOptions> codec(const std::string& name, std::int64_t block, 
   return o;
 }
 
+}  // namespace
+
+optim::Method method_of(const RunConfig& c) {
+  auto m = optim::parse_method(c.outer.method);
+  GOSSAMER_CHECK(m.ok(), m.status().message());
+  return *m;
+}
+
+namespace {
+
 // A run in which the method never synchronizes trains independent models and sends nothing: refused.
 Status check_synchronizes(const RunConfig& c, std::int64_t fragments) {
   const std::string& m = c.outer.method;
+  const bool streaming = method_of(c) == optim::Method::kStreamingDiLoCo;
   std::int64_t first = 0;
   std::string key;
-  if (m == "diloco") first = c.diloco.inner_steps, key = "diloco.inner_steps";
-  if (m == "noloco") first = c.noloco.inner_steps, key = "noloco.inner_steps";
-  if (m == "co2") first = c.co2.inner_steps, key = "co2.inner_steps";
-  if (m == "streaming_diloco") first = c.streaming_diloco.inner_steps / std::max<std::int64_t>(1, fragments), key = "streaming_diloco.inner_steps";
+  switch (method_of(c)) {
+    case optim::Method::kDiLoCo: first = c.diloco.inner_steps, key = "diloco.inner_steps"; break;
+    case optim::Method::kNoLoCo: first = c.noloco.inner_steps, key = "noloco.inner_steps"; break;
+    case optim::Method::kCO2: first = c.co2.inner_steps, key = "co2.inner_steps"; break;
+    case optim::Method::kStreamingDiLoCo:
+      first = c.streaming_diloco.inner_steps / std::max<std::int64_t>(1, fragments), key = "streaming_diloco.inner_steps";
+      break;
+    case optim::Method::kDdp:
+    case optim::Method::kLocal: break;
+  }
   if (key.empty() || first <= c.train.steps) return Status();
   return error(ErrorCode::kInvalidArgument,
                m + " would never synchronize: its first round comes after step " + std::to_string(first) + " (" + key + " = " +
-                   std::to_string(m == "streaming_diloco" ? c.streaming_diloco.inner_steps : first) + (m == "streaming_diloco" ? ", over " + std::to_string(fragments) + " fragments" : "") +
+                   std::to_string(streaming ? c.streaming_diloco.inner_steps : first) + (streaming ? ", over " + std::to_string(fragments) + " fragments" : "") +
                    "), beyond train.steps = " + std::to_string(c.train.steps) + "; lower " + key + " or raise train.steps (outer.method = \"local\" trains without synchronizing)");
 }
 
@@ -40,12 +57,12 @@ Status check_synchronizes(const RunConfig& c, std::int64_t fragments) {
 std::vector<std::string> config_warnings(const RunConfig& c) {
   std::vector<std::string> out;
   const auto& sd = c.streaming_diloco;
-  if (c.outer.method == "streaming_diloco" && sd.fragment_layers > c.model.layers) {
+  if (method_of(c) == optim::Method::kStreamingDiLoCo && sd.fragment_layers > c.model.layers) {
     out.push_back("streaming_diloco.fragment_layers (" + std::to_string(sd.fragment_layers) + ") exceeds model.layers (" + std::to_string(c.model.layers) +
                   "): the whole model is one fragment, synchronized every streaming_diloco.inner_steps steps as DiLoCo would; set it to at most " +
                   std::to_string(c.model.layers) + " for fragments that take turns");
   }
-  if (c.outer.method == "co2" && 2 * c.co2.inner_steps > c.train.steps) {
+  if (method_of(c) == optim::Method::kCO2 && 2 * c.co2.inner_steps > c.train.steps) {
     out.push_back("co2 applies each average one round late, and this run has a single round (co2.inner_steps = " + std::to_string(c.co2.inner_steps) +
                   ", train.steps = " + std::to_string(c.train.steps) + "): no average is applied before the end");
   }
@@ -54,7 +71,9 @@ std::vector<std::string> config_warnings(const RunConfig& c) {
 
 Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   optim::OuterConfig o;
-  o.method = c.outer.method;
+  auto method = optim::parse_method(c.outer.method);
+  if (!method.ok()) return method.status().with_context("outer.method");
+  o.method = *method;
   const std::int64_t block = c.outer.codec_block;
   auto ddp_codec = codec(c.ddp.codec, block, "ddp.codec");
   auto diloco_codec = codec(c.diloco.codec, block, "diloco.codec");
@@ -83,7 +102,7 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   o.streaming.outer_lr = sd.outer_lr;
   o.streaming.outer_momentum = sd.outer_momentum;
   o.streaming.codec = *streaming_codec;
-  if (c.outer.method == "streaming_diloco") {
+  if (o.method == optim::Method::kStreamingDiLoCo) {
     if (sd.inner_steps % p != 0) {
       return error(ErrorCode::kInvalidArgument, "streaming_diloco.inner_steps (" + std::to_string(sd.inner_steps) + ") must be a multiple of the " +
                                                     std::to_string(p) + " fragments (" + std::to_string(c.model.layers) + " layers in fragments of " +
