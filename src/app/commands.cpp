@@ -20,7 +20,15 @@ namespace gossamer::app {
 
 namespace {
 std::atomic<bool> g_stop_requested{false};
-extern "C" void on_interrupt(int) { g_stop_requested.store(true); }
+// The first Ctrl-C (or SIGTERM) asks for a graceful stop with a checkpoint; a second one ends the
+// process at once (exit code 130), as users expect when the graceful stop takes too long.
+extern "C" void on_interrupt(int) {
+  if (g_stop_requested.exchange(true)) {
+    static const char kMsg[] = "\ngossamer: interrupted again: leaving at once, without a checkpoint\n";
+    (void)!::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+    ::_exit(130);
+  }
+}
 }  // namespace
 
 void add_config_source(CLI::App& cmd, ConfigSource& source) {

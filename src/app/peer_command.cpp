@@ -1,4 +1,6 @@
 // `gossamer peer`: one real peer of a multi-process run (src/run/peer.h).
+#include <unistd.h>
+
 #include <atomic>
 #include <csignal>
 
@@ -17,7 +19,15 @@ namespace gossamer::app {
 
 namespace {
 std::atomic<bool> g_peer_stop{false};
-extern "C" void on_peer_interrupt(int) { g_peer_stop.store(true); }
+// The first Ctrl-C (or SIGTERM) asks for a graceful stop with a checkpoint; a second one ends the
+// process at once (exit code 130), as users expect when the graceful stop takes too long.
+extern "C" void on_peer_interrupt(int) {
+  if (g_peer_stop.exchange(true)) {
+    static const char kMsg[] = "\ngossamer: interrupted again: leaving at once, without a checkpoint\n";
+    (void)!::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+    ::_exit(130);
+  }
+}
 // A preset name, or "MBIT,MS".
 Result<transport::LinkProfile> parse_shape(const std::string& text) {
   if (auto preset = transport::link_profile_preset(text); preset.ok()) return *preset;

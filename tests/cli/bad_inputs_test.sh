@@ -267,4 +267,16 @@ wait_exit "$simpid" "$tmp/simint.log" INT "data:"
 [ -e "$tmp/simint/summary.json" ] && fail "an interrupted simulation wrote a summary"
 grep -qF "gossamer: interrupted" "$tmp/simint.log" || fail "the interrupted simulation did not say so"
 
+# A second stop signal while the first one's graceful stop is under way (it waits for the step in
+# progress) ends the command at once, with 130 and a line saying so. SIGINT then SIGTERM: two
+# signals of one kind sent back to back may be delivered as one.
+"$G" train --set train.steps=100000 --set model.width=256 --set model.layers=4 --set train.batch_size=64 --out "$tmp/twice" > "$tmp/twice.log" 2>&1 &
+twice=$!
+for i in $(seq 1 300); do grep -qF "step 1/" "$tmp/twice.log" 2>/dev/null && break; sleep 0.1; done
+kill -INT "$twice"; kill -TERM "$twice"
+wait "$twice"; code=$?
+cases=$((cases + 1))
+[ "$code" -eq 130 ] || { cat "$tmp/twice.log"; fail "a second Ctrl-C: exit $code, expected 130"; }
+grep -qF "interrupted again" "$tmp/twice.log" || { cat "$tmp/twice.log"; fail "a second Ctrl-C did not end the command at once"; }
+
 echo "bad inputs: all $cases cases passed"
