@@ -1,11 +1,11 @@
 #include "app/args.h"
+#include "app/stop.h"
 #include "app/commands.h"
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <csignal>
 #include <filesystem>
 #include <iostream>
 
@@ -17,19 +17,6 @@
 #include "transport/secure_channel.h"
 
 namespace gossamer::app {
-
-namespace {
-std::atomic<bool> g_stop_requested{false};
-// The first Ctrl-C (or SIGTERM) asks for a graceful stop with a checkpoint; a second one ends the
-// process at once (exit code 130), as users expect when the graceful stop takes too long.
-extern "C" void on_interrupt(int) {
-  if (g_stop_requested.exchange(true)) {
-    static const char kMsg[] = "\ngossamer: interrupted again: leaving at once, without a checkpoint\n";
-    (void)!::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
-    ::_exit(130);
-  }
-}
-}  // namespace
 
 void add_config_source(CLI::App& cmd, ConfigSource& source) {
   cmd.add_option("--config", source.config_file, "TOML run configuration (`gossamer config` prints one with every key)");
@@ -88,9 +75,7 @@ int run_train_command(const TrainArgs& args) {
   req.resume = args.resume;
   if (args.stop_at > 0) req.stop_at = args.stop_at;
   req.terminal = ::isatty(STDERR_FILENO) != 0;
-  req.stop = &g_stop_requested;
-  std::signal(SIGINT, on_interrupt);
-  std::signal(SIGTERM, on_interrupt);
+  req.stop = &install_graceful_stop();
 
   auto outcome = train::run_training(req, real_clock());
   if (!outcome.ok()) return report_failure(outcome.status());
@@ -102,7 +87,7 @@ int run_train_command(const TrainArgs& args) {
   }
   if (!outcome->finished) {
     spdlog::info("stopped at step {}; continue with: gossamer train --out {} --resume", outcome->steps, args.out);
-    return g_stop_requested.load() ? 130 : 0;
+    return stop_requested() ? 130 : 0;
   }
   std::string line = fmt::format("done: {} steps, {} tokens, {:.0f} tok/s", outcome->steps, outcome->tokens, outcome->tok_per_s);
   if (outcome->final_val_loss) line += fmt::format(", val loss {:.4f} nats/byte", *outcome->final_val_loss);

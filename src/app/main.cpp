@@ -28,6 +28,7 @@
 #include <spdlog/spdlog.h>
 
 #include "app/commands.h"
+#include "app/stop.h"
 #include "core/log.h"
 #include "core/text.h"
 
@@ -47,15 +48,6 @@ std::optional<std::string> first_word(int argc, char** argv) {
 }
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
-
-// Commands without a checkpoint to take (sim, compare, plan, bench, config, keygen) end at once on
-// Ctrl-C or SIGTERM with the interrupted exit code; their results are only ever written whole
-// (atomically, at the end): what was left is a folder that holds no summary.
-extern "C" void quit_interrupted(int) {
-  static const char kMsg[] = "\ngossamer: interrupted\n";
-  (void)!::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
-  ::_exit(130);
-}
 
 }  // namespace
 
@@ -124,8 +116,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!app.got_subcommand("train") && !app.got_subcommand("peer")) {
-    std::signal(SIGINT, quit_interrupted);
-    std::signal(SIGTERM, quit_interrupted);
+    gossamer::app::install_immediate_stop();  // train and peer stop gracefully (app/stop.h)
   }
   try {
     if (app.got_subcommand("train")) return gossamer::app::run_train_command(train_args);

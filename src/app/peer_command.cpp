@@ -1,14 +1,12 @@
 // `gossamer peer`: one real peer of a multi-process run (src/run/peer.h).
-#include <unistd.h>
-
 #include <atomic>
-#include <csignal>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "app/args.h"
+#include "app/stop.h"
 #include "app/commands.h"
 #include "run/peer.h"
 #include "train/memory.h"
@@ -18,16 +16,6 @@
 namespace gossamer::app {
 
 namespace {
-std::atomic<bool> g_peer_stop{false};
-// The first Ctrl-C (or SIGTERM) asks for a graceful stop with a checkpoint; a second one ends the
-// process at once (exit code 130), as users expect when the graceful stop takes too long.
-extern "C" void on_peer_interrupt(int) {
-  if (g_peer_stop.exchange(true)) {
-    static const char kMsg[] = "\ngossamer: interrupted again: leaving at once, without a checkpoint\n";
-    (void)!::write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
-    ::_exit(130);
-  }
-}
 // A preset name, or "MBIT,MS".
 Result<transport::LinkProfile> parse_shape(const std::string& text) {
   if (auto preset = transport::link_profile_preset(text); preset.ok()) return *preset;
@@ -117,12 +105,10 @@ int run_peer_command(const PeerArgs& args) {
   req.dead_after = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(args.dead_after_s));
   req.wait_for = static_cast<std::size_t>(args.wait_for);
   req.spec_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(args.join_timeout_s));
-  req.stop = &g_peer_stop;
-  std::signal(SIGINT, on_peer_interrupt);
-  std::signal(SIGTERM, on_peer_interrupt);
+  req.stop = &install_graceful_stop();
   auto outcome = run::run_peer(req);
   if (!outcome.ok()) {
-    if (g_peer_stop.load() && outcome.status().code() == ErrorCode::kAborted) {
+    if (stop_requested() && outcome.status().code() == ErrorCode::kAborted) {
       spdlog::info("left before training: {}", outcome.status().message());
       return 130;
     }
@@ -130,7 +116,7 @@ int run_peer_command(const PeerArgs& args) {
   }
   if (!outcome->finished) {
     spdlog::info("left the run at step {}", outcome->steps);
-    return g_peer_stop.load() ? 130 : 1;
+    return stop_requested() ? 130 : 1;
   }
   std::string line = fmt::format("done: {} steps, {} rounds ({} skipped, {} retried)", outcome->steps, outcome->rounds, outcome->skipped_rounds,
                                  outcome->retries);

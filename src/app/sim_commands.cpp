@@ -2,17 +2,18 @@
 // in virtual time over an emulated network, with metrics, summary.json and report.html.
 #include <unistd.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <set>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "app/args.h"
 #include "app/commands.h"
+#include "optim/method.h"
 #include "sim/cluster.h"
 #include "sim/report.h"
 #include "train/memory.h"
@@ -222,17 +223,17 @@ void add_compare_command(CLI::App& app, CompareArgs& args) {
   add_config_source(*cmd, args.source);
   args.out_option = cmd->add_option("--out", args.out, "output folder, new or empty: summary.json, report.html, <method>/metrics.jsonl (default: runs/compare-<time>)");
   cmd->add_option("--methods", args.methods, "methods to run, comma-separated")->delimiter(',')->capture_default_str()
-      ->check(CLI::IsMember({"ddp", "diloco", "streaming_diloco", "noloco", "co2", "local"}));
+      ->check(CLI::IsMember(optim::method_names()));
   cmd->add_option("--target-loss", args.target_loss, "validation loss for time_to_target_s (default: ddp's final loss + 10%)")
       ->check(positive_number());
 }
 
 int run_compare_command(const CompareArgs& args) {
   std::vector<train::RunConfig> configs;
-  for (std::size_t i = 0; i < args.methods.size(); ++i) {
-    if (std::find(args.methods.begin(), args.methods.begin() + static_cast<std::ptrdiff_t>(i), args.methods[i]) != args.methods.begin() + static_cast<std::ptrdiff_t>(i)) {
-      return report_failure(error(ErrorCode::kInvalidArgument, "--methods names " + args.methods[i] +
-                                                                   " twice: each method runs once (its metrics go to <out>/" + args.methods[i] + "/)"));
+  std::set<std::string> named;
+  for (const auto& m : args.methods) {
+    if (!named.insert(m).second) {
+      return report_failure(error(ErrorCode::kInvalidArgument, "--methods names " + m + " twice: each method runs once (its metrics go to <out>/" + m + "/)"));
     }
   }
   for (const auto& m : args.methods) {

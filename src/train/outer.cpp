@@ -30,12 +30,12 @@ optim::Method method_of(const RunConfig& c) {
 namespace {
 
 // A run in which the method never synchronizes trains independent models and sends nothing: refused.
-Status check_synchronizes(const RunConfig& c, std::int64_t fragments) {
+Status check_synchronizes(const RunConfig& c, optim::Method method, std::int64_t fragments) {
   const std::string& m = c.outer.method;
-  const bool streaming = method_of(c) == optim::Method::kStreamingDiLoCo;
+  const bool streaming = method == optim::Method::kStreamingDiLoCo;
   std::int64_t first = 0;
   std::string key;
-  switch (method_of(c)) {
+  switch (method) {
     case optim::Method::kDiLoCo: first = c.diloco.inner_steps, key = "diloco.inner_steps"; break;
     case optim::Method::kNoLoCo: first = c.noloco.inner_steps, key = "noloco.inner_steps"; break;
     case optim::Method::kCO2: first = c.co2.inner_steps, key = "co2.inner_steps"; break;
@@ -57,12 +57,13 @@ Status check_synchronizes(const RunConfig& c, std::int64_t fragments) {
 std::vector<std::string> config_warnings(const RunConfig& c) {
   std::vector<std::string> out;
   const auto& sd = c.streaming_diloco;
-  if (method_of(c) == optim::Method::kStreamingDiLoCo && sd.fragment_layers > c.model.layers) {
+  const optim::Method method = method_of(c);
+  if (method == optim::Method::kStreamingDiLoCo && sd.fragment_layers > c.model.layers) {
     out.push_back("streaming_diloco.fragment_layers (" + std::to_string(sd.fragment_layers) + ") exceeds model.layers (" + std::to_string(c.model.layers) +
                   "): the whole model is one fragment, synchronized every streaming_diloco.inner_steps steps as DiLoCo would; set it to at most " +
                   std::to_string(c.model.layers) + " for fragments that take turns");
   }
-  if (method_of(c) == optim::Method::kCO2 && 2 * c.co2.inner_steps > c.train.steps) {
+  if (method == optim::Method::kCO2 && 2 * c.co2.inner_steps > c.train.steps) {
     out.push_back("co2 applies each average one round late, and this run has a single round (co2.inner_steps = " + std::to_string(c.co2.inner_steps) +
                   ", train.steps = " + std::to_string(c.train.steps) + "): no average is applied before the end");
   }
@@ -114,7 +115,7 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
     }
   }
 
-  if (Status st = check_synchronizes(c, p); !st.ok()) return st;
+  if (Status st = check_synchronizes(c, o.method, p); !st.ok()) return st;
 
   o.noloco.inner_steps = c.noloco.inner_steps;
   o.noloco.outer_lr = c.noloco.outer_lr;

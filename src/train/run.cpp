@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "core/file.h"
@@ -76,11 +77,7 @@ std::vector<std::string> identity_differences(const RunConfig& a, const RunConfi
   return diffs;
 }
 
-std::string joined(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& i : items) out += (out.empty() ? "" : ", ") + i;
-  return out;
-}
+std::string joined(const std::vector<std::string>& items) { return fmt::format("{}", fmt::join(items, ", ")); }
 
 // The checks before a resume writes anything: the folder is a train run, its checkpoint reads, the
 // checkpoint belongs to the folder's config and to this request's model and data.
