@@ -104,6 +104,8 @@ struct Network::Impl {
     last_delivery.assign(nn * nn, Nanos{0});
     rngs.resize(nn * nn);
     for (std::size_t i = 0; i < nn * nn; ++i) rngs[i].seed(spec.seed * 0x9E3779B97F4A7C15ull + i);
+    datagram_rngs.resize(nn * nn);
+    for (std::size_t i = 0; i < nn * nn; ++i) datagram_rngs[i].seed(spec.seed * 0xD1B54A32D192ED03ull + i + 1);
     dead.assign(nn, false);
     traffic.resize(nn);
   }
@@ -143,11 +145,12 @@ struct Network::Impl {
     return l;
   }
 
-  // Latency plus a seeded jitter and loss draw for one message of `payload_bytes`.
-  Nanos draw_delay(int from, int to, std::size_t payload_bytes) {
+  // Latency plus a seeded jitter and loss draw for one message of `payload_bytes` (datagrams draw
+  // from generators of their own, so adding them leaves the links' draws as they were).
+  Nanos draw_delay(int from, int to, std::size_t payload_bytes, bool datagram = false) {
     const auto& a = spec.nodes[static_cast<std::size_t>(from)].link;
     const auto& b = spec.nodes[static_cast<std::size_t>(to)].link;
-    auto& rng = rngs[pair(from, to)];
+    auto& rng = datagram ? datagram_rngs[pair(from, to)] : rngs[pair(from, to)];
     const Nanos base = latency(from, to);
     double extra_ns = 0;
     const double jitter_ns = std::sqrt((std::pow(static_cast<double>(a.jitter.count()), 2) + std::pow(static_cast<double>(b.jitter.count()), 2)) / 2);
@@ -395,6 +398,7 @@ struct Network::Impl {
   std::map<std::tuple<int, int, int>, std::shared_ptr<transport::Link>> links;  // (from, to, epoch)
   std::vector<Nanos> last_delivery;
   std::vector<std::mt19937_64> rngs;
+  std::vector<std::mt19937_64> datagram_rngs;
   std::vector<bool> dead;
   std::vector<NodeTraffic> traffic;
 };
@@ -517,6 +521,29 @@ void Network::crash(int node) {
     if (s == node) pairs.insert({r, e});
   }
   for (auto [other, epoch] : pairs) impl_->close_pair(node, other, epoch);
+}
+
+void Network::revive(int node) {
+  GOSSAMER_CHECK(node >= 0 && node < impl_->n, "Network::revive: no such node");
+  impl_->dead[static_cast<std::size_t>(node)] = false;
+}
+
+void Network::post(int from, int to, Bytes message, std::function<void(Bytes)> on_arrival) {
+  GOSSAMER_CHECK(from >= 0 && to >= 0 && from < impl_->n && to < impl_->n && from != to, "Network::post: no such pair of nodes");
+  auto& im = *impl_;
+  if (im.dead[static_cast<std::size_t>(from)] || im.dead[static_cast<std::size_t>(to)]) return;
+  const auto& a = im.spec.nodes[static_cast<std::size_t>(from)].link;
+  const auto& b = im.spec.nodes[static_cast<std::size_t>(to)].link;
+  const double wire = a.wire_bytes(message.size() + transport::kFrameHeaderBytes);
+  const double rate = std::min(a.bandwidth_bytes_per_s, b.bandwidth_bytes_per_s);
+  const Nanos serialization = std::isinf(rate) ? Nanos{0} : Nanos(static_cast<std::int64_t>(std::ceil(wire / rate * 1e9)));
+  const Nanos at = im.sched.now() + im.draw_delay(from, to, message.size(), /*datagram=*/true) + serialization;
+  im.traffic[static_cast<std::size_t>(from)].datagram_bytes_sent += static_cast<std::uint64_t>(wire);
+  im.sched.call_at(at, [&im, to, wire, message = std::move(message), on_arrival = std::move(on_arrival)]() mutable {
+    if (im.dead[static_cast<std::size_t>(to)]) return;
+    im.traffic[static_cast<std::size_t>(to)].datagram_bytes_received += static_cast<std::uint64_t>(wire);
+    on_arrival(std::move(message));
+  });
 }
 
 bool Network::crashed(int node) const { return impl_->dead[static_cast<std::size_t>(node)]; }

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,6 +55,8 @@ struct NodeTraffic {
   std::uint64_t wire_bytes_sent = 0;
   std::uint64_t wire_bytes_received = 0;
   std::uint64_t messages_sent = 0;
+  std::uint64_t datagram_bytes_sent = 0;      // post(): gossip
+  std::uint64_t datagram_bytes_received = 0;
 };
 
 class Network {
@@ -75,6 +78,15 @@ class Network {
   // Closes every link of the node, in both directions, now.
   void crash(int node);
   bool crashed(int node) const;
+  // The node is back (a crashed process restarted on the same host): new links and datagrams reach
+  // it again; the connections it had stay closed.
+  void revive(int node);
+  // A datagram (gossip's messages, which are small and many): it takes the path's latency, jitter and
+  // loss draw (from generators of its own) plus its wire bytes over the slower of the two access
+  // links, without taking part in the fair sharing of the links' bandwidth; its wire bytes are
+  // counted in the traffic. `on_arrival` runs in a scheduler callback when it lands (it must not
+  // wait); a datagram to or from a crashed node is dropped, as is one landing on a crashed node.
+  void post(int from, int to, Bytes message, std::function<void(Bytes)> on_arrival);
   NodeTraffic traffic(int node) const;
   // One-way latency of the path from -> to, without jitter or loss.
   Nanos path_latency(int from, int to) const;

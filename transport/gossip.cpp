@@ -2,12 +2,9 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <cstring>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <random>
-#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -15,40 +12,20 @@
 #include <zmq.hpp>
 
 #include "core/log.h"
-#include "core/wire.h"
-#include "transport/endpoint.h"
+#include "transport/gossip_core.h"
 
 namespace gossamer::transport {
 
 namespace {
 
-// Gossip messages (little-endian, through core/wire):
-//   magic "GSGP" | version u8 | type u8 | sender id u64 | sender address str
-//   kTable:     count u32 | count x (id u64, address str, heartbeat u64, state u8)
-//   kBroadcast: origin u64 | sequence u64 | hops u8 | topic str | payload blob
-constexpr char kMagic[4] = {'G', 'S', 'G', 'P'};
-constexpr std::uint8_t kVersion = 1;
-enum class MsgType : std::uint8_t { kTable = 1, kBroadcast = 2 };
-constexpr std::size_t kMaxAddress = 256, kMaxTopic = 64, kMaxPayload = 64 * 1024, kMaxMembers = 65536;
 constexpr std::size_t kMaxMessage = 8 << 20;
 
 using SteadyTime = std::chrono::steady_clock::time_point;
 
-struct Entry {
-  std::string address;
-  std::uint64_t heartbeat = 0;
-  bool left = false;
-  SteadyTime changed;  // when the heartbeat last rose
-};
-
-struct Outgoing {
-  std::string topic;
-  Bytes payload;
-};
-
+// The ZeroMQ and CURVE plumbing around a GossipCore (gossip_core.h), which decides what to send.
 class ZmqGossip final : public Gossip {
  public:
-  explicit ZmqGossip(const GossipOptions& o) : options_(o), rng_(std::random_device{}()) {
+  explicit ZmqGossip(const GossipOptions& o) : options_(o) {
     if (options_.self.value == 0) options_.self = random_peer_id();
   }
 
@@ -60,6 +37,7 @@ class ZmqGossip final : public Gossip {
   }
 
   Status start() {
+    std::string bound;
     try {
       if (options_.key) {
         // One CURVE keypair per run, derived from the run key: every member holds it, nobody else can.
@@ -92,50 +70,21 @@ class ZmqGossip final : public Gossip {
       // IPv6 only when asked for: with it on, ZeroMQ reports a 0.0.0.0 binding as [::ffff:0.0.0.0].
       if (options_.bind.find('[') != std::string::npos) router_->set(zmq::sockopt::ipv6, 1);
       router_->bind(options_.bind);
-      address_ = router_->get(zmq::sockopt::last_endpoint);
+      bound = router_->get(zmq::sockopt::last_endpoint);
     } catch (const zmq::error_t& e) {
       return error(ErrorCode::kIoError, "gossip cannot bind " + options_.bind + ": " + e.what());
     }
+    core_ = std::make_unique<GossipCore>(options_, bound, real_clock(), std::random_device{}());
     thread_ = std::thread([this] { loop(); });
     return Status();
   }
 
   PeerId self() const override { return options_.self; }
-  std::string address() const override { return address_; }
-  const std::string& announced() const { return options_.advertise.empty() ? address_ : options_.advertise; }
-
-  std::vector<Member> members() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::vector<Member> out;
-    const SteadyTime now = std::chrono::steady_clock::now();
-    for (const auto& [id, e] : table_) out.push_back(Member{PeerId{id}, e.address, e.heartbeat, state_of(e, now)});
-    return out;
-  }
-
-  std::vector<Member> sample(std::size_t k) override {
-    std::vector<Member> live;
-    for (auto& m : members()) {
-      if (m.state == MemberState::kAlive) live.push_back(std::move(m));
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    std::shuffle(live.begin(), live.end(), rng_);
-    if (live.size() > k) live.resize(k);
-    return live;
-  }
-
-  Status broadcast(const std::string& topic, ByteView payload) override {
-    if (topic.size() > kMaxTopic) return error(ErrorCode::kInvalidArgument, "gossip topic longer than 64 bytes");
-    if (payload.size() > kMaxPayload) return error(ErrorCode::kInvalidArgument, "gossip broadcasts are limited to 64 KiB");
-    std::lock_guard<std::mutex> lock(mu_);
-    if (left_) return error(ErrorCode::kAborted, "this node has left the gossip");
-    outbox_.push_back(Outgoing{topic, Bytes(payload.begin(), payload.end())});
-    return Status();
-  }
-
-  void subscribe(const std::string& topic, Handler handler) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    handlers_[topic].push_back(std::move(handler));
-  }
+  std::string address() const override { return core_->bound(); }
+  std::vector<Member> members() const override { return core_->members(); }
+  std::vector<Member> sample(std::size_t k) override { return core_->sample(k); }
+  Status broadcast(const std::string& topic, ByteView payload) override { return core_->broadcast(topic, payload); }
+  void subscribe(const std::string& topic, Handler handler) override { core_->subscribe(topic, std::move(handler)); }
 
   void leave() override {
     std::unique_lock<std::mutex> lock(mu_);
@@ -144,43 +93,9 @@ class ZmqGossip final : public Gossip {
     left_cv_.wait_for(lock, std::chrono::seconds(2), [&] { return left_; });
   }
 
-  std::uint64_t dropped_messages() const override { return dropped_.load(); }
+  std::uint64_t dropped_messages() const override { return core_->dropped() + refused_.load(); }
 
  private:
-  MemberState state_of(const Entry& e, SteadyTime now) const {
-    if (e.left) return MemberState::kLeft;
-    const auto quiet = now - e.changed;
-    if (quiet >= options_.dead_after) return MemberState::kDead;
-    if (quiet >= options_.suspect_after) return MemberState::kSuspect;
-    return MemberState::kAlive;
-  }
-
-  void write_header(Writer& w, MsgType type) {
-    w.raw(as_bytes(std::string_view(kMagic, 4)));
-    w.u8(kVersion);
-    w.u8(static_cast<std::uint8_t>(type));
-    w.u64(options_.self.value);
-    w.str(announced());
-  }
-
-  // Under mu_.
-  Bytes table_message(bool leaving) {
-    Writer w;
-    write_header(w, MsgType::kTable);
-    w.u32(static_cast<std::uint32_t>(table_.size() + 1));
-    w.u64(options_.self.value);
-    w.str(announced());
-    w.u64(heartbeat_);
-    w.u8(leaving ? 1 : 0);
-    for (const auto& [id, e] : table_) {
-      w.u64(id);
-      w.str(e.address);
-      w.u64(e.heartbeat);
-      w.u8(e.left ? 1 : 0);
-    }
-    return std::move(w).take();
-  }
-
   zmq::socket_t& dealer(const std::string& address) {
     auto it = dealers_.find(address);
     if (it != dealers_.end()) return *it->second;
@@ -197,173 +112,15 @@ class ZmqGossip final : public Gossip {
     return *dealers_.emplace(address, std::move(s)).first->second;
   }
 
-  void send_to(const std::string& address, const Bytes& message) {
-    try {
-      (void)dealer(address).send(zmq::buffer(message.data(), message.size()), zmq::send_flags::dontwait);
-    } catch (const zmq::error_t& e) {
-      spdlog::debug("gossip: cannot send to {}: {}", address, e.what());
-    }
-  }
-
-  // Live peers' addresses, at most k, at random (under mu_).
-  std::vector<std::string> random_live(std::size_t k, SteadyTime now) {
-    std::vector<std::string> live;
-    for (const auto& [id, e] : table_) {
-      if (state_of(e, now) == MemberState::kAlive) live.push_back(e.address);
-    }
-    std::shuffle(live.begin(), live.end(), rng_);
-    if (live.size() > k) live.resize(k);
-    return live;
-  }
-
-  // Turns queued broadcasts into rumors (under mu_); with `sends`, also sends each to `fanout`
-  // random live peers now instead of at the next tick.
-  void take_outbox_locked(std::vector<std::pair<std::string, Bytes>>* sends, SteadyTime now) {
-    while (!outbox_.empty()) {
-      Outgoing o = std::move(outbox_.front());
-      outbox_.pop_front();
-      const std::uint64_t seq = ++broadcast_seq_;
-      seen_.insert({options_.self.value, seq});
-      deliver_locked(options_.self, o.topic, o.payload);
-      rumors_.push_back(Rumor{broadcast_message(options_.self.value, seq, 0, o.topic, o.payload), kRumorRounds});
-      if (sends != nullptr) {
-        for (auto& t : random_live(static_cast<std::size_t>(options_.fanout), now)) sends->emplace_back(t, rumors_.back().message);
+  void send_all(const std::vector<GossipSend>& sends) {
+    for (const auto& s : sends) {
+      try {
+        (void)dealer(s.to).send(zmq::buffer(s.message.data(), s.message.size()), zmq::send_flags::dontwait);
+      } catch (const zmq::error_t& e) {
+        spdlog::debug("gossip: cannot send to {}: {}", s.to, e.what());
       }
     }
-  }
-
-  void tick() {
-    std::vector<std::pair<std::string, Bytes>> sends;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      const SteadyTime now = std::chrono::steady_clock::now();
-      ++heartbeat_;
-      const Bytes table = table_message(false);
-      auto targets = random_live(static_cast<std::size_t>(options_.fanout), now);
-      if (targets.empty()) targets = options_.seeds;
-      for (auto& t : targets) sends.emplace_back(t, table);
-      take_outbox_locked(nullptr, now);
-      // Every live rumor goes to `fanout` random peers for a few periods, so it survives lost
-      // messages and peers that join late.
-      for (auto& rumor : rumors_) {
-        for (auto& t : random_live(static_cast<std::size_t>(options_.fanout), now)) sends.emplace_back(t, rumor.message);
-        --rumor.rounds_left;
-      }
-      std::erase_if(rumors_, [](const Rumor& r) { return r.rounds_left <= 0; });
-    }
-    for (auto& [to, m] : sends) send_to(to, m);
-    flush_deliveries();
-  }
-
-  Bytes broadcast_message(std::uint64_t origin, std::uint64_t seq, std::uint8_t hops, const std::string& topic, ByteView payload) {
-    Writer w;
-    write_header(w, MsgType::kBroadcast);
-    w.u64(origin);
-    w.u64(seq);
-    w.u8(hops);
-    w.str(topic);
-    w.blob(payload);
-    return std::move(w).take();
-  }
-
-  // Queues a delivery (under mu_); handlers run from flush_deliveries(), outside the lock, so they may
-  // call back into this Gossip.
-  void deliver_locked(PeerId origin, const std::string& topic, const Bytes& payload) {
-    auto it = handlers_.find(topic);
-    if (it == handlers_.end()) return;
-    for (auto& h : it->second) deliveries_.push_back(Delivery{h, origin, payload});
-  }
-
-  void flush_deliveries() {
-    std::vector<Delivery> now;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      now.swap(deliveries_);
-    }
-    for (auto& d : now) d.handler(d.origin, d.payload);
-  }
-
-  void drop(const std::string& why) {
-    dropped_.fetch_add(1);
-    if (drop_log_.allow()) spdlog::warn("gossip: dropped a message: {}", why);
-  }
-
-  void handle(ByteView data, const std::string& observed_ip) {
-    Reader r(data, "gossip message");
-    ByteView magic = r.raw(4);
-    if (!r.ok() || std::memcmp(magic.data(), kMagic, 4) != 0) return drop("not a Gossamer gossip message");
-    const std::uint8_t version = r.u8(), type = r.u8();
-    const std::uint64_t sender = r.u64();
-    const std::string sender_address = r.str(kMaxAddress);
-    if (!r.ok()) return drop(r.status().message());
-    if (version != kVersion) return drop("gossip version " + std::to_string(version) + " (we speak " + std::to_string(kVersion) + ")");
-    if (sender == options_.self.value) return;
-    std::vector<std::pair<std::string, Bytes>> sends;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      const SteadyTime now = std::chrono::steady_clock::now();
-      if (type == static_cast<std::uint8_t>(MsgType::kTable)) {
-        const std::uint32_t n = r.u32();
-        if (r.ok() && n > kMaxMembers) return drop("member table of " + std::to_string(n) + " entries");
-        struct Row {
-          std::uint64_t id;
-          std::string address;
-          std::uint64_t heartbeat;
-          std::uint8_t left;
-        };
-        std::vector<Row> rows;
-        for (std::uint32_t i = 0; i < n && r.ok(); ++i) {
-          Row row;
-          row.id = r.u64();
-          row.address = r.str(kMaxAddress);
-          row.heartbeat = r.u64();
-          row.left = r.u8();
-          rows.push_back(std::move(row));
-        }
-        r.expect_end();
-        if (!r.ok()) return drop(r.status().message());
-        for (auto& row : rows) {
-          if (row.id == options_.self.value || row.id == 0 || row.left > 1) continue;
-          if (is_wildcard_address(row.address)) {
-            // A peer listening on every address announces a wildcard: its own row takes the IP its
-            // messages come from; another's is left until a peer that heard it directly relays it.
-            // From this very host (a loopback IP) the wildcard itself reaches it, and is kept as it
-            // is: a loopback address relayed to other hosts would send them to themselves.
-            if (row.id != sender || observed_ip.empty()) continue;
-            if (!is_loopback_ip(observed_ip)) row.address = with_host(row.address, observed_ip);
-          }
-          auto [it, fresh] = table_.try_emplace(row.id);
-          Entry& e = it->second;
-          if (fresh || row.heartbeat > e.heartbeat) {
-            e.address = row.address;
-            e.heartbeat = row.heartbeat;
-            e.changed = now;
-            if (row.left == 1 && !e.left) spdlog::info("gossip: peer {} left", PeerId{row.id}.to_string());
-            e.left = row.left == 1;
-          }
-        }
-      } else if (type == static_cast<std::uint8_t>(MsgType::kBroadcast)) {
-        const std::uint64_t origin = r.u64(), seq = r.u64();
-        const std::uint8_t hops = r.u8();
-        const std::string topic = r.str(kMaxTopic);
-        ByteView payload = r.blob(kMaxPayload);
-        r.expect_end();
-        if (!r.ok()) return drop(r.status().message());
-        if (!seen_.insert({origin, seq}).second) return;  // already delivered
-        const Bytes body(payload.begin(), payload.end());
-        deliver_locked(PeerId{origin}, topic, body);
-        if (hops + 1 < options_.max_hops) {
-          Rumor rumor{broadcast_message(origin, seq, static_cast<std::uint8_t>(hops + 1), topic, body), kRumorRounds};
-          for (auto& t : random_live(static_cast<std::size_t>(options_.fanout), now)) sends.emplace_back(t, rumor.message);
-          rumors_.push_back(std::move(rumor));
-        }
-      } else {
-        return drop("unknown gossip message type " + std::to_string(type));
-      }
-    }
-    (void)sender_address;  // the sender's own table row carries its address (and heartbeat)
-    for (auto& [to, m] : sends) send_to(to, m);
-    flush_deliveries();
+    core_->run_deliveries();
   }
 
   void loop() {
@@ -373,12 +130,8 @@ class ZmqGossip final : public Gossip {
       {
         std::unique_lock<std::mutex> lock(mu_);
         if (leave_requested_ && !left_) {
-          // Goodbye to every live member, directly; the higher heartbeat makes it win every merge.
-          ++heartbeat_;
-          const Bytes bye = table_message(true);
-          auto targets = random_live(table_.size(), std::chrono::steady_clock::now());
           lock.unlock();
-          for (auto& t : targets) send_to(t, bye);
+          send_all(core_->farewell());
           lock.lock();
           left_ = true;
           left_cv_.notify_all();
@@ -391,17 +144,10 @@ class ZmqGossip final : public Gossip {
       }
       const auto now = std::chrono::steady_clock::now();
       if (now >= next_tick) {
-        tick();
+        send_all(core_->tick());
         next_tick = now + options_.period;
       } else {
-        // A broadcast leaves within a poll interval, not a whole period.
-        std::vector<std::pair<std::string, Bytes>> sends;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          take_outbox_locked(&sends, now);
-        }
-        for (auto& [to, m] : sends) send_to(to, m);
-        flush_deliveries();
+        send_all(core_->take_broadcasts());  // a broadcast leaves within a poll interval, not a whole period
       }
       std::vector<zmq::pollitem_t> items = {{router_->handle(), 0, ZMQ_POLLIN, 0}};
       const std::size_t zap_at = items.size();
@@ -422,12 +168,13 @@ class ZmqGossip final : public Gossip {
             zmq::message_t extra;
             if (!router_->recv(extra, zmq::recv_flags::dontwait)) break;
             body = std::move(extra);
-            drop("multi-frame gossip message");
+            core_->count_drop("multi-frame gossip message");
           }
           // The IP the sender's connection comes from: where a peer that listens on a wildcard
           // address (0.0.0.0, [::]) can be reached.
           const char* observed = zmq_msg_gets(body.handle(), "Peer-Address");
-          handle(ByteView(static_cast<const std::byte*>(body.data()), body.size()), observed != nullptr ? std::string(observed) : std::string());
+          send_all(core_->handle(ByteView(static_cast<const std::byte*>(body.data()), body.size()),
+                                 observed != nullptr ? std::string(observed) : std::string()));
         }
       } catch (const zmq::error_t& e) {
         spdlog::warn("gossip: {}", e.what());
@@ -455,7 +202,7 @@ class ZmqGossip final : public Gossip {
     const bool curve = frames[5].to_string() == "CURVE";
     const bool ok = curve && frames.size() >= 7 && frames[6].size() == 32 && sodium_memcmp(frames[6].data(), curve_pk_.data(), 32) == 0;
     if (!ok) {
-      dropped_.fetch_add(1);
+      refused_.fetch_add(1);
       if (refusal_log_.allow()) spdlog::warn("gossip: refused {}: it does not hold this run's key (check --key)", address);
     }
     const std::string code = ok ? "200" : "400", text = ok ? "OK" : "not a member of this run";
@@ -472,7 +219,7 @@ class ZmqGossip final : public Gossip {
     zmq::message_t event, endpoint;
     if (!monitor_->recv(event, zmq::recv_flags::dontwait)) return;
     if (event.more()) (void)monitor_->recv(endpoint, zmq::recv_flags::dontwait);
-    dropped_.fetch_add(1);
+    refused_.fetch_add(1);
     // A refused peer retries every few hundred milliseconds: say it once per 10 s, with a count.
     ++refusals_since_log_;
     const SteadyTime now = std::chrono::steady_clock::now();
@@ -485,8 +232,7 @@ class ZmqGossip final : public Gossip {
 
   // The refused side learns nothing from ZeroMQ: say so when nobody has answered for a while.
   void check_isolation() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (warned_isolated_ || !table_.empty() || options_.seeds.empty()) return;
+    if (warned_isolated_ || core_->knows_anyone() || options_.seeds.empty()) return;
     if (std::chrono::steady_clock::now() - started_ < std::max<Nanos>(std::chrono::seconds(2), 10 * options_.period)) return;
     warned_isolated_ = true;
     spdlog::warn("gossip: no peer has answered yet (seeds: {}): check the seed addresses and that every peer uses the same --key",
@@ -494,44 +240,24 @@ class ZmqGossip final : public Gossip {
   }
 
   GossipOptions options_;
+  std::unique_ptr<GossipCore> core_;  // made by start(); thread-safe
   zmq::context_t ctx_;
   std::unique_ptr<zmq::socket_t> router_;  // owned by the gossip thread after start(), as are the others
   std::unique_ptr<zmq::socket_t> zap_, monitor_;
   std::array<std::uint8_t, 32> curve_pk_{}, curve_sk_{};
   SteadyTime started_ = std::chrono::steady_clock::now();
-  bool warned_isolated_ = false;
+  bool warned_isolated_ = false;  // the gossip thread's, as are the next two
   SteadyTime last_refusal_log_{};
   std::uint64_t refusals_since_log_ = 0;
   std::map<std::string, std::unique_ptr<zmq::socket_t>> dealers_;
-  std::string address_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
-  std::atomic<std::uint64_t> dropped_{0};
-  // Anyone on the network can send junk or knock with a wrong key: bounded log lines for both.
-  LogLimiter drop_log_{"gossip: dropped messages"};
+  std::atomic<std::uint64_t> refused_{0};  // handshakes refused (a wrong key, or none)
+  // Anyone on the network can knock with a wrong key: bounded log lines.
   LogLimiter refusal_log_{"gossip: refused peers without this run's key"};
 
-  mutable std::mutex mu_;
+  std::mutex mu_;
   std::condition_variable left_cv_;
-  std::map<std::uint64_t, Entry> table_;
-  std::uint64_t heartbeat_ = 0;
-  std::uint64_t broadcast_seq_ = 0;
-  std::set<std::pair<std::uint64_t, std::uint64_t>> seen_;
-  std::deque<Outgoing> outbox_;
-  struct Rumor {
-    Bytes message;
-    int rounds_left;
-  };
-  static constexpr int kRumorRounds = 3;
-  std::vector<Rumor> rumors_;
-  std::map<std::string, std::vector<Handler>> handlers_;
-  struct Delivery {
-    Handler handler;
-    PeerId origin;
-    Bytes payload;
-  };
-  std::vector<Delivery> deliveries_;
-  std::mt19937_64 rng_;
   bool leave_requested_ = false, left_ = false;
 };
 

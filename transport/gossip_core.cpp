@@ -1,0 +1,285 @@
+#include "transport/gossip_core.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "core/wire.h"
+#include "transport/endpoint.h"
+
+namespace gossamer::transport {
+
+namespace {
+constexpr char kMagic[4] = {'G', 'S', 'G', 'P'};
+constexpr std::uint8_t kVersion = 1;
+constexpr std::size_t kMaxAddress = 256, kMaxTopic = 64, kMaxPayload = 64 * 1024, kMaxMembers = 65536;
+}  // namespace
+
+GossipCore::GossipCore(GossipOptions options, std::string bound, const Clock& clock, std::uint64_t seed)
+    : options_(std::move(options)), bound_(std::move(bound)), clock_(clock), rng_(seed) {}
+
+MemberState GossipCore::state_of(const Entry& e, Nanos now) const {
+  if (e.left) return MemberState::kLeft;
+  const Nanos quiet = now - e.changed;
+  if (quiet >= options_.dead_after) return MemberState::kDead;
+  if (quiet >= options_.suspect_after) return MemberState::kSuspect;
+  return MemberState::kAlive;
+}
+
+std::vector<Member> GossipCore::members() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Member> out;
+  const Nanos now = clock_.now();
+  for (const auto& [id, e] : table_) out.push_back(Member{PeerId{id}, e.address, e.heartbeat, state_of(e, now)});
+  return out;
+}
+
+std::vector<Member> GossipCore::sample(std::size_t k) {
+  std::vector<Member> live;
+  for (auto& m : members()) {
+    if (m.state == MemberState::kAlive) live.push_back(std::move(m));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shuffle(live.begin(), live.end(), rng_);
+  if (live.size() > k) live.resize(k);
+  return live;
+}
+
+Status GossipCore::broadcast(const std::string& topic, ByteView payload) {
+  if (topic.size() > kMaxTopic) return error(ErrorCode::kInvalidArgument, "gossip topic longer than 64 bytes");
+  if (payload.size() > kMaxPayload) return error(ErrorCode::kInvalidArgument, "gossip broadcasts are limited to 64 KiB");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (left_) return error(ErrorCode::kAborted, "this node has left the gossip");
+  outbox_.push_back(Outgoing{topic, Bytes(payload.begin(), payload.end())});
+  return Status();
+}
+
+void GossipCore::subscribe(const std::string& topic, Gossip::Handler handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  handlers_[topic].push_back(std::move(handler));
+}
+
+void GossipCore::write_header(Writer& w, MsgType type) const {
+  w.raw(as_bytes(std::string_view(kMagic, 4)));
+  w.u8(kVersion);
+  w.u8(static_cast<std::uint8_t>(type));
+  w.u64(options_.self.value);
+  w.str(announced());
+}
+
+Bytes GossipCore::table_message(bool leaving) const {
+  Writer w;
+  write_header(w, MsgType::kTable);
+  w.u32(static_cast<std::uint32_t>(table_.size() + 1));
+  w.u64(options_.self.value);
+  w.str(announced());
+  w.u64(heartbeat_);
+  w.u8(leaving ? 1 : 0);
+  for (const auto& [id, e] : table_) {
+    w.u64(id);
+    w.str(e.address);
+    w.u64(e.heartbeat);
+    w.u8(e.left ? 1 : 0);
+  }
+  return std::move(w).take();
+}
+
+Bytes GossipCore::broadcast_message(std::uint64_t origin, std::uint64_t seq, std::uint8_t hops, const std::string& topic,
+                                    ByteView payload) const {
+  Writer w;
+  write_header(w, MsgType::kBroadcast);
+  w.u64(origin);
+  w.u64(seq);
+  w.u8(hops);
+  w.str(topic);
+  w.blob(payload);
+  return std::move(w).take();
+}
+
+std::vector<std::string> GossipCore::random_live(std::size_t k, Nanos now) {
+  std::vector<std::string> live;
+  for (const auto& [id, e] : table_) {
+    if (state_of(e, now) == MemberState::kAlive) live.push_back(e.address);
+  }
+  std::shuffle(live.begin(), live.end(), rng_);
+  if (live.size() > k) live.resize(k);
+  return live;
+}
+
+void GossipCore::take_outbox_locked(std::vector<GossipSend>* sends, Nanos now) {
+  while (!outbox_.empty()) {
+    Outgoing o = std::move(outbox_.front());
+    outbox_.pop_front();
+    const std::uint64_t seq = ++broadcast_seq_;
+    seen_.insert({options_.self.value, seq});
+    deliver_locked(options_.self, o.topic, o.payload);
+    rumors_.push_back(Rumor{broadcast_message(options_.self.value, seq, 0, o.topic, o.payload), kRumorRounds});
+    if (sends != nullptr) {
+      for (auto& t : random_live(static_cast<std::size_t>(options_.fanout), now)) sends->push_back(GossipSend{t, rumors_.back().message});
+    }
+  }
+}
+
+std::vector<GossipSend> GossipCore::tick() {
+  std::vector<GossipSend> sends;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (left_) return sends;
+  const Nanos now = clock_.now();
+  ++heartbeat_;
+  const Bytes table = table_message(false);
+  auto targets = random_live(static_cast<std::size_t>(options_.fanout), now);
+  if (targets.empty()) targets = options_.seeds;
+  for (auto& t : targets) sends.push_back(GossipSend{t, table});
+  take_outbox_locked(nullptr, now);
+  // Every live rumor goes to `fanout` random peers for a few periods, so it survives lost messages
+  // and peers that join late.
+  for (auto& rumor : rumors_) {
+    for (auto& t : random_live(static_cast<std::size_t>(options_.fanout), now)) sends.push_back(GossipSend{t, rumor.message});
+    --rumor.rounds_left;
+  }
+  std::erase_if(rumors_, [](const Rumor& r) { return r.rounds_left <= 0; });
+  return sends;
+}
+
+std::vector<GossipSend> GossipCore::take_broadcasts() {
+  std::vector<GossipSend> sends;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!left_) take_outbox_locked(&sends, clock_.now());
+  return sends;
+}
+
+std::vector<GossipSend> GossipCore::farewell() {
+  std::vector<GossipSend> sends;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (left_) return sends;
+  ++heartbeat_;
+  const Bytes bye = table_message(true);
+  for (auto& t : random_live(table_.size(), clock_.now())) sends.push_back(GossipSend{t, bye});
+  left_ = true;
+  return sends;
+}
+
+bool GossipCore::left() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return left_;
+}
+
+bool GossipCore::knows_anyone() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !table_.empty();
+}
+
+void GossipCore::deliver_locked(PeerId origin, const std::string& topic, const Bytes& payload) {
+  auto it = handlers_.find(topic);
+  if (it == handlers_.end()) return;
+  for (auto& h : it->second) deliveries_.push_back(Delivery{h, origin, payload});
+}
+
+void GossipCore::run_deliveries() {
+  std::vector<Delivery> now;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    now.swap(deliveries_);
+  }
+  for (auto& d : now) d.handler(d.origin, d.payload);
+}
+
+void GossipCore::count_drop(const std::string& why) {
+  dropped_.fetch_add(1);
+  if (drop_log_.allow()) spdlog::warn("gossip: dropped a message: {}", why);
+}
+
+void GossipCore::merge_table_locked(Reader& r, std::uint64_t sender, const std::string& observed_ip, Nanos now) {
+  const std::uint32_t n = r.u32();
+  if (r.ok() && n > kMaxMembers) return count_drop("member table of " + std::to_string(n) + " entries");
+  struct Row {
+    std::uint64_t id;
+    std::string address;
+    std::uint64_t heartbeat;
+    std::uint8_t left;
+  };
+  std::vector<Row> rows;
+  for (std::uint32_t i = 0; i < n && r.ok(); ++i) {
+    Row row;
+    row.id = r.u64();
+    row.address = r.str(kMaxAddress);
+    row.heartbeat = r.u64();
+    row.left = r.u8();
+    rows.push_back(std::move(row));
+  }
+  r.expect_end();
+  if (!r.ok()) return count_drop(r.status().message());
+  for (auto& row : rows) {
+    if (row.id == options_.self.value || row.id == 0 || row.left > 1) continue;
+    if (is_wildcard_address(row.address)) {
+      // A peer listening on every address announces a wildcard: its own row takes the IP its
+      // messages come from; another's is left until a peer that heard it directly relays it. From
+      // this very host (a loopback IP) the wildcard itself reaches it, and is kept as it is: a
+      // loopback address relayed to other hosts would send them to themselves.
+      if (row.id != sender || observed_ip.empty()) continue;
+      if (!is_loopback_ip(observed_ip)) row.address = with_host(row.address, observed_ip);
+    }
+    auto [it, fresh] = table_.try_emplace(row.id);
+    Entry& e = it->second;
+    if (fresh || row.heartbeat > e.heartbeat) {
+      e.address = row.address;
+      e.heartbeat = row.heartbeat;
+      e.changed = now;
+      if (row.left == 1 && !e.left) spdlog::info("gossip: peer {} left", PeerId{row.id}.to_string());
+      e.left = row.left == 1;
+    }
+  }
+}
+
+void GossipCore::handle_broadcast_locked(Reader& r, std::vector<GossipSend>& sends, Nanos now) {
+  const std::uint64_t origin = r.u64(), seq = r.u64();
+  const std::uint8_t hops = r.u8();
+  const std::string topic = r.str(kMaxTopic);
+  ByteView payload = r.blob(kMaxPayload);
+  r.expect_end();
+  if (!r.ok()) return count_drop(r.status().message());
+  if (!seen_.insert({origin, seq}).second) return;  // already delivered
+  const Bytes body(payload.begin(), payload.end());
+  deliver_locked(PeerId{origin}, topic, body);
+  if (hops + 1 < options_.max_hops) {
+    Rumor rumor{broadcast_message(origin, seq, static_cast<std::uint8_t>(hops + 1), topic, body), kRumorRounds};
+    for (auto& t : random_live(static_cast<std::size_t>(options_.fanout), now)) sends.push_back(GossipSend{t, rumor.message});
+    rumors_.push_back(std::move(rumor));
+  }
+}
+
+std::vector<GossipSend> GossipCore::handle(ByteView data, const std::string& observed_ip) {
+  std::vector<GossipSend> sends;
+  Reader r(data, "gossip message");
+  ByteView magic = r.raw(4);
+  if (!r.ok() || std::memcmp(magic.data(), kMagic, 4) != 0) {
+    count_drop("not a Gossamer gossip message");
+    return sends;
+  }
+  const std::uint8_t version = r.u8(), type = r.u8();
+  const std::uint64_t sender = r.u64();
+  (void)r.str(kMaxAddress);  // the sender's own table row carries its address (and heartbeat)
+  if (!r.ok()) {
+    count_drop(r.status().message());
+    return sends;
+  }
+  if (version != kVersion) {
+    count_drop("gossip version " + std::to_string(version) + " (we speak " + std::to_string(kVersion) + ")");
+    return sends;
+  }
+  if (sender == options_.self.value) return sends;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (left_) return sends;
+  const Nanos now = clock_.now();
+  if (type == static_cast<std::uint8_t>(MsgType::kTable)) {
+    merge_table_locked(r, sender, observed_ip, now);
+  } else if (type == static_cast<std::uint8_t>(MsgType::kBroadcast)) {
+    handle_broadcast_locked(r, sends, now);
+  } else {
+    count_drop("unknown gossip message type " + std::to_string(type));
+  }
+  return sends;
+}
+
+}  // namespace gossamer::transport

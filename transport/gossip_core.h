@@ -1,0 +1,129 @@
+// GossipCore: what gossip decides, without sockets or threads: the member table, heartbeats, the
+// failure detector, rumor mongering and the wire format of gossip messages. Its owner drives it (a
+// tick every period, each message received) and sends what it returns: ZmqGossip (gossip.cpp) over
+// ZeroMQ in real time, the simulator over its emulated network in virtual time, so both run this
+// very code. Time comes from the Clock, chance from a seeded generator: with a virtual clock and a
+// fixed seed a run of it is deterministic.
+//
+// Wire (little-endian, through core/wire):
+//   magic "GSGP" | version u8 | type u8 | sender id u64 | sender address str
+//   kTable:     count u32 | count x (id u64, address str, heartbeat u64, left u8)
+//   kBroadcast: origin u64 | sequence u64 | hops u8 | topic str | payload blob
+// Untrusted input: a malformed message, another version or an oversized one is dropped, counted
+// and logged (a bounded number of lines, core/log.h).
+//
+// Threading: every method is thread-safe. Handlers never run inside a call that queues them: the
+// owner runs them with run_deliveries(), holding no lock, so a handler may call back into the core.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/log.h"
+#include "core/wire.h"
+#include "transport/gossip.h"
+
+namespace gossamer::transport {
+
+struct GossipSend {
+  std::string to;  // a gossip address, as members announce them
+  Bytes message;
+};
+
+class GossipCore {
+ public:
+  // `bound`: the address this node listens on; `clock` must outlive the core.
+  GossipCore(GossipOptions options, std::string bound, const Clock& clock, std::uint64_t seed);
+
+  PeerId self() const { return options_.self; }
+  const std::string& bound() const { return bound_; }
+  // What others are told to reach this node at: GossipOptions::advertise, else the bound address.
+  const std::string& announced() const { return options_.advertise.empty() ? bound_ : options_.advertise; }
+  const GossipOptions& options() const { return options_; }
+
+  std::vector<Member> members() const;
+  std::vector<Member> sample(std::size_t k);
+  // Queues a broadcast: take_broadcasts() (or the next tick) sends it; it is delivered here too.
+  [[nodiscard]] Status broadcast(const std::string& topic, ByteView payload);
+  void subscribe(const std::string& topic, Gossip::Handler handler);
+
+  // One period's work: a heartbeat, the member table to `fanout` live peers (the seeds while none
+  // is known), the queued broadcasts and every live rumor again.
+  std::vector<GossipSend> tick();
+  // The broadcasts queued since the last call, each to `fanout` live peers now.
+  std::vector<GossipSend> take_broadcasts();
+  // A message received; `observed_ip` is the IP it came from (empty when unknown).
+  std::vector<GossipSend> handle(ByteView data, const std::string& observed_ip);
+  // Leaving: a farewell to every live member (the higher heartbeat wins every merge); afterwards
+  // broadcasts are refused and ticks send nothing.
+  std::vector<GossipSend> farewell();
+  bool left() const;
+  // Runs the handlers of the messages delivered so far. Call with no lock held.
+  void run_deliveries();
+
+  bool knows_anyone() const;
+  std::uint64_t dropped() const { return dropped_.load(); }
+  // Counts (and logs, bounded) a message dropped before it reached the core.
+  void count_drop(const std::string& why);
+
+ private:
+  struct Entry {
+    std::string address;
+    std::uint64_t heartbeat = 0;
+    bool left = false;
+    Nanos changed{0};  // when the heartbeat last rose
+  };
+  struct Rumor {
+    Bytes message;
+    int rounds_left = 0;
+  };
+  struct Outgoing {
+    std::string topic;
+    Bytes payload;
+  };
+  struct Delivery {
+    Gossip::Handler handler;
+    PeerId origin;
+    Bytes payload;
+  };
+  enum class MsgType : std::uint8_t { kTable = 1, kBroadcast = 2 };
+  static constexpr int kRumorRounds = 3;
+
+  MemberState state_of(const Entry& e, Nanos now) const;
+  void write_header(Writer& w, MsgType type) const;
+  Bytes table_message(bool leaving) const;
+  Bytes broadcast_message(std::uint64_t origin, std::uint64_t seq, std::uint8_t hops, const std::string& topic, ByteView payload) const;
+  std::vector<std::string> random_live(std::size_t k, Nanos now);
+  void take_outbox_locked(std::vector<GossipSend>* sends, Nanos now);
+  void deliver_locked(PeerId origin, const std::string& topic, const Bytes& payload);
+  void merge_table_locked(Reader& r, std::uint64_t sender, const std::string& observed_ip, Nanos now);
+  void handle_broadcast_locked(Reader& r, std::vector<GossipSend>& sends, Nanos now);
+
+  GossipOptions options_;
+  const std::string bound_;
+  const Clock& clock_;
+  std::atomic<std::uint64_t> dropped_{0};
+  LogLimiter drop_log_{"gossip: dropped messages"};
+
+  mutable std::mutex mu_;
+  std::map<std::uint64_t, Entry> table_;
+  std::uint64_t heartbeat_ = 0;
+  std::uint64_t broadcast_seq_ = 0;
+  std::set<std::pair<std::uint64_t, std::uint64_t>> seen_;
+  std::deque<Outgoing> outbox_;
+  std::vector<Rumor> rumors_;
+  std::map<std::string, std::vector<Gossip::Handler>> handlers_;
+  std::vector<Delivery> deliveries_;
+  std::mt19937_64 rng_;
+  bool left_ = false;
+};
+
+}  // namespace gossamer::transport
