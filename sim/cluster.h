@@ -57,5 +57,8 @@ using ClusterProgress = std::function<void(int worker, std::int64_t step, std::i
 
 [[nodiscard]] Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::Corpus& corpus,
                                                 const ClusterProgress& progress = {});
+// The same over the real peer runtime (peer_cluster.cpp).
+[[nodiscard]] Result<ClusterResult> run_peer_cluster(const train::RunConfig& config, const train::Corpus& corpus,
+                                                     const ClusterProgress& progress = {});
 
 }  // namespace gossamer::sim

@@ -69,6 +69,7 @@ class SimGossip final : public transport::Gossip {
     if (it != fabric_.nodes_.end() && it->second == node_) fabric_.nodes_.erase(it);
   }
   std::uint64_t dropped_messages() const override { return node_->core.dropped(); }
+  std::pair<std::uint64_t, std::uint64_t> bytes() const override { return node_->core.bytes(); }
 
  private:
   GossipFabric& fabric_;

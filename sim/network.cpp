@@ -407,16 +407,18 @@ namespace {
 
 class SimLink final : public transport::Link {
  public:
-  SimLink(Network::Impl& net, int self, int peer, int epoch)
+  SimLink(Network::Impl& net, int self, int peer, int epoch, transport::PeerId peer_id = {}, std::string peer_address = {})
       : net_(net),
         self_(self),
         peer_(peer),
         epoch_(epoch),
+        peer_id_(peer_id.value != 0 ? peer_id : transport::PeerId{static_cast<std::uint64_t>(peer) + 1}),
+        peer_address_(!peer_address.empty() ? std::move(peer_address) : "sim://node-" + std::to_string(peer)),
         inbox_(net.mailbox(self, peer, epoch)),
         outbox_(net.mailbox(peer, self, epoch)),
         sent_(net.sched.make_signal()) {}
-  transport::PeerId peer() const override { return transport::PeerId{static_cast<std::uint64_t>(peer_) + 1}; }
-  std::string remote_address() const override { return "sim://node-" + std::to_string(peer_); }
+  transport::PeerId peer() const override { return peer_id_; }
+  std::string remote_address() const override { return peer_address_; }
 
   Status send(transport::Tag tag, ByteView payload, Deadline deadline) override {
     const std::array<ByteView, 1> parts = {payload};
@@ -489,6 +491,8 @@ class SimLink final : public transport::Link {
 
   Network::Impl& net_;
   int self_, peer_, epoch_;
+  const transport::PeerId peer_id_;
+  const std::string peer_address_;
   Mailbox& inbox_;   // what the peer sends us (mailboxes live as long as the Network)
   Mailbox& outbox_;  // what we send the peer
   std::unique_ptr<Signal> sent_;  // notified as this link's sends finish (each waits for its own)
@@ -506,6 +510,14 @@ std::shared_ptr<transport::Link> Network::link(int from, int to, int epoch) {
   GOSSAMER_CHECK(from >= 0 && to >= 0 && from < impl_->n && to < impl_->n && from != to, "Network::link: no such pair of nodes");
   auto& l = impl_->links[{from, to, epoch}];
   if (!l) l = std::make_shared<SimLink>(*impl_, from, to, epoch);
+  return l;
+}
+
+std::shared_ptr<transport::Link> Network::connection(int from, int to, int epoch, transport::PeerId peer, std::string peer_address) {
+  GOSSAMER_CHECK(from >= 0 && to >= 0 && from < impl_->n && to < impl_->n && from != to, "Network::connection: no such pair of nodes");
+  auto& l = impl_->links[{from, to, epoch}];
+  GOSSAMER_CHECK(!l, "Network::connection: that connection exists already");
+  l = std::make_shared<SimLink>(*impl_, from, to, epoch, peer, std::move(peer_address));
   return l;
 }
 

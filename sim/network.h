@@ -71,6 +71,9 @@ class Network {
   // the same epoch. Each epoch is a fresh connection with its own mailboxes: a group that re-forms
   // after a failure moves to a new epoch, so nothing of an abandoned round reaches it.
   std::shared_ptr<transport::Link> link(int from, int to, int epoch = 0);
+  // Like link(), for a transport's connection: the link names the peer by `peer` and `peer_address`
+  // (a process's id and address, not the node's). Each (from, to, epoch) is made once.
+  std::shared_ptr<transport::Link> connection(int from, int to, int epoch, transport::PeerId peer, std::string peer_address);
   // a hangs up its link to b of one epoch, as a TCP close does: a stops reading and sending now; what
   // a already sent still reaches b, which then sees the link closed (kPeerLost), one path latency
   // after the close at the earliest.

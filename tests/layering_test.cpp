@@ -21,7 +21,8 @@ TEST_CASE("no layer includes a header of a layer above it") {
       {"src/model", {"core", "model"}},
       {"src/data", {"core", "data"}},
       {"src/train", {"core", "quant", "transport", "optim", "model", "data", "train"}},
-      {"sim", {"core", "quant", "transport", "optim", "model", "data", "train", "sim"}},
+      // The simulator runs the real peer runtime (src/run) over its emulated clock and network.
+      {"sim", {"core", "quant", "transport", "optim", "model", "data", "train", "run", "sim"}},
       {"src/run", {"core", "quant", "transport", "optim", "model", "data", "train", "run"}},
   };
   // The project prefix of `#include "prefix/..."`, or "" for any other line.

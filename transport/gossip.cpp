@@ -94,6 +94,7 @@ class ZmqGossip final : public Gossip {
   }
 
   std::uint64_t dropped_messages() const override { return core_->dropped() + refused_.load(); }
+  std::pair<std::uint64_t, std::uint64_t> bytes() const override { return core_->bytes(); }
 
  private:
   zmq::socket_t& dealer(const std::string& address) {

@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,9 @@ class Gossip {
   // Tells the live members this node is leaving, then goes quiet. Idempotent.
   virtual void leave() = 0;
   virtual std::uint64_t dropped_messages() const = 0;
+  // Bytes of gossip messages this node sent and received so far (as encoded; transport overhead
+  // not included).
+  virtual std::pair<std::uint64_t, std::uint64_t> bytes() const = 0;
 };
 
 [[nodiscard]] Result<std::unique_ptr<Gossip>> make_gossip(const GossipOptions& options);

@@ -19,6 +19,13 @@ constexpr std::size_t kMaxAddress = 256, kMaxTopic = 64, kMaxPayload = 64 * 1024
 GossipCore::GossipCore(GossipOptions options, std::string bound, const Clock& clock, std::uint64_t seed)
     : options_(std::move(options)), bound_(std::move(bound)), clock_(clock), rng_(seed) {}
 
+std::vector<GossipSend> GossipCore::counted(std::vector<GossipSend> sends) {
+  std::uint64_t n = 0;
+  for (const auto& s : sends) n += s.message.size();
+  bytes_sent_.fetch_add(n);
+  return sends;
+}
+
 MemberState GossipCore::state_of(const Entry& e, Nanos now) const {
   if (e.left) return MemberState::kLeft;
   const Nanos quiet = now - e.changed;
@@ -139,14 +146,14 @@ std::vector<GossipSend> GossipCore::tick() {
     --rumor.rounds_left;
   }
   std::erase_if(rumors_, [](const Rumor& r) { return r.rounds_left <= 0; });
-  return sends;
+  return counted(std::move(sends));
 }
 
 std::vector<GossipSend> GossipCore::take_broadcasts() {
   std::vector<GossipSend> sends;
   std::lock_guard<std::mutex> lock(mu_);
   if (!left_) take_outbox_locked(&sends, clock_.now());
-  return sends;
+  return counted(std::move(sends));
 }
 
 std::vector<GossipSend> GossipCore::farewell() {
@@ -157,7 +164,7 @@ std::vector<GossipSend> GossipCore::farewell() {
   const Bytes bye = table_message(true);
   for (auto& t : random_live(table_.size(), clock_.now())) sends.push_back(GossipSend{t, bye});
   left_ = true;
-  return sends;
+  return counted(std::move(sends));
 }
 
 bool GossipCore::left() const {
@@ -251,6 +258,7 @@ void GossipCore::handle_broadcast_locked(Reader& r, std::vector<GossipSend>& sen
 
 std::vector<GossipSend> GossipCore::handle(ByteView data, const std::string& observed_ip) {
   std::vector<GossipSend> sends;
+  bytes_received_.fetch_add(data.size());
   Reader r(data, "gossip message");
   ByteView magic = r.raw(4);
   if (!r.ok() || std::memcmp(magic.data(), kMagic, 4) != 0) {
@@ -279,7 +287,7 @@ std::vector<GossipSend> GossipCore::handle(ByteView data, const std::string& obs
   } else {
     count_drop("unknown gossip message type " + std::to_string(type));
   }
-  return sends;
+  return counted(std::move(sends));
 }
 
 }  // namespace gossamer::transport

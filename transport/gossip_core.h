@@ -71,6 +71,8 @@ class GossipCore {
 
   bool knows_anyone() const;
   std::uint64_t dropped() const { return dropped_.load(); }
+  // Bytes of the messages it returned to send, and of those handed to handle().
+  std::pair<std::uint64_t, std::uint64_t> bytes() const { return {bytes_sent_.load(), bytes_received_.load()}; }
   // Counts (and logs, bounded) a message dropped before it reached the core.
   void count_drop(const std::string& why);
 
@@ -111,6 +113,8 @@ class GossipCore {
   const std::string bound_;
   const Clock& clock_;
   std::atomic<std::uint64_t> dropped_{0};
+  std::atomic<std::uint64_t> bytes_sent_{0}, bytes_received_{0};
+  std::vector<GossipSend> counted(std::vector<GossipSend> sends);
   LogLimiter drop_log_{"gossip: dropped messages"};
 
   mutable std::mutex mu_;

@@ -34,15 +34,15 @@ Bytes encode_spec(const Spec& spec, std::int64_t round) {
 
 }  // namespace
 
-SpecAnnouncer::SpecAnnouncer(transport::Gossip& gossip, Spec spec, const std::atomic<std::int64_t>& round)
-    : gossip_(gossip), spec_(std::move(spec)), round_(round) {
-  thread_ = std::thread([this] {
+SpecAnnouncer::SpecAnnouncer(transport::Gossip& gossip, Spec spec, const std::atomic<std::int64_t>& round, Clock& clock)
+    : gossip_(gossip), spec_(std::move(spec)), round_(round), clock_(clock), signal_(clock.make_signal()) {
+  thread_ = clock.start_thread([this] {
     std::unique_lock lock(mu_);
     while (!stop_) {
       lock.unlock();
       (void)gossip_.broadcast(kSpecTopic, encode_spec(spec_, round_.load()));
       lock.lock();
-      cv_.wait_for(lock, 1s, [&] { return stop_; });
+      signal_->wait(lock, Deadline::after(clock_, 1s), [&] { return stop_; });
     }
   });
 }
@@ -52,12 +52,14 @@ SpecAnnouncer::~SpecAnnouncer() {
     std::lock_guard lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
-  thread_.join();
+  signal_->notify_all();
+  thread_->join();
 }
 
-std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip) {
+std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip, Clock& clock) {
   auto heard = std::make_shared<HeardSpec>();
+  heard->clock = &clock;
+  heard->signal = clock.make_signal();
   gossip.subscribe(kSpecTopic, [heard](transport::PeerId origin, const Bytes& payload) {
     Reader r(payload, "run spec from peer " + origin.to_string());
     const std::uint8_t version = r.u8();
@@ -78,7 +80,7 @@ std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip) {
     } else {
       if (!heard->spec) heard->spec = Spec{std::move(toml), wait_for};
       heard->latest_round = std::max(heard->latest_round, round);
-      heard->cv.notify_all();
+      heard->signal->notify_all();
       return;
     }
     if (problem != heard->last_problem) spdlog::warn("ignored a run spec: {}", problem);
@@ -96,12 +98,13 @@ std::string reachable_address(const transport::Gossip& gossip, transport::PeerId
 }
 
 Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout, const std::atomic<bool>* stop) {
+  Clock& clock = *heard.clock;
   std::unique_lock lock(heard.mu);
-  const auto until = std::chrono::steady_clock::now() + timeout;
+  const Nanos until = clock.now() + timeout;
   // In slices, so that a stop request (Ctrl-C) ends the wait within a tenth of a second.
-  while (!heard.spec.has_value() && std::chrono::steady_clock::now() < until) {
+  while (!heard.spec.has_value() && clock.now() < until) {
     if (stop != nullptr && stop->load()) return error(ErrorCode::kAborted, "stop requested while waiting for the run spec");
-    heard.cv.wait_until(lock, std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)));
+    heard.signal->wait(lock, Deadline::at(std::min(until, clock.now() + std::chrono::milliseconds(100))), [&] { return heard.spec.has_value(); });
   }
   if (!heard.spec.has_value()) {
     return error(ErrorCode::kTimeout, "no run spec heard from the peers joined within " + std::to_string(timeout.count() / 1000000000) + " s" +
@@ -111,8 +114,8 @@ Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout, const std::atomic<boo
   return *heard.spec;
 }
 
-std::shared_ptr<JoinBoard> JoinBoard::make(transport::Gossip& gossip) {
-  auto b = std::make_shared<JoinBoard>(gossip);
+std::shared_ptr<JoinBoard> JoinBoard::make(transport::Gossip& gossip, const Clock& clock) {
+  auto b = std::make_shared<JoinBoard>(gossip, clock);
   gossip.subscribe(kStateTopic, [weak = std::weak_ptr<JoinBoard>(b)](transport::PeerId origin, const Bytes& payload) {
     if (auto self = weak.lock()) self->on_message(origin, payload);
   });
@@ -126,7 +129,7 @@ void JoinBoard::offer(std::int64_t round, const std::string& address) { (void)go
 std::vector<transport::PeerId> JoinBoard::waiting() const {
   std::lock_guard lock(mu_);
   std::vector<transport::PeerId> ids;
-  const auto now = std::chrono::steady_clock::now();
+  const Nanos now = clock_.now();
   for (const auto& [id, until] : wanted_until_) {
     if (now < until) ids.push_back(id);
   }
@@ -135,7 +138,7 @@ std::vector<transport::PeerId> JoinBoard::waiting() const {
 
 std::optional<std::pair<std::int64_t, std::vector<Donor>>> JoinBoard::newest_offer(Nanos settle) const {
   std::lock_guard lock(mu_);
-  const auto now = std::chrono::steady_clock::now();
+  const Nanos now = clock_.now();
   for (auto it = offers_.rbegin(); it != offers_.rend(); ++it) {
     if (now < first_seen_.at(it->first) + settle) continue;
     std::vector<Donor> out;
@@ -179,10 +182,10 @@ void JoinBoard::on_message(transport::PeerId origin, const Bytes& payload) {
   }
   std::lock_guard lock(mu_);
   if (kind == kJoin) {
-    wanted_until_[id] = std::chrono::steady_clock::now() + 5s;
+    wanted_until_[id] = clock_.now() + 5s;
   } else {
     offers_[round][id] = address;
-    first_seen_.try_emplace(round, std::chrono::steady_clock::now());
+    first_seen_.try_emplace(round, clock_.now());
   }
 }
 

@@ -16,18 +16,17 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "core/clock.h"
+#include "core/signal.h"
 #include "core/status.h"
 #include "run/state_sync.h"
 #include "transport/gossip.h"
@@ -44,7 +43,7 @@ struct Spec {
 // Repeats the run spec every second from a thread of its own, with the round this peer is at.
 class SpecAnnouncer {
  public:
-  SpecAnnouncer(transport::Gossip& gossip, Spec spec, const std::atomic<std::int64_t>& round);
+  SpecAnnouncer(transport::Gossip& gossip, Spec spec, const std::atomic<std::int64_t>& round, Clock& clock = real_clock());
   ~SpecAnnouncer();
   SpecAnnouncer(const SpecAnnouncer&) = delete;
   SpecAnnouncer& operator=(const SpecAnnouncer&) = delete;
@@ -53,22 +52,24 @@ class SpecAnnouncer {
   transport::Gossip& gossip_;
   const Spec spec_;
   const std::atomic<std::int64_t>& round_;
+  Clock& clock_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::unique_ptr<Signal> signal_;
   bool stop_ = false;
-  std::thread thread_;
+  std::unique_ptr<ClockThread> thread_;
 };
 
 // What a peer hears of the run spec; shared with the gossip handler, which stays subscribed.
 struct HeardSpec {
+  Clock* clock = nullptr;  // the listener's
   std::mutex mu;
-  std::condition_variable cv;
+  std::unique_ptr<Signal> signal;  // a spec arrived
   std::optional<Spec> spec;
   std::int64_t latest_round = -1;  // the furthest round any announcer was at
   std::string last_problem;
 };
 
-std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip);
+std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip, Clock& clock = real_clock());
 
 // Where peer `id` can be reached at `address`, one of its link addresses: a peer listening on a
 // wildcard address (0.0.0.0, [::]) announces it as it is, and the host is taken from its gossip
@@ -80,8 +81,8 @@ std::string reachable_address(const transport::Gossip& gossip, transport::PeerId
 
 class JoinBoard {
  public:
-  static std::shared_ptr<JoinBoard> make(transport::Gossip& gossip);
-  explicit JoinBoard(transport::Gossip& gossip) : gossip_(gossip) {}
+  static std::shared_ptr<JoinBoard> make(transport::Gossip& gossip, const Clock& clock = real_clock());
+  JoinBoard(transport::Gossip& gossip, const Clock& clock) : gossip_(gossip), clock_(clock) {}
 
   void ask_to_join();
   void offer(std::int64_t round, const std::string& address);
@@ -97,10 +98,11 @@ class JoinBoard {
   void on_message(transport::PeerId origin, const Bytes& payload);
 
   transport::Gossip& gossip_;
+  const Clock& clock_;
   mutable std::mutex mu_;
-  std::map<transport::PeerId, std::chrono::steady_clock::time_point> wanted_until_;
+  std::map<transport::PeerId, Nanos> wanted_until_;
   std::map<std::int64_t, std::map<transport::PeerId, std::string>> offers_;
-  std::map<std::int64_t, std::chrono::steady_clock::time_point> first_seen_;
+  std::map<std::int64_t, Nanos> first_seen_;
 };
 
 }  // namespace gossamer::run

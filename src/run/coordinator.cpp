@@ -17,7 +17,6 @@ constexpr std::size_t kMaxAddress = 256, kMaxMembers = 4096;
 constexpr auto kPoll = std::chrono::milliseconds(20);
 constexpr std::size_t kLagHistory = 8;   // rounds whose lag the grace adapts to
 constexpr std::size_t kLagsToAdapt = 3;  // before that many, the full straggler_grace
-using Steady = std::chrono::steady_clock;
 
 // Every round message starts the same way.
 Writer start_message(Kind kind, std::int64_t round) {
@@ -67,11 +66,11 @@ int GroupView::rank_of(transport::PeerId id) const {
   return -1;
 }
 
-Coordinator::Coordinator(transport::Gossip& gossip, std::string link_address, CoordinatorOptions options)
-    : gossip_(gossip), address_(std::move(link_address)), options_(options) {}
+Coordinator::Coordinator(transport::Gossip& gossip, std::string link_address, CoordinatorOptions options, Clock& clock)
+    : gossip_(gossip), address_(std::move(link_address)), options_(options), clock_(clock), signal_(clock.make_signal()) {}
 
-std::shared_ptr<Coordinator> Coordinator::make(transport::Gossip& gossip, std::string link_address, CoordinatorOptions options) {
-  auto c = std::make_shared<Coordinator>(gossip, std::move(link_address), options);
+std::shared_ptr<Coordinator> Coordinator::make(transport::Gossip& gossip, std::string link_address, CoordinatorOptions options, Clock& clock) {
+  auto c = std::make_shared<Coordinator>(gossip, std::move(link_address), options, clock);
   gossip.subscribe(kTopic, [weak = std::weak_ptr<Coordinator>(c)](transport::PeerId origin, const Bytes& payload) {
     if (auto self = weak.lock()) self->on_message(origin, payload);
   });
@@ -109,7 +108,7 @@ void Coordinator::stop() {
     std::lock_guard lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  signal_->notify_all();
 }
 
 CoordinatorStats Coordinator::stats() const {
@@ -135,7 +134,7 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
     ready.after_epoch = r.u64();
     const transport::PeerId id{r.u64()};
     ready.address = r.str(kMaxAddress);
-    ready.at = Steady::now();
+    ready.at = clock_.now();
     r.expect_end();
     if (!r.ok() || id != origin) {
       ++stats_.dropped;
@@ -147,9 +146,9 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
     // A peer still waiting for a group this peer knows: say it again (it may have missed it).
     auto g = groups_.find(round);
     if (g != groups_.end() && g->second.epoch > slot.after_epoch) {
-      auto& last = repeated_[round];
-      if (Steady::now() - last >= options_.repeat_every) {
-        last = Steady::now();
+      auto [last, fresh] = repeated_.try_emplace(round, clock_.now());
+      if (fresh || clock_.now() - last->second >= options_.repeat_every) {
+        last->second = clock_.now();
         repeat = g->second;
       }
     }
@@ -178,7 +177,6 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
     auto& slot = groups_[round];
     // Two leaders at once (views differ for a moment): the larger epoch wins, then the lower leader.
     if (slot.members.empty() || g.epoch > slot.epoch || (g.epoch == slot.epoch && g.leader < slot.leader)) slot = std::move(g);
-    cv_.notify_all();
   } else if (kind == Kind::kIntent) {
     const transport::PeerId id{r.u64()};
     r.expect_end();
@@ -193,8 +191,9 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
     spdlog::warn("dropped a round message of unknown kind {} from peer {}", static_cast<int>(kind), origin.to_string());
     return;
   }
+  ++changes_;
   lock.unlock();
-  cv_.notify_all();
+  signal_->notify_all();
   if (repeat) announce(*repeat);
 }
 
@@ -217,10 +216,10 @@ Nanos Coordinator::grace() const {
   return std::clamp(scaled, std::min(options_.min_grace, options_.straggler_grace), options_.straggler_grace);
 }
 
-std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::uint64_t after_epoch, Steady::time_point ready_since) {
+std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::uint64_t after_epoch, Nanos ready_since) {
   const std::set<transport::PeerId> alive = live_ids(gossip_);
   const transport::PeerId self = gossip_.self();
-  const bool grace_over = Steady::now() >= ready_since + grace();
+  const bool grace_over = clock_.now() >= ready_since + grace();
   // The leader: the lowest live id among the last group's members (this peer among them); at the
   // start, and once the grace is over (stragglers and the dead no longer count), among the peers
   // ready for this attempt. A newcomer, which knows no last group (nor the epochs in use), does not
@@ -262,13 +261,13 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
   }
   const bool complete = std::all_of(expected.begin(), expected.end(), [&](transport::PeerId id) { return ready.count(id) == 1; });
   const bool enough = last_ || ready.size() >= options_.min_members;
-  const bool waited_enough = newcomer_missing ? Steady::now() >= ready_since + options_.straggler_grace : grace_over;
+  const bool waited_enough = newcomer_missing ? clock_.now() >= ready_since + options_.straggler_grace : grace_over;
   if (!enough || (!complete && !waited_enough)) return std::nullopt;
   if (complete && last_ && after_epoch == 0) {
     // How long after this leader the last member became ready: the lag the grace adapts to.
     Nanos lag{0};
     for (transport::PeerId id : expected) {
-      if (id != self) lag = std::max(lag, std::chrono::duration_cast<Nanos>(ready_[round][id].at - ready_since));
+      if (id != self) lag = std::max(lag, ready_[round][id].at - ready_since);
     }
     lags_.push_back(lag);
     if (lags_.size() > kLagHistory) lags_.pop_front();
@@ -296,7 +295,7 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
 
 Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline) {
   const transport::PeerId self = gossip_.self();
-  const auto ready_since = Steady::now();
+  const Nanos ready_since = clock_.now();
   {
     std::lock_guard lock(mu_);
     if (after_epoch > 0) ++stats_.retries;
@@ -308,7 +307,7 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
     intents_.erase(intents_.begin(), intents_.lower_bound(round - 2));
   }
   broadcast_ready(round, after_epoch);
-  auto last_repeat = Steady::now();
+  Nanos last_repeat = clock_.now();
   std::unique_lock lock(mu_);
   for (;;) {
     if (stopping_) return error(ErrorCode::kAborted, "this peer is leaving the run");
@@ -336,17 +335,21 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
       lock.lock();
       continue;
     }
-    if (deadline.expired(real_clock())) {
+    if (deadline.expired(clock_)) {
       return error(ErrorCode::kTimeout, "no group was announced for round " + std::to_string(round) + " before the deadline");
     }
-    if (Steady::now() - last_repeat >= options_.repeat_every) {
+    if (clock_.now() - last_repeat >= options_.repeat_every) {
       lock.unlock();
       broadcast_ready(round, after_epoch);
-      last_repeat = Steady::now();
+      last_repeat = clock_.now();
       lock.lock();
       continue;
     }
-    cv_.wait_for(lock, kPoll);
+    // Until a message arrives, or a poll interval passes (gossip's view of who is alive, and the
+    // grace, change without a message).
+    const std::uint64_t seen = changes_;
+    const Nanos wake = std::min(clock_.now() + kPoll, deadline.time());
+    signal_->wait(lock, Deadline::at(wake), [&] { return stopping_ || changes_ != seen; });
   }
 }
 

@@ -31,7 +31,6 @@
 // started (the caller joins through a state transfer).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -43,6 +42,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/signal.h"
 #include "core/status.h"
 #include "transport/gossip.h"
 
@@ -84,8 +84,10 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
  public:
   // Subscribes to the round topic; the gossip's handler holds the coordinator only weakly, so it may
   // go before the gossip does.
-  static std::shared_ptr<Coordinator> make(transport::Gossip& gossip, std::string link_address, CoordinatorOptions options);
-  Coordinator(transport::Gossip& gossip, std::string link_address, CoordinatorOptions options);
+  // Waits and reads time on `clock` (the simulator's, in a simulation).
+  static std::shared_ptr<Coordinator> make(transport::Gossip& gossip, std::string link_address, CoordinatorOptions options,
+                                           Clock& clock = real_clock());
+  Coordinator(transport::Gossip& gossip, std::string link_address, CoordinatorOptions options, Clock& clock = real_clock());
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
@@ -108,13 +110,13 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   struct Ready {
     std::uint64_t after_epoch = 0;
     std::string address;
-    std::chrono::steady_clock::time_point at;
+    Nanos at{0};  // on the coordinator's clock
   };
   void on_message(transport::PeerId origin, const Bytes& payload);
   void broadcast_ready(std::int64_t round, std::uint64_t after_epoch);
   // Leader side: the group to announce now, or nothing yet (under mu_).
   std::optional<GroupView> leader_decision(std::int64_t round, std::uint64_t after_epoch,
-                                           std::chrono::steady_clock::time_point ready_since);
+                                           Nanos ready_since);
   void announce(const GroupView& g);
   bool superseded_locked(std::int64_t round, std::uint64_t epoch) const;
   Nanos grace() const;  // the straggler grace now (under mu_)
@@ -122,12 +124,14 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   transport::Gossip& gossip_;
   const std::string address_;
   const CoordinatorOptions options_;
+  Clock& clock_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  std::unique_ptr<Signal> signal_;  // a round message arrived, or stop()
+  std::uint64_t changes_ = 0;       // counts them
   std::map<std::int64_t, std::map<transport::PeerId, Ready>> ready_;  // round -> who is ready
   std::map<std::int64_t, GroupView> groups_;                           // round -> the latest group announced
   std::map<std::int64_t, std::set<transport::PeerId>> intents_;        // round -> newcomers that will take part
-  std::map<std::int64_t, std::chrono::steady_clock::time_point> repeated_;  // round -> when this peer last repeated its group
+  std::map<std::int64_t, Nanos> repeated_;  // round -> when this peer last repeated its group
   std::optional<GroupView> last_;                                      // the last group this peer took part in
   std::uint64_t max_epoch_ = 0;                                        // the largest epoch seen
   CoordinatorStats stats_;

@@ -7,7 +7,8 @@
 // of another run are refused at the handshake. Training starts once `wait_for` peers are ready
 // (round 0); each peer trains its own shard (its rank in that group) and synchronizes at every round
 // over a group agreed through coordinator.h, with links per epoch (peer_links.h); when a method's
-// rounds fall, and what a newcomer is given, is in peer.cpp (RoundSchedule) and docs/peer.md. Every
+// rounds fall, and what a newcomer is given, is in rounds.h and docs/peer.md. The runtime itself, in
+// named parts and on any clock, gossip and links, is peer_runtime.h; run_peer gives it the real ones. Every
 // method but `local` runs; ddp over our all-reduce or Gloo (rendezvous over each group's links). A
 // failed round is retried once without the peers that are gone, else skipped; all of it is logged
 // and counted.
@@ -33,6 +34,7 @@
 #include "core/clock.h"
 #include "core/status.h"
 #include "train/config.h"
+#include "train/outer.h"
 #include "transport/link_profile.h"
 #include "transport/secure_channel.h"
 
@@ -70,6 +72,8 @@ struct PeerOutcome {
   std::optional<double> final_val_loss;
   std::string params_digest;  // BLAKE2b-256 of the final parameters (hex)
   bool finished = false;
+  train::WorkerAccount account;  // what the training loop counted
+  at::Tensor final_params;       // flattened
 };
 
 // The run spec's wire form and hash, shared with tests.

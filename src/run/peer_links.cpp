@@ -13,26 +13,30 @@ using namespace std::chrono_literals;
 }  // namespace
 
 PeerLinks::PeerLinks(transport::Transport& transport, std::function<void(std::shared_ptr<transport::Link>)> on_state_link,
-                     std::function<std::string(transport::PeerId, const std::string&)> reachable)
-    : transport_(transport), on_state_link_(std::move(on_state_link)), reachable_(std::move(reachable)) {
-  acceptor_ = std::thread([this] { accept_loop(); });
+                     std::function<std::string(transport::PeerId, const std::string&)> reachable, Clock& clock)
+    : transport_(transport),
+      on_state_link_(std::move(on_state_link)),
+      reachable_(std::move(reachable)),
+      clock_(clock),
+      filed_(clock.make_signal()) {
+  acceptor_ = clock.start_thread([this] { accept_loop(); });
 }
 
 PeerLinks::~PeerLinks() {
   stop_ = true;
-  if (acceptor_.joinable()) acceptor_.join();
+  acceptor_->join();
   std::lock_guard lock(mu_);
   for (auto& [key, link] : links_) link->close();
 }
 
 void PeerLinks::accept_loop() {
   while (!stop_) {
-    auto link = transport_.accept(Deadline::after(real_clock(), 100ms));
+    auto link = transport_.accept(Deadline::after(clock_, 100ms));
     if (!link.ok()) {
       if (link.status().code() != ErrorCode::kTimeout) spdlog::debug("accept: {}", link.status().to_string());
       continue;
     }
-    auto first = (*link)->recv(kEpochTag, Deadline::after(real_clock(), 5s));
+    auto first = (*link)->recv(kEpochTag, Deadline::after(clock_, 5s));
     std::uint64_t epoch = 0;
     if (first.ok()) {
       Reader r(*first, "epoch of a group link");
@@ -62,7 +66,7 @@ void PeerLinks::accept_loop() {
     auto& slot = links_[{epoch, (*link)->peer()}];
     if (slot) slot->close();
     slot = std::move(*link);
-    cv_.notify_all();
+    filed_->notify_all();
   }
 }
 
@@ -90,6 +94,7 @@ Result<optim::Group> PeerLinks::group(const GroupView& view, Deadline deadline, 
   GOSSAMER_CHECK(rank >= 0, "PeerLinks::group: this peer is not a member of the group");
   if (view.epoch > 1) close_through(view.epoch - 1);
   optim::Group g;
+  g.clock = &clock_;
   g.rank = rank;
   g.size = static_cast<int>(view.members.size());
   g.peers.resize(view.members.size());
@@ -120,7 +125,7 @@ Result<optim::Group> PeerLinks::group(const GroupView& view, Deadline deadline, 
     }
     // Theirs to make: wait for the acceptor to file it.
     while (links_.count(key) == 0) {
-      if (deadline.expired(real_clock())) {
+      if (deadline.expired(clock_)) {
         return error(ErrorCode::kTimeout, "peer " + m.id.to_string() + " did not open its link for epoch " + std::to_string(view.epoch) + " in time");
       }
       if (abandoned) {
@@ -129,7 +134,7 @@ Result<optim::Group> PeerLinks::group(const GroupView& view, Deadline deadline, 
         lock.lock();
         if (gone) return error(ErrorCode::kAborted, "the group of epoch " + std::to_string(view.epoch) + " was abandoned by its members");
       }
-      cv_.wait_for(lock, 20ms, [&] { return links_.count(key) == 1; });
+      filed_->wait(lock, Deadline::at(std::min(clock_.now() + 20ms, deadline.time())), [&] { return links_.count(key) == 1; });
     }
     g.peers[j] = links_[key];
   }

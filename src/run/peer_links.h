@@ -13,17 +13,16 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <utility>
 
 #include "core/clock.h"
+#include "core/signal.h"
 #include "core/status.h"
 #include "optim/collectives.h"
 #include "run/coordinator.h"
@@ -43,7 +42,7 @@ class PeerLinks {
   // reachable: where to dial a member at the address it announced (see reachable_address); the
   // address itself when empty.
   explicit PeerLinks(transport::Transport& transport, std::function<void(std::shared_ptr<transport::Link>)> on_state_link = {},
-                     std::function<std::string(transport::PeerId, const std::string&)> reachable = {});
+                     std::function<std::string(transport::PeerId, const std::string&)> reachable = {}, Clock& clock = real_clock());
   ~PeerLinks();  // stops the accept thread and closes every link
   PeerLinks(const PeerLinks&) = delete;
   PeerLinks& operator=(const PeerLinks&) = delete;
@@ -67,13 +66,14 @@ class PeerLinks {
   std::function<std::string(transport::PeerId, const std::string&)> reachable_;
   std::atomic<bool> stop_{false};
   std::atomic<std::uint64_t> refused_{0};
+  Clock& clock_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::unique_ptr<Signal> filed_;  // the acceptor filed a link
   std::map<std::pair<std::uint64_t, transport::PeerId>, std::shared_ptr<transport::Link>> links_;  // (epoch, peer)
   std::uint64_t closed_through_ = 0;  // links of epochs up to this are closed on arrival
   std::optional<transport::LinkProfile> shape_;
   std::uint64_t shaped_ = 0;  // seeds the shapers' loss draws
-  std::thread acceptor_;
+  std::unique_ptr<ClockThread> acceptor_;
 };
 
 }  // namespace gossamer::run

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <condition_variable>
 #include <deque>
 #include <optional>
 
@@ -130,13 +129,13 @@ std::shared_ptr<const Snapshot> Snapshot::make(std::int64_t round, std::int64_t 
 
 StateServer::~StateServer() {
   stopping_ = true;
-  std::vector<std::thread> threads;
+  std::vector<std::unique_ptr<ClockThread>> threads;
   {
     std::lock_guard lock(mu_);
     for (auto& l : links_) l->close();
     threads.swap(threads_);
   }
-  for (auto& t : threads) t.join();
+  for (auto& t : threads) t->join();
 }
 
 void StateServer::offer(std::shared_ptr<const Snapshot> snapshot) {
@@ -156,9 +155,9 @@ void StateServer::serve(std::shared_ptr<transport::Link> link) {
   std::lock_guard lock(mu_);
   if (stopping_) return link->close();
   links_.push_back(link);
-  threads_.emplace_back([this, link] {
+  threads_.push_back(clock_.start_thread([this, link] {
     while (!stopping_) {
-      auto req = link->recv(kStateRequestTag, Deadline::after(real_clock(), 500ms));
+      auto req = link->recv(kStateRequestTag, Deadline::after(clock_, 500ms));
       if (!req.ok()) {
         if (req.status().code() == ErrorCode::kTimeout) continue;
         return;  // the newcomer is done or gone
@@ -186,9 +185,9 @@ void StateServer::serve(std::shared_ptr<transport::Link> link) {
         reply = answer(ByteView(snap->bytes.data() + at, n));
         served_ += n;
       }
-      if (!link->send(kStateResponseTag, reply, Deadline::after(real_clock(), 60s)).ok()) return;
+      if (!link->send(kStateResponseTag, reply, Deadline::after(clock_, 60s)).ok()) return;
     }
-  });
+  }));
 }
 
 Result<std::shared_ptr<transport::Link>> open_state_link(transport::Transport& transport, const std::string& address, Deadline deadline) {
@@ -200,7 +199,8 @@ Result<std::shared_ptr<transport::Link>> open_state_link(transport::Transport& t
   return *link;
 }
 
-Result<FetchResult> fetch_state(transport::Transport& transport, const std::vector<Donor>& donors, std::int64_t round, Deadline deadline) {
+Result<FetchResult> fetch_state(transport::Transport& transport, const std::vector<Donor>& donors, std::int64_t round, Deadline deadline,
+                                Clock& clock) {
   struct Source {
     std::shared_ptr<transport::Link> link;
     std::string name;
@@ -240,18 +240,18 @@ Result<FetchResult> fetch_state(transport::Transport& transport, const std::vect
   for (std::uint32_t i = 0; i < manifest->chunks.size(); ++i) todo.push_back(i);
   std::vector<int> bad_copies(manifest->chunks.size(), 0);
   std::size_t busy = 0;
-  std::condition_variable cv;
+  auto changed = clock.make_signal();
   out.bytes.resize(manifest->total);
-  std::vector<std::thread> threads;
+  std::vector<std::unique_ptr<ClockThread>> threads;
   int used = 0;
   for (auto& src : sources) {
-    threads.emplace_back([&, src] {
+    threads.push_back(clock.start_thread([&, src] {
       bool fetched_any = false;
       for (;;) {
         std::uint32_t chunk;
         {
           std::unique_lock lock(mu);
-          cv.wait(lock, [&] { return !todo.empty() || busy == 0; });
+          changed->wait(lock, Deadline::never(), [&] { return !todo.empty() || busy == 0; });
           if (todo.empty()) break;
           chunk = todo.front();
           todo.pop_front();
@@ -266,7 +266,7 @@ Result<FetchResult> fetch_state(transport::Transport& transport, const std::vect
           std::memcpy(out.bytes.data() + at, body->data(), n);
           out.bytes_received += n;
           fetched_any = true;
-          cv.notify_all();
+          changed->notify_all();
           continue;
         }
         // This donor failed the chunk: it goes back for the others, and this donor stops.
@@ -274,14 +274,14 @@ Result<FetchResult> fetch_state(transport::Transport& transport, const std::vect
         spdlog::warn("state: donor {} failed chunk {}: {}", src.name, chunk, body.ok() ? "its hash does not match the manifest" : body.status().to_string());
         if (bad_copies[chunk] < static_cast<int>(sources.size())) todo.push_back(chunk);
         ++out.donors_failed;
-        cv.notify_all();
+        changed->notify_all();
         break;
       }
       std::lock_guard lock(mu);
       if (fetched_any) ++used;
-    });
+    }));
   }
-  for (auto& t : threads) t.join();
+  for (auto& t : threads) t->join();
   for (auto& s : sources) s.link->close();
   out.donors_used = used;
   out.manifest = *manifest;

@@ -26,11 +26,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/bytes.h"
 #include "core/clock.h"
+#include "core/signal.h"
 #include "core/hash.h"
 #include "core/status.h"
 #include "transport/transport.h"
@@ -63,7 +63,7 @@ struct Snapshot {
 
 class StateServer {
  public:
-  StateServer() = default;
+  explicit StateServer(Clock& clock = real_clock()) : clock_(clock) {}
   ~StateServer();  // closes the links being served and joins their threads
   StateServer(const StateServer&) = delete;
   StateServer& operator=(const StateServer&) = delete;
@@ -76,10 +76,11 @@ class StateServer {
 
  private:
   std::shared_ptr<const Snapshot> find(std::int64_t round) const;
+  Clock& clock_;
   mutable std::mutex mu_;
   std::shared_ptr<const Snapshot> current_, previous_;
   std::vector<std::shared_ptr<transport::Link>> links_;
-  std::vector<std::thread> threads_;
+  std::vector<std::unique_ptr<ClockThread>> threads_;
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> served_{0};
 };
@@ -102,6 +103,6 @@ struct FetchResult {
                                                                       Deadline deadline);
 
 [[nodiscard]] Result<FetchResult> fetch_state(transport::Transport& transport, const std::vector<Donor>& donors, std::int64_t round,
-                                              Deadline deadline);
+                                              Deadline deadline, Clock& clock = real_clock());
 
 }  // namespace gossamer::run

@@ -152,6 +152,8 @@ nlohmann::json WorkerAccount::to_json() const {
                        {"compute_s", compute_s},   {"blocked_s", blocked_s}};
   if (state_bytes_sent > 0) j["state_bytes_sent"] = state_bytes_sent;
   if (state_bytes_received > 0) j["state_bytes_received"] = state_bytes_received;
+  if (gossip_bytes_sent > 0) j["gossip_bytes_sent"] = gossip_bytes_sent;
+  if (gossip_bytes_received > 0) j["gossip_bytes_received"] = gossip_bytes_received;
   return j;
 }
 
@@ -162,8 +164,9 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
   auto take_counters = [&] {  // the optimizer keeps the communication counters
     const optim::CommStats comm = outer.comm();
     if (hooks.state_traffic) std::tie(acc.state_bytes_sent, acc.state_bytes_received) = hooks.state_traffic();
-    acc.bytes_sent = comm.bytes_sent + acc.state_bytes_sent;
-    acc.bytes_received = comm.bytes_received + acc.state_bytes_received;
+    if (hooks.gossip_traffic) std::tie(acc.gossip_bytes_sent, acc.gossip_bytes_received) = hooks.gossip_traffic();
+    acc.bytes_sent = comm.bytes_sent + acc.state_bytes_sent + acc.gossip_bytes_sent;
+    acc.bytes_received = comm.bytes_received + acc.state_bytes_received + acc.gossip_bytes_received;
     acc.rounds = outer.rounds();
     acc.skipped_rounds = outer.skipped_rounds();
   };

@@ -46,6 +46,8 @@ struct WorkerAccount {
   std::uint64_t bytes_received = 0;
   std::uint64_t state_bytes_sent = 0;      // training state sent to newcomers (part of bytes_sent)
   std::uint64_t state_bytes_received = 0;  // training state fetched when joining (part of bytes_received)
+  std::uint64_t gossip_bytes_sent = 0;     // membership, rounds, announcements (part of bytes_sent)
+  std::uint64_t gossip_bytes_received = 0;
   double compute_s = 0.0;           // inner steps (as the pace hook counts them)
   double blocked_s = 0.0;           // waiting on communication
   double eval_wall_s = 0.0;         // real time spent evaluating (not in the metrics: not deterministic)
@@ -79,6 +81,8 @@ struct LoopHooks {
   // Bytes this worker sent to and received from newcomers moving training state so far (first:
   // sent, second: received); counted into bytes_sent and bytes_received.
   std::function<std::pair<std::uint64_t, std::uint64_t>()> state_traffic;
+  // Likewise for gossip's messages (membership, round agreement, announcements) so far.
+  std::function<std::pair<std::uint64_t, std::uint64_t>()> gossip_traffic;
 };
 
 [[nodiscard]] Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& outer, Clock& clock, const LoopOptions& options,

@@ -1,0 +1,486 @@
+#include "run/peer_runtime.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include <spdlog/spdlog.h>
+
+#include "core/signal.h"
+#include "optim/flat_params.h"
+#include "train/memory.h"
+
+namespace gossamer::run {
+
+using namespace std::chrono_literals;
+
+namespace {
+constexpr Nanos kLinkTimeout = std::chrono::seconds(30);  // to link up a group's members
+}  // namespace
+
+// A group asked for from a thread of the clock's, so the agreement runs while this peer trains (or
+// while it watches for a stop request); get() joins it.
+class Peer::Pending {
+ public:
+  Pending(Clock& clock, std::int64_t round, std::function<Result<GroupView>()> ask) : round_(round), slot_(std::make_shared<Slot>()) {
+    thread_ = clock.start_thread([slot = slot_, ask = std::move(ask)] {
+      Result<GroupView> r = ask();
+      std::lock_guard lock(slot->mu);
+      slot->value.emplace(std::move(r));
+    });
+  }
+  ~Pending() { thread_->join(); }
+  std::int64_t round() const { return round_; }
+  bool done() const {
+    std::lock_guard lock(slot_->mu);
+    return slot_->value.has_value();
+  }
+  Result<GroupView> get() {
+    thread_->join();
+    return std::move(*slot_->value);
+  }
+
+ private:
+  struct Slot {
+    std::mutex mu;
+    std::optional<Result<GroupView>> value;
+  };
+  const std::int64_t round_;
+  std::shared_ptr<Slot> slot_;
+  std::unique_ptr<ClockThread> thread_;
+};
+
+Peer::Peer(PeerPlan plan, PeerEnvironment env) : plan_(std::move(plan)), env_(std::move(env)), clock_(*env_.clock), gossip_(*env_.gossip) {}
+
+Peer::~Peer() {
+  if (ahead_) {  // a question asked ahead is withdrawn first
+    coordinator_->stop();
+    ahead_.reset();
+  }
+  setup_.outer.reset();
+  setup_.comm.reset();  // joins the communication thread before the links go
+}
+
+Result<PeerOutcome> Peer::run() {
+  if (Status st = learn_run(); !st.ok()) return st;
+  if (Status st = link_up(); !st.ok()) return st;
+  if (Status st = join_or_start(); !st.ok()) return st;
+  auto account = rounds();
+  if (!account.ok()) return account.status();
+  if (!failure_.ok()) return failure_;
+  if (crashed_) {  // the process died: what it had done is all there is
+    PeerOutcome out;
+    out.steps = worker_->steps_done();
+    out.rounds = account->rounds;
+    out.skipped_rounds = account->skipped_rounds;
+    out.account = *account;
+    out.final_params = optim::flatten(worker_->model().parameters());
+    return out;
+  }
+  return finish(*account);
+}
+
+Status Peer::learn_run() {
+  heard_ = listen_for_spec(gossip_, clock_);
+  board_ = JoinBoard::make(gossip_, clock_);
+  if (plan_.first) {
+    spec_ = Spec{*plan_.own_spec, plan_.wait_for};
+  } else {
+    auto got = receive_spec(*heard_, plan_.spec_timeout, plan_.stop);
+    if (!got.ok()) return got.status();
+    spec_ = std::move(*got);
+    if (plan_.own_spec && *plan_.own_spec != spec_.toml) {
+      return error(ErrorCode::kInvalidArgument, "this peer's config (hash " + digest_of(as_bytes(*plan_.own_spec)).hex() + ") differs from the run's (hash " +
+                                                    digest_of(as_bytes(spec_.toml)).hex() + "): " +
+                                                    (plan_.resumed ? "the checkpoint belongs to another run" : "drop --config to take the run's, or join another run"));
+    }
+  }
+  if (spec_.toml.size() > kMaxSpec) return error(ErrorCode::kInvalidArgument, "the run's config is too large to announce");
+  if (Status st = train::apply_toml(config_, spec_.toml, "run spec"); !st.ok()) return st;
+  if (Status st = train::validate(config_); !st.ok()) return st;
+  auto outer = train::outer_config(config_);
+  if (!outer.ok()) return outer.status();
+  outer_config_ = std::move(*outer);
+  if (env_.check_run) {
+    if (Status st = env_.check_run(config_); !st.ok()) return st;
+  }
+  auto schedule = round_schedule(config_, outer_config_);
+  if (!schedule.ok()) return schedule.status();
+  schedule_ = *schedule;
+  ddp_ = outer_config_.method == optim::Method::kDdp;
+  round_timeout_ = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config_.train.round_timeout_s));
+  spec_hash_ = digest_of(as_bytes(spec_.toml));
+  spdlog::info("run {} ({} on {} steps, rounds every {} steps)", spec_hash_.hex().substr(0, 16), config_.outer.method, config_.train.steps, schedule_.period);
+  announcer_ = std::make_unique<SpecAnnouncer>(gossip_, spec_, current_round_, clock_);
+  if (env_.keep_spec) return env_.keep_spec(spec_.toml);
+  return Status();
+}
+
+Status Peer::link_up() {
+  auto opened = env_.open_links(spec_hash_);
+  if (!opened.ok()) return opened.status();
+  opened_ = std::move(*opened);
+  {
+    // ddp on Gloo: each group's rank 0 serves the rendezvous where its links listen.
+    const auto c = opened_.bound.rfind(':');
+    outer_config_.gloo.over_group_links = true;
+    outer_config_.gloo.store_host = outer_config_.gloo.interface_host = opened_.bound.substr(0, c);
+    outer_config_.gloo.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(std::min(round_timeout_, kLinkTimeout));
+  }
+  server_ = std::make_unique<StateServer>(clock_);
+  links_ = std::make_unique<PeerLinks>(
+      *opened_.transport, [s = server_.get()](std::shared_ptr<transport::Link> l) { s->serve(std::move(l)); },
+      [g = &gossip_](transport::PeerId id, const std::string& announced) { return reachable_address(*g, id, announced); }, clock_);
+  if (plan_.shape) {
+    links_->shape(*plan_.shape);
+    spdlog::info("links shaped like '{}'", plan_.shape->name);
+  }
+  CoordinatorOptions co;
+  co.min_members = spec_.wait_for;
+  co.straggler_grace = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config_.train.round_timeout_s / 2));
+  coordinator_ = Coordinator::make(gossip_, opened_.announced, co, clock_);
+  auto corpus = env_.corpus(config_);
+  if (!corpus.ok()) return corpus.status();
+  corpus_ = std::move(*corpus);
+  if (env_.set_threads && config_.train.threads > 0) torch::set_num_threads(static_cast<int>(config_.train.threads));
+  return Status();
+}
+
+// Round 0's group, or nothing when the run started without this peer.
+Result<std::optional<GroupView>> Peer::wait_for_start() {
+  spdlog::info("waiting for {} peer(s) to start", spec_.wait_for);
+  // Asked from a thread of its own, so that a stop request (Ctrl-C) ends the wait at once.
+  Pending pending(clock_, 0, [c = coordinator_, d = after(plan_.start_timeout)] { return c->agree(0, 0, d); });
+  while (!pending.done()) {
+    if (stop_requested()) coordinator_->stop();
+    clock_.sleep_for(100ms);
+  }
+  auto agreed = pending.get();
+  if (stop_requested()) return error(ErrorCode::kAborted, "stop requested while waiting for the peers to start");
+  if (agreed.ok()) return std::optional<GroupView>(*agreed);
+  if (agreed.status().code() == ErrorCode::kUnavailable || agreed.status().code() == ErrorCode::kAborted) return std::optional<GroupView>();
+  return agreed.status().with_context("starting the run");
+}
+
+// Fetches the newest state the members offer (asking for it until one arrives); kTimeout at the deadline.
+Result<FetchResult> Peer::fetch_newest(Deadline deadline) {
+  std::optional<Nanos> last_ask;
+  for (;;) {
+    if (deadline.expired(clock_)) return error(ErrorCode::kTimeout, "no member offered the run's state in time");
+    if (stop_requested()) return error(ErrorCode::kAborted, "stop requested while joining");
+    if (!last_ask || clock_.now() - *last_ask >= 1s) {
+      board_->ask_to_join();
+      last_ask = clock_.now();
+    }
+    if (auto offer = board_->newest_offer(50ms)) {
+      auto got = fetch_state(*opened_.transport, offer->second, offer->first, deadline, clock_);
+      if (got.ok()) {
+        state_received_ += got->bytes_received;
+        spdlog::info("fetched the state of round {} ({:.2f} MB) from {} donor(s){}", offer->first, got->bytes.size() / 1e6, got->donors_used,
+                     got->donors_failed > 0 ? fmt::format(", {} failed", got->donors_failed) : std::string());
+        return got;
+      }
+      spdlog::warn("fetching the state of round {} failed: {}; trying a newer one", offer->first, got.status().to_string());
+      board_->forget(offer->first);
+    }
+    clock_.sleep_for(50ms);
+  }
+}
+
+// Takes a fetched state as this peer's own: the step, the parameters, the outer state and, for ddp,
+// the inner optimizer (otherwise its own goes on), then tells the members which round it takes part in.
+Status Peer::adopt(const FetchResult& f) {
+  auto inner = load_shared_state(f.bytes, worker_->model().parameters(), *setup_.outer);
+  if (!inner.ok()) return inner.status().with_context("loading the run's state");
+  train::CheckpointState st = worker_->checkpoint_state("");
+  st.step = f.manifest.step;
+  st.next_batch = f.manifest.step;
+  st.tokens_seen = 0;
+  if (!inner->empty()) st.tensors.assign(inner->begin(), inner->end());
+  if (Status s2 = worker_->restore(st); !s2.ok()) return s2.with_context("loading the run's state");
+  const std::int64_t first = schedule_.first_round_after(f.manifest.step);
+  agreed_round_ = first - 1;
+  current_round_ = f.manifest.round;
+  ++joins_;
+  coordinator_->intend(first);
+  spdlog::info("joined at round {} (step {}); taking part from round {}", f.manifest.round, f.manifest.step, first);
+  return Status();
+}
+
+Status Peer::join_or_start() {
+  // A run that is already training is joined through a state transfer; otherwise round 0 says who
+  // starts, and so each peer's shard.
+  if (!plan_.first) {
+    std::unique_lock lock(heard_->mu);
+    heard_->signal->wait(lock, after(1500ms), [&] { return heard_->latest_round >= 0; });  // announcers repeat every second
+  }
+  bool joining = heard_->latest_round >= 0;
+  if (!joining) {
+    auto started = wait_for_start();
+    if (!started.ok()) return started.status();
+    start_ = std::move(*started);
+    joining = !start_;
+  }
+  if (joining) {
+    spdlog::info("the run is under way: fetching its state to join");
+    auto got = fetch_newest(after(plan_.start_timeout));
+    if (!got.ok()) return got.status().with_context("joining the run");
+    fetched_ = std::move(*got);
+    world_ = static_cast<int>(fetched_->manifest.shards);
+    rank_ = static_cast<int>(gossip_.self().value % static_cast<std::uint64_t>(world_));
+  } else {
+    rank_ = start_->rank_of(gossip_.self());
+    world_ = static_cast<int>(start_->members.size());
+  }
+  spdlog::info("training on shard {} of {}", rank_, world_);
+
+  worker_ = std::make_unique<train::Worker>(config_, corpus_->dataset, rank_, world_, clock_);
+  optim::Group first_group = solo_group(clock_);
+  if (start_) {
+    auto g = links_->group(*start_, after(std::min(round_timeout_, kLinkTimeout)));
+    if (!g.ok()) return g.status().with_context("linking the starting group");
+    first_group = std::move(*g);
+    epoch_ = start_->epoch;
+    members_ = start_->members;
+    start_size_ = start_->members.size();
+  }
+  auto setup = optim::make_outer_optimizer(outer_config_, train::param_blocks(worker_->model()), std::move(first_group));
+  if (!setup.ok()) return setup.status();
+  setup_ = std::move(*setup);
+
+  if (plan_.resumed) {
+    // Its own checkpoint first (inner optimizer included); a newer state from the members, if any,
+    // then replaces the shared part.
+    if (Status st = worker_->restore(*plan_.resumed); !st.ok()) return st.with_context("resuming from " + plan_.resumed_from);
+    if (Status st = setup_.outer->load(plan_.resumed->outer_state); !st.ok()) return st.with_context("resuming from " + plan_.resumed_from);
+    agreed_round_ = schedule_.first_round_after(worker_->steps_done()) - 1;
+    spdlog::info("resumed from {} at step {}", plan_.resumed_from, worker_->steps_done());
+  }
+  if (fetched_ && (!plan_.resumed || fetched_->manifest.step > worker_->steps_done())) {
+    if (Status st = adopt(*fetched_); !st.ok()) return st;
+  } else {
+    current_round_ = agreed_round_;
+  }
+  last_checkpoint_ = worker_->steps_done();
+  if (env_.open_records) return env_.open_records(plan_.resumed ? std::optional<std::int64_t>(worker_->steps_done()) : std::nullopt);
+  return Status();
+}
+
+Status Peer::save_checkpoint() {
+  if (Status st = setup_.outer->settle(after(round_timeout_)); !st.ok()) spdlog::warn("checkpointing without the average in flight: {}", st.to_string());
+  if (!env_.save_checkpoint) return Status();
+  train::CheckpointState cs = worker_->checkpoint_state(spec_.toml);
+  cs.outer_state = setup_.outer->save();
+  return env_.save_checkpoint(cs);
+}
+
+// Just after a round: while a newcomer waits, the state this peer now shares with the other members
+// is offered; the checkpoint is written when due.
+void Peer::boundary(std::int64_t done_step) {
+  const std::int64_t done = schedule_.rounds_over(done_step);
+  const auto newcomers = board_->waiting();
+  const std::int64_t every = config_.train.checkpoint_every;
+  const bool checkpoint_due = every > 0 && done_step / every > last_checkpoint_ / every;
+  if (!newcomers.empty()) {
+    // CO2's average in flight is part of what is shared.
+    if (Status st = setup_.outer->settle(after(round_timeout_)); !st.ok()) {
+      spdlog::warn("round {}: no state offered to newcomers: {}", done, st.to_string());
+    } else {
+      const Bytes inner = ddp_ ? worker_->checkpoint_state("").tensors : Bytes();
+      server_->offer(Snapshot::make(done, done_step, static_cast<std::uint32_t>(world_),
+                                    encode_shared_state(worker_->model().parameters(), *setup_.outer, ByteView(inner))));
+      board_->offer(done, opened_.announced);
+      // A newcomer that takes this state is due at the next round agreed: the leader waits for it there.
+      for (transport::PeerId id : newcomers) coordinator_->expect(schedule_.first_round_after(done_step), id);
+    }
+  }
+  if (checkpoint_due) {
+    if (Status st = save_checkpoint(); !st.ok() && failure_.ok()) failure_ = st;
+    last_checkpoint_ = done_step;
+  }
+}
+
+// A tenth of a round before the group is needed (late enough that a peer's READY says how far it
+// got, so the leader's grace can tell a straggler), but after the last round's boundary, the next
+// round's group is asked for from a thread of its own: the agreement is off the critical path. Not
+// for ddp, whose rounds are agreed right at their boundary.
+void Peer::ask_ahead(std::int64_t step) {
+  if (ddp_ || ahead_) return;
+  const std::int64_t next = schedule_.first_round_after(step - 1);
+  const std::int64_t needed_at = next * schedule_.period - schedule_.lead;
+  const std::int64_t ask_at = std::max(needed_at - std::max<std::int64_t>(1, schedule_.period / 10), (next - 1) * schedule_.period + 1);
+  if (next <= agreed_round_ || next > schedule_.last_round(config_.train.steps) || step < ask_at || step >= needed_at) return;
+  ahead_ = std::make_unique<Pending>(clock_, next, [c = coordinator_, next, d = after(round_timeout_)] { return c->agree(next, 0, d); });
+}
+
+// Left out of a round (too slow): this peer's state is no longer the members'. It catches up as a
+// newcomer would.
+std::optional<optim::Group> Peer::left_out(std::int64_t round, const Status& why) {
+  spdlog::warn("round {}: {}; catching up with the members", round, why.to_string());
+  auto got = fetch_newest(after(round_timeout_));
+  Status st = got.ok() ? adopt(*got) : got.status();
+  if (!st.ok()) failure_ = st.with_context("catching up after being left out");
+  epoch_ = 0;
+  return solo_group(clock_);
+}
+
+// The group of each round, agreed just before the step after which its collective launches; asked
+// again for the same step, it is a retry after a failed collective (of the round in effect).
+std::optional<optim::Group> Peer::regroup(std::int64_t step) {
+  const bool retry = step == last_asked_;  // asked again for the same step: its collective failed
+  last_asked_ = step;
+  if (!retry && schedule_.ends_round(step - 1)) boundary(step - 1);
+  if (!retry) ask_ahead(step);
+  std::int64_t round = agreed_round_;
+  if (!retry) {
+    const auto due = schedule_.agreed_before(step);
+    if (!due || *due <= agreed_round_) return std::nullopt;
+    round = *due;
+  }
+  const Deadline deadline = after(round_timeout_);
+  std::uint64_t failed = retry ? epoch_ : 0;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (failed > 0) links_->close_through(failed);
+    Result<GroupView> view = error(ErrorCode::kTimeout, "not asked");
+    if (ahead_ && ahead_->round() == round && failed == 0) {
+      view = ahead_->get();
+      ahead_.reset();
+      if (view.ok() && view->epoch < epoch_) {
+        failed = view->epoch;  // overtaken by a retry since: ask again after it
+        continue;
+      }
+      if (!view.ok() && view.status().code() == ErrorCode::kTimeout) view = coordinator_->agree(round, 0, deadline);
+    } else {
+      view = coordinator_->agree(round, failed, deadline);
+    }
+    if (!view.ok() && view.status().code() == ErrorCode::kAborted) {
+      if (stop_requested()) return std::nullopt;
+      return left_out(round, view.status());
+    }
+    if (!view.ok()) {
+      spdlog::warn("round {}: {}; this peer applies the round on its own", round, view.status().to_string());
+      ++solo_rounds_;
+      agreed_round_ = round;
+      epoch_ = 0;
+      return solo_group(clock_);
+    }
+    if (view->epoch == epoch_ && !retry) {
+      if (view->members == members_) {  // the same members as before: the same links go on
+        agreed_round_ = round;
+        current_round_ = round;
+        return std::nullopt;
+      }
+      spdlog::warn("round {}: a group of other members under epoch {} (a newer leader's mistake): asking again", round, epoch_);
+      failed = view->epoch;
+      continue;
+    }
+    if (!retry && failed == 0) {
+      // The members change without a failure: what is in flight over the current links (CO2's
+      // average) is let finish first, so every member keeps it alike.
+      if (Status st = setup_.outer->settle(deadline); !st.ok()) spdlog::warn("round {}: {}", round, st.to_string());
+    }
+    auto g = links_->group(*view, after(std::min(round_timeout_, kLinkTimeout)),
+                           [c = coordinator_, r = round, e = view->epoch] { return c->superseded(r, e); });
+    if (g.ok()) {
+      agreed_round_ = round;
+      current_round_ = round;
+      epoch_ = view->epoch;
+      members_ = view->members;
+      if (start_size_ == 0) start_size_ = view->members.size();
+      if (retry || view->members.size() != start_size_) spdlog::info("round {}: group of {} (epoch {})", round, view->members.size(), view->epoch);
+      return std::move(*g);
+    }
+    spdlog::warn("round {}: linking the group of epoch {} failed: {}", round, view->epoch, g.status().to_string());
+    failed = view->epoch;
+  }
+  return std::nullopt;
+}
+
+Result<train::WorkerAccount> Peer::rounds() {
+  train::LoopOptions lo;
+  lo.steps = config_.train.steps;
+  lo.eval_every = config_.train.eval_every;
+  lo.evaluate = env_.evaluate;
+  lo.round_timeout = round_timeout_;
+  train::LoopHooks hooks;
+  hooks.pace = env_.pace;
+  hooks.keep_going = [&](std::int64_t next) {
+    if (!failure_.ok()) return false;
+    if (env_.alive && !env_.alive(next)) {
+      crashed_ = true;
+      return false;
+    }
+    if (stop_requested()) {
+      spdlog::warn("stop requested: leaving the run before step {}", next);
+      stopped_ = true;
+      return false;
+    }
+    return true;
+  };
+  hooks.regroup = [&](std::int64_t step) { return regroup(step); };
+  hooks.state_traffic = [&] { return std::make_pair(server_->bytes_served(), state_received_); };
+  hooks.gossip_traffic = [&] { return gossip_.bytes(); };
+  hooks.record = [&](const nlohmann::json& rec) {
+    nlohmann::json out = rec;
+    out["peer"] = env_.name;
+    if (env_.record) {
+      if (Status st = env_.record(out); !st.ok() && failure_.ok()) failure_ = st;
+    }
+    if (rec.contains("val_loss")) {
+      if (rec["step"].get<std::int64_t>() == config_.train.steps) final_val_ = rec["val_loss"].get<double>();
+      spdlog::info("step {}/{}: val loss {:.4f}, rounds {}, sent {:.2f} MB", rec["step"].get<std::int64_t>(), config_.train.steps,
+                   rec["val_loss"].get<double>(), rec["rounds"].get<std::int64_t>(), rec["bytes_sent"].get<double>() / 1e6);
+    }
+  };
+  return train::run_worker_loop(*worker_, setup_, clock_, lo, hooks);
+}
+
+Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
+  const std::int64_t last_round = schedule_.last_round(config_.train.steps);
+  if (!stopped_) {
+    // A last agreement as a barrier: nobody tears its links down while a member may still be
+    // receiving its share of the last round (a shaped link delivers after send() returned).
+    auto done = coordinator_->agree(last_round + 1, 0, after(round_timeout_));
+    if (!done.ok()) spdlog::warn("the members did not all finish together: {}", done.status().to_string());
+  }
+  if (Status st = save_checkpoint(); !st.ok()) return st;
+
+  PeerOutcome out;
+  out.steps = worker_->steps_done();
+  out.rounds = account.rounds;
+  out.skipped_rounds = account.skipped_rounds;
+  const CoordinatorStats cs = coordinator_->stats();
+  out.retries = cs.retries;
+  out.finished = !stopped_ && worker_->steps_done() >= config_.train.steps;
+  const at::Tensor flat = optim::flatten(worker_->model().parameters());
+  out.params_digest = digest_of(bytes_of(flat)).hex();
+  if (out.finished && env_.evaluate) out.final_val_loss = final_val_ ? *final_val_ : setup_.outer->evaluate_outer([&] { return worker_->evaluate(); });
+  out.account = account;
+  out.final_params = flat;
+  nlohmann::json summary = account.to_json();
+  summary["peer"] = env_.name;
+  summary["run"] = spec_hash_.hex();
+  summary["shard"] = rank_;
+  summary["shards"] = world_;
+  summary["finished"] = out.finished;
+  summary["params_digest"] = out.params_digest;
+  summary["retries"] = cs.retries;
+  summary["dead_after_s"] = std::chrono::duration<double>(plan_.dead_after).count();
+  summary["groups_led"] = cs.groups_announced;
+  summary["left_out_by_this_leader"] = cs.left_out;
+  summary["solo_rounds"] = solo_rounds_;
+  summary["joins"] = joins_;
+  summary["dropped_messages"] = cs.dropped + static_cast<std::int64_t>(gossip_.dropped_messages());
+  summary["refused_links"] = links_->refused_connections();
+  if (out.final_val_loss) summary["final_val_loss"] = *out.final_val_loss;
+  if (env_.write_summary) {
+    if (Status st = env_.write_summary(summary); !st.ok()) return st;
+  }
+  setup_.outer.reset();
+  setup_.comm.reset();
+  gossip_.leave();
+  return out;
+}
+
+}  // namespace gossamer::run

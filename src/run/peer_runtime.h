@@ -1,0 +1,177 @@
+// Peer: one peer of a multi-process run, in named parts, on whatever clock, gossip and links it is
+// given. `gossamer peer` gives it the real ones (run_peer in peer.h: ZeroMQ, TCP, the process's
+// clock, a run folder); the simulator gives it emulated ones (sim/cluster.h: the virtual clock, the
+// GossipFabric and TransportFabric), so a simulated run goes through the very same membership,
+// rounds and state transfer as a real one.
+//
+// The parts, in the order run() takes them:
+//   learn_run      the run spec: this peer's own (the first peer, or a resume), else the one the
+//                  peers it joined announce; its config, method and round schedule
+//   link_up        the links' transport (the spec's hash is its run id), the state server, the
+//                  group links, the round coordinator and the corpus
+//   join_or_start  round 0's group when the run has not started, else a state transfer from the
+//                  members; the Worker and its outer optimizer; a resumed checkpoint
+//   rounds         the training loop; before the step after which a round's collective launches,
+//                  regroup() agrees the round's group (asked ahead, retried after a failure); after a
+//                  round, boundary() offers the shared state to newcomers and checkpoints when due
+//   finish         a last agreement as a barrier, the final checkpoint, the outcome and summary
+//
+// Threading: run() blocks the calling thread (a simulated thread in a simulation); everything it
+// starts runs on threads of the environment's clock and is joined before run() returns. Errors:
+// kInvalidArgument for what the user must change, kAborted when stopped, others for network and
+// I/O failures.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/clock.h"
+#include "core/hash.h"
+#include "core/status.h"
+#include "run/announcements.h"
+#include "run/coordinator.h"
+#include "run/peer.h"
+#include "run/peer_links.h"
+#include "run/rounds.h"
+#include "run/state_sync.h"
+#include "train/checkpoint.h"
+#include "train/outer.h"
+#include "train/run.h"
+#include "train/worker.h"
+#include "transport/gossip.h"
+#include "transport/transport.h"
+
+namespace gossamer::run {
+
+// What the caller knows before the runtime starts.
+struct PeerPlan {
+  std::optional<std::string> own_spec;            // the run this peer means to take part in (its config or checkpoint)
+  bool first = false;                             // it defines the run (joined nobody)
+  std::uint32_t wait_for = 1;                     // the first peer's: peers ready before training starts
+  std::optional<train::CheckpointState> resumed;  // its own checkpoint, to resume from
+  std::string resumed_from;                       // where that came from, for messages
+  std::optional<transport::LinkProfile> shape;    // shape its group links
+  Nanos dead_after = std::chrono::seconds(1);
+  Nanos spec_timeout = std::chrono::seconds(60);
+  Nanos start_timeout = std::chrono::minutes(10);
+  const std::atomic<bool>* stop = nullptr;  // checked between steps and while waiting
+};
+
+// The links' transport of a run, opened once the spec (and so the run id) is known.
+struct OpenedLinks {
+  std::unique_ptr<transport::Transport> transport;
+  std::string announced;  // where others dial them
+  std::string bound;      // where they listen (Gloo's rendezvous host is taken from it)
+};
+
+// What the runtime runs on, and where its results go.
+struct PeerEnvironment {
+  Clock* clock = &real_clock();
+  transport::Gossip* gossip = nullptr;  // started, with this peer's seeds
+  std::string name;                     // for the records: the peer's id in real runs, the worker in a simulation
+  std::function<Result<OpenedLinks>(const Digest& spec_hash)> open_links;
+  // Checks of the run's config against this environment, after validation (memory, Gloo's host).
+  std::function<Status(const train::RunConfig&)> check_run;
+  // The run's spec is known (the real peer writes config.toml).
+  std::function<Status(const std::string& spec)> keep_spec;
+  std::function<Result<std::shared_ptr<const train::Corpus>>(const train::RunConfig&)> corpus;
+  // Opened once before training: records after `resumed_at` (a resumed run's step) are dropped.
+  std::function<Status(std::optional<std::int64_t> resumed_at)> open_records;
+  std::function<Status(const nlohmann::json&)> record;
+  std::function<Status(const train::CheckpointState&)> save_checkpoint;
+  std::function<Status(const nlohmann::json&)> write_summary;
+  // A simulation's: the seconds an inner step counts as (and waits out), given the measured ones.
+  std::function<double(double measured_s)> pace;
+  // A simulation's: false before step `next` ends the process at once (a crash: no goodbye, no
+  // checkpoint); the environment has cut its links and gossip already.
+  std::function<bool(std::int64_t next)> alive;
+  bool evaluate = true;     // at eval_every and the end (a simulation lets one peer do it)
+  bool set_threads = true;  // apply train.threads to LibTorch (the process's setting)
+};
+
+class Peer {
+ public:
+  Peer(PeerPlan plan, PeerEnvironment env);
+  ~Peer();
+  Peer(const Peer&) = delete;
+  Peer& operator=(const Peer&) = delete;
+
+  [[nodiscard]] Result<PeerOutcome> run();
+  // True when run() ended because alive() said the process died.
+  bool crashed() const { return crashed_; }
+
+ private:
+  class Pending;  // a group asked for from a thread of its own
+
+  [[nodiscard]] Status learn_run();
+  [[nodiscard]] Status link_up();
+  [[nodiscard]] Status join_or_start();
+  [[nodiscard]] Result<train::WorkerAccount> rounds();
+  [[nodiscard]] Result<PeerOutcome> finish(const train::WorkerAccount& account);
+
+  [[nodiscard]] Result<std::optional<GroupView>> wait_for_start();
+  [[nodiscard]] Result<FetchResult> fetch_newest(Deadline deadline);
+  [[nodiscard]] Status adopt(const FetchResult& fetched);
+  [[nodiscard]] Status save_checkpoint();
+  void boundary(std::int64_t done_step);
+  void ask_ahead(std::int64_t step);
+  std::optional<optim::Group> regroup(std::int64_t step);
+  std::optional<optim::Group> left_out(std::int64_t round, const Status& why);
+  bool stop_requested() const { return plan_.stop != nullptr && plan_.stop->load(); }
+  Deadline after(Nanos d) const { return Deadline::after(clock_, d); }
+
+  PeerPlan plan_;
+  PeerEnvironment env_;
+  Clock& clock_;
+  transport::Gossip& gossip_;
+
+  // learn_run
+  std::shared_ptr<HeardSpec> heard_;
+  std::shared_ptr<JoinBoard> board_;
+  Spec spec_;
+  Digest spec_hash_;
+  train::RunConfig config_;
+  optim::OuterConfig outer_config_;
+  RoundSchedule schedule_;
+  bool ddp_ = false;
+  Nanos round_timeout_{0};
+  std::atomic<std::int64_t> current_round_{-1};
+  std::unique_ptr<SpecAnnouncer> announcer_;
+
+  // link_up (declared so that they go in the right order: links and server before the transport)
+  OpenedLinks opened_;
+  std::unique_ptr<StateServer> server_;
+  std::unique_ptr<PeerLinks> links_;
+  std::shared_ptr<Coordinator> coordinator_;
+  std::shared_ptr<const train::Corpus> corpus_;
+
+  // join_or_start
+  std::optional<GroupView> start_;
+  std::optional<FetchResult> fetched_;
+  int rank_ = 0, world_ = 1;
+  std::unique_ptr<train::Worker> worker_;
+  optim::OuterSetup setup_;
+
+  // rounds: the state of the round in effect
+  std::int64_t agreed_round_ = 0;
+  std::uint64_t epoch_ = 0;
+  std::vector<MemberInfo> members_;
+  std::size_t start_size_ = 0;  // group sizes other than this one are logged
+  std::int64_t last_asked_ = -1;
+  std::unique_ptr<Pending> ahead_;
+  std::int64_t last_checkpoint_ = 0;
+  std::int64_t joins_ = 0, solo_rounds_ = 0;
+  std::uint64_t state_received_ = 0;
+  std::optional<double> final_val_;
+  bool stopped_ = false, crashed_ = false;
+  Status failure_;
+};
+
+}  // namespace gossamer::run

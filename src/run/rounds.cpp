@@ -1,0 +1,66 @@
+#include "run/rounds.h"
+
+#include <cstring>
+
+#include <torch/torch.h>
+
+#include "core/wire.h"
+#include "optim/flat_params.h"
+
+namespace gossamer::run {
+
+Result<RoundSchedule> round_schedule(const train::RunConfig& c, const optim::OuterConfig& outer) {
+  switch (outer.method) {
+    case optim::Method::kDiLoCo: return RoundSchedule{c.diloco.inner_steps, 0};
+    case optim::Method::kNoLoCo: return RoundSchedule{c.noloco.inner_steps, 0};
+    case optim::Method::kCO2: return RoundSchedule{c.co2.inner_steps, 0};
+    case optim::Method::kDdp: return RoundSchedule{c.ddp.round_steps, -1};
+    case optim::Method::kStreamingDiLoCo:
+      return RoundSchedule{c.streaming_diloco.inner_steps / optim::fragment_count(outer.fragments), c.streaming_diloco.overlap};
+    case optim::Method::kLocal: break;
+  }
+  return error(ErrorCode::kInvalidArgument, "outer.method = \"" + c.outer.method + "\": independent workers need no peers; use gossamer train");
+}
+
+optim::Group solo_group(Clock& clock) {
+  optim::Group g;
+  g.peers.resize(1);
+  g.clock = &clock;
+  return g;
+}
+
+ByteView bytes_of(const at::Tensor& flat) {
+  return ByteView(reinterpret_cast<const std::byte*>(flat.data_ptr<float>()), static_cast<std::size_t>(flat.numel()) * 4);
+}
+
+Bytes encode_shared_state(const std::vector<at::Tensor>& params, const optim::OuterOptimizer& outer, ByteView inner) {
+  const at::Tensor flat = optim::flatten(params);
+  Writer w;
+  w.blob(bytes_of(flat));
+  w.blob(outer.save());
+  w.blob(inner);
+  return std::move(w).take();
+}
+
+Result<ByteView> load_shared_state(ByteView bytes, std::vector<at::Tensor> params, optim::OuterOptimizer& outer) {
+  Reader r(bytes, "shared state");
+  std::int64_t numel = 0;
+  for (const auto& p : params) numel += p.numel();
+  const ByteView flat = r.blob(static_cast<std::size_t>(numel) * 4);
+  const ByteView outer_state = r.blob(std::size_t{8} << 30);
+  const ByteView inner = r.blob(std::size_t{8} << 30);
+  r.expect_end();
+  if (!r.ok()) return r.status();
+  if (flat.size() != static_cast<std::size_t>(numel) * 4) {
+    return error(ErrorCode::kMalformed, "the shared state holds " + std::to_string(flat.size() / 4) + " parameters, this model has " +
+                                            std::to_string(numel));
+  }
+  at::Tensor values = torch::empty({numel}, torch::kFloat);
+  std::memcpy(values.data_ptr<float>(), flat.data(), flat.size());
+  if (!torch::isfinite(values).all().item<bool>()) return error(ErrorCode::kMalformed, "the shared state holds non-finite parameters");
+  if (Status st = outer.load(outer_state); !st.ok()) return st;
+  optim::write_flat(params, values);
+  return inner;
+}
+
+}  // namespace gossamer::run
