@@ -1,15 +1,17 @@
 #include "sim/cluster.h"
 
+#include <algorithm>
 #include <mutex>
+#include <random>
 
 #include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include "optim/flat_params.h"
-#include "train/checkpoint.h"
+#include "run/peer_runtime.h"
+#include "sim/gossip_fabric.h"
+#include "sim/transport_fabric.h"
 #include "train/worker.h"
-#include "transport/protocol.h"
-#include "transport/tags.h"
 
 namespace gossamer::sim {
 
@@ -57,240 +59,368 @@ double step_seconds(const train::RunConfig& c, std::int64_t parameters, double m
   return 6.0 * static_cast<double>(parameters) * tokens / (c.sim.device_tflops * 1e12 * c.sim.device_utilization);
 }
 
-Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::Corpus& corpus, const ClusterProgress& progress) {
-  if (Status st = train::validate(config); !st.ok()) return st;
-  auto outer_config = train::outer_config(config);
-  if (!outer_config.ok()) return outer_config.status();
-  auto spec = network_spec(config);
-  if (!spec.ok()) return spec.status();
-  const int m = static_cast<int>(config.sim.workers);
-  if (outer_config->method == optim::Method::kDdp && config.ddp.engine != "links") {
-    return error(ErrorCode::kInvalidArgument, "the simulator runs ddp over its emulated links: set ddp.engine = \"links\" (gloo is for real peers)");
-  }
+namespace {
 
+// Independent workers (outer.method = "local"): no peers, no network traffic, each on its own shard.
+Result<ClusterResult> run_local(const train::RunConfig& config, const optim::OuterConfig& outer_config, const train::Corpus& corpus,
+                                const ClusterProgress& progress) {
+  const int m = static_cast<int>(config.sim.workers);
   Stopwatch wall(real_clock());
   Scheduler scheduler;
-  Network net(scheduler, *spec);
   ClusterResult result;
   result.accounts.resize(static_cast<std::size_t>(m));
   result.final_params.resize(static_cast<std::size_t>(m));
-
-  // Membership: the scenario knows who is alive (the network's crash list) and whether the late joiner
-  // is in yet (from step sim.join_at_step on). Each membership has its own epoch of links, so nothing
-  // of an abandoned round reaches a re-formed group. A crash is noticed when it happens (each worker
-  // moves to the survivors' group at its next step or failed round); a join is scheduled, so every
-  // member switches exactly before step join_at_step and no round is cut short by it.
-  const int joiner = static_cast<int>(config.sim.join_worker);
-  const std::int64_t join_step = config.sim.join_at_step;
-  int crashes = 0;
-  auto epoch_for = [&](std::int64_t next_step) { return 2 * crashes + (joiner >= 0 && next_step >= join_step ? 1 : 0); };
-  auto group_of = [&](int r, int epoch) {
-    optim::Group g;
-    g.clock = &scheduler;
-    const bool joined = epoch % 2 == 1;
-    if (r == joiner && !joined) {  // not in yet: alone until it joins
-      g.size = 1;
-      g.peers.resize(1);
-      return g;
-    }
-    g.size = 0;
-    for (int j = 0; j < m; ++j) {
-      if (net.crashed(j) || (j == joiner && !joined)) continue;
-      if (j == r) g.rank = g.size;
-      g.peers.push_back(j == r ? nullptr : net.link(r, j, epoch));
-      ++g.size;
-    }
-    return g;
-  };
-  int evaluator = 0;
-  while (m > 1 && (evaluator == config.sim.crash_worker || evaluator == joiner)) ++evaluator;
-  if (evaluator >= m) evaluator = 0;
-
-  std::vector<std::unique_ptr<train::Worker>> workers;
-  std::vector<optim::OuterSetup> setups(static_cast<std::size_t>(m));
-  for (int r = 0; r < m; ++r) {
-    workers.push_back(std::make_unique<train::Worker>(config, corpus.dataset, r, m, scheduler));
-    auto setup = optim::make_outer_optimizer(*outer_config, train::param_blocks(workers.back()->model()), group_of(r, epoch_for(1)));
-    if (!setup.ok()) return setup.status();
-    setups[static_cast<std::size_t>(r)] = std::move(*setup);
-  }
-  result.parameters = workers.front()->model().num_parameters();
-  std::vector<int> worker_epoch(static_cast<std::size_t>(m), epoch_for(1));
-
-  // The late join: the first member to reach join_at_step captures its training state (model, inner
-  // and outer optimizer, step) and streams it to the newcomer from a thread of its own while it trains
-  // on; the newcomer loads it and takes part from that step. The transfer's bytes are counted on both.
-  const Nanos round_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config.train.round_timeout_s));
-  constexpr int kStateEpoch = 1 << 24;  // the links state transfers use
-  constexpr transport::Tag kStateTag = transport::tags::kSimState;
-  std::mutex join_mu;
-  auto join_signal = scheduler.make_signal();
-  int donor = -1;
-  int members_done = 0;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> state_traffic(static_cast<std::size_t>(m));
-  std::vector<std::unique_ptr<ClockThread>> transfers;
-  // Lets what is in flight over worker r's links (CO2's average) finish: before its state is handed
-  // over, and before the members change for the newcomer, so every member keeps it alike.
-  auto settle = [&](int r) {
-    if (Status st = setups[static_cast<std::size_t>(r)].outer->settle(Deadline::after(scheduler, round_timeout)); !st.ok()) {
-      spdlog::warn("sim: worker {}: {}", r, st.to_string());
-    }
-  };
-  auto serve_newcomer = [&](int r) {
-    {
-      std::lock_guard lock(join_mu);  // this member serves it (the others need not, even while it waits below)
-      donor = r;
-    }
-    join_signal->notify_all();
-    auto& worker = *workers[static_cast<std::size_t>(r)];
-    train::CheckpointState state = worker.checkpoint_state("");
-    settle(r);  // an average in flight (CO2) goes with the state, so the newcomer applies it with the others
-    state.outer_state = setups[static_cast<std::size_t>(r)].outer->save();
-    auto blob = std::make_shared<Bytes>(train::encode_checkpoint(state));
-    spdlog::info("sim: worker {} sends its training state at step {} ({:.1f} MB) to newcomer {}", r, worker.steps_done(), blob->size() / 1e6, joiner);
-    transfers.push_back(scheduler.start_thread([&, r, blob] {
-      auto link = net.link(r, joiner, kStateEpoch);
-      if (Status st = link->send(kStateTag, *blob, Deadline::never()); !st.ok()) {
-        spdlog::warn("sim: worker {} could not send its state to newcomer {}: {}", r, joiner, st.to_string());
-        return;
-      }
-      state_traffic[static_cast<std::size_t>(r)].first += blob->size() + transport::kFrameHeaderBytes;
-    }));
-  };
-  // The newcomer's side: waits for a donor, fetches and loads its state. kUnavailable: nobody could
-  // serve it (no member reached the step, or the donor died mid-transfer).
-  auto fetch_state = [&](int r) -> Status {
-    auto& worker = *workers[static_cast<std::size_t>(r)];
-    int from = -1;
-    {
-      std::unique_lock lock(join_mu);
-      join_signal->wait(lock, Deadline::never(), [&] { return donor >= 0 || members_done == m - 1; });
-      from = donor;
-    }
-    if (from < 0) return error(ErrorCode::kUnavailable, "no member reached step " + std::to_string(join_step) + " to hand it the training state");
-    auto bytes = net.link(r, from, kStateEpoch)->recv(kStateTag, Deadline::never());
-    if (!bytes.ok()) {
-      return error(ErrorCode::kUnavailable, "fetching the training state from worker " + std::to_string(from) + " failed: " + bytes.status().to_string());
-    }
-    state_traffic[static_cast<std::size_t>(r)].second += bytes->size() + transport::kFrameHeaderBytes;
-    auto state = train::decode_checkpoint(*bytes, "state from worker " + std::to_string(from));
-    if (!state.ok()) return state.status();
-    const train::CheckpointState own = worker.checkpoint_state("");
-    state->rng_state = own.rng_state;  // its own dropout stream, and only the tokens it trains on
-    state->tokens_seen = 0;
-    if (Status st = worker.restore(*state); !st.ok()) return st;
-    if (Status st = setups[static_cast<std::size_t>(r)].outer->load(state->outer_state); !st.ok()) return st;
-    spdlog::info("sim: newcomer {} loaded worker {}'s state and joins at step {} (t = {:.1f} s)", r, from, worker.steps_done() + 1,
-                 std::chrono::duration<double>(scheduler.now()).count());
-    return Status();
-  };
-
+  result.crashed.assign(static_cast<std::size_t>(m), false);
   Status failure;
   double compute_wall = 0;
   std::vector<std::unique_ptr<ClockThread>> threads;
   for (int r = 0; r < m; ++r) {
     threads.push_back(scheduler.start_thread([&, r] {
-      auto& worker = *workers[static_cast<std::size_t>(r)];
-      auto& setup = setups[static_cast<std::size_t>(r)];
-      auto finish = [&] {
-        result.final_params[static_cast<std::size_t>(r)] = optim::flatten(worker.model().parameters());
-        setup.outer.reset();
-        setup.comm.reset();  // joins the communication thread, in virtual time
-        if (r != joiner) {
-          std::lock_guard lock(join_mu);
-          ++members_done;
-        }
-        join_signal->notify_all();
-      };
-      if (r == joiner) {
-        if (Status st = fetch_state(r); !st.ok()) {
-          // The members already count it in: it leaves like a crashed worker, so they re-form without it.
-          spdlog::warn("sim: newcomer {} does not join: {}", r, st.to_string());
-          if (failure.ok() && st.code() != ErrorCode::kUnavailable) failure = st.with_context("worker " + std::to_string(r));
-          net.crash(r);
-          ++crashes;
-          finish();
-          return;
-        }
+      train::Worker worker(config, corpus.dataset, r, m, scheduler);
+      if (r == 0) result.parameters = worker.model().num_parameters();
+      optim::Group alone;
+      alone.clock = &scheduler;
+      alone.peers.resize(1);
+      auto setup = optim::make_outer_optimizer(outer_config, train::param_blocks(worker.model()), std::move(alone));
+      if (!setup.ok()) {
+        failure = setup.status();
+        return;
       }
-      const double slow = r == config.sim.straggler ? config.sim.straggler_factor : 1.0;
       train::LoopOptions lo;
       lo.steps = config.train.steps;
       lo.eval_every = config.train.eval_every;
-      lo.evaluate = r == evaluator;
-      lo.round_timeout = round_timeout;
+      lo.evaluate = r == 0;
+      lo.round_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config.train.round_timeout_s));
       train::LoopHooks hooks;
-      hooks.pace = [&, slow](double measured) {
-        const double s = step_seconds(config, result.parameters, measured) * slow;
+      hooks.pace = [&](double measured) {
+        const double s = step_seconds(config, worker.model().num_parameters(), measured);
         scheduler.sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(s)));
         return s;
       };
       hooks.keep_going = [&, r](std::int64_t next) {
         if (progress) progress(r, next - 1, config.train.steps);
-        if (r == config.sim.crash_worker && next == config.sim.crash_at_step) {
-          spdlog::info("sim: worker {} crashes before step {} (t = {:.1f} s)", r, next, std::chrono::duration<double>(scheduler.now()).count());
-          net.crash(r);
-          ++crashes;
-          return false;
-        }
-        if (r != joiner && next == join_step && donor < 0 && joiner >= 0) serve_newcomer(r);
         return true;
-      };
-      hooks.regroup = [&, r](std::int64_t step) -> std::optional<optim::Group> {
-        int& mine = worker_epoch[static_cast<std::size_t>(r)];
-        const int epoch = epoch_for(step);
-        if (mine == epoch) return std::nullopt;
-        if (epoch == mine + 1 && epoch % 2 == 1) settle(r);  // the newcomer comes in (nobody failed)
-        for (int j = 0; j < m; ++j) {
-          if (j != r) net.close(r, j, mine);  // peers still waiting on us there fail now, and follow
-        }
-        mine = epoch;
-        optim::Group g = group_of(r, epoch);
-        spdlog::info("sim: worker {} continues in a group of {} workers", r, g.size);
-        return g;
       };
       hooks.record = [&, r](const nlohmann::json& rec) {
         nlohmann::json out = rec;
         out["worker"] = r;
         result.records.push_back(std::move(out));
       };
-      hooks.state_traffic = [&, r] { return state_traffic[static_cast<std::size_t>(r)]; };
-      auto account = train::run_worker_loop(worker, setup, scheduler, lo, hooks);
-      if (!account.ok() && failure.ok()) failure = account.status().with_context("worker " + std::to_string(r));
-      if (account.ok()) {
-        result.accounts[static_cast<std::size_t>(r)] = *account;
-        compute_wall += account->step_wall_s + account->eval_wall_s;
+      auto account = train::run_worker_loop(worker, *setup, scheduler, lo, hooks);
+      if (!account.ok()) {
+        if (failure.ok()) failure = account.status().with_context("worker " + std::to_string(r));
+        return;
       }
+      result.accounts[static_cast<std::size_t>(r)] = *account;
+      result.final_params[static_cast<std::size_t>(r)] = optim::flatten(worker.model().parameters());
+      compute_wall += account->step_wall_s + account->eval_wall_s;
       if (progress) progress(r, worker.steps_done(), config.train.steps);
-      finish();
     }));
   }
-  Status ran;
-  try {
-    ran = scheduler.run();
-  } catch (...) {
-    scheduler.stop();  // unwind the other workers while what they use still exists
-    throw;
-  }
+  Status ran = scheduler.run();
   scheduler.stop();
   threads.clear();
-  transfers.clear();
-  // A transfer that ended after its donor's last record: the totals still count it.
-  for (int r = 0; r < m; ++r) {
-    auto& acc = result.accounts[static_cast<std::size_t>(r)];
-    const auto [sent, received] = state_traffic[static_cast<std::size_t>(r)];
-    acc.bytes_sent += sent - acc.state_bytes_sent;
-    acc.bytes_received += received - acc.state_bytes_received;
-    acc.state_bytes_sent = sent;
-    acc.state_bytes_received = received;
-  }
   if (!ran.ok()) return ran;
   if (!failure.ok()) return failure;
   result.sim_time_s = std::chrono::duration<double>(scheduler.now()).count();
   result.wall_s = wall.elapsed_seconds();
   result.compute_wall_s = compute_wall;
-  for (int r = 0; r < m; ++r) result.crashed.push_back(net.crashed(r));
   return result;
+}
+
+}  // namespace
+
+namespace {
+
+// Worker r's host: 198.18.0.0/15 is set aside for benchmarks, so a simulated address is never a real one.
+std::string host_of(int r) { return "198.18." + std::to_string(r / 250) + "." + std::to_string(r % 250 + 1); }
+std::string gossip_address(int r) { return "tcp://" + host_of(r) + ":7000"; }
+std::string link_address(int r) { return host_of(r) + ":7001"; }
+
+// Adds what one life of a worker did to what its earlier lives did (a worker that churns restarts).
+void add_life(train::WorkerAccount& total, const train::WorkerAccount& life) {
+  total.steps = life.steps;
+  total.tokens += life.tokens;
+  total.rounds += life.rounds;
+  total.skipped_rounds += life.skipped_rounds;
+  total.bytes_sent += life.bytes_sent;
+  total.bytes_received += life.bytes_received;
+  total.state_bytes_sent += life.state_bytes_sent;
+  total.state_bytes_received += life.state_bytes_received;
+  total.gossip_bytes_sent += life.gossip_bytes_sent;
+  total.gossip_bytes_received += life.gossip_bytes_received;
+  total.compute_s += life.compute_s;
+  total.blocked_s += life.blocked_s;
+  total.eval_wall_s += life.eval_wall_s;
+  total.step_wall_s += life.step_wall_s;
+}
+
+// The simulated peers of one run: each worker is a real Peer (run/peer_runtime.h) on the virtual
+// clock, the emulated network and fabrics for gossip and links; the scenario decides when a worker
+// starts, dies and restarts.
+class PeerCluster {
+ public:
+  PeerCluster(const train::RunConfig& config, const train::Corpus& corpus, const ClusterProgress& progress, const NetworkSpec& spec)
+      : config_(config),
+        progress_(progress),
+        m_(static_cast<int>(config.sim.workers)),
+        net_(scheduler_, spec),
+        gossip_fabric_(scheduler_, net_),
+        link_fabric_(scheduler_, net_),
+        toml_(train::to_toml(config)),
+        corpus_(&corpus, [](const train::Corpus*) {}),  // not owned
+        joiner_(static_cast<int>(config.sim.join_worker)),
+        reached_(scheduler_.make_signal()),
+        saved_(static_cast<std::size_t>(m_)),
+        churn_(static_cast<std::size_t>(m_)),
+        restart_(static_cast<std::size_t>(m_), false) {
+    result_.accounts.resize(static_cast<std::size_t>(m_));
+    result_.final_params.resize(static_cast<std::size_t>(m_));
+    while (m_ > 1 && (evaluator_ == config.sim.crash_worker || evaluator_ == joiner_)) ++evaluator_;
+    if (evaluator_ >= m_) evaluator_ = 0;
+    for (int r = 0; r < m_; ++r) {
+      if (r != joiner_) {
+        first_ = r;
+        break;
+      }
+    }
+    plan_churn();
+  }
+
+  Result<ClusterResult> run() {
+    Stopwatch wall(real_clock());
+    std::vector<std::unique_ptr<ClockThread>> threads;
+    for (int r = 0; r < m_; ++r) threads.push_back(scheduler_.start_thread([this, r] { run_worker(r); }));
+    {
+      // The parameter count for the compute model, from one model like the workers'.
+      train::Worker probe(config_, corpus_->dataset, 0, 1, scheduler_);
+      result_.parameters = probe.model().num_parameters();
+    }
+    Status ran;
+    try {
+      ran = scheduler_.run();
+    } catch (...) {
+      scheduler_.stop();  // unwind the workers while what they use still exists
+      throw;
+    }
+    scheduler_.stop();
+    threads.clear();
+    if (!ran.ok()) return ran;
+    if (!failure_.ok()) return failure_;
+    result_.sim_time_s = std::chrono::duration<double>(scheduler_.now()).count();
+    result_.wall_s = wall.elapsed_seconds();
+    result_.compute_wall_s = compute_wall_;
+    for (int r = 0; r < m_; ++r) result_.crashed.push_back(net_.crashed(r));
+    return std::move(result_);
+  }
+
+ private:
+  double seconds_now() const { return std::chrono::duration<double>(scheduler_.now()).count(); }
+
+  // Churn: each worker but the evaluator crashes in a 100-step block with probability
+  // sim.churn_rate, at a step drawn uniformly in it (seeded per worker).
+  void plan_churn() {
+    if (config_.sim.churn_rate <= 0) return;
+    for (int r = 0; r < m_; ++r) {
+      if (r == evaluator_ || r == joiner_) continue;
+      std::mt19937_64 rng(static_cast<std::uint64_t>(config_.sim.seed) * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(r) + 17);
+      std::uniform_real_distribution<double> coin(0.0, 1.0);
+      for (std::int64_t block = 0; block * 100 < config_.train.steps; ++block) {
+        const bool crash = coin(rng) < config_.sim.churn_rate;
+        const std::int64_t at = block * 100 + 2 + static_cast<std::int64_t>(rng() % 99);
+        if (crash && at <= config_.train.steps) churn_[static_cast<std::size_t>(r)].push_back(at);
+      }
+    }
+  }
+
+  // The late joiner waits until a member reached sim.join_at_step; false: every member is gone first.
+  bool wait_to_join(int r) {
+    std::unique_lock lock(mu_);
+    reached_->wait(lock, Deadline::never(), [&] { return furthest_ >= config_.sim.join_at_step || members_done_ == m_ - 1; });
+    if (furthest_ < config_.sim.join_at_step) {
+      spdlog::warn("sim: newcomer {} does not join: no member reached step {}", r, config_.sim.join_at_step);
+      return false;
+    }
+    spdlog::info("sim: worker {} joins (t = {:.1f} s)", r, seconds_now());
+    return true;
+  }
+
+  // False when worker r dies before step `next` (its links and gossip cut first).
+  bool alive(int r, std::int64_t next) {
+    if (progress_) progress_(r, next - 1, config_.train.steps);
+    {
+      std::lock_guard lock(mu_);
+      if (next - 1 > furthest_) {
+        furthest_ = next - 1;
+        reached_->notify_all();
+      }
+    }
+    auto& churn = churn_[static_cast<std::size_t>(r)];
+    const bool scripted = r == config_.sim.crash_worker && next == config_.sim.crash_at_step;
+    bool churned = false;
+    while (!churn.empty() && churn.front() <= next) {  // (a restart may land past a planned step)
+      churned = churned || churn.front() == next;
+      churn.erase(churn.begin());
+    }
+    if (!scripted && !churned) return true;
+    restart_[static_cast<std::size_t>(r)] = !scripted;
+    spdlog::info("sim: worker {} crashes before step {} (t = {:.1f} s)", r, next, seconds_now());
+    gossip_fabric_.crash(gossip_address(r));
+    net_.crash(r);
+    return false;
+  }
+
+  run::PeerEnvironment environment(int r, transport::PeerId id) {
+    run::PeerEnvironment env;
+    env.clock = &scheduler_;
+    env.name = std::to_string(r);
+    env.evaluate = r == evaluator_;
+    env.set_threads = false;
+    env.open_links = [this, r, id](const Digest&) -> Result<run::OpenedLinks> {
+      auto t = link_fabric_.make(r, link_address(r), id);
+      if (!t.ok()) return t.status();
+      run::OpenedLinks out;
+      out.transport = std::move(*t);
+      out.announced = out.bound = link_address(r);
+      return out;
+    };
+    env.corpus = [this](const train::RunConfig&) -> Result<std::shared_ptr<const train::Corpus>> { return corpus_; };
+    env.record = [this, r](const nlohmann::json& rec) {
+      nlohmann::json out = rec;
+      out.erase("peer");
+      out["worker"] = r;
+      result_.records.push_back(std::move(out));
+      return Status();
+    };
+    if (config_.sim.churn_rate > 0) {
+      env.save_checkpoint = [this, r](const train::CheckpointState& cs) {
+        saved_[static_cast<std::size_t>(r)] = cs;
+        return Status();
+      };
+    }
+    const double slow = r == config_.sim.straggler ? config_.sim.straggler_factor : 1.0;
+    env.pace = [this, slow](double measured) {
+      const double s = step_seconds(config_, result_.parameters, measured) * slow;
+      scheduler_.sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(s)));
+      return s;
+    };
+    env.alive = [this, r](std::int64_t next) { return alive(r, next); };
+    return env;
+  }
+
+  // One life of worker r (life 0 from the start, later ones after a crash): a peer with a fresh id.
+  // Returns whether it died (and may restart).
+  bool live(int r, int life) {
+    transport::GossipOptions go;
+    go.bind = gossip_address(r);
+    // Seeds: three other workers from the first one on (a restarted worker finds one of them alive).
+    for (int k = 0; k < m_ && go.seeds.size() < 3; ++k) {
+      const int s = (first_ + k) % m_;
+      if (s != r && s != joiner_) go.seeds.push_back(gossip_address(s));
+    }
+    go.self = transport::PeerId{(static_cast<std::uint64_t>(life) << 32) + static_cast<std::uint64_t>(r) + 1};
+    go.dead_after = std::chrono::seconds(1);
+    go.suspect_after = go.dead_after / 2;
+    auto gossip = gossip_fabric_.make(r, go, static_cast<std::uint64_t>(config_.sim.seed) * 7919 + static_cast<std::uint64_t>(r) * 131 + life);
+    if (!gossip.ok()) {
+      if (failure_.ok()) failure_ = gossip.status();
+      return false;
+    }
+    run::PeerPlan plan;
+    const bool starts_run = r != joiner_ && life == 0;
+    if (r != joiner_) plan.own_spec = toml_;
+    plan.first = starts_run;
+    plan.wait_for = static_cast<std::uint32_t>(m_ - (joiner_ >= 0 ? 1 : 0));
+    plan.dead_after = go.dead_after;
+    if (life > 0 && saved_[static_cast<std::size_t>(r)]) {
+      plan.resumed = saved_[static_cast<std::size_t>(r)];
+      plan.resumed_from = "worker " + std::to_string(r) + "'s last checkpoint";
+    }
+    run::PeerEnvironment env = environment(r, go.self);
+    env.gossip = gossip->get();
+    run::Peer peer(std::move(plan), std::move(env));
+    auto out = peer.run();
+    if (!out.ok()) {
+      // A newcomer (or a restarted worker) that cannot get in: the run goes on without it.
+      if (r == joiner_ || life > 0) {
+        spdlog::warn("sim: worker {} does not join: {}", r, out.status().to_string());
+      } else if (failure_.ok()) {
+        failure_ = out.status().with_context("worker " + std::to_string(r));
+      }
+      return false;
+    }
+    add_life(result_.accounts[static_cast<std::size_t>(r)], out->account);
+    result_.final_params[static_cast<std::size_t>(r)] = out->final_params;
+    compute_wall_ += out->account.step_wall_s + out->account.eval_wall_s;
+    if (progress_) progress_(r, out->steps, config_.train.steps);
+    return peer.crashed();
+  }
+
+  void run_worker(int r) {
+    // Whatever way this worker ends, the late joiner stops waiting for it.
+    struct Done {
+      PeerCluster& c;
+      bool member;
+      ~Done() {
+        if (!member) return;
+        {
+          std::lock_guard lock(c.mu_);
+          ++c.members_done_;
+        }
+        c.reached_->notify_all();
+      }
+    } done{*this, r != joiner_};
+    if (r == joiner_ && !wait_to_join(r)) return;
+    // Only churn brings a worker back: sim.crash_worker's crash is for good.
+    for (int life = 0; live(r, life) && restart_[static_cast<std::size_t>(r)]; ++life) {
+      scheduler_.sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config_.sim.churn_downtime_s)));
+      net_.revive(r);
+      spdlog::info("sim: worker {} restarts (t = {:.1f} s)", r, seconds_now());
+    }
+  }
+
+  const train::RunConfig& config_;
+  const ClusterProgress& progress_;
+  const int m_;
+  Scheduler scheduler_;
+  Network net_;
+  GossipFabric gossip_fabric_;
+  TransportFabric link_fabric_;
+  const std::string toml_;
+  const std::shared_ptr<const train::Corpus> corpus_;
+  const int joiner_;
+  int first_ = 0;      // the first worker present from the start (the joiner is not)
+  int evaluator_ = 0;  // the one worker that evaluates
+  std::mutex mu_;
+  std::unique_ptr<Signal> reached_;  // a member reached a further step, or finished
+  std::int64_t furthest_ = 0;
+  int members_done_ = 0;
+  std::vector<std::optional<train::CheckpointState>> saved_;  // each worker's last checkpoint (churn)
+  std::vector<std::vector<std::int64_t>> churn_;              // each worker's planned crash steps
+  std::vector<bool> restart_;                                 // its last crash was churn (it comes back)
+  ClusterResult result_;
+  Status failure_;
+  double compute_wall_ = 0;
+};
+
+Result<ClusterResult> run_peers(const train::RunConfig& config, const train::Corpus& corpus, const ClusterProgress& progress) {
+  auto spec = network_spec(config);
+  if (!spec.ok()) return spec.status();
+  PeerCluster cluster(config, corpus, progress, *spec);
+  return cluster.run();
+}
+
+}  // namespace
+
+Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::Corpus& corpus, const ClusterProgress& progress) {
+  if (Status st = train::validate(config); !st.ok()) return st;
+  auto outer_config = train::outer_config(config);
+  if (!outer_config.ok()) return outer_config.status();
+  if (outer_config->method == optim::Method::kDdp && config.ddp.engine != "links") {
+    return error(ErrorCode::kInvalidArgument, "the simulator runs ddp over its emulated links: set ddp.engine = \"links\" (gloo is for real peers)");
+  }
+  if (outer_config->method == optim::Method::kLocal) return run_local(config, *outer_config, corpus, progress);
+  return run_peers(config, corpus, progress);
 }
 
 }  // namespace gossamer::sim

@@ -1,16 +1,21 @@
-// Cluster: many Workers in one process, in virtual time, over an emulated network: what `gossamer
+// Cluster: many peers in one process, in virtual time, over an emulated network: what `gossamer
 // sim` and `gossamer compare` run.
 //
-// Each simulated worker is the real Worker with the real outer optimizer and codecs, driven by the
-// same loop as a real peer (train/outer.h); only its Clock (the Scheduler) and its links (Network)
-// are emulated. Compute time per inner step comes from a compute model: fixed, a device profile
+// Each simulated worker is a real peer (run/peer_runtime.h): the real Worker, outer optimizer and
+// codecs, and the real membership: gossip (GossipFabric), round agreement through the Coordinator,
+// group links per epoch and state transfer to newcomers (StateServer, fetch_state) over a Transport
+// of the emulated network (TransportFabric). Only its Clock (the Scheduler) and its network are
+// emulated, and gossip's bytes are counted with the rest. Worker r is the peer with id r + 1 at
+// 198.18.x.y (gossip on port 7000, links on 7001), so the starting group's ranks are the workers'
+// order. Compute time per inner step comes from a compute model: fixed, a device profile
 // (6 x params x tokens / (peak FLOP/s x utilization)) or measured on this machine (the one
-// non-deterministic choice). Scenarios: a worker that crashes at a given step (its links close;
-// the others skip the failed round and go on over a re-formed group), a late joiner (absent until
-// a given step; the first member to reach that step sends it its training state over the network,
-// model, inner and outer optimizer state, while it trains on, and every member takes the newcomer in
-// from that step: a round boundary joins cleanly; a round in flight then is abandoned and counted)
-// and a straggler whose compute is k times slower.
+// non-deterministic choice). Independent workers (`local`) have no peers and run alone.
+//
+// Scenarios: a worker that crashes at a given step (its process dies: links and gossip go silent;
+// the others fail the round in flight and go on over a group re-formed without it), a late joiner
+// (absent until some member reaches a given step; it then starts as a real newcomer does: learns
+// the run over gossip, fetches the members' state from the donors that offer it at a round
+// boundary and takes part from the next round), and a straggler whose compute is k times slower.
 //
 // Determinism: with a fixed or device compute model, two runs with the same config give
 // bit-identical metrics and parameters. Threading: run_cluster blocks; `progress` is called from
@@ -57,8 +62,5 @@ using ClusterProgress = std::function<void(int worker, std::int64_t step, std::i
 
 [[nodiscard]] Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::Corpus& corpus,
                                                 const ClusterProgress& progress = {});
-// The same over the real peer runtime (peer_cluster.cpp).
-[[nodiscard]] Result<ClusterResult> run_peer_cluster(const train::RunConfig& config, const train::Corpus& corpus,
-                                                     const ClusterProgress& progress = {});
 
 }  // namespace gossamer::sim

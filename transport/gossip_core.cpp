@@ -233,7 +233,7 @@ void GossipCore::merge_table_locked(Reader& r, std::uint64_t sender, const std::
       e.address = row.address;
       e.heartbeat = row.heartbeat;
       e.changed = now;
-      if (row.left == 1 && !e.left) spdlog::info("gossip: peer {} left", PeerId{row.id}.to_string());
+      if (row.left == 1 && !e.left) spdlog::debug("gossip: peer {} left", PeerId{row.id}.to_string());
       e.left = row.left == 1;
     }
   }

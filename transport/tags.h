@@ -18,7 +18,6 @@
 namespace gossamer::transport::tags {
 
 // State transfer: the simulator's state hand-over, and real peers' requests and responses.
-inline constexpr Tag kSimState = 0x05A7E000u;
 inline constexpr Tag kStateRequest = 0x05A7E100u;
 inline constexpr Tag kStateResponse = 0x05A7E101u;
 // Outer methods' collectives: base | (round mod 2^16).
@@ -45,7 +44,6 @@ struct TagRange {
 };
 
 inline constexpr std::array<TagRange, 10> kRanges = {{
-    {"simulated state transfer (sim/cluster.cpp)", kSimState, kSimState, false},
     {"state requests (src/run/state_sync.h)", kStateRequest, kStateRequest, false},
     {"state responses (src/run/state_sync.h)", kStateResponse, kStateResponse, false},
     {"diloco rounds (optim/diloco.cpp)", kDiLoCo, kDiLoCo | 0xFFFFu, true},

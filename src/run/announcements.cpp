@@ -3,6 +3,8 @@
 #include "transport/endpoint.h"
 
 #include <cstring>
+#include <map>
+#include <set>
 
 #include <spdlog/spdlog.h>
 
@@ -18,41 +20,106 @@ namespace {
 constexpr const char* kSpecTopic = "gossamer.spec";
 constexpr const char* kStateTopic = "gossamer.state";
 constexpr std::uint8_t kStateVersion = 1;
-constexpr std::uint8_t kSpecVersion = 1;
+constexpr std::uint8_t kSpecVersion = 2;
 constexpr std::uint8_t kJoin = 1, kOffer = 2;
+constexpr std::uint8_t kBeacon = 1, kFullSpec = 2, kWant = 3;
+constexpr std::size_t kAnnouncers = 3;
+constexpr Nanos kWantedFor = std::chrono::seconds(2);
+constexpr Nanos kHolderSilence = std::chrono::seconds(3);  // an announcer not heard for this long has stopped
 
-Bytes encode_spec(const Spec& spec, std::int64_t round) {
+Bytes encode_spec(const Spec& spec, std::int64_t round, bool full) {
   Writer w;
   w.u8(kSpecVersion);
+  w.u8(full ? kFullSpec : kBeacon);
   const Digest d = digest_of(as_bytes(spec.toml));
   w.raw(ByteView(reinterpret_cast<const std::byte*>(d.bytes.data()), d.bytes.size()));
-  w.str(spec.toml);
+  if (full) w.str(spec.toml);
   w.u32(spec.wait_for);
   w.i64(round);
   return std::move(w).take();
 }
 
+Bytes encode_want() {
+  Writer w;
+  w.u8(kSpecVersion);
+  w.u8(kWant);
+  return std::move(w).take();
+}
+
 }  // namespace
 
+// An announcer's state, shared with its gossip handler (which may outlive it).
+struct AnnouncerState {
+  std::mutex mu;
+  std::unique_ptr<Signal> wake;  // stop, or a peer asked for the spec
+  bool stop = false;
+  std::optional<Nanos> wanted_at;  // when a peer last asked for the spec
+  bool answer_now = false;         // it asked since the last announcement
+  std::map<transport::PeerId, Nanos> holders;  // announcers heard, and when last
+
+  // Whether this peer is one of the kAnnouncers lowest ids among the announcers heard in the last
+  // few seconds that gossip still sees alive. Every holder announces until it hears enough lower
+  // ones, and takes over again when they fall silent (under mu).
+  bool among_announcers(const transport::Gossip& gossip, Nanos now) {
+    std::set<transport::PeerId> alive;
+    for (const auto& m : gossip.members()) {
+      if (m.state == transport::MemberState::kAlive) alive.insert(m.id);
+    }
+    std::size_t lower = 0;
+    for (auto it = holders.begin(); it != holders.end();) {
+      if (now - it->second > kHolderSilence) {
+        it = holders.erase(it);
+        continue;
+      }
+      if (it->first < gossip.self() && alive.count(it->first) == 1) ++lower;
+      ++it;
+    }
+    return lower < kAnnouncers;
+  }
+};
+
 SpecAnnouncer::SpecAnnouncer(transport::Gossip& gossip, Spec spec, const std::atomic<std::int64_t>& round, Clock& clock)
-    : gossip_(gossip), spec_(std::move(spec)), round_(round), clock_(clock), signal_(clock.make_signal()) {
+    : gossip_(gossip), spec_(std::move(spec)), round_(round), clock_(clock), state_(std::make_shared<AnnouncerState>()) {
+  state_->wake = clock.make_signal();
+  gossip.subscribe(kSpecTopic, [weak = std::weak_ptr<AnnouncerState>(state_), &clock](transport::PeerId origin, const Bytes& payload) {
+    if (payload.size() < 2 || static_cast<std::uint8_t>(payload[0]) != kSpecVersion) return;
+    const auto kind = static_cast<std::uint8_t>(payload[1]);
+    auto s = weak.lock();
+    if (!s) return;
+    if (kind == kBeacon || kind == kFullSpec) {  // (checked in full by listen_for_spec)
+      std::lock_guard lock(s->mu);
+      s->holders[origin] = clock.now();
+      return;
+    }
+    if (kind != kWant || payload.size() != 2) return;
+    {
+      std::lock_guard lock(s->mu);
+      s->wanted_at = clock.now();
+      s->answer_now = true;
+    }
+    s->wake->notify_all();
+  });
   thread_ = clock.start_thread([this] {
-    std::unique_lock lock(mu_);
-    while (!stop_) {
+    auto& s = *state_;
+    std::unique_lock lock(s.mu);
+    while (!s.stop) {
+      const bool full = s.wanted_at && clock_.now() - *s.wanted_at < kWantedFor;
+      s.answer_now = false;
+      const bool announce = s.among_announcers(gossip_, clock_.now());
       lock.unlock();
-      (void)gossip_.broadcast(kSpecTopic, encode_spec(spec_, round_.load()));
+      if (announce) (void)gossip_.broadcast(kSpecTopic, encode_spec(spec_, round_.load(), full));
       lock.lock();
-      signal_->wait(lock, Deadline::after(clock_, 1s), [&] { return stop_; });
+      s.wake->wait(lock, Deadline::after(clock_, 1s), [&] { return s.stop || s.answer_now; });
     }
   });
 }
 
 SpecAnnouncer::~SpecAnnouncer() {
   {
-    std::lock_guard lock(mu_);
-    stop_ = true;
+    std::lock_guard lock(state_->mu);
+    state_->stop = true;
   }
-  signal_->notify_all();
+  state_->wake->notify_all();
   thread_->join();
 }
 
@@ -60,25 +127,28 @@ std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip, Clock& clo
   auto heard = std::make_shared<HeardSpec>();
   heard->clock = &clock;
   heard->signal = clock.make_signal();
+  heard->gossip = &gossip;
   gossip.subscribe(kSpecTopic, [heard](transport::PeerId origin, const Bytes& payload) {
     Reader r(payload, "run spec from peer " + origin.to_string());
     const std::uint8_t version = r.u8();
+    const std::uint8_t kind = r.u8();
+    if (r.ok() && version == kSpecVersion && kind == kWant) return;  // for the announcers
     const ByteView hash = r.raw(32);
-    std::string toml = r.str(kMaxSpec);
+    std::string toml = kind == kFullSpec ? r.str(kMaxSpec) : std::string();
     const std::uint32_t wait_for = r.u32();
     const std::int64_t round = r.i64();
     r.expect_end();
     std::lock_guard lock(heard->mu);
     std::string problem;
-    if (!r.ok()) {
-      problem = r.status().to_string();
-    } else if (version != kSpecVersion) {
+    if (version != kSpecVersion) {
       problem = "peer " + origin.to_string() + " announces a run spec of version " + std::to_string(version) + ", this peer reads " +
                 std::to_string(kSpecVersion) + ": run the same gossamer version on every peer";
-    } else if (std::memcmp(hash.data(), digest_of(as_bytes(toml)).bytes.data(), 32) != 0) {
+    } else if (!r.ok() || (kind != kBeacon && kind != kFullSpec)) {
+      problem = r.ok() ? "a run announcement of unknown kind " + std::to_string(kind) : r.status().to_string();
+    } else if (kind == kFullSpec && std::memcmp(hash.data(), digest_of(as_bytes(toml)).bytes.data(), 32) != 0) {
       problem = "the run spec from peer " + origin.to_string() + " does not match its hash";
     } else {
-      if (!heard->spec) heard->spec = Spec{std::move(toml), wait_for};
+      if (kind == kFullSpec && !heard->spec) heard->spec = Spec{std::move(toml), wait_for};
       heard->latest_round = std::max(heard->latest_round, round);
       heard->signal->notify_all();
       return;
@@ -101,9 +171,17 @@ Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout, const std::atomic<boo
   Clock& clock = *heard.clock;
   std::unique_lock lock(heard.mu);
   const Nanos until = clock.now() + timeout;
+  std::optional<Nanos> asked;
   // In slices, so that a stop request (Ctrl-C) ends the wait within a tenth of a second.
   while (!heard.spec.has_value() && clock.now() < until) {
     if (stop != nullptr && stop->load()) return error(ErrorCode::kAborted, "stop requested while waiting for the run spec");
+    if (heard.gossip != nullptr && (!asked || clock.now() - *asked >= std::chrono::seconds(1))) {
+      asked = clock.now();
+      lock.unlock();
+      (void)heard.gossip->broadcast(kSpecTopic, encode_want());
+      lock.lock();
+      continue;
+    }
     heard.signal->wait(lock, Deadline::at(std::min(until, clock.now() + std::chrono::milliseconds(100))), [&] { return heard.spec.has_value(); });
   }
   if (!heard.spec.has_value()) {

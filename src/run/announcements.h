@@ -1,9 +1,16 @@
 // What peers announce to everyone over gossip besides rounds: the run spec (topic "gossamer.spec")
 // and who wants the training state or offers it (topic "gossamer.state").
 //
-// Run spec: version u8 | BLAKE2b-256 of the TOML u8[32] | TOML str | peers to wait for at the start
-// u32 | the announcer's current round i64 (-1 before the start). Every peer that holds the spec
-// repeats it every second (SpecAnnouncer); a joiner takes the first one whose hash checks out.
+// Run spec: version u8 | kind u8, then
+//   BEACON (1): BLAKE2b-256 of the TOML u8[32] | peers to wait for at the start u32 | the
+//               announcer's current round i64 (-1 before the start)
+//   SPEC (2):   the same digest | TOML str | peers to wait for u32 | round i64
+//   WANT (3):   nothing (a peer that has no spec yet asks for it)
+// A broadcast reaches every peer at a cost of a few messages per peer, so what is repeated must be
+// small and come from few: every second, the (at most) three peers holding the spec with the lowest
+// ids among the live ones they know send a BEACON (so that joiners see the run is under way), and a
+// SPEC instead while some peer has asked for it in the last two seconds; a joiner repeats WANT every
+// second until a SPEC whose hash checks out arrives.
 // State board: version u8 | kind u8 (1 JOIN, 2 OFFER) | id u64, then for OFFER: round i64 | link
 // address str. A newcomer repeats JOIN while it waits; members that snapshot their state after a
 // round OFFER it (state_sync.h serves it).
@@ -40,7 +47,9 @@ struct Spec {
   std::uint32_t wait_for = 1;
 };
 
-// Repeats the run spec every second from a thread of its own, with the round this peer is at.
+struct AnnouncerState;
+
+// Announces the run from a thread of its own (see above), with the round this peer is at.
 class SpecAnnouncer {
  public:
   SpecAnnouncer(transport::Gossip& gossip, Spec spec, const std::atomic<std::int64_t>& round, Clock& clock = real_clock());
@@ -53,9 +62,7 @@ class SpecAnnouncer {
   const Spec spec_;
   const std::atomic<std::int64_t>& round_;
   Clock& clock_;
-  std::mutex mu_;
-  std::unique_ptr<Signal> signal_;
-  bool stop_ = false;
+  std::shared_ptr<AnnouncerState> state_;  // shared with the gossip handler
   std::unique_ptr<ClockThread> thread_;
 };
 
@@ -67,6 +74,7 @@ struct HeardSpec {
   std::optional<Spec> spec;
   std::int64_t latest_round = -1;  // the furthest round any announcer was at
   std::string last_problem;
+  transport::Gossip* gossip = nullptr;  // to ask for the spec
 };
 
 std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip, Clock& clock = real_clock());
@@ -75,8 +83,8 @@ std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip, Clock& clo
 // wildcard address (0.0.0.0, [::]) announces it as it is, and the host is taken from its gossip
 // address as this peer knows it (the IP its gossip came from). Other addresses are returned as given.
 std::string reachable_address(const transport::Gossip& gossip, transport::PeerId id, const std::string& address);
-// Waits for the run spec (kTimeout, with what to check, when nobody announces one in time; kAborted
-// within 0.1 s of `stop` becoming true).
+// Waits for the run spec, asking for it every second (kTimeout, with what to check, when nobody
+// announces one in time; kAborted within 0.1 s of `stop` becoming true).
 [[nodiscard]] Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout, const std::atomic<bool>* stop = nullptr);
 
 class JoinBoard {

@@ -133,6 +133,8 @@ const std::vector<KeySpec>& schema() {
       IntKey{"sim.join_at_step", "inner step from which sim.join_worker takes part (a round boundary joins cleanly)", [](RunConfig& c) -> std::int64_t& { return c.sim.join_at_step; }, 0, 1LL << 40},
       IntKey{"sim.straggler", "worker whose compute is sim.straggler_factor times slower; -1: none", [](RunConfig& c) -> std::int64_t& { return c.sim.straggler; }, -1, 4095},
       FloatKey{"sim.straggler_factor", "compute slowdown of the straggler", [](RunConfig& c) -> double& { return c.sim.straggler_factor; }, 1.0, 1e6, false},
+      FloatKey{"sim.churn_rate", "share of the workers that crash per 100 inner steps, at seeded steps, each restarting sim.churn_downtime_s later from its last checkpoint; 0: none", [](RunConfig& c) -> double& { return c.sim.churn_rate; }, 0.0, 1.0, false},
+      FloatKey{"sim.churn_downtime_s", "virtual seconds a worker crashed by churn stays down before it restarts", [](RunConfig& c) -> double& { return c.sim.churn_downtime_s; }, 0.0, 1e9, false},
       IntKey{"sim.seed", "seed of the network's jitter and loss draws", [](RunConfig& c) -> std::int64_t& { return c.sim.seed; }, 0, std::numeric_limits<std::int64_t>::max()},
   };
   return keys;
@@ -334,6 +336,9 @@ Status validate(const RunConfig& c) {
   }
   if (c.sim.sites > c.sim.workers) {
     return bad("sim.sites (" + std::to_string(c.sim.sites) + ") exceeds sim.workers (" + std::to_string(c.sim.workers) + "): every site needs a worker");
+  }
+  if (c.sim.churn_rate > 0 && c.sim.workers < 3) {
+    return bad("sim.churn_rate needs sim.workers >= 3: with fewer, a crash leaves no group to rejoin");
   }
   if (c.sim.join_worker >= 0) {
     if (c.sim.join_worker >= c.sim.workers) {

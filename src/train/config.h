@@ -129,6 +129,8 @@ struct SimSection {
   std::int64_t join_at_step = 0;
   std::int64_t straggler = -1;            // -1: no straggler
   double straggler_factor = 2.0;          // its compute takes this many times longer
+  double churn_rate = 0.0;                // share of the workers that crash per 100 inner steps (seeded), each
+  double churn_downtime_s = 30.0;         //   restarting this long after, from its last checkpoint
   std::int64_t seed = 1;
 };
 

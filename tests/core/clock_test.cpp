@@ -43,7 +43,7 @@ TEST_CASE("RealClock is monotonic and sleeps at least as long as asked") {
   CHECK(b - a >= 2ms);
 }
 
-TEST_CASE("a real Signal returns true when notified and false at its deadline; threads start and join") {
+TEST_CASE("a real Signal returns true when notified and false at its deadline, threads start and join") {
   std::mutex mu;
   auto sig = real_clock().make_signal();
   bool flag = false;

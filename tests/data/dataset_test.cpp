@@ -56,7 +56,7 @@ TEST_CASE("shards are disjoint, cover the training text and give reproducible ba
   CHECK(expected_begin == static_cast<std::int64_t>(t.size()));
 }
 
-TEST_CASE("interleaved shards deal the text's blocks in turns; windows stay inside one of the rank's blocks") {
+TEST_CASE("interleaved shards deal the text's blocks in turns, windows stay inside one of the rank's blocks") {
   const std::string t = text_of(100000);
   const int world = 4;
   const std::int64_t T = 32, block = 1000;

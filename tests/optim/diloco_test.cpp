@@ -117,7 +117,7 @@ TEST_CASE("H=1, SGD inner, outer lr 1, momentum 0 is data-parallel SGD") {
   for (int r = 0; r < m; ++r) CHECK(torch::allclose(w[static_cast<std::size_t>(r)][0], dp, 1e-5, 1e-6));
 }
 
-TEST_CASE("a failed round changes nothing; state saves and loads; bad state is refused") {
+TEST_CASE("a failed round changes nothing, state saves and loads, bad state is refused") {
   auto groups = mesh(2);
   DiLoCoOptions o;
   o.inner_steps = 1;

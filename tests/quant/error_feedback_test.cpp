@@ -34,7 +34,7 @@ TEST_CASE("error feedback keeps the running sum of decoded values within one rou
   CHECK(plain_gap > 5.0 * ef_gap);
 }
 
-TEST_CASE("error feedback state saves and loads; bad state is refused") {
+TEST_CASE("error feedback state saves and loads, bad state is refused") {
   EncodeOptions o;
   o.codec = CodecId::kInt4;
   ErrorFeedback a(o);

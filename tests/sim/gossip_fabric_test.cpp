@@ -2,9 +2,12 @@
 // virtual time, deterministic, with its bytes counted.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <algorithm>
 #include <map>
 #include <set>
 
+#include "run/announcements.h"
 #include "sim/gossip_fabric.h"
 
 using namespace gossamer;
@@ -125,7 +128,7 @@ TEST_CASE("simulated gossip: broadcasts reach every subscriber exactly once, and
   }
 }
 
-TEST_CASE("simulated gossip: a crashed node restarted at its address under a new id is taken in; an address in use is refused") {
+TEST_CASE("simulated gossip: a crashed node restarted at its address under a new id is taken in, and an address in use is refused") {
   Scheduler scheduler;
   Network net(scheduler, lan(3));
   GossipFabric fabric(scheduler, net);
@@ -155,6 +158,57 @@ TEST_CASE("simulated gossip: a crashed node restarted at its address under a new
     for (const auto& m : nodes[0]->members()) seen = seen || (m.id.value == 4242 && m.state == transport::MemberState::kAlive);
     CHECK(seen);
     CHECK(count(*nodes[2], transport::MemberState::kAlive) == 2);
+    nodes.clear();
+  });
+  REQUIRE(scheduler.run().ok());
+}
+
+TEST_CASE("run announcements over simulated gossip: joiners with lower ids than the one holder get the spec, and at most three holders keep announcing") {
+  Scheduler scheduler;
+  Network net(scheduler, lan(8));
+  GossipFabric fabric(scheduler, net);
+  const run::Spec spec{std::string(5000, 'x'), 3};
+  auto actor = scheduler.start_thread([&] {
+    std::vector<std::unique_ptr<transport::Gossip>> nodes;
+    for (int i = 0; i < 8; ++i) {
+      auto o = options_of(i);
+      o.self = transport::PeerId{static_cast<std::uint64_t>(100 - i)};  // the first node has the highest id
+      auto g = fabric.make(i, o, static_cast<std::uint64_t>(i));
+      REQUIRE(g.ok());
+      nodes.push_back(std::move(*g));
+    }
+    std::atomic<std::int64_t> round{5};
+    std::vector<std::unique_ptr<run::SpecAnnouncer>> holders;
+    holders.push_back(std::make_unique<run::SpecAnnouncer>(*nodes[0], spec, round, scheduler));
+    std::vector<std::shared_ptr<run::HeardSpec>> heard;
+    for (int i = 1; i < 8; ++i) heard.push_back(run::listen_for_spec(*nodes[static_cast<std::size_t>(i)], scheduler));
+    for (int i = 1; i < 8; ++i) {
+      auto got = run::receive_spec(*heard[static_cast<std::size_t>(i - 1)], std::chrono::seconds(10));
+      REQUIRE(got.ok());
+      CHECK(got->toml == spec.toml);
+      CHECK(got->wait_for == 3);
+      CHECK(heard[static_cast<std::size_t>(i - 1)]->latest_round == 5);
+    }
+    CHECK(scheduler.now() < 3s);
+    // Every node now holds it and announces: once they hear each other, only the three lowest go on.
+    for (int i = 1; i < 8; ++i) holders.push_back(std::make_unique<run::SpecAnnouncer>(*nodes[static_cast<std::size_t>(i)], spec, round, scheduler));
+    scheduler.sleep_for(5s);
+    std::set<std::uint64_t> announcers;
+    std::size_t largest = 0, heard_count = 0;
+    bool listening = true;
+    nodes[0]->subscribe("gossamer.spec", [&](transport::PeerId origin, const Bytes& payload) {
+      if (!listening) return;
+      announcers.insert(origin.value);
+      largest = std::max(largest, payload.size());
+      ++heard_count;
+    });
+    scheduler.sleep_for(10s);
+    listening = false;
+    // The three lowest ids (93, 94, 95) announce, once a second each, with a small beacon.
+    CHECK(announcers == std::set<std::uint64_t>{93, 94, 95});
+    CHECK(largest < 100);
+    CHECK(heard_count <= 3 * 11);
+    holders.clear();
     nodes.clear();
   });
   REQUIRE(scheduler.run().ok());

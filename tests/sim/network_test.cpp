@@ -61,7 +61,7 @@ TEST_CASE("a message of n wire bytes over b bytes/s and latency l arrives at exa
   CHECK(net.traffic(0).wire_bytes_sent == static_cast<std::uint64_t>(wire));
 }
 
-TEST_CASE("two flows through one uplink share it; flows on separate links do not") {
+TEST_CASE("two flows through one uplink share it, flows on separate links do not") {
   const auto p = profile(1e8, 10ms);
   const std::size_t payload = payload_for_wire(p, 4'000'000);
   const double wire = p.wire_bytes(payload + transport::kFrameHeaderBytes);
@@ -135,7 +135,7 @@ TEST_CASE("a crashed node's peers get kPeerLost instead of waiting forever") {
   CHECK(s.now() == 50ms);
 }
 
-TEST_CASE("jitter and loss are seeded: same seed, same arrival times; messages never reorder") {
+TEST_CASE("jitter and loss are seeded: same seed, same arrival times, messages never reorder") {
   auto arrivals = [](std::uint64_t seed) {
     transport::LinkProfile p = profile(1e7, 40ms);
     p.jitter = 5ms;

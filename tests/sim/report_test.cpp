@@ -28,7 +28,7 @@ nlohmann::json read_json(const std::filesystem::path& p) {
 
 }  // namespace
 
-TEST_CASE("summary.json holds every field, consistent with the metrics; report.html is self-contained") {
+TEST_CASE("summary.json holds every field, consistent with the metrics, report.html is self-contained") {
   std::vector<MethodRun> runs;
   for (const char* m : {"ddp", "diloco"}) {
     const auto c = tiny(m);

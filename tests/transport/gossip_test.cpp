@@ -168,7 +168,7 @@ TEST_CASE("broadcasts reach every subscriber exactly once") {
   }
 }
 
-TEST_CASE("garbage sent to a gossip port is dropped and counted; the node keeps working") {
+TEST_CASE("garbage sent to a gossip port is dropped and counted, the node keeps working") {
   auto a = node(), b = node({a->address()});
   zmq::context_t ctx;
   zmq::socket_t junk(ctx, zmq::socket_type::dealer);
