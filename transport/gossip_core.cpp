@@ -14,6 +14,7 @@ namespace {
 constexpr char kMagic[4] = {'G', 'S', 'G', 'P'};
 constexpr std::uint8_t kVersion = 1;
 constexpr std::size_t kMaxAddress = 256, kMaxTopic = 64, kMaxPayload = 64 * 1024, kMaxMembers = 65536;
+
 }  // namespace
 
 GossipCore::GossipCore(GossipOptions options, std::string bound, const Clock& clock, std::uint64_t seed)
@@ -119,7 +120,7 @@ void GossipCore::take_outbox_locked(std::vector<GossipSend>* sends, Nanos now) {
     Outgoing o = std::move(outbox_.front());
     outbox_.pop_front();
     const std::uint64_t seq = ++broadcast_seq_;
-    seen_.insert({options_.self.value, seq});
+    seen_.emplace(std::make_pair(options_.self.value, seq), now);
     deliver_locked(options_.self, o.topic, o.payload);
     rumors_.push_back(Rumor{broadcast_message(options_.self.value, seq, 0, o.topic, o.payload), kRumorRounds});
     if (sends != nullptr) {
@@ -134,6 +135,13 @@ std::vector<GossipSend> GossipCore::tick() {
   if (left_) return sends;
   const Nanos now = clock_.now();
   ++heartbeat_;
+  // A delivered broadcast is remembered far beyond the life of its rumor (at most
+  // (kRumorRounds + 1) x max_hops periods, under 5 s at the defaults).
+  const Nanos seen_for = std::max<Nanos>(std::chrono::seconds(60), 4 * (kRumorRounds + 1) * options_.max_hops * options_.period);
+  if (now - seen_pruned_ >= seen_for) {
+    std::erase_if(seen_, [&](const auto& kv) { return now - kv.second > seen_for; });
+    seen_pruned_ = now;
+  }
   const Bytes table = table_message(false);
   auto targets = random_live(static_cast<std::size_t>(options_.fanout), now);
   if (targets.empty()) targets = options_.seeds;
@@ -246,7 +254,7 @@ void GossipCore::handle_broadcast_locked(Reader& r, std::vector<GossipSend>& sen
   ByteView payload = r.blob(kMaxPayload);
   r.expect_end();
   if (!r.ok()) return count_drop(r.status().message());
-  if (!seen_.insert({origin, seq}).second) return;  // already delivered
+  if (!seen_.emplace(std::make_pair(origin, seq), now).second) return;  // already delivered
   const Bytes body(payload.begin(), payload.end());
   deliver_locked(PeerId{origin}, topic, body);
   if (hops + 1 < options_.max_hops) {

@@ -22,7 +22,6 @@
 #include <map>
 #include <mutex>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -121,7 +120,10 @@ class GossipCore {
   std::map<std::uint64_t, Entry> table_;
   std::uint64_t heartbeat_ = 0;
   std::uint64_t broadcast_seq_ = 0;
-  std::set<std::pair<std::uint64_t, std::uint64_t>> seen_;
+  // Broadcasts delivered, by (origin, sequence), with when: a rumor stops circulating within
+  // (rounds + 1) x max_hops periods, so entries much older than that are dropped.
+  std::map<std::pair<std::uint64_t, std::uint64_t>, Nanos> seen_;
+  Nanos seen_pruned_{0};
   std::deque<Outgoing> outbox_;
   std::vector<Rumor> rumors_;
   std::map<std::string, std::vector<Gossip::Handler>> handlers_;

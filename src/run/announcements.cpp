@@ -2,6 +2,7 @@
 
 #include "transport/endpoint.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <set>
@@ -172,9 +173,18 @@ Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout, const std::atomic<boo
   std::unique_lock lock(heard.mu);
   const Nanos until = clock.now() + timeout;
   std::optional<Nanos> asked;
+  std::optional<Nanos> last_member_seen;  // a live peer, in gossip's view
   // In slices, so that a stop request (Ctrl-C) ends the wait within a tenth of a second.
   while (!heard.spec.has_value() && clock.now() < until) {
     if (stop != nullptr && stop->load()) return error(ErrorCode::kAborted, "stop requested while waiting for the run spec");
+    if (heard.gossip != nullptr) {
+      const auto members = heard.gossip->members();
+      if (std::any_of(members.begin(), members.end(), [](const transport::Member& m) { return m.state == transport::MemberState::kAlive; })) {
+        last_member_seen = clock.now();
+      } else if (last_member_seen && clock.now() - *last_member_seen > std::chrono::seconds(3)) {
+        return error(ErrorCode::kUnavailable, "every peer this one heard of has left or died: the run is over");
+      }
+    }
     if (heard.gossip != nullptr && (!asked || clock.now() - *asked >= std::chrono::seconds(1))) {
       asked = clock.now();
       lock.unlock();

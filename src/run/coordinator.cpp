@@ -308,6 +308,9 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
   }
   broadcast_ready(round, after_epoch);
   Nanos last_repeat = clock_.now();
+  // READY is repeated for peers that missed it, less and less often: gossip's rumors already
+  // carry it for a few periods, and every repeat costs a broadcast to every peer.
+  Nanos repeat_every = options_.repeat_every;
   std::unique_lock lock(mu_);
   for (;;) {
     if (stopping_) return error(ErrorCode::kAborted, "this peer is leaving the run");
@@ -338,10 +341,11 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
     if (deadline.expired(clock_)) {
       return error(ErrorCode::kTimeout, "no group was announced for round " + std::to_string(round) + " before the deadline");
     }
-    if (clock_.now() - last_repeat >= options_.repeat_every) {
+    if (clock_.now() - last_repeat >= repeat_every) {
       lock.unlock();
       broadcast_ready(round, after_epoch);
       last_repeat = clock_.now();
+      repeat_every = std::min<Nanos>(2 * repeat_every, std::chrono::seconds(5));
       lock.lock();
       continue;
     }

@@ -70,7 +70,7 @@ struct CoordinatorOptions {
   Nanos straggler_grace = std::chrono::seconds(60);
   Nanos min_grace = std::chrono::seconds(2);
   double grace_factor = 4.0;
-  Nanos repeat_every = std::chrono::milliseconds(300);
+  Nanos repeat_every = std::chrono::milliseconds(300);  // the first repeat of a READY; then doubling, up to 5 s
 };
 
 struct CoordinatorStats {
