@@ -372,14 +372,15 @@ class PeerCluster {
     } done{*this, r != joiner_};
     if (r == joiner_ && !wait_to_join(r)) return;
     // Only churn brings a worker back: sim.crash_worker's crash is for good.
-    // Nor after the run is over (every other member done).
-    auto over = [&] {
-      std::lock_guard lock(mu_);
-      return members_done_ >= m_ - 1 - (joiner_ >= 0 ? 1 : 0);
-    };
+    // Nor once the run is over (a member reached the last step, or every other member is done): its
+    // downtime ends early then, so the run's time is the members' and not a sleeper's.
+    auto over = [&] { return members_done_ >= m_ - 1 - (joiner_ >= 0 ? 1 : 0) || furthest_ >= config_.train.steps - 1; };
     for (int life = 0; live(r, life) && restart_[static_cast<std::size_t>(r)]; ++life) {
-      scheduler_.sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config_.sim.churn_downtime_s)));
-      if (over()) break;
+      {
+        std::unique_lock lock(mu_);
+        const Nanos downtime = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config_.sim.churn_downtime_s));
+        if (reached_->wait(lock, Deadline::after(scheduler_, downtime), over)) break;
+      }
       net_.revive(r);
       spdlog::info("sim: worker {} restarts (t = {:.1f} s)", r, seconds_now());
     }

@@ -208,42 +208,45 @@ void GossipCore::count_drop(const std::string& why) {
 void GossipCore::merge_table_locked(Reader& r, std::uint64_t sender, const std::string& observed_ip, Nanos now) {
   const std::uint32_t n = r.u32();
   if (r.ok() && n > kMaxMembers) return count_drop("member table of " + std::to_string(n) + " entries");
+  // Rows are read whole first (a malformed table changes nothing), as views into the message: most
+  // rows carry no news, and only news is copied.
   struct Row {
     std::uint64_t id;
-    std::string address;
+    std::string_view address;
     std::uint64_t heartbeat;
     std::uint8_t left;
   };
   std::vector<Row> rows;
+  rows.reserve(std::min<std::size_t>(n, r.remaining() / 21));  // a row takes at least 21 bytes
   for (std::uint32_t i = 0; i < n && r.ok(); ++i) {
     Row row;
     row.id = r.u64();
-    row.address = r.str(kMaxAddress);
+    row.address = as_string_view(r.blob(kMaxAddress));
     row.heartbeat = r.u64();
     row.left = r.u8();
-    rows.push_back(std::move(row));
+    rows.push_back(row);
   }
   r.expect_end();
   if (!r.ok()) return count_drop(r.status().message());
-  for (auto& row : rows) {
+  for (const auto& row : rows) {
     if (row.id == options_.self.value || row.id == 0 || row.left > 1) continue;
-    if (is_wildcard_address(row.address)) {
+    auto it = table_.find(row.id);
+    if (it != table_.end() && row.heartbeat <= it->second.heartbeat) continue;  // nothing new
+    std::string address(row.address);
+    if (is_wildcard_address(address)) {
       // A peer listening on every address announces a wildcard: its own row takes the IP its
       // messages come from; another's is left until a peer that heard it directly relays it. From
       // this very host (a loopback IP) the wildcard itself reaches it, and is kept as it is: a
       // loopback address relayed to other hosts would send them to themselves.
       if (row.id != sender || observed_ip.empty()) continue;
-      if (!is_loopback_ip(observed_ip)) row.address = with_host(row.address, observed_ip);
+      if (!is_loopback_ip(observed_ip)) address = with_host(address, observed_ip);
     }
-    auto [it, fresh] = table_.try_emplace(row.id);
-    Entry& e = it->second;
-    if (fresh || row.heartbeat > e.heartbeat) {
-      e.address = row.address;
-      e.heartbeat = row.heartbeat;
-      e.changed = now;
-      if (row.left == 1 && !e.left) spdlog::debug("gossip: peer {} left", PeerId{row.id}.to_string());
-      e.left = row.left == 1;
-    }
+    Entry& e = it != table_.end() ? it->second : table_[row.id];
+    e.address = std::move(address);
+    e.heartbeat = row.heartbeat;
+    e.changed = now;
+    if (row.left == 1 && !e.left) spdlog::debug("gossip: peer {} left", PeerId{row.id}.to_string());
+    e.left = row.left == 1;
   }
 }
 

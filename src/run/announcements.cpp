@@ -173,18 +173,12 @@ Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout, const std::atomic<boo
   std::unique_lock lock(heard.mu);
   const Nanos until = clock.now() + timeout;
   std::optional<Nanos> asked;
-  std::optional<Nanos> last_member_seen;  // a live peer, in gossip's view
+  std::optional<RunGoneWatch> watch;
+  if (heard.gossip != nullptr) watch.emplace(*heard.gossip, clock, std::chrono::seconds(3));
   // In slices, so that a stop request (Ctrl-C) ends the wait within a tenth of a second.
   while (!heard.spec.has_value() && clock.now() < until) {
     if (stop != nullptr && stop->load()) return error(ErrorCode::kAborted, "stop requested while waiting for the run spec");
-    if (heard.gossip != nullptr) {
-      const auto members = heard.gossip->members();
-      if (std::any_of(members.begin(), members.end(), [](const transport::Member& m) { return m.state == transport::MemberState::kAlive; })) {
-        last_member_seen = clock.now();
-      } else if (last_member_seen && clock.now() - *last_member_seen > std::chrono::seconds(3)) {
-        return error(ErrorCode::kUnavailable, "every peer this one heard of has left or died: the run is over");
-      }
-    }
+    if (watch && watch->gone()) return error(ErrorCode::kUnavailable, "every peer this one heard of has left or died: the run is over");
     if (heard.gossip != nullptr && (!asked || clock.now() - *asked >= std::chrono::seconds(1))) {
       asked = clock.now();
       lock.unlock();
@@ -200,6 +194,18 @@ Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout, const std::atomic<boo
                                                                       : ": " + heard.last_problem));
   }
   return *heard.spec;
+}
+
+bool RunGoneWatch::gone() {
+  const auto members = gossip_.members();
+  const bool alive = std::any_of(members.begin(), members.end(), [](const transport::Member& m) {
+    return m.state == transport::MemberState::kAlive || m.state == transport::MemberState::kSuspect;
+  });
+  if (alive || members.empty()) {
+    if (alive) since_ = clock_.now();
+    return false;
+  }
+  return clock_.now() - since_ > patience_;
 }
 
 std::shared_ptr<JoinBoard> JoinBoard::make(transport::Gossip& gossip, const Clock& clock) {

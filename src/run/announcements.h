@@ -83,6 +83,21 @@ std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip, Clock& clo
 // wildcard address (0.0.0.0, [::]) announces it as it is, and the host is taken from its gossip
 // address as this peer knows it (the IP its gossip came from). Other addresses are returned as given.
 std::string reachable_address(const transport::Gossip& gossip, transport::PeerId id, const std::string& address);
+// Watches whether the run this peer wants to take part in is over: gossip knows peers, and none
+// has been alive for `patience` (every one left or died). Call it regularly from one thread.
+class RunGoneWatch {
+ public:
+  RunGoneWatch(const transport::Gossip& gossip, const Clock& clock, Nanos patience)
+      : gossip_(gossip), clock_(clock), patience_(patience), since_(clock.now()) {}
+  bool gone();
+
+ private:
+  const transport::Gossip& gossip_;
+  const Clock& clock_;
+  const Nanos patience_;
+  Nanos since_;  // the last time a peer was alive, or when watching began
+};
+
 // Waits for the run spec, asking for it every second (kTimeout, with what to check, when nobody
 // announces one in time; kAborted within 0.1 s of `stop` becoming true).
 [[nodiscard]] Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout, const std::atomic<bool>* stop = nullptr);

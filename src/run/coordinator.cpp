@@ -143,9 +143,11 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
     }
     auto& slot = ready_[round][id];
     if (slot.address.empty() || ready.after_epoch >= slot.after_epoch) slot = std::move(ready);
-    // A peer still waiting for a group this peer knows: say it again (it may have missed it).
+    // A peer still waiting for a group this peer knows: say it again (it may have missed it). Only
+    // its leader does, or, when gossip sees the leader dead, the lowest live member: every repeat is
+    // a broadcast to every peer, and a group of hundreds is a few KB.
     auto g = groups_.find(round);
-    if (g != groups_.end() && g->second.epoch > slot.after_epoch) {
+    if (g != groups_.end() && g->second.epoch > slot.after_epoch && repeats_group(g->second)) {
       auto [last, fresh] = repeated_.try_emplace(round, clock_.now());
       if (fresh || clock_.now() - last->second >= options_.repeat_every) {
         last->second = clock_.now();
@@ -195,6 +197,17 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
   lock.unlock();
   signal_->notify_all();
   if (repeat) announce(*repeat);
+}
+
+bool Coordinator::repeats_group(const GroupView& g) const {
+  const transport::PeerId self = gossip_.self();
+  if (g.leader == self) return true;
+  const std::set<transport::PeerId> alive = live_ids(gossip_);
+  if (alive.count(g.leader) == 1) return false;
+  for (const auto& m : g.members) {
+    if (alive.count(m.id) == 1) return m.id == self;  // members are sorted by id
+  }
+  return false;
 }
 
 void Coordinator::broadcast_ready(std::int64_t round, std::uint64_t after_epoch) {
@@ -311,6 +324,7 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
   // READY is repeated for peers that missed it, less and less often: gossip's rumors already
   // carry it for a few periods, and every repeat costs a broadcast to every peer.
   Nanos repeat_every = options_.repeat_every;
+  std::size_t live_at_repeat = live_ids(gossip_).size();
   std::unique_lock lock(mu_);
   for (;;) {
     if (stopping_) return error(ErrorCode::kAborted, "this peer is leaving the run");
@@ -341,10 +355,14 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
     if (deadline.expired(clock_)) {
       return error(ErrorCode::kTimeout, "no group was announced for round " + std::to_string(round) + " before the deadline");
     }
-    if (clock_.now() - last_repeat >= repeat_every) {
+    // Again once the interval passed, or at once when this peer's view of the live peers has doubled
+    // since (early on, the READY reached only the few peers it knew).
+    const std::size_t live_now = live_ids(gossip_).size();
+    if (clock_.now() - last_repeat >= repeat_every || live_now >= 2 * live_at_repeat) {
       lock.unlock();
       broadcast_ready(round, after_epoch);
       last_repeat = clock_.now();
+      live_at_repeat = live_now;
       repeat_every = std::min<Nanos>(2 * repeat_every, std::chrono::seconds(5));
       lock.lock();
       continue;

@@ -118,6 +118,9 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   std::optional<GroupView> leader_decision(std::int64_t round, std::uint64_t after_epoch,
                                            Nanos ready_since);
   void announce(const GroupView& g);
+  // Whether this peer repeats `g` for a peer that missed it: its leader, or the lowest live member
+  // once the leader is dead.
+  bool repeats_group(const GroupView& g) const;
   bool superseded_locked(std::int64_t round, std::uint64_t epoch) const;
   Nanos grace() const;  // the straggler grace now (under mu_)
 

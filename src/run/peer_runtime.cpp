@@ -166,14 +166,11 @@ Result<std::optional<GroupView>> Peer::wait_for_start() {
 // Fetches the newest state the members offer (asking for it until one arrives); kTimeout at the deadline.
 Result<FetchResult> Peer::fetch_newest(Deadline deadline) {
   std::optional<Nanos> last_ask;
-  std::optional<Nanos> last_member_seen;  // a live member, in gossip's view
+  RunGoneWatch watch(gossip_, clock_, std::max<Nanos>(plan_.dead_after, std::chrono::seconds(3)));
   for (;;) {
     if (deadline.expired(clock_)) return error(ErrorCode::kTimeout, "no member offered the run's state in time");
     if (stop_requested()) return error(ErrorCode::kAborted, "stop requested while joining");
-    const auto members = gossip_.members();
-    if (std::any_of(members.begin(), members.end(), [](const transport::Member& m) { return m.state == transport::MemberState::kAlive; })) {
-      last_member_seen = clock_.now();
-    } else if (last_member_seen && clock_.now() - *last_member_seen > plan_.dead_after) {
+    if (watch.gone()) {
       // Everyone it knew has left or died (the run finished): there is nothing to join.
       return error(ErrorCode::kUnavailable, "every member of the run has left or died: the run is over, nothing to join");
     }
