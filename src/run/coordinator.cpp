@@ -325,6 +325,7 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
   // carry it for a few periods, and every repeat costs a broadcast to every peer.
   Nanos repeat_every = options_.repeat_every;
   std::size_t live_at_repeat = live_ids(gossip_).size();
+  Nanos last_view_check = clock_.now();
   std::unique_lock lock(mu_);
   for (;;) {
     if (stopping_) return error(ErrorCode::kAborted, "this peer is leaving the run");
@@ -357,7 +358,12 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
     }
     // Again once the interval passed, or at once when this peer's view of the live peers has doubled
     // since (early on, the READY reached only the few peers it knew).
-    const std::size_t live_now = live_ids(gossip_).size();
+    // (The view is looked at every 200 ms, not at every poll: it copies gossip's whole table.)
+    std::size_t live_now = live_at_repeat;
+    if (clock_.now() - last_view_check >= std::chrono::milliseconds(200)) {
+      live_now = live_ids(gossip_).size();
+      last_view_check = clock_.now();
+    }
     if (clock_.now() - last_repeat >= repeat_every || live_now >= 2 * live_at_repeat) {
       lock.unlock();
       broadcast_ready(round, after_epoch);
