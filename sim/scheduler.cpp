@@ -125,6 +125,22 @@ struct Scheduler::Impl {
   TorchTls fresh_tls{c10::AutogradState(/*grad_mode=*/true, /*inference_mode=*/false, /*fw_grad_mode=*/true), c10::impl::LocalDispatchKeySet(c10::impl::PODLocalDispatchKeySet{})};  // zero: the defaults, as a new thread has
   bool stopping = false;
   std::exception_ptr failure;
+  std::vector<Actor*> spent;  // finished actors whose stacks go once control has left them
+
+  // Frees the stacks of finished actors (never the one running: a finished actor only hands off).
+  // The Actor stays: joins and stale wake-ups still look at it.
+  void reclaim() {
+    for (Actor* a : spent) {
+#if defined(GOSSAMER_FIBER_TSAN)
+      if (a->ctx.tsan_fiber != nullptr) {
+        __tsan_destroy_fiber(a->ctx.tsan_fiber);
+        a->ctx.tsan_fiber = nullptr;
+      }
+#endif
+      a->stack.reset();
+    }
+    spent.clear();
+  }
 
   void make_ready(Actor* a) {
     a->parked = false;
@@ -185,6 +201,7 @@ struct Scheduler::Impl {
 #endif
     t_current = from;
     if (a.torch_tls) a.torch_tls->restore();
+    reclaim();
   }
 
   // Hands control from `self` (parking, or finished) straight to the next actor, or back to run()
@@ -221,6 +238,7 @@ struct Scheduler::Impl {
     }
 #endif
     st.fresh_tls.restore();
+    st.reclaim();
     if (!st.stopping) {
       try {
         a->body();
@@ -236,6 +254,7 @@ struct Scheduler::Impl {
       a->finished = true;
     }
     ++st.finished;
+    st.spent.push_back(a);
     st.hand_off(a);
     GOSSAMER_CHECK(false, "simulator: a finished simulated thread was resumed");
   }

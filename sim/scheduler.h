@@ -11,7 +11,7 @@
 // inside an actor takes no virtual time; the caller accounts for it with sleep_for (a compute model).
 //
 // Ownership: the Scheduler owns its actors and their stacks (8 MiB reserved each, committed as used,
-// with a guard region). Threading: start threads and call_at() before run() from the owning thread,
+// with a guard region; a stack is unmapped as soon as its actor has finished and control has left it). Threading: start threads and call_at() before run() from the owning thread,
 // or from inside actors and callbacks during run(); now() from anywhere while the scheduler holds
 // still. An actor must not hold a mutex across a wait other than the one it waits with (another actor
 // locking it would block the one OS thread all actors share). Errors: run() returns kAborted when

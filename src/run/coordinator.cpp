@@ -11,7 +11,7 @@ namespace gossamer::run {
 namespace {
 
 constexpr const char* kTopic = "gossamer.round";
-constexpr std::uint8_t kVersion = 1;
+constexpr std::uint8_t kVersion = 2;  // 2: READY carries the step of the retried collective
 enum class Kind : std::uint8_t { kReady = 1, kGroup = 2, kIntent = 3 };
 constexpr std::size_t kMaxAddress = 256, kMaxMembers = 4096;
 constexpr auto kPoll = std::chrono::milliseconds(20);
@@ -27,9 +27,10 @@ Writer start_message(Kind kind, std::int64_t round) {
   return w;
 }
 
-Bytes encode_ready(std::int64_t round, std::uint64_t after_epoch, transport::PeerId id, const std::string& address) {
+Bytes encode_ready(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, transport::PeerId id, const std::string& address) {
   Writer w = start_message(Kind::kReady, round);
   w.u64(after_epoch);
+  w.i64(step);
   w.u64(id.value);
   w.str(address);
   return std::move(w).take();
@@ -132,6 +133,7 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
   if (kind == Kind::kReady) {
     Ready ready;
     ready.after_epoch = r.u64();
+    ready.step = r.i64();
     const transport::PeerId id{r.u64()};
     ready.address = r.str(kMaxAddress);
     ready.at = clock_.now();
@@ -210,8 +212,8 @@ bool Coordinator::repeats_group(const GroupView& g) const {
   return false;
 }
 
-void Coordinator::broadcast_ready(std::int64_t round, std::uint64_t after_epoch) {
-  if (Status st = gossip_.broadcast(kTopic, encode_ready(round, after_epoch, gossip_.self(), address_)); !st.ok()) {
+void Coordinator::broadcast_ready(std::int64_t round, std::uint64_t after_epoch, std::int64_t step) {
+  if (Status st = gossip_.broadcast(kTopic, encode_ready(round, after_epoch, step, gossip_.self(), address_)); !st.ok()) {
     spdlog::warn("could not announce readiness for round {}: {}", round, st.to_string());
   }
 }
@@ -229,7 +231,7 @@ Nanos Coordinator::grace() const {
   return std::clamp(scaled, std::min(options_.min_grace, options_.straggler_grace), options_.straggler_grace);
 }
 
-std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::uint64_t after_epoch, Nanos ready_since) {
+std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, Nanos ready_since) {
   const std::set<transport::PeerId> alive = live_ids(gossip_);
   const transport::PeerId self = gossip_.self();
   const bool grace_over = clock_.now() >= ready_since + grace();
@@ -250,8 +252,12 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
   }
   if (leader != self) return std::nullopt;
   std::map<transport::PeerId, std::string> ready;   // ready for this attempt, and alive
+  std::int64_t furthest = after_epoch > 0 ? step : 0;  // the latest step retried
   for (const auto& [id, r] : ready_[round]) {
-    if (r.after_epoch >= after_epoch && alive.count(id) == 1) ready[id] = r.address;
+    if (r.after_epoch >= after_epoch && alive.count(id) == 1) {
+      ready[id] = r.address;
+      if (after_epoch > 0) furthest = std::max(furthest, r.step);
+    }
   }
   ready[self] = address_;
   // Who the leader waits for: the live members of the last group (every live peer at the start).
@@ -289,7 +295,18 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
   GroupView g;
   g.round = round;
   g.leader = self;
-  for (const auto& [id, address] : ready) g.members.push_back(MemberInfo{id, address});
+  for (const auto& [id, address] : ready) {
+    // A retry: members whose collective failed at an earlier step than the others' are behind (the
+    // others finished that step, the crash cut it short for them only). They cannot take part in the
+    // later step's collective; they are left out and catch up from the members.
+    const std::int64_t at = id == self ? step : ready_[round][id].step;
+    if (after_epoch > 0 && at < furthest) {
+      ++stats_.left_out;
+      spdlog::warn("round {}: peer {} retries step {} while others are at step {}: it is left out and catches up", round, id.to_string(), at, furthest);
+      continue;
+    }
+    g.members.push_back(MemberInfo{id, address});
+  }
   // The same members as the last group, which nobody is retrying and no newer group has replaced:
   // it goes on under its epoch, so its links (and a collective still in flight over them) are kept.
   const bool unchanged = last_ && after_epoch == 0 && g.members == last_->members && last_->epoch == max_epoch_ &&
@@ -306,20 +323,20 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
   return g;
 }
 
-Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline) {
+Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline, std::int64_t step) {
   const transport::PeerId self = gossip_.self();
   const Nanos ready_since = clock_.now();
   {
     std::lock_guard lock(mu_);
     if (after_epoch > 0) ++stats_.retries;
-    ready_[round][self] = Ready{after_epoch, address_, ready_since};
+    ready_[round][self] = Ready{after_epoch, step, address_, ready_since};
     // Rounds long past are of no use any more.
     ready_.erase(ready_.begin(), ready_.lower_bound(round - 2));
     groups_.erase(groups_.begin(), groups_.lower_bound(round - 2));
     repeated_.erase(repeated_.begin(), repeated_.lower_bound(round - 2));
     intents_.erase(intents_.begin(), intents_.lower_bound(round - 2));
   }
-  broadcast_ready(round, after_epoch);
+  broadcast_ready(round, after_epoch, step);
   Nanos last_repeat = clock_.now();
   // READY is repeated for peers that missed it, less and less often: gossip's rumors already
   // carry it for a few periods, and every repeat costs a broadcast to every peer.
@@ -334,7 +351,7 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
       const GroupView g = it->second;
       if (g.rank_of(self) < 0) {
         return error(ErrorCode::kAborted, "left out of round " + std::to_string(round) + " by leader " + g.leader.to_string() +
-                                              " (this peer was not ready in time)");
+                                              (after_epoch > 0 ? " (this peer was not ready in time, or retries an earlier step than the others)" : " (this peer was not ready in time)"));
       }
       last_ = g;
       return g;
@@ -345,7 +362,7 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
                                                                                groups_.empty() ? 0 : groups_.rbegin()->first)) +
                                                        "): it joins through a state transfer");
     }
-    if (auto decided = leader_decision(round, after_epoch, ready_since)) {
+    if (auto decided = leader_decision(round, after_epoch, step, ready_since)) {
       groups_[round] = *decided;
       lock.unlock();
       spdlog::info("round {}: leading, group of {} with epoch {}", round, decided->members.size(), decided->epoch);
@@ -366,7 +383,7 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
     }
     if (clock_.now() - last_repeat >= repeat_every || live_now >= 2 * live_at_repeat) {
       lock.unlock();
-      broadcast_ready(round, after_epoch);
+      broadcast_ready(round, after_epoch, step);
       last_repeat = clock_.now();
       live_at_repeat = live_now;
       repeat_every = std::min<Nanos>(2 * repeat_every, std::chrono::seconds(5));

@@ -13,13 +13,15 @@
 // group gets a new one, so nothing of a failed round can reach a later one. A peer may ask for a
 // round's group ahead of time (agree() from another thread) to take the agreement off its critical
 // path. When a collective over epoch e fails, the members call agree(k, e) again
-// (READY with "after e"); the leader announces a group with a larger epoch, without the peers that
-// are gone. If the leader dies, the next lowest live id takes over, since every peer runs the same
+// (READY with "after e" and the step whose collective failed); the leader announces a group with a
+// larger epoch, without the peers that are gone, and without those retrying an earlier step than
+// others (a crash that cut a collective short for some members only: the rest went on to the next
+// step; those behind are left out and catch up through a state transfer). If the leader dies, the next lowest live id takes over, since every peer runs the same
 // rule; announcements and READYs are repeated until answered, so a lost gossip message only delays.
 //
 // Messages (topic "gossamer.round", little-endian through core/wire):
 //   version u8 | type u8 (1 READY, 2 GROUP, 3 INTENT) | round i64
-//   READY: after_epoch u64 | id u64 | link address str
+//   READY: after_epoch u64 | step i64 (of the retried collective; 0 first time) | id u64 | link address str
 //   GROUP: epoch u64 | leader u64 | count u32 | count x (id u64, link address str)
 //   INTENT: id u64 (a newcomer holding the state of round-1)
 // A message of another version or a malformed one is dropped, logged and counted (dropped()).
@@ -92,8 +94,8 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   Coordinator& operator=(const Coordinator&) = delete;
 
   // The group of round `round`. after_epoch: 0 for the first attempt, else the epoch whose
-  // collective failed (the answer then has a larger epoch).
-  [[nodiscard]] Result<GroupView> agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline);
+  // collective failed (the answer then has a larger epoch), and `step` the step of that collective.
+  [[nodiscard]] Result<GroupView> agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline, std::int64_t step = 0);
   // A newcomer that holds the state of round-1 announces it will take part in `round`: the leader
   // then waits for it like for a member (INTENT: version | 3 | round | id u64).
   void intend(std::int64_t round);
@@ -109,13 +111,14 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
  private:
   struct Ready {
     std::uint64_t after_epoch = 0;
+    std::int64_t step = 0;  // of the collective retried
     std::string address;
     Nanos at{0};  // on the coordinator's clock
   };
   void on_message(transport::PeerId origin, const Bytes& payload);
-  void broadcast_ready(std::int64_t round, std::uint64_t after_epoch);
+  void broadcast_ready(std::int64_t round, std::uint64_t after_epoch, std::int64_t step);
   // Leader side: the group to announce now, or nothing yet (under mu_).
-  std::optional<GroupView> leader_decision(std::int64_t round, std::uint64_t after_epoch,
+  std::optional<GroupView> leader_decision(std::int64_t round, std::uint64_t after_epoch, std::int64_t step,
                                            Nanos ready_since);
   void announce(const GroupView& g);
   // Whether this peer repeats `g` for a peer that missed it: its leader, or the lowest live member

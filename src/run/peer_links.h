@@ -7,8 +7,9 @@
 // one. Links that arrive before this peer asks for them (a faster peer) wait in the table.
 //
 // Threading: one accept thread (owned) files incoming links; group() and the rest are called from
-// the training thread and are thread-safe. Blocking: group() blocks until every link of the group is
-// up or its deadline passes. Errors: the connect or accept failure, with the peer's id.
+// the training thread and are thread-safe; group() dials its links from a few threads of its own
+// (joined before it returns). Blocking: group() blocks until every link of the group is up or its
+// deadline passes. Errors: the connect or accept failure, with the peer's id.
 // Incoming connections that do not send a well-formed epoch in time are closed and counted.
 #pragma once
 
@@ -20,6 +21,7 @@
 #include <mutex>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "core/clock.h"
 #include "core/signal.h"
@@ -60,6 +62,10 @@ class PeerLinks {
 
  private:
   void accept_loop();
+  // Connects to member `m` and sends the epoch.
+  Result<std::shared_ptr<transport::Link>> open(const MemberInfo& m, std::uint64_t epoch, Deadline deadline);
+
+  static constexpr std::size_t kDialers = 16;  // links of one group opened at a time
 
   transport::Transport& transport_;
   std::function<void(std::shared_ptr<transport::Link>)> on_state_link_;

@@ -357,7 +357,7 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
       }
       if (!view.ok() && view.status().code() == ErrorCode::kTimeout) view = coordinator_->agree(round, 0, deadline);
     } else {
-      view = coordinator_->agree(round, failed, deadline);
+      view = coordinator_->agree(round, failed, deadline, step);
     }
     if (!view.ok() && view.status().code() == ErrorCode::kAborted) {
       if (stop_requested()) return std::nullopt;

@@ -214,7 +214,9 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
         const Nanos t0 = clock.now();
         const std::int64_t step = worker.steps_done() + 1;
         Status st = setup.gradient_sync->sync_gradients(params, step, Deadline::after(clock, o.round_timeout));
+        const std::uint64_t restores = worker.restores();
         if (!st.ok() && regroup(step)) {
+          if (worker.restores() != restores) return st;  // left behind: the step is dropped (Worker::step)
           spdlog::info("step {}: gradient averaging failed ({}); retrying it with the remaining members", step, st.to_string());
           st = setup.gradient_sync->sync_gradients(params, step, Deadline::after(clock, o.round_timeout));
         }
@@ -228,14 +230,21 @@ Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, 
     if (!paced) acc.compute_s += pace(step_real);
     acc.steps = r.step;
     acc.tokens = worker.tokens_seen();
+    if (r.replaced) continue;  // left behind, this worker took the members' state: it goes on from there
     if (!r.sync.ok()) {
       spdlog::warn("step {}: gradient averaging failed, the step used local gradients: {}", r.step, r.sync.to_string());
       outer.skip_round();
     }
 
     const Nanos t0 = clock.now();
+    const std::uint64_t restores = worker.restores();
     auto synced = outer.step(r.step, Deadline::after(clock, o.round_timeout));
     if (!synced.ok() && regroup(r.step)) {
+      if (worker.restores() != restores) {  // left behind: it took the members' state instead
+        acc.blocked_s += std::chrono::duration<double>(clock.now() - t0).count();
+        acc.steps = worker.steps_done();
+        continue;
+      }
       spdlog::info("step {}: {} round failed ({}); retrying it with the remaining members", r.step, outer.name(), synced.status().to_string());
       synced = outer.step(r.step, Deadline::after(clock, o.round_timeout));
     }

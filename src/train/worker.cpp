@@ -71,6 +71,7 @@ struct Worker::Impl {
   std::int64_t step = 0;
   std::int64_t next_batch = 0;
   std::int64_t tokens = 0;
+  std::uint64_t restores = 0;
 };
 
 Worker::Worker(const RunConfig& config, const data::Dataset& dataset, int rank, int world, Clock& clock)
@@ -87,7 +88,16 @@ StepResult Worker::step(const GradientHook& before_update) {
   auto loss = s.gpt.loss(batch.tokens, batch.targets);
   loss.backward();
   Status sync;
+  const std::uint64_t restores = s.restores;
   if (before_update) sync = before_update(s.params);
+  if (s.restores != restores) {  // the state this step started from is gone: nothing to update
+    StepResult r;
+    r.step = s.step;
+    r.seconds = watch.elapsed_seconds();
+    r.sync = std::move(sync);
+    r.replaced = true;
+    return r;
+  }
   double norm = 0.0;
   if (s.config.train.grad_clip > 0.0) {
     norm = torch::nn::utils::clip_grad_norm_(s.params, s.config.train.grad_clip);
@@ -186,7 +196,10 @@ Status Worker::restore(const CheckpointState& state) {
   s.step = state.step;
   s.next_batch = state.next_batch;
   s.tokens = state.tokens_seen;
+  ++s.restores;
   return Status();
 }
+
+std::uint64_t Worker::restores() const { return impl_->restores; }
 
 }  // namespace gossamer::train

@@ -33,11 +33,13 @@ struct StepResult {
   std::int64_t tokens = 0;   // tokens in this step's batch
   double seconds = 0.0;      // time the step took on the Worker's Clock
   Status sync;               // what the gradient hook returned (ok when there is none)
+  bool replaced = false;     // the hook replaced the whole state (restore()): no update was made
 };
 
 // Called between backward and the update with the model's parameters (their gradients filled in):
 // data parallelism averages the gradients here. If it fails, the step goes on with the local
-// gradients and StepResult::sync carries the error.
+// gradients and StepResult::sync carries the error. If it restores the Worker (a peer left behind
+// takes the members' state), the step's update is dropped and the step ends at the restored one.
 using GradientHook = std::function<Status(const std::vector<at::Tensor>& params)>;
 
 // The model of a config, for worker `rank` (which seeds its dropout).
@@ -62,6 +64,7 @@ class Worker {
   // Captures / restores the whole training state (model, optimizer, RNG, data position, step).
   CheckpointState checkpoint_state(const std::string& config_toml) const;
   [[nodiscard]] Status restore(const CheckpointState& state);
+  std::uint64_t restores() const;  // how many restore() calls succeeded
 
  private:
   struct Impl;

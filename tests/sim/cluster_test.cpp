@@ -24,7 +24,7 @@ ClusterResult run(const train::RunConfig& c) {
   auto corpus = train::load_corpus(c);
   REQUIRE(corpus.ok());
   auto r = run_cluster(c, *corpus);
-  REQUIRE(r.ok());
+  if (!r.ok()) FAIL(r.status().to_string());
   return std::move(*r);
 }
 
