@@ -173,7 +173,8 @@ class PeerCluster {
         reached_(scheduler_.make_signal()),
         saved_(static_cast<std::size_t>(m_)),
         churn_(static_cast<std::size_t>(m_)),
-        restart_(static_cast<std::size_t>(m_), false) {
+        restart_(static_cast<std::size_t>(m_), false),
+        downtime_(static_cast<std::size_t>(m_), 0.0) {
     result_.accounts.resize(static_cast<std::size_t>(m_));
     result_.final_params.resize(static_cast<std::size_t>(m_));
     while (m_ > 1 && (evaluator_ == config.sim.crash_worker || evaluator_ == joiner_)) ++evaluator_;
@@ -263,7 +264,8 @@ class PeerCluster {
       churn.erase(churn.begin());
     }
     if (!scripted && !churned) return true;
-    restart_[static_cast<std::size_t>(r)] = !scripted;
+    restart_[static_cast<std::size_t>(r)] = !scripted || config_.sim.crash_restart_s >= 0;
+    downtime_[static_cast<std::size_t>(r)] = scripted && config_.sim.crash_restart_s >= 0 ? config_.sim.crash_restart_s : config_.sim.churn_downtime_s;
     spdlog::info("sim: worker {} crashes before step {} (t = {:.1f} s)", r, next, seconds_now());
     gossip_fabric_.crash(gossip_address(r));
     net_.crash(r);
@@ -292,7 +294,7 @@ class PeerCluster {
       result_.records.push_back(std::move(out));
       return Status();
     };
-    if (config_.sim.churn_rate > 0) {
+    if (config_.sim.churn_rate > 0 || (r == config_.sim.crash_worker && config_.sim.crash_restart_s >= 0)) {
       env.save_checkpoint = [this, r](const train::CheckpointState& cs) {
         saved_[static_cast<std::size_t>(r)] = cs;
         return Status();
@@ -371,14 +373,14 @@ class PeerCluster {
       }
     } done{*this, r != joiner_};
     if (r == joiner_ && !wait_to_join(r)) return;
-    // Only churn brings a worker back: sim.crash_worker's crash is for good.
+    // Churn brings a worker back, and sim.crash_restart_s the scripted crash's; otherwise it is for good.
     // Nor once the run is over (a member reached the last step, or every other member is done): its
     // downtime ends early then, so the run's time is the members' and not a sleeper's.
     auto over = [&] { return members_done_ >= m_ - 1 - (joiner_ >= 0 ? 1 : 0) || furthest_ >= config_.train.steps - 1; };
     for (int life = 0; live(r, life) && restart_[static_cast<std::size_t>(r)]; ++life) {
       {
         std::unique_lock lock(mu_);
-        const Nanos downtime = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config_.sim.churn_downtime_s));
+        const Nanos downtime = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(downtime_[static_cast<std::size_t>(r)]));
         if (reached_->wait(lock, Deadline::after(scheduler_, downtime), over)) break;
       }
       net_.revive(r);
@@ -404,7 +406,8 @@ class PeerCluster {
   int members_done_ = 0;
   std::vector<std::optional<train::CheckpointState>> saved_;  // each worker's last checkpoint (churn)
   std::vector<std::vector<std::int64_t>> churn_;              // each worker's planned crash steps
-  std::vector<bool> restart_;                                 // its last crash was churn (it comes back)
+  std::vector<bool> restart_;                                 // its last crash was one it comes back from
+  std::vector<double> downtime_;                              // how long it stays down then (virtual s)
   ClusterResult result_;
   Status failure_;
   double compute_wall_ = 0;

@@ -62,6 +62,7 @@ struct PeerArgs {
   std::string shape;
   double dead_after_s = 1.0;
   bool resume = false;
+  std::int64_t crash_at_step = 0;  // 0: never
 };
 void add_peer_command(CLI::App& app, PeerArgs& args);
 int run_peer_command(const PeerArgs& args);

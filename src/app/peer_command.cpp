@@ -65,6 +65,10 @@ void add_peer_command(CLI::App& app, PeerArgs& args) {
       ->check(number_in(0.5, 3600.0))
       ->capture_default_str();
   cmd->add_flag("--resume", args.resume, "restart from OUT/checkpoint.bin (its config is the run's) and catch up with the members");
+  cmd->add_option("--crash-at-step", args.crash_at_step,
+                  "fault drill: the process dies abruptly before this step, as if killed (no goodbye, no summary), to rehearse "
+                  "recovery; restart it with --resume")
+      ->check(integer_in(1, std::int64_t{1} << 40));
   cmd->add_option("--join-timeout", args.join_timeout_s, "seconds to wait for the run spec from the peers joined")
       ->check(number_in(0.0, 86400.0, true))
       ->capture_default_str();
@@ -102,6 +106,7 @@ int run_peer_command(const PeerArgs& args) {
   }
   req.out_dir = args.out;
   req.resume = args.resume;
+  req.crash_at_step = args.crash_at_step;
   req.dead_after = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(args.dead_after_s));
   req.wait_for = static_cast<std::size_t>(args.wait_for);
   req.spec_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(args.join_timeout_s));

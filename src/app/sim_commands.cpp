@@ -44,7 +44,10 @@ std::string network_text(const train::RunConfig& c) {
   if (c.sim.compute == "device") s += fmt::format("; compute {:g} TFLOP/s at {:g}% utilization", c.sim.device_tflops, 100 * c.sim.device_utilization);
   if (c.sim.compute == "measured") s += "; compute as measured on this machine (not deterministic)";
   if (c.sim.straggler >= 0) s += fmt::format("; worker {} is {:g}x slower", c.sim.straggler, c.sim.straggler_factor);
-  if (c.sim.crash_worker >= 0) s += fmt::format("; worker {} crashes at step {}", c.sim.crash_worker, c.sim.crash_at_step);
+  if (c.sim.crash_worker >= 0) {
+    s += fmt::format("; worker {} crashes at step {}", c.sim.crash_worker, c.sim.crash_at_step);
+    if (c.sim.crash_restart_s >= 0) s += fmt::format(" and restarts {:g} s later from its last checkpoint", c.sim.crash_restart_s);
+  }
   if (c.sim.join_worker >= 0) s += fmt::format("; worker {} joins after step {}", c.sim.join_worker, c.sim.join_at_step);
   if (c.sim.churn_rate > 0) {
     s += fmt::format("; churn: {:g}% of the workers crash per 100 steps, each back {:g} s later", 100 * c.sim.churn_rate, c.sim.churn_downtime_s);

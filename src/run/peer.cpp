@@ -1,6 +1,7 @@
 #include "run/peer.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include <spdlog/spdlog.h>
 
@@ -214,6 +215,14 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   env.write_summary = [&](const nlohmann::json& summary) {
     return write_file_atomic(req.out_dir / "summary.json", as_bytes(summary.dump(2) + "\n"));
   };
+  if (req.crash_at_step > 0) {
+    env.alive = [at = req.crash_at_step](std::int64_t next) {
+      if (next < at) return true;
+      spdlog::warn("--crash-at-step {}: dying now, as if killed", at);
+      spdlog::default_logger()->flush();
+      std::_Exit(137);  // what a kill -9 leaves: no farewell, no summary, sockets reset by the kernel
+    };
+  }
   Peer peer(std::move(plan), std::move(env));
   return peer.run();
 }

@@ -59,6 +59,8 @@ struct PeerRequest {
   // This peer's failure detector: a peer silent this long is dead and rounds go on without it; it is
   // suspect after half of it (still counted in rounds). At least 5 gossip periods (0.5 s).
   Nanos dead_after = std::chrono::seconds(1);
+  // A fault drill: > 0, the process dies abruptly (std::_Exit, no goodbye) before this step.
+  std::int64_t crash_at_step = 0;
   Nanos spec_timeout = std::chrono::seconds(60);
   Nanos start_timeout = std::chrono::minutes(10);
   const std::atomic<bool>* stop = nullptr;

@@ -234,6 +234,8 @@ Status Peer::join_or_start() {
     fetched_ = std::move(*got);
     world_ = static_cast<int>(fetched_->manifest.shards);
     rank_ = static_cast<int>(gossip_.self().value % static_cast<std::uint64_t>(world_));
+    // A peer that resumes goes on with the shard it trained (a new id would draw another one).
+    if (plan_.resumed && plan_.resumed->shards == world_ && plan_.resumed->shard >= 0) rank_ = plan_.resumed->shard;
   } else {
     rank_ = start_->rank_of(gossip_.self());
     world_ = static_cast<int>(start_->members.size());
@@ -277,6 +279,8 @@ Status Peer::save_checkpoint() {
   if (!env_.save_checkpoint) return Status();
   train::CheckpointState cs = worker_->checkpoint_state(spec_.toml);
   cs.outer_state = setup_.outer->save();
+  cs.shard = rank_;
+  cs.shards = world_;
   return env_.save_checkpoint(cs);
 }
 

@@ -22,6 +22,8 @@ Bytes encode_checkpoint(const CheckpointState& s) {
   payload.blob(s.rng_state);
   payload.u64(s.outer_state.size());
   payload.raw(s.outer_state);
+  payload.i32(s.shard);
+  payload.i32(s.shards);
   payload.u64(s.tensors.size());  // may exceed 4 GiB: 64-bit length
   payload.raw(s.tensors);
   const Digest digest = digest_of(payload.bytes());
@@ -42,7 +44,7 @@ Result<CheckpointState> decode_checkpoint(ByteView file, const std::string& name
     return error(ErrorCode::kMalformed, "checkpoint " + name + " is not a Gossamer checkpoint (bad magic)");
   }
   const std::uint32_t version = header.u32();
-  if (header.ok() && version != kCheckpointVersion && version != 1) {
+  if (header.ok() && (version < 1 || version > kCheckpointVersion)) {
     return error(ErrorCode::kVersionMismatch, "checkpoint " + name + " has format version " + std::to_string(version) +
                                                   "; this build reads version " + std::to_string(kCheckpointVersion) +
                                                   (version > kCheckpointVersion ? ": upgrade Gossamer" : ""));
@@ -76,6 +78,13 @@ Result<CheckpointState> decode_checkpoint(ByteView file, const std::string& name
                                         " bytes left");
     }
     outer = r.raw(r.ok() ? static_cast<std::size_t>(outer_len) : 0);
+  }
+  if (version >= 3) {
+    s.shard = r.i32();
+    s.shards = r.i32();
+    if (r.ok() && (s.shards < 0 || s.shard < -1 || (s.shard >= 0 && s.shard >= s.shards))) {
+      r.fail(ErrorCode::kMalformed, "shard " + std::to_string(s.shard) + " of " + std::to_string(s.shards));
+    }
   }
   const std::uint64_t tensor_len = r.u64();
   if (r.ok() && tensor_len != r.remaining()) {

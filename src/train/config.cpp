@@ -129,6 +129,7 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"sim.device_utilization", "device compute: fraction of peak reached (MFU)", [](RunConfig& c) -> double& { return c.sim.device_utilization; }, 0.0, 1.0, true},
       IntKey{"sim.crash_worker", "worker that crashes at sim.crash_at_step; -1: none", [](RunConfig& c) -> std::int64_t& { return c.sim.crash_worker; }, -1, 4095},
       IntKey{"sim.crash_at_step", "inner step at which sim.crash_worker crashes", [](RunConfig& c) -> std::int64_t& { return c.sim.crash_at_step; }, 0, 1LL << 40},
+      FloatKey{"sim.crash_restart_s", "virtual seconds after which sim.crash_worker restarts from its last checkpoint and catches up with the members; -1: it stays down", [](RunConfig& c) -> double& { return c.sim.crash_restart_s; }, -1.0, 1e9, false},
       IntKey{"sim.join_worker", "worker that joins late, at sim.join_at_step, fetching the training state from a member; -1: none", [](RunConfig& c) -> std::int64_t& { return c.sim.join_worker; }, -1, 4095},
       IntKey{"sim.join_at_step", "inner step from which sim.join_worker takes part (a round boundary joins cleanly)", [](RunConfig& c) -> std::int64_t& { return c.sim.join_at_step; }, 0, 1LL << 40},
       IntKey{"sim.straggler", "worker whose compute is sim.straggler_factor times slower; -1: none", [](RunConfig& c) -> std::int64_t& { return c.sim.straggler; }, -1, 4095},

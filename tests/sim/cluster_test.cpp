@@ -286,3 +286,28 @@ TEST_CASE("churn: seeded crashes and restarts from the last checkpoint go throug
   for (std::size_t i = 0; i < a.records.size(); ++i) CHECK(a.records[i].dump() == b.records[i].dump());
   CHECK(a.sim_time_s == b.sim_time_s);
 }
+
+TEST_CASE("a scripted crash with a restart: the worker resumes its checkpoint, catches up and ends with the members' weights") {
+  auto c = tiny("diloco");
+  c.train.steps = 36;
+  c.train.checkpoint_every = 6;
+  c.sim.compute = "fixed";
+  c.sim.step_time_s = 1.0;
+  c.sim.crash_worker = 2;
+  c.sim.crash_at_step = 9;
+  c.sim.crash_restart_s = 0;
+  const auto a = run(c);
+  CHECK_FALSE(a.crashed[2]);
+  CHECK(a.accounts[2].state_bytes_received > 0);  // it fetched the members' newer state
+  for (int w = 0; w < 3; ++w) CHECK(a.accounts[static_cast<std::size_t>(w)].steps == 36);
+  CHECK(torch::equal(a.final_params[2], a.final_params[0]));
+  // A rerun is bit-identical.
+  const auto b = run(c);
+  REQUIRE(a.records.size() == b.records.size());
+  for (std::size_t i = 0; i < a.records.size(); ++i) CHECK(a.records[i].dump() == b.records[i].dump());
+  // Without the restart it stays down.
+  c.sim.crash_restart_s = -1;
+  const auto down = run(c);
+  CHECK(down.crashed[2]);
+  CHECK(down.accounts[2].steps < 36);
+}

@@ -25,6 +25,8 @@ CheckpointState sample() {
   s.tokens_seen = 4096;
   s.rng_state = Bytes(40, std::byte{7});
   s.outer_state = Bytes(24, std::byte{9});
+  s.shard = 3;
+  s.shards = 4;
   for (int i = 0; i < 1000; ++i) s.tensors.push_back(static_cast<std::byte>(i * 31));
   return s;
 }
@@ -33,7 +35,7 @@ CheckpointState sample() {
 TEST_CASE("checkpoint container round-trips and pins its header") {
   const Bytes file = encode_checkpoint(sample());
   CHECK(std::string(reinterpret_cast<const char*>(file.data()), 8) == "GSMRCKPT");
-  CHECK(static_cast<int>(file[8]) == 2);  // version 2, little-endian
+  CHECK(static_cast<int>(file[8]) == 3);  // version 3, little-endian
   auto back = decode_checkpoint(file, "x");
   REQUIRE(back.ok());
   CHECK(back->config_toml == sample().config_toml);
@@ -43,30 +45,68 @@ TEST_CASE("checkpoint container round-trips and pins its header") {
   CHECK((back->rng_state == sample().rng_state));
   CHECK((back->outer_state == sample().outer_state));
   CHECK((back->tensors == sample().tensors));
+  CHECK(back->shard == 3);
+  CHECK(back->shards == 4);
 }
 
-TEST_CASE("a version 1 checkpoint (no outer state) is still read") {
-  const CheckpointState s = sample();
+namespace {
+// A checkpoint file of an older version, or of the current one with a payload of our making.
+Bytes file_of(std::uint32_t version, const Bytes& payload) {
+  const Digest digest = digest_of(payload);
+  Writer file;
+  file.raw(as_bytes(std::string_view(kCheckpointMagic, sizeof(kCheckpointMagic))));
+  file.u32(version);
+  file.u64(payload.size());
+  file.raw(ByteView(reinterpret_cast<const std::byte*>(digest.bytes.data()), digest.bytes.size()));
+  file.raw(payload);
+  return std::move(file).take();
+}
+// The payload up to the shard fields of `version` (1: no outer state, 2: no shard).
+Writer payload_of(const CheckpointState& s, std::uint32_t version) {
   Writer payload;
   payload.str(s.config_toml);
   payload.i64(s.step);
   payload.i64(s.next_batch);
   payload.i64(s.tokens_seen);
   payload.blob(s.rng_state);
-  payload.u64(s.tensors.size());
-  payload.raw(s.tensors);
-  const Digest digest = digest_of(payload.bytes());
-  Writer file;
-  file.raw(as_bytes(std::string_view(kCheckpointMagic, sizeof(kCheckpointMagic))));
-  file.u32(1);
-  file.u64(payload.size());
-  file.raw(ByteView(reinterpret_cast<const std::byte*>(digest.bytes.data()), digest.bytes.size()));
-  file.raw(payload.bytes());
-  auto back = decode_checkpoint(file.bytes(), "v1");
-  REQUIRE(back.ok());
-  CHECK(back->step == 12);
-  CHECK(back->outer_state.empty());
-  CHECK((back->tensors == s.tensors));
+  if (version >= 2) {
+    payload.u64(s.outer_state.size());
+    payload.raw(s.outer_state);
+  }
+  return payload;
+}
+}  // namespace
+
+TEST_CASE("version 1 and 2 checkpoints (no outer state, no shard) are still read") {
+  const CheckpointState s = sample();
+  for (std::uint32_t version : {1u, 2u}) {
+    CAPTURE(version);
+    Writer payload = payload_of(s, version);
+    payload.u64(s.tensors.size());
+    payload.raw(s.tensors);
+    auto back = decode_checkpoint(file_of(version, payload.bytes()), "old");
+    REQUIRE(back.ok());
+    CHECK(back->step == 12);
+    CHECK(back->outer_state.empty() == (version == 1));
+    CHECK(back->shard == -1);
+    CHECK(back->shards == 0);
+    CHECK((back->tensors == s.tensors));
+  }
+}
+
+TEST_CASE("a checkpoint naming a shard outside its count is rejected") {
+  const CheckpointState s = sample();
+  for (auto [shard, shards] : {std::pair{4, 4}, std::pair{-2, 4}, std::pair{0, -1}}) {
+    CAPTURE(shard);
+    Writer payload = payload_of(s, 3);
+    payload.i32(shard);
+    payload.i32(shards);
+    payload.u64(s.tensors.size());
+    payload.raw(s.tensors);
+    auto back = decode_checkpoint(file_of(3, payload.bytes()), "bad shard");
+    REQUIRE_FALSE(back.ok());
+    CHECK(back.status().code() == ErrorCode::kMalformed);
+  }
 }
 
 TEST_CASE("a corrupted, truncated or foreign file is rejected with a clear error") {
@@ -97,7 +137,7 @@ TEST_CASE("a corrupted, truncated or foreign file is rejected with a clear error
   }
   SUBCASE("a newer format version") {
     Bytes bad = good;
-    bad[8] = std::byte{3};
+    bad[8] = std::byte{kCheckpointVersion + 1};
     auto r = decode_checkpoint(bad, "ckpt");
     CHECK(r.status().code() == ErrorCode::kVersionMismatch);
     CHECK(r.status().message().find("upgrade") != std::string::npos);
