@@ -168,6 +168,9 @@ std::vector<GossipSend> GossipCore::farewell() {
   std::vector<GossipSend> sends;
   std::lock_guard<std::mutex> lock(mu_);
   if (left_) return sends;
+  // Broadcasts queued just before leaving go first (a round's last GROUP, announced by a leader that
+  // then leaves at once): dropped, the peers waiting for it would elect one leader after another.
+  take_outbox_locked(&sends, clock_.now());
   ++heartbeat_;
   const Bytes bye = table_message(true);
   for (auto& t : random_live(table_.size(), clock_.now())) sends.push_back(GossipSend{t, bye});

@@ -61,7 +61,7 @@ class GossipCore {
   std::vector<GossipSend> take_broadcasts();
   // A message received; `observed_ip` is the IP it came from (empty when unknown).
   std::vector<GossipSend> handle(ByteView data, const std::string& observed_ip);
-  // Leaving: a farewell to every live member (the higher heartbeat wins every merge); afterwards
+  // Leaving: the broadcasts still queued, then a farewell to every live member (the higher heartbeat wins every merge); afterwards
   // broadcasts are refused and ticks send nothing.
   std::vector<GossipSend> farewell();
   bool left() const;

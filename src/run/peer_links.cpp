@@ -116,8 +116,7 @@ Result<optim::Group> PeerLinks::group(const GroupView& view, Deadline deadline, 
       if (self < m.id && links_.count({view.epoch, m.id}) == 0) ours.push_back(&m);
     }
   }
-  std::size_t next = 0;      // the next of `ours` to dial
-  std::size_t dialing = 0;   // dialers still running
+  std::size_t next = 0;  // the next of `ours` to dial
   bool cancel = false;
   std::optional<Status> failed;  // the first dial that failed
   std::vector<std::unique_ptr<ClockThread>> dialers;
@@ -145,14 +144,7 @@ Result<optim::Group> PeerLinks::group(const GroupView& view, Deadline deadline, 
       slot = std::move(*link);
       filed_->notify_all();
     }
-    std::lock_guard lock(mu_);
-    --dialing;
-    filed_->notify_all();
   };
-  {
-    std::lock_guard lock(mu_);
-    dialing = std::min(ours.size(), kDialers);
-  }
   for (std::size_t i = 0; i < std::min(ours.size(), kDialers); ++i) dialers.push_back(clock_.start_thread(dial));
   // Every return below first stops the dialers: they reference this frame.
   const auto finish = [&](Status st) -> Status {

@@ -89,8 +89,8 @@ struct PeerEnvironment {
   std::function<Status(const nlohmann::json&)> write_summary;
   // A simulation's: the seconds an inner step counts as (and waits out), given the measured ones.
   std::function<double(double measured_s)> pace;
-  // A simulation's: false before step `next` ends the process at once (a crash: no goodbye, no
-  // checkpoint); the environment has cut its links and gossip already.
+  // A simulation's or a fault drill's: false before step `next` ends the run at once (a crash: no
+  // goodbye, no checkpoint); the environment has cut its links and gossip already.
   std::function<bool(std::int64_t next)> alive;
   bool evaluate = true;     // at eval_every and the end (a simulation lets one peer do it)
   bool set_threads = true;  // apply train.threads to LibTorch (the process's setting)
@@ -107,14 +107,23 @@ class Peer {
   // True when run() ended because alive() said the process died.
   bool crashed() const { return crashed_; }
 
- private:
-  class Pending;  // a group asked for from a thread of its own
-
+  // The parts run() takes in order. Each may be taken alone (tests do), once the ones before it
+  // succeeded; the accessors below say what a part settled.
   [[nodiscard]] Status learn_run();
   [[nodiscard]] Status link_up();
   [[nodiscard]] Status join_or_start();
   [[nodiscard]] Result<train::WorkerAccount> rounds();
   [[nodiscard]] Result<PeerOutcome> finish(const train::WorkerAccount& account);
+
+  const train::RunConfig& config() const { return config_; }        // learn_run
+  const RoundSchedule& schedule() const { return schedule_; }       // learn_run
+  int shard() const { return rank_; }                               // join_or_start
+  int shards() const { return world_; }                             // join_or_start
+  const std::vector<MemberInfo>& members() const { return members_; }  // join_or_start, then each regroup
+  std::int64_t steps_done() const { return worker_ ? worker_->steps_done() : 0; }
+
+ private:
+  class Pending;  // a group asked for from a thread of its own
 
   [[nodiscard]] Result<std::optional<GroupView>> wait_for_start();
   [[nodiscard]] Result<FetchResult> fetch_newest(Deadline deadline);
