@@ -58,15 +58,9 @@ void PeerLinks::accept_loop() {
       }
       continue;
     }
+    const transport::PeerId from = (*link)->peer();
     std::lock_guard lock(mu_);
-    if (epoch <= closed_through_) {
-      (*link)->close();  // for a group this peer has left already
-      continue;
-    }
-    auto& slot = links_[{epoch, (*link)->peer()}];
-    if (slot) slot->close();
-    slot = std::move(*link);
-    filed_->notify_all();
+    file_locked(epoch, from, std::move(*link));
   }
 }
 
@@ -100,98 +94,110 @@ Result<std::shared_ptr<transport::Link>> PeerLinks::open(const MemberInfo& m, st
   return link;
 }
 
+// The links a group needs this peer to make (to every member with a larger id), dialed side by side
+// by a few threads while the ones the others make arrive: a group of N is up after about one round
+// trip instead of N in a row. Each link is filed as it comes up; the first failure is kept. The
+// destructor stops taking new members and joins the threads. Shared state is under links.mu_.
+class PeerLinks::Dialing {
+ public:
+  Dialing(PeerLinks& links, std::vector<MemberInfo> ours, std::uint64_t epoch, Deadline deadline)
+      : links_(links), ours_(std::move(ours)), epoch_(epoch), deadline_(deadline) {
+    for (std::size_t i = 0; i < std::min(ours_.size(), kDialers); ++i) threads_.push_back(links_.clock_.start_thread([this] { dial(); }));
+  }
+  ~Dialing() {
+    {
+      std::lock_guard lock(links_.mu_);
+      cancel_ = true;
+    }
+    for (auto& t : threads_) t->join();
+  }
+  Dialing(const Dialing&) = delete;
+  Dialing& operator=(const Dialing&) = delete;
+
+  const std::optional<Status>& failed() const { return failed_; }  // under links.mu_
+
+ private:
+  void dial() {
+    for (;;) {
+      const MemberInfo* m = nullptr;
+      {
+        std::lock_guard lock(links_.mu_);
+        if (cancel_ || next_ == ours_.size()) return;
+        m = &ours_[next_++];
+      }
+      auto link = links_.open(*m, epoch_, deadline_);
+      std::lock_guard lock(links_.mu_);
+      if (!link.ok()) {
+        if (!failed_) failed_ = link.status();
+        links_.filed_->notify_all();
+        return;
+      }
+      links_.file_locked(epoch_, m->id, std::move(*link));
+    }
+  }
+
+  PeerLinks& links_;
+  const std::vector<MemberInfo> ours_;
+  const std::uint64_t epoch_;
+  const Deadline deadline_;
+  std::size_t next_ = 0;  // the next of ours_ to dial
+  bool cancel_ = false;
+  std::optional<Status> failed_;
+  std::vector<std::unique_ptr<ClockThread>> threads_;
+};
+
+void PeerLinks::file_locked(std::uint64_t epoch, transport::PeerId peer, std::shared_ptr<transport::Link> link) {
+  if (epoch <= closed_through_) {
+    link->close();  // for a group this peer has left already
+    return;
+  }
+  auto& slot = links_[{epoch, peer}];
+  if (slot) slot->close();
+  slot = std::move(link);
+  filed_->notify_all();
+}
+
+std::optional<transport::PeerId> PeerLinks::missing_locked(const GroupView& view) const {
+  for (const MemberInfo& m : view.members) {
+    if (m.id != transport_.self() && links_.count({view.epoch, m.id}) == 0) return m.id;
+  }
+  return std::nullopt;
+}
+
+Status PeerLinks::await_links(const GroupView& view, Deadline deadline, const std::function<bool()>& abandoned, const Dialing& dialing) {
+  const std::string epoch = std::to_string(view.epoch);
+  std::unique_lock lock(mu_);
+  while (auto missing = missing_locked(view)) {
+    if (dialing.failed()) return *dialing.failed();
+    if (deadline.expired(clock_)) return error(ErrorCode::kTimeout, "peer " + missing->to_string() + " did not open its link for epoch " + epoch + " in time");
+    if (abandoned) {
+      lock.unlock();
+      const bool gone = abandoned();
+      lock.lock();
+      if (gone) return error(ErrorCode::kAborted, "the group of epoch " + epoch + " was abandoned by its members");
+    }
+    filed_->wait(lock, Deadline::at(std::min(clock_.now() + 20ms, deadline.time())),
+                 [&] { return !missing_locked(view) || dialing.failed().has_value(); });
+  }
+  return Status();
+}
+
 Result<optim::Group> PeerLinks::group(const GroupView& view, Deadline deadline, const std::function<bool()>& abandoned) {
   const transport::PeerId self = transport_.self();
   const int rank = view.rank_of(self);
   GOSSAMER_CHECK(rank >= 0, "PeerLinks::group: this peer is not a member of the group");
   if (view.epoch > 1) close_through(view.epoch - 1);
-
-  // The links this peer makes (to every member with a larger id) are opened side by side, a few
-  // dialers at a time, while the ones the others make arrive: a group of N is up after about one
-  // round trip instead of N in a row.
-  std::vector<const MemberInfo*> ours;
+  std::vector<MemberInfo> ours;
   {
     std::lock_guard lock(mu_);
     for (const MemberInfo& m : view.members) {
-      if (self < m.id && links_.count({view.epoch, m.id}) == 0) ours.push_back(&m);
+      if (self < m.id && links_.count({view.epoch, m.id}) == 0) ours.push_back(m);
     }
   }
-  std::size_t next = 0;  // the next of `ours` to dial
-  bool cancel = false;
-  std::optional<Status> failed;  // the first dial that failed
-  std::vector<std::unique_ptr<ClockThread>> dialers;
-  const auto dial = [&] {
-    for (;;) {
-      const MemberInfo* m = nullptr;
-      {
-        std::lock_guard lock(mu_);
-        if (cancel || next == ours.size()) break;
-        m = ours[next++];
-      }
-      auto link = open(*m, view.epoch, deadline);
-      std::lock_guard lock(mu_);
-      if (!link.ok()) {
-        if (!failed) failed = link.status();
-        filed_->notify_all();
-        break;
-      }
-      if (view.epoch <= closed_through_) {
-        (*link)->close();
-        continue;
-      }
-      auto& slot = links_[{view.epoch, m->id}];
-      if (slot) slot->close();
-      slot = std::move(*link);
-      filed_->notify_all();
-    }
-  };
-  for (std::size_t i = 0; i < std::min(ours.size(), kDialers); ++i) dialers.push_back(clock_.start_thread(dial));
-  // Every return below first stops the dialers: they reference this frame.
-  const auto finish = [&](Status st) -> Status {
-    {
-      std::unique_lock lock(mu_);
-      cancel = true;
-    }
-    for (auto& d : dialers) d->join();
-    return st;
-  };
-
-  const auto all_up = [&] {
-    for (const MemberInfo& m : view.members) {
-      if (m.id != self && links_.count({view.epoch, m.id}) == 0) return false;
-    }
-    return true;
-  };
   {
-    std::unique_lock lock(mu_);
-    while (!all_up()) {
-      if (failed) {
-        Status st = *failed;
-        lock.unlock();
-        return finish(st);
-      }
-      if (deadline.expired(clock_)) {
-        std::string missing;
-        for (const MemberInfo& m : view.members) {
-          if (m.id != self && links_.count({view.epoch, m.id}) == 0) {
-            missing = m.id.to_string();
-            break;
-          }
-        }
-        lock.unlock();
-        return finish(error(ErrorCode::kTimeout, "peer " + missing + " did not open its link for epoch " + std::to_string(view.epoch) + " in time"));
-      }
-      if (abandoned) {
-        lock.unlock();
-        const bool gone = abandoned();
-        if (gone) return finish(error(ErrorCode::kAborted, "the group of epoch " + std::to_string(view.epoch) + " was abandoned by its members"));
-        lock.lock();
-        if (all_up()) break;
-      }
-      filed_->wait(lock, Deadline::at(std::min(clock_.now() + 20ms, deadline.time())), [&] { return all_up() || failed.has_value(); });
-    }
+    Dialing dialing(*this, std::move(ours), view.epoch, deadline);
+    if (Status st = await_links(view, deadline, abandoned, dialing); !st.ok()) return st;
   }
-  if (Status st = finish(Status()); !st.ok()) return st;
 
   optim::Group g;
   g.clock = &clock_;

@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -61,9 +62,17 @@ class PeerLinks {
   void shape(const transport::LinkProfile& profile);
 
  private:
+  class Dialing;  // the links this peer makes for a group, dialed side by side
+
   void accept_loop();
   // Connects to member `m` and sends the epoch.
   Result<std::shared_ptr<transport::Link>> open(const MemberInfo& m, std::uint64_t epoch, Deadline deadline);
+  // Files a link of `epoch` to `peer` (closed at once when that epoch is over). Under mu_.
+  void file_locked(std::uint64_t epoch, transport::PeerId peer, std::shared_ptr<transport::Link> link);
+  // A member of `view` whose link is not up yet. Under mu_.
+  std::optional<transport::PeerId> missing_locked(const GroupView& view) const;
+  // Until every link of `view` is up, a dial fails, the deadline passes or the group is abandoned.
+  Status await_links(const GroupView& view, Deadline deadline, const std::function<bool()>& abandoned, const Dialing& dialing);
 
   static constexpr std::size_t kDialers = 16;  // links of one group opened at a time
 
