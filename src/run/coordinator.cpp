@@ -130,75 +130,85 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
                  version, kVersion);
     return;
   }
+  bool taken = false;
   if (kind == Kind::kReady) {
-    Ready ready;
-    ready.after_epoch = r.u64();
-    ready.step = r.i64();
-    const transport::PeerId id{r.u64()};
-    ready.address = r.str(kMaxAddress);
-    ready.at = clock_.now();
-    r.expect_end();
-    if (!r.ok() || id != origin) {
-      ++stats_.dropped;
-      spdlog::warn("dropped a malformed READY from peer {}: {}", origin.to_string(), r.ok() ? "it names another peer" : r.status().to_string());
-      return;
-    }
-    auto& slot = ready_[round][id];
-    if (slot.address.empty() || ready.after_epoch >= slot.after_epoch) slot = std::move(ready);
-    // A peer still waiting for a group this peer knows: say it again (it may have missed it). Only
-    // its leader does, or, when gossip sees the leader dead, the lowest live member: every repeat is
-    // a broadcast to every peer, and a group of hundreds is a few KB.
-    auto g = groups_.find(round);
-    if (g != groups_.end() && g->second.epoch > slot.after_epoch && repeats_group(g->second)) {
-      auto [last, fresh] = repeated_.try_emplace(round, clock_.now());
-      if (fresh || clock_.now() - last->second >= options_.repeat_every) {
-        last->second = clock_.now();
-        repeat = g->second;
-      }
-    }
+    taken = on_ready_locked(origin, round, r, repeat);
   } else if (kind == Kind::kGroup) {
-    GroupView g;
-    g.round = round;
-    g.epoch = r.u64();
-    g.leader = transport::PeerId{r.u64()};
-    const std::uint32_t count = r.u32();
-    if (r.ok() && (count == 0 || count > kMaxMembers)) r.fail(ErrorCode::kMalformed, "a group of " + std::to_string(count) + " members");
-    for (std::uint32_t i = 0; r.ok() && i < count; ++i) {
-      MemberInfo m;
-      m.id = transport::PeerId{r.u64()};
-      m.address = r.str(kMaxAddress);
-      if (r.ok() && i > 0 && !(g.members.back().id < m.id)) r.fail(ErrorCode::kMalformed, "members not sorted by id");
-      g.members.push_back(std::move(m));
-    }
-    r.expect_end();
-    // (Any member may repeat a group for a peer that missed it, so the origin need not be the leader.)
-    if (!r.ok()) {
-      ++stats_.dropped;
-      spdlog::warn("dropped a malformed GROUP from peer {}: {}", origin.to_string(), r.status().to_string());
-      return;
-    }
-    max_epoch_ = std::max(max_epoch_, g.epoch);
-    auto& slot = groups_[round];
-    // Two leaders at once (views differ for a moment): the larger epoch wins, then the lower leader.
-    if (slot.members.empty() || g.epoch > slot.epoch || (g.epoch == slot.epoch && g.leader < slot.leader)) slot = std::move(g);
+    taken = on_group_locked(origin, round, r);
   } else if (kind == Kind::kIntent) {
     const transport::PeerId id{r.u64()};
     r.expect_end();
-    if (!r.ok()) {
-      ++stats_.dropped;
-      spdlog::warn("dropped a malformed INTENT from peer {}: {}", origin.to_string(), r.status().to_string());
-      return;
-    }
-    intents_[round].insert(id);
+    taken = r.ok();
+    if (taken) intents_[round].insert(id);
+    else drop_locked("a malformed INTENT", origin, r.status().to_string());
   } else {
-    ++stats_.dropped;
-    spdlog::warn("dropped a round message of unknown kind {} from peer {}", static_cast<int>(kind), origin.to_string());
-    return;
+    drop_locked("a round message of unknown kind " + std::to_string(static_cast<int>(kind)), origin, "");
   }
+  if (!taken) return;
   ++changes_;
   lock.unlock();
   signal_->notify_all();
   if (repeat) announce(*repeat);
+}
+
+void Coordinator::drop_locked(const std::string& what, transport::PeerId origin, const std::string& why) {
+  ++stats_.dropped;
+  spdlog::warn("dropped {} from peer {}{}", what, origin.to_string(), why.empty() ? "" : ": " + why);
+}
+
+bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::optional<GroupView>& repeat) {
+  Ready ready;
+  ready.after_epoch = r.u64();
+  ready.step = r.i64();
+  const transport::PeerId id{r.u64()};
+  ready.address = r.str(kMaxAddress);
+  ready.at = clock_.now();
+  r.expect_end();
+  if (!r.ok() || id != origin) {
+    drop_locked("a malformed READY", origin, r.ok() ? "it names another peer" : r.status().to_string());
+    return false;
+  }
+  auto& slot = ready_[round][id];
+  if (slot.address.empty() || ready.after_epoch >= slot.after_epoch) slot = std::move(ready);
+  // A peer still waiting for a group this peer knows: say it again (it may have missed it). Only
+  // its leader does, or, when gossip sees the leader dead, the lowest live member: every repeat is
+  // a broadcast to every peer, and a group of hundreds is a few KB.
+  auto g = groups_.find(round);
+  if (g != groups_.end() && g->second.epoch > slot.after_epoch && repeats_group(g->second)) {
+    auto [last, fresh] = repeated_.try_emplace(round, clock_.now());
+    if (fresh || clock_.now() - last->second >= options_.repeat_every) {
+      last->second = clock_.now();
+      repeat = g->second;
+    }
+  }
+  return true;
+}
+
+bool Coordinator::on_group_locked(transport::PeerId origin, std::int64_t round, Reader& r) {
+  GroupView g;
+  g.round = round;
+  g.epoch = r.u64();
+  g.leader = transport::PeerId{r.u64()};
+  const std::uint32_t count = r.u32();
+  if (r.ok() && (count == 0 || count > kMaxMembers)) r.fail(ErrorCode::kMalformed, "a group of " + std::to_string(count) + " members");
+  for (std::uint32_t i = 0; r.ok() && i < count; ++i) {
+    MemberInfo m;
+    m.id = transport::PeerId{r.u64()};
+    m.address = r.str(kMaxAddress);
+    if (r.ok() && i > 0 && !(g.members.back().id < m.id)) r.fail(ErrorCode::kMalformed, "members not sorted by id");
+    g.members.push_back(std::move(m));
+  }
+  r.expect_end();
+  // (Any member may repeat a group for a peer that missed it, so the origin need not be the leader.)
+  if (!r.ok()) {
+    drop_locked("a malformed GROUP", origin, r.status().to_string());
+    return false;
+  }
+  max_epoch_ = std::max(max_epoch_, g.epoch);
+  auto& slot = groups_[round];
+  // Two leaders at once (views differ for a moment): the larger epoch wins, then the lower leader.
+  if (slot.members.empty() || g.epoch > slot.epoch || (g.epoch == slot.epoch && g.leader < slot.leader)) slot = std::move(g);
+  return true;
 }
 
 bool Coordinator::repeats_group(const GroupView& g) const {
@@ -231,16 +241,11 @@ Nanos Coordinator::grace() const {
   return std::clamp(scaled, std::min(options_.min_grace, options_.straggler_grace), options_.straggler_grace);
 }
 
-std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, Nanos ready_since) {
-  const std::set<transport::PeerId> alive = live_ids(gossip_);
-  const transport::PeerId self = gossip_.self();
-  const bool grace_over = clock_.now() >= ready_since + grace();
-  // The leader: the lowest live id among the last group's members (this peer among them); at the
-  // start, and once the grace is over (stragglers and the dead no longer count), among the peers
-  // ready for this attempt. A newcomer, which knows no last group (nor the epochs in use), does not
-  // lead before the grace is over.
-  if (!last_ && round > 0 && !grace_over) return std::nullopt;
-  transport::PeerId leader = self;
+transport::PeerId Coordinator::leader_locked(std::int64_t round, std::uint64_t after_epoch, const std::set<transport::PeerId>& alive,
+                                             bool grace_over) {
+  // The lowest live id among the last group's members (this peer among them); at the start, and once
+  // the grace is over (stragglers and the dead no longer count), among the peers ready for this attempt.
+  transport::PeerId leader = gossip_.self();
   if (last_ && !grace_over) {
     for (const auto& m : last_->members) {
       if (alive.count(m.id) == 1 && m.id < leader) leader = m.id;
@@ -250,17 +255,13 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
       if (r.after_epoch >= after_epoch && alive.count(id) == 1 && id < leader) leader = id;
     }
   }
-  if (leader != self) return std::nullopt;
-  std::map<transport::PeerId, std::string> ready;   // ready for this attempt, and alive
-  std::int64_t furthest = after_epoch > 0 ? step : 0;  // the latest step retried
-  for (const auto& [id, r] : ready_[round]) {
-    if (r.after_epoch >= after_epoch && alive.count(id) == 1) {
-      ready[id] = r.address;
-      if (after_epoch > 0) furthest = std::max(furthest, r.step);
-    }
-  }
-  ready[self] = address_;
-  // Who the leader waits for: the live members of the last group (every live peer at the start).
+  return leader;
+}
+
+std::set<transport::PeerId> Coordinator::expected_locked(std::int64_t round, const std::set<transport::PeerId>& alive,
+                                                         const std::map<transport::PeerId, std::string>& ready, bool& newcomer_missing) {
+  // The live members of the last group (every live peer at the start), and the newcomers that said
+  // they take part in this round.
   std::set<transport::PeerId> expected;
   if (last_) {
     for (const auto& m : last_->members) {
@@ -269,8 +270,7 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
   } else {
     expected = alive;
   }
-  // A newcomer still on its way (its state transfer is no member's lag) gets the whole grace.
-  bool newcomer_missing = false;
+  newcomer_missing = false;
   if (auto in = intents_.find(round); in != intents_.end()) {
     for (transport::PeerId id : in->second) {
       if (alive.count(id) == 0) continue;
@@ -278,20 +278,16 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
       newcomer_missing = newcomer_missing || ready.count(id) == 0;
     }
   }
-  const bool complete = std::all_of(expected.begin(), expected.end(), [&](transport::PeerId id) { return ready.count(id) == 1; });
-  const bool enough = last_ || ready.size() >= options_.min_members;
-  const bool waited_enough = newcomer_missing ? clock_.now() >= ready_since + options_.straggler_grace : grace_over;
-  if (!enough || (!complete && !waited_enough)) return std::nullopt;
-  if (complete && last_ && after_epoch == 0) {
-    // How long after this leader the last member became ready: the lag the grace adapts to.
-    Nanos lag{0};
-    for (transport::PeerId id : expected) {
-      if (id != self) lag = std::max(lag, ready_[round][id].at - ready_since);
-    }
-    lags_.push_back(lag);
-    if (lags_.size() > kLagHistory) lags_.pop_front();
-  }
+  return expected;
+}
 
+GroupView Coordinator::make_group_locked(std::int64_t round, std::uint64_t after_epoch, std::int64_t step,
+                                         const std::map<transport::PeerId, std::string>& ready, const std::set<transport::PeerId>& expected) {
+  const transport::PeerId self = gossip_.self();
+  std::int64_t furthest = after_epoch > 0 ? step : 0;  // the latest step retried
+  if (after_epoch > 0) {
+    for (const auto& [id, address] : ready) furthest = std::max(furthest, id == self ? step : ready_[round][id].step);
+  }
   GroupView g;
   g.round = round;
   g.leader = self;
@@ -321,6 +317,36 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
     }
   }
   return g;
+}
+
+std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, Nanos ready_since) {
+  const std::set<transport::PeerId> alive = live_ids(gossip_);
+  const transport::PeerId self = gossip_.self();
+  const bool grace_over = clock_.now() >= ready_since + grace();
+  // A newcomer, which knows no last group (nor the epochs in use), does not lead before the grace is over.
+  if (!last_ && round > 0 && !grace_over) return std::nullopt;
+  if (leader_locked(round, after_epoch, alive, grace_over) != self) return std::nullopt;
+  std::map<transport::PeerId, std::string> ready;  // ready for this attempt, and alive
+  for (const auto& [id, r] : ready_[round]) {
+    if (r.after_epoch >= after_epoch && alive.count(id) == 1) ready[id] = r.address;
+  }
+  ready[self] = address_;
+  bool newcomer_missing = false;  // a newcomer still on its way (its state transfer is no member's lag) gets the whole grace
+  const std::set<transport::PeerId> expected = expected_locked(round, alive, ready, newcomer_missing);
+  const bool complete = std::all_of(expected.begin(), expected.end(), [&](transport::PeerId id) { return ready.count(id) == 1; });
+  const bool enough = last_ || ready.size() >= options_.min_members;
+  const bool waited_enough = newcomer_missing ? clock_.now() >= ready_since + options_.straggler_grace : grace_over;
+  if (!enough || (!complete && !waited_enough)) return std::nullopt;
+  if (complete && last_ && after_epoch == 0) {
+    // How long after this leader the last member became ready: the lag the grace adapts to.
+    Nanos lag{0};
+    for (transport::PeerId id : expected) {
+      if (id != self) lag = std::max(lag, ready_[round][id].at - ready_since);
+    }
+    lags_.push_back(lag);
+    if (lags_.size() > kLagHistory) lags_.pop_front();
+  }
+  return make_group_locked(round, after_epoch, step, ready, expected);
 }
 
 Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline, std::int64_t step) {

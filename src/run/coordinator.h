@@ -46,6 +46,7 @@
 #include "core/clock.h"
 #include "core/signal.h"
 #include "core/status.h"
+#include "core/wire.h"
 #include "transport/gossip.h"
 
 namespace gossamer::run {
@@ -116,10 +117,20 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
     Nanos at{0};  // on the coordinator's clock
   };
   void on_message(transport::PeerId origin, const Bytes& payload);
+  // Each kind of message, read from `r` (under mu_); false when it was dropped.
+  bool on_ready_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::optional<GroupView>& repeat);
+  bool on_group_locked(transport::PeerId origin, std::int64_t round, Reader& r);
+  void drop_locked(const std::string& what, transport::PeerId origin, const std::string& why);
   void broadcast_ready(std::int64_t round, std::uint64_t after_epoch, std::int64_t step);
   // Leader side: the group to announce now, or nothing yet (under mu_).
   std::optional<GroupView> leader_decision(std::int64_t round, std::uint64_t after_epoch, std::int64_t step,
                                            Nanos ready_since);
+  // Its parts (under mu_): who leads this attempt; whom the leader waits for; the group it announces.
+  transport::PeerId leader_locked(std::int64_t round, std::uint64_t after_epoch, const std::set<transport::PeerId>& alive, bool grace_over);
+  std::set<transport::PeerId> expected_locked(std::int64_t round, const std::set<transport::PeerId>& alive,
+                                              const std::map<transport::PeerId, std::string>& ready, bool& newcomer_missing);
+  GroupView make_group_locked(std::int64_t round, std::uint64_t after_epoch, std::int64_t step,
+                              const std::map<transport::PeerId, std::string>& ready, const std::set<transport::PeerId>& expected);
   void announce(const GroupView& g);
   // Whether this peer repeats `g` for a peer that missed it: its leader, or the lowest live member
   // once the leader is dead.

@@ -96,11 +96,13 @@ Status check_addresses(const PeerRequest& req) {
 
 }  // namespace
 
-Result<PeerOutcome> run_peer(const PeerRequest& req) {
-  if (Status st = check_addresses(req); !st.ok()) return st;
+namespace {
+
+// The run folder (created, or opened to resume, and held for the whole run) and what the runtime is
+// told before it starts.
+Result<PeerPlan> plan_of(const PeerRequest& req, std::optional<train::RunFolder>& folder) {
   PeerPlan plan;
   const fs::path ckpt_path = req.out_dir / train::kCheckpointFile;
-  std::optional<train::RunFolder> folder;  // held for the whole run
   if (req.resume) {
     auto opened = train::RunFolder::open_to_resume(req.out_dir, train::RunKind::kPeer);
     if (!opened.ok()) return opened.status();
@@ -132,11 +134,18 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   plan.spec_timeout = req.spec_timeout;
   plan.start_timeout = req.start_timeout;
   plan.stop = req.stop;
+  return plan;
+}
 
-  // Gossip first: joiners learn the run from it.
-  const transport::Endpoint listen = *transport::parse_endpoint(req.listen, transport::EndpointUse::kListen, "--listen");
-  std::optional<transport::Endpoint> advertised;
-  if (!req.advertise.empty()) advertised = *parse_advertise(req.advertise, listen.port);
+// Where gossip listens, as HOST:PORT.
+std::string gossip_address(const transport::Gossip& gossip) {
+  std::string address = gossip.address();
+  if (address.rfind("tcp://", 0) == 0) address = address.substr(6);
+  return address;
+}
+
+// Gossip, started first (joiners learn the run from it), its address written to the run folder.
+Result<std::unique_ptr<transport::Gossip>> start_gossip(const PeerRequest& req, const std::optional<transport::Endpoint>& advertised) {
   transport::GossipOptions go;
   go.bind = zmq_address(req.listen);
   if (advertised) go.advertise = "tcp://" + advertised->to_string();
@@ -154,14 +163,29 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
     return error(ErrorCode::kInvalidArgument, "--listen " + req.listen + ": cannot listen there (" + gossip.status().message() +
                                                   "); give an address of this machine (or 0.0.0.0) and a free port (0 picks one)");
   }
-  std::string address = (*gossip)->address();
-  if (address.rfind("tcp://", 0) == 0) address = address.substr(6);
-  if (Status st = write_file_atomic(req.out_dir / "address", as_bytes(address + "\n")); !st.ok()) return st;
-  spdlog::info("peer {}: gossip on {}", go.self.to_string(), address);
+  if (Status st = write_file_atomic(req.out_dir / "address", as_bytes(gossip_address(**gossip) + "\n")); !st.ok()) return st;
+  spdlog::info("peer {}: gossip on {}", go.self.to_string(), gossip_address(**gossip));
+  return gossip;
+}
+
+}  // namespace
+
+Result<PeerOutcome> run_peer(const PeerRequest& req) {
+  if (Status st = check_addresses(req); !st.ok()) return st;
+  std::optional<train::RunFolder> folder;  // held for the whole run
+  auto plan = plan_of(req, folder);
+  if (!plan.ok()) return plan.status();
+  const fs::path ckpt_path = req.out_dir / train::kCheckpointFile;
+  const transport::Endpoint listen = *transport::parse_endpoint(req.listen, transport::EndpointUse::kListen, "--listen");
+  std::optional<transport::Endpoint> advertised;
+  if (!req.advertise.empty()) advertised = *parse_advertise(req.advertise, listen.port);
+  auto gossip = start_gossip(req, advertised);
+  if (!gossip.ok()) return gossip.status();
+  const std::string address = gossip_address(**gossip);
 
   PeerEnvironment env;
   env.gossip = gossip->get();
-  env.name = go.self.to_string();
+  env.name = (*gossip)->self().to_string();
   env.check_run = [&](const train::RunConfig& config) -> Status {
     if (Status st = train::check_memory(config, /*workers=*/1); !st.ok()) return st;
     return check_gloo_listen(config, req.listen);
@@ -174,7 +198,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
     transport::TcpOptions to;
     const std::uint16_t link_port = *link_port_of(req, listen.port);
     to.listen = (listen.ipv6 ? "[" + listen.host + "]" : listen.host) + ":" + std::to_string(link_port);
-    to.self = go.self;
+    to.self = (*gossip)->self();
     std::copy_n(spec_hash.bytes.begin(), to.run.bytes.size(), to.run.bytes.begin());
     to.key = req.key;
     auto transport = transport::make_tcp_transport(to);
@@ -223,7 +247,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
       std::_Exit(137);  // what a kill -9 leaves: no farewell, no summary, sockets reset by the kernel
     };
   }
-  Peer peer(std::move(plan), std::move(env));
+  Peer peer(std::move(*plan), std::move(env));
   return peer.run();
 }
 
