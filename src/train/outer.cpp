@@ -157,119 +157,167 @@ nlohmann::json WorkerAccount::to_json() const {
   return j;
 }
 
-Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, Clock& clock, const LoopOptions& o, const LoopHooks& hooks) {
-  WorkerAccount acc;
-  optim::OuterOptimizer& outer = *setup.outer;
-  auto pace = [&](double measured) { return hooks.pace ? hooks.pace(measured) : measured; };
-  auto take_counters = [&] {  // the optimizer keeps the communication counters
-    const optim::CommStats comm = outer.comm();
-    if (hooks.state_traffic) std::tie(acc.state_bytes_sent, acc.state_bytes_received) = hooks.state_traffic();
-    if (hooks.gossip_traffic) std::tie(acc.gossip_bytes_sent, acc.gossip_bytes_received) = hooks.gossip_traffic();
-    acc.bytes_sent = comm.bytes_sent + acc.state_bytes_sent + acc.gossip_bytes_sent;
-    acc.bytes_received = comm.bytes_received + acc.state_bytes_received + acc.gossip_bytes_received;
-    acc.rounds = outer.rounds();
-    acc.skipped_rounds = outer.skipped_rounds();
-  };
-  auto emit = [&](nlohmann::json rec) {
-    if (!hooks.record) return;
+namespace {
+
+// The loop's state and its phases: agree the group, one inner step (gradients averaged inside it for
+// data parallelism), the outer round, evaluation and the record.
+class WorkerLoop {
+ public:
+  WorkerLoop(Worker& worker, optim::OuterSetup& setup, Clock& clock, const LoopOptions& o, const LoopHooks& hooks)
+      : worker_(worker), setup_(setup), outer_(*setup.outer), clock_(clock), o_(o), hooks_(hooks) {}
+
+  WorkerAccount run() {
+    while (worker_.steps_done() < o_.steps) {
+      if (hooks_.keep_going && !hooks_.keep_going(worker_.steps_done() + 1)) break;
+      {
+        const Nanos t0 = clock_.now();  // agreeing on a group (real peers) is waiting on communication too
+        regroup(worker_.steps_done() + 1);
+        blocked_since(t0);
+      }
+      const StepResult r = inner_step();
+      if (r.replaced) continue;  // left behind, this worker took the members' state: it goes on from there
+      if (!r.sync.ok()) {
+        spdlog::warn("step {}: gradient averaging failed, the step used local gradients: {}", r.step, r.sync.to_string());
+        outer_.skip_round();
+      }
+      const auto synced = outer_round(r.step);
+      if (!synced) continue;  // left behind, as above
+      record(r, *synced);
+    }
     take_counters();
-    rec.update(acc.to_json());
-    rec["time_s"] = std::chrono::duration<double>(clock.now()).count();
-    hooks.record(rec);
-  };
+    return acc_;
+  }
+
+ private:
+  double pace(double measured) const { return hooks_.pace ? hooks_.pace(measured) : measured; }
+  void blocked_since(Nanos t0) { acc_.blocked_s += std::chrono::duration<double>(clock_.now() - t0).count(); }
+
+  void take_counters() {  // the optimizer keeps the communication counters
+    const optim::CommStats comm = outer_.comm();
+    if (hooks_.state_traffic) std::tie(acc_.state_bytes_sent, acc_.state_bytes_received) = hooks_.state_traffic();
+    if (hooks_.gossip_traffic) std::tie(acc_.gossip_bytes_sent, acc_.gossip_bytes_received) = hooks_.gossip_traffic();
+    acc_.bytes_sent = comm.bytes_sent + acc_.state_bytes_sent + acc_.gossip_bytes_sent;
+    acc_.bytes_received = comm.bytes_received + acc_.state_bytes_received + acc_.gossip_bytes_received;
+    acc_.rounds = outer_.rounds();
+    acc_.skipped_rounds = outer_.skipped_rounds();
+  }
+
+  void emit(nlohmann::json rec) {
+    if (!hooks_.record) return;
+    take_counters();
+    rec.update(acc_.to_json());
+    rec["time_s"] = std::chrono::duration<double>(clock_.now()).count();
+    hooks_.record(rec);
+  }
 
   // True when the members changed and the optimizer now runs over the new group.
-  auto regroup = [&](std::int64_t step) {
-    if (!hooks.regroup) return false;
-    auto group = hooks.regroup(step);
+  bool regroup(std::int64_t step) {
+    if (!hooks_.regroup) return false;
+    auto group = hooks_.regroup(step);
     if (!group) return false;
-    if (Status st = outer.regroup(std::move(*group)); !st.ok()) {
-      spdlog::warn("members changed but {} cannot follow: {}", outer.name(), st.to_string());
+    if (Status st = outer_.regroup(std::move(*group)); !st.ok()) {
+      spdlog::warn("members changed but {} cannot follow: {}", outer_.name(), st.to_string());
       return false;
     }
     return true;
-  };
+  }
 
-  while (worker.steps_done() < o.steps) {
-    if (hooks.keep_going && !hooks.keep_going(worker.steps_done() + 1)) break;
-    {
-      const Nanos t0 = clock.now();  // agreeing on a group (real peers) is waiting on communication too
-      regroup(worker.steps_done() + 1);
-      acc.blocked_s += std::chrono::duration<double>(clock.now() - t0).count();
-    }
+  // One inner step; with data parallelism its gradients are averaged between backward and the update
+  // (retried once over a new group), and the compute before and after that is paced apart.
+  StepResult inner_step() {
     Stopwatch measured(real_clock());  // compute is measured in real time, whatever the clock
     bool paced = false;
-    double before_sync = 0;                 // real compute up to the gradient averaging
-    std::optional<Stopwatch> after_sync;    // real compute after it (the update)
+    double before_sync = 0;               // real compute up to the gradient averaging
+    std::optional<Stopwatch> after_sync;  // real compute after it (the update)
     GradientHook hook;
-    if (setup.gradient_sync != nullptr) {
+    if (setup_.gradient_sync != nullptr) {
       hook = [&](const std::vector<at::Tensor>& params) -> Status {
         before_sync = measured.elapsed_seconds();
-        acc.compute_s += pace(before_sync);
+        acc_.compute_s += pace(before_sync);
         paced = true;
         struct StartAfter {  // whichever way the hook returns
           std::optional<Stopwatch>& w;
           ~StartAfter() { w.emplace(real_clock()); }
         } start_after{after_sync};
-        const Nanos t0 = clock.now();
-        const std::int64_t step = worker.steps_done() + 1;
-        Status st = setup.gradient_sync->sync_gradients(params, step, Deadline::after(clock, o.round_timeout));
-        const std::uint64_t restores = worker.restores();
-        if (!st.ok() && regroup(step)) {
-          if (worker.restores() != restores) return st;  // left behind: the step is dropped (Worker::step)
-          spdlog::info("step {}: gradient averaging failed ({}); retrying it with the remaining members", step, st.to_string());
-          st = setup.gradient_sync->sync_gradients(params, step, Deadline::after(clock, o.round_timeout));
-        }
-        acc.blocked_s += std::chrono::duration<double>(clock.now() - t0).count();
-        return st;
+        return average_gradients(params);
       };
     }
-    const StepResult r = worker.step(hook);
+    const StepResult r = worker_.step(hook);
     const double step_real = paced && after_sync ? before_sync + after_sync->elapsed_seconds() : measured.elapsed_seconds();
-    acc.step_wall_s += step_real;
-    if (!paced) acc.compute_s += pace(step_real);
-    acc.steps = r.step;
-    acc.tokens = worker.tokens_seen();
-    if (r.replaced) continue;  // left behind, this worker took the members' state: it goes on from there
-    if (!r.sync.ok()) {
-      spdlog::warn("step {}: gradient averaging failed, the step used local gradients: {}", r.step, r.sync.to_string());
-      outer.skip_round();
-    }
+    acc_.step_wall_s += step_real;
+    if (!paced) acc_.compute_s += pace(step_real);
+    acc_.steps = r.step;
+    acc_.tokens = worker_.tokens_seen();
+    return r;
+  }
 
-    const Nanos t0 = clock.now();
-    const std::uint64_t restores = worker.restores();
-    auto synced = outer.step(r.step, Deadline::after(clock, o.round_timeout));
-    if (!synced.ok() && regroup(r.step)) {
-      if (worker.restores() != restores) {  // left behind: it took the members' state instead
-        acc.blocked_s += std::chrono::duration<double>(clock.now() - t0).count();
-        acc.steps = worker.steps_done();
-        continue;
+  Status average_gradients(const std::vector<at::Tensor>& params) {
+    const Nanos t0 = clock_.now();
+    const std::int64_t step = worker_.steps_done() + 1;
+    Status st = setup_.gradient_sync->sync_gradients(params, step, Deadline::after(clock_, o_.round_timeout));
+    const std::uint64_t restores = worker_.restores();
+    if (!st.ok() && regroup(step)) {
+      if (worker_.restores() != restores) return st;  // left behind: the step is dropped (Worker::step)
+      spdlog::info("step {}: gradient averaging failed ({}); retrying it with the remaining members", step, st.to_string());
+      st = setup_.gradient_sync->sync_gradients(params, step, Deadline::after(clock_, o_.round_timeout));
+    }
+    blocked_since(t0);
+    return st;
+  }
+
+  // The outer optimizer's part after step `step` (retried once over a new group): whether a round
+  // was applied, or nothing when this worker was left behind and took the members' state instead.
+  std::optional<Result<bool>> outer_round(std::int64_t step) {
+    const Nanos t0 = clock_.now();
+    const std::uint64_t restores = worker_.restores();
+    auto synced = outer_.step(step, Deadline::after(clock_, o_.round_timeout));
+    if (!synced.ok() && regroup(step)) {
+      if (worker_.restores() != restores) {
+        blocked_since(t0);
+        acc_.steps = worker_.steps_done();
+        return std::nullopt;
       }
-      spdlog::info("step {}: {} round failed ({}); retrying it with the remaining members", r.step, outer.name(), synced.status().to_string());
-      synced = outer.step(r.step, Deadline::after(clock, o.round_timeout));
+      spdlog::info("step {}: {} round failed ({}); retrying it with the remaining members", step, outer_.name(), synced.status().to_string());
+      synced = outer_.step(step, Deadline::after(clock_, o_.round_timeout));
     }
-    acc.blocked_s += std::chrono::duration<double>(clock.now() - t0).count();
+    blocked_since(t0);
     if (!synced.ok()) {
-      spdlog::warn("step {}: {} round failed and was skipped: {}", r.step, outer.name(), synced.status().to_string());
-      outer.skip_round();
+      spdlog::warn("step {}: {} round failed and was skipped: {}", step, outer_.name(), synced.status().to_string());
+      outer_.skip_round();
     }
+    return synced;
+  }
 
-    const bool last = r.step == o.steps;
+  // Evaluation when due, and the step's record after a round, an evaluation or the last step.
+  void record(const StepResult& r, const Result<bool>& synced) {
+    const bool last = r.step == o_.steps;
     std::optional<double> val;
-    if (o.evaluate && ((o.eval_every > 0 && r.step % o.eval_every == 0) || last)) {
+    if (o_.evaluate && ((o_.eval_every > 0 && r.step % o_.eval_every == 0) || last)) {
       Stopwatch eval_watch(real_clock());
-      val = outer.evaluate_outer([&] { return worker.evaluate(); });
-      acc.eval_wall_s += eval_watch.elapsed_seconds();
+      val = outer_.evaluate_outer([&] { return worker_.evaluate(); });
+      acc_.eval_wall_s += eval_watch.elapsed_seconds();
     }
-    const bool round = synced.ok() && *synced && setup.gradient_sync == nullptr;
+    const bool round = synced.ok() && *synced && setup_.gradient_sync == nullptr;
     if (val || round || last) {
       nlohmann::json rec = {{"step", r.step}, {"train_loss", r.loss}, {"lr", r.lr}};
       if (val) rec["val_loss"] = *val;
       emit(std::move(rec));
     }
   }
-  take_counters();
-  return acc;
+
+  Worker& worker_;
+  optim::OuterSetup& setup_;
+  optim::OuterOptimizer& outer_;
+  Clock& clock_;
+  const LoopOptions& o_;
+  const LoopHooks& hooks_;
+  WorkerAccount acc_;
+};
+
+}  // namespace
+
+Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& setup, Clock& clock, const LoopOptions& o, const LoopHooks& hooks) {
+  return WorkerLoop(worker, setup, clock, o, hooks).run();
 }
 
 }  // namespace gossamer::train
