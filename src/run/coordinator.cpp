@@ -14,6 +14,7 @@ constexpr const char* kTopic = "gossamer.round";
 constexpr std::uint8_t kVersion = 2;  // 2: READY carries the step of the retried collective
 enum class Kind : std::uint8_t { kReady = 1, kGroup = 2, kIntent = 3 };
 constexpr std::size_t kMaxAddress = 256, kMaxMembers = 4096;
+constexpr std::uint64_t kMaxEpoch = std::uint64_t{1} << 62;  // epochs grow by one per group change
 constexpr auto kPoll = std::chrono::milliseconds(20);
 constexpr std::size_t kLagHistory = 8;   // rounds whose lag the grace adapts to
 constexpr std::size_t kLagsToAdapt = 3;  // before that many, the full straggler_grace
@@ -131,7 +132,9 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
     return;
   }
   bool taken = false;
-  if (kind == Kind::kReady) {
+  if (r.ok() && round < 0) {
+    drop_locked("a round message for round " + std::to_string(round), origin, "");
+  } else if (kind == Kind::kReady) {
     taken = on_ready_locked(origin, round, r, repeat);
   } else if (kind == Kind::kGroup) {
     taken = on_group_locked(origin, round, r);
@@ -164,6 +167,7 @@ bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, 
   ready.address = r.str(kMaxAddress);
   ready.at = clock_.now();
   r.expect_end();
+  if (r.ok() && ready.after_epoch >= kMaxEpoch) r.fail(ErrorCode::kMalformed, "epoch " + std::to_string(ready.after_epoch) + " out of range");
   if (!r.ok() || id != origin) {
     drop_locked("a malformed READY", origin, r.ok() ? "it names another peer" : r.status().to_string());
     return false;
@@ -190,6 +194,8 @@ bool Coordinator::on_group_locked(transport::PeerId origin, std::int64_t round, 
   g.epoch = r.u64();
   g.leader = transport::PeerId{r.u64()};
   const std::uint32_t count = r.u32();
+  // (An epoch near 2^64 would wrap the next one to 0, which no peer ever takes: every later round would stall.)
+  if (r.ok() && (g.epoch == 0 || g.epoch >= kMaxEpoch)) r.fail(ErrorCode::kMalformed, "epoch " + std::to_string(g.epoch) + " out of range");
   if (r.ok() && (count == 0 || count > kMaxMembers)) r.fail(ErrorCode::kMalformed, "a group of " + std::to_string(count) + " members");
   for (std::uint32_t i = 0; r.ok() && i < count; ++i) {
     MemberInfo m;

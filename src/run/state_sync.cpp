@@ -100,7 +100,7 @@ Result<StateManifest> StateManifest::decode(ByteView bytes) {
   m.total = r.u64();
   m.chunk_bytes = r.u32();
   const std::uint32_t count = r.u32();
-  if (r.ok() && (m.total > kMaxTotal || m.chunk_bytes == 0 || m.chunk_bytes > kMaxChunk || m.shards == 0 ||
+  if (r.ok() && (m.round < 0 || m.step < 0 || m.total > kMaxTotal || m.chunk_bytes == 0 || m.chunk_bytes > kMaxChunk || m.shards == 0 ||
                  count != (m.total + m.chunk_bytes - 1) / m.chunk_bytes || count > kMaxChunks)) {
     r.fail(ErrorCode::kMalformed, "sizes out of bounds or inconsistent");
   }

@@ -53,7 +53,7 @@ TEST_CASE("round schedule from a config: the method's period, and local refused"
   CHECK(s.status().code() == ErrorCode::kInvalidArgument);
 }
 
-TEST_CASE("shared state: parameters and outer state round-trip; wrong sizes and non-finite values are refused") {
+TEST_CASE("shared state: parameters and outer state round-trip, and wrong sizes and non-finite values are refused") {
   train::RunConfig c;
   c.outer.method = "diloco";
   auto outer_config = train::outer_config(c);

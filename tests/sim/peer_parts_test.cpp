@@ -96,7 +96,7 @@ run::PeerPlan first_plan(const std::string& toml, std::uint32_t wait_for) {
 
 }  // namespace
 
-TEST_CASE("learn_run alone: a joiner takes the announced spec and its schedule; one whose own config differs is told what to do") {
+TEST_CASE("learn_run alone: a joiner takes the announced spec and its schedule, and one whose own config differs is told what to do") {
   const train::RunConfig config = small();
   const std::string toml = train::to_toml(config);
   Hosts hosts(3, config);
