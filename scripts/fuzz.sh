@@ -18,8 +18,9 @@ if [ ! -f build-fuzz/CMakeCache.txt ]; then
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
         -DGOSSAMER_FUZZ=ON
 fi
-cmake --build build-fuzz --target quant_decode_fuzz checkpoint_decode_fuzz
-for target in quant_decode_fuzz checkpoint_decode_fuzz; do
+targets=(quant_decode_fuzz checkpoint_decode_fuzz protocol_decode_fuzz gossip_fuzz)
+cmake --build build-fuzz --target "${targets[@]}"
+for target in "${targets[@]}"; do
   mkdir -p "build-fuzz/corpus/$target" build-fuzz/artifacts
   echo "fuzz: $target for ${seconds}s"
   "build-fuzz/tests/fuzz/$target" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=4096 -artifact_prefix=build-fuzz/artifacts/ "build-fuzz/corpus/$target"
