@@ -45,6 +45,9 @@ struct GossipOptions {
   Nanos suspect_after = std::chrono::milliseconds(500);
   Nanos dead_after = std::chrono::milliseconds(1000);
   int max_hops = 12;
+  // The most members a node keeps: beyond it, a new member takes the place of a dead or departed one,
+  // or is dropped and counted (rows from the network cannot grow the table without bound).
+  std::size_t max_members = 16384;
   // The run key: gossip then runs over CurveZMQ with a keypair derived from it, and a ZAP check admits
   // only peers holding the same key; nodes without it are refused (logged on the refusing side; the
   // refused side warns when no peer answers). Without a key, gossip is insecure (local tests only).

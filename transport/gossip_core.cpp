@@ -244,6 +244,10 @@ void GossipCore::merge_table_locked(Reader& r, std::uint64_t sender, const std::
       if (row.id != sender || observed_ip.empty()) continue;
       if (!is_loopback_ip(observed_ip)) address = with_host(address, observed_ip);
     }
+    if (it == table_.end() && table_.size() >= options_.max_members && !evict_one_locked(now)) {
+      count_drop("member table full (" + std::to_string(table_.size()) + " members, none dead or departed)");
+      continue;
+    }
     Entry& e = it != table_.end() ? it->second : table_[row.id];
     e.address = std::move(address);
     e.heartbeat = row.heartbeat;
@@ -251,6 +255,17 @@ void GossipCore::merge_table_locked(Reader& r, std::uint64_t sender, const std::
     if (row.left == 1 && !e.left) spdlog::debug("gossip: peer {} left", PeerId{row.id}.to_string());
     e.left = row.left == 1;
   }
+}
+
+bool GossipCore::evict_one_locked(Nanos now) {
+  for (auto it = table_.begin(); it != table_.end(); ++it) {
+    const MemberState st = state_of(it->second, now);
+    if (st == MemberState::kDead || st == MemberState::kLeft) {
+      table_.erase(it);
+      return true;
+    }
+  }
+  return false;
 }
 
 void GossipCore::handle_broadcast_locked(Reader& r, std::vector<GossipSend>& sends, Nanos now) {

@@ -107,6 +107,7 @@ class GossipCore {
   void deliver_locked(PeerId origin, const std::string& topic, const Bytes& payload);
   void merge_table_locked(Reader& r, std::uint64_t sender, const std::string& observed_ip, Nanos now);
   void handle_broadcast_locked(Reader& r, std::vector<GossipSend>& sends, Nanos now);
+  bool evict_one_locked(Nanos now);  // makes room: drops one dead or departed member, if any
 
   GossipOptions options_;
   const std::string bound_;

@@ -6,8 +6,10 @@
 #include <cstring>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "core/clock.h"
+#include "core/wire.h"
 #include "support/mutate.h"
 #include "transport/gossip_core.h"
 #include "transport/protocol.h"
@@ -109,4 +111,40 @@ TEST_CASE("mutated gossip tables and rumors are dropped and counted or merged wi
   for (auto& s : a.take_broadcasts()) (void)b.handle(s.message, "192.0.2.1");
   b.run_deliveries();
   CHECK(delivered >= before + 45);
+}
+
+TEST_CASE("a member table stays within max_members: new rows take the place of dead ones or are dropped and counted") {
+  GossipOptions o;
+  o.self = PeerId{1};
+  o.max_members = 10;
+  o.dead_after = std::chrono::milliseconds(1);  // every row is dead a moment after it is heard
+  o.suspect_after = std::chrono::microseconds(500);
+  GossipCore core(o, "tcp://192.0.2.1:7000", real_clock(), 1);
+  // A table of 50 members from one sender, in one message.
+  const auto table_of = [](std::uint64_t first, int n) {
+    Writer w;
+    w.raw(as_bytes(std::string_view("GSGP", 4)));
+    w.u8(1);
+    w.u8(1);
+    w.u64(first);
+    w.str("tcp://192.0.2.9:7000");
+    w.u32(static_cast<std::uint32_t>(n));
+    for (int i = 0; i < n; ++i) {
+      w.u64(first + static_cast<std::uint64_t>(i));
+      w.str("tcp://192.0.2.9:" + std::to_string(7000 + i));
+      w.u64(1);
+      w.u8(0);
+    }
+    return std::move(w).take();
+  };
+  (void)core.handle(table_of(100, 50), "192.0.2.9");
+  CHECK(core.members().size() == 10);
+  CHECK(core.dropped() == 40);
+  // Once they are dead, newcomers take their places.
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  (void)core.handle(table_of(1000, 5), "192.0.2.9");
+  CHECK(core.members().size() == 10);
+  std::size_t fresh = 0;
+  for (const auto& m : core.members()) fresh += m.id.value >= 1000 ? 1 : 0;
+  CHECK(fresh == 5);
 }
