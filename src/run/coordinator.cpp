@@ -290,9 +290,11 @@ std::set<transport::PeerId> Coordinator::expected_locked(std::int64_t round, con
 GroupView Coordinator::make_group_locked(std::int64_t round, std::uint64_t after_epoch, std::int64_t step,
                                          const std::map<transport::PeerId, std::string>& ready, const std::set<transport::PeerId>& expected) {
   const transport::PeerId self = gossip_.self();
-  std::int64_t furthest = after_epoch > 0 ? step : 0;  // the latest step retried
+  const auto& announced = ready_[round];
+  const auto step_of = [&](transport::PeerId id) { return id == self ? step : announced.at(id).step; };  // of the collective retried
+  std::int64_t furthest = step;  // the latest step retried
   if (after_epoch > 0) {
-    for (const auto& [id, address] : ready) furthest = std::max(furthest, id == self ? step : ready_[round][id].step);
+    for (const auto& [id, address] : ready) furthest = std::max(furthest, step_of(id));
   }
   GroupView g;
   g.round = round;
@@ -301,7 +303,7 @@ GroupView Coordinator::make_group_locked(std::int64_t round, std::uint64_t after
     // A retry: members whose collective failed at an earlier step than the others' are behind (the
     // others finished that step, the crash cut it short for them only). They cannot take part in the
     // later step's collective; they are left out and catch up from the members.
-    const std::int64_t at = id == self ? step : ready_[round][id].step;
+    const std::int64_t at = step_of(id);
     if (after_epoch > 0 && at < furthest) {
       ++stats_.left_out;
       spdlog::warn("round {}: peer {} retries step {} while others are at step {}: it is left out and catches up", round, id.to_string(), at, furthest);

@@ -9,6 +9,7 @@
 
 #include "run/announcements.h"
 #include "sim/gossip_fabric.h"
+#include "tiny.h"
 
 using namespace gossamer;
 using namespace gossamer::sim;
@@ -16,15 +17,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-NetworkSpec lan(int n) {
-  NetworkSpec spec;
-  transport::LinkProfile link;
-  link.bandwidth_bytes_per_s = 100e6 / 8;
-  link.latency = 10ms;
-  link.jitter = 1ms;
-  for (int i = 0; i < n; ++i) spec.nodes.push_back(NodeSpec{link, -1});
-  return spec;
-}
+using testing::lan;
 
 std::string address_of(int i) { return "tcp://198.18.0." + std::to_string(i + 1) + ":7000"; }
 

@@ -20,14 +20,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-NetworkSpec lan(int n) {
-  NetworkSpec spec;
-  transport::LinkProfile link;
-  link.bandwidth_bytes_per_s = 100e6 / 8;
-  link.latency = 5ms;
-  for (int i = 0; i < n; ++i) spec.nodes.push_back(NodeSpec{link, -1});
-  return spec;
-}
+using testing::lan;
 
 std::string host_of(int i) { return "198.18.0." + std::to_string(i + 1); }
 

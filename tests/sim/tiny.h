@@ -1,9 +1,11 @@
-// A run small enough for the simulator's tests: a 2-block GPT of width 32 on a small synthetic
+// A run (and a network) small enough for the simulator's tests: a 2-block GPT of width 32 on a small synthetic
 // corpus, fixed compute of 0.05 s per step. Tests set their own steps, methods and networks.
 #pragma once
 
+#include <chrono>
 #include <string>
 
+#include "sim/network.h"
 #include "train/config.h"
 
 namespace gossamer::sim::testing {
@@ -25,6 +27,17 @@ inline train::RunConfig tiny_run(const std::string& method, int workers, int ste
   c.sim.compute = "fixed";
   c.sim.step_time_s = 0.05;
   return c;
+}
+
+// n nodes on 100 Mbit/s links of 10 ms one way with 1 ms of jitter, no shared uplinks.
+inline NetworkSpec lan(int n) {
+  NetworkSpec spec;
+  transport::LinkProfile link;
+  link.bandwidth_bytes_per_s = 100e6 / 8;
+  link.latency = std::chrono::milliseconds(10);
+  link.jitter = std::chrono::milliseconds(1);
+  for (int i = 0; i < n; ++i) spec.nodes.push_back(NodeSpec{link, -1});
+  return spec;
 }
 
 }  // namespace gossamer::sim::testing
