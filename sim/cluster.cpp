@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include <spdlog/spdlog.h>
@@ -173,8 +174,7 @@ class PeerCluster {
         reached_(scheduler_.make_signal()),
         saved_(static_cast<std::size_t>(m_)),
         churn_(static_cast<std::size_t>(m_)),
-        restart_(static_cast<std::size_t>(m_), false),
-        downtime_(static_cast<std::size_t>(m_), 0.0) {
+        downtime_(static_cast<std::size_t>(m_)) {
     result_.accounts.resize(static_cast<std::size_t>(m_));
     result_.final_params.resize(static_cast<std::size_t>(m_));
     while (m_ > 1 && (evaluator_ == config.sim.crash_worker || evaluator_ == joiner_)) ++evaluator_;
@@ -264,8 +264,10 @@ class PeerCluster {
       churn.erase(churn.begin());
     }
     if (!scripted && !churned) return true;
-    restart_[static_cast<std::size_t>(r)] = !scripted || config_.sim.crash_restart_s >= 0;
-    downtime_[static_cast<std::size_t>(r)] = scripted && config_.sim.crash_restart_s >= 0 ? config_.sim.crash_restart_s : config_.sim.churn_downtime_s;
+    auto& downtime = downtime_[static_cast<std::size_t>(r)];
+    downtime.reset();
+    if (!scripted) downtime = config_.sim.churn_downtime_s;
+    if (scripted && config_.sim.crash_restart_s >= 0) downtime = config_.sim.crash_restart_s;
     spdlog::info("sim: worker {} crashes before step {} (t = {:.1f} s)", r, next, seconds_now());
     gossip_fabric_.crash(gossip_address(r));
     net_.crash(r);
@@ -377,10 +379,10 @@ class PeerCluster {
     // Nor once the run is over (a member reached the last step, or every other member is done): its
     // downtime ends early then, so the run's time is the members' and not a sleeper's.
     auto over = [&] { return members_done_ >= m_ - 1 - (joiner_ >= 0 ? 1 : 0) || furthest_ >= config_.train.steps - 1; };
-    for (int life = 0; live(r, life) && restart_[static_cast<std::size_t>(r)]; ++life) {
+    for (int life = 0; live(r, life) && downtime_[static_cast<std::size_t>(r)]; ++life) {
       {
         std::unique_lock lock(mu_);
-        const Nanos downtime = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(downtime_[static_cast<std::size_t>(r)]));
+        const Nanos downtime = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(*downtime_[static_cast<std::size_t>(r)]));
         if (reached_->wait(lock, Deadline::after(scheduler_, downtime), over)) break;
       }
       net_.revive(r);
@@ -406,8 +408,7 @@ class PeerCluster {
   int members_done_ = 0;
   std::vector<std::optional<train::CheckpointState>> saved_;  // each worker's last checkpoint (churn)
   std::vector<std::vector<std::int64_t>> churn_;              // each worker's planned crash steps
-  std::vector<bool> restart_;                                 // its last crash was one it comes back from
-  std::vector<double> downtime_;                              // how long it stays down then (virtual s)
+  std::vector<std::optional<double>> downtime_;               // after its last crash: how long it stays down (virtual s); none: for good
   ClusterResult result_;
   Status failure_;
   double compute_wall_ = 0;

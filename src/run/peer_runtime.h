@@ -89,8 +89,9 @@ struct PeerEnvironment {
   std::function<Status(const nlohmann::json&)> write_summary;
   // A simulation's: the seconds an inner step counts as (and waits out), given the measured ones.
   std::function<double(double measured_s)> pace;
-  // A simulation's or a fault drill's: false before step `next` ends the run at once (a crash: no
-  // goodbye, no checkpoint); the environment has cut its links and gossip already.
+  // A simulation's: false before step `next` ends the run at once (a crash: no goodbye, no
+  // checkpoint); the environment has cut its links and gossip already. (A real peer's fault drill
+  // ends its process inside the call.)
   std::function<bool(std::int64_t next)> alive;
   bool evaluate = true;     // at eval_every and the end (a simulation lets one peer do it)
   bool set_threads = true;  // apply train.threads to LibTorch (the process's setting)
