@@ -15,6 +15,9 @@ PACKAGES=(
   libspdlog-dev libfmt-dev nlohmann-json3-dev libtomlplusplus-dev libcli11-dev
   # tests and benchmarks (iproute2 and nftables: peers on hosts of their own, behind NAT, in the net tests)
   doctest-dev libbenchmark-dev iproute2 nftables
+  # PyTorch of the same version as libtorch-dev, with NumPy: the tests make TorchScript models and
+  # nanoGPT / llm.c token files as those tools do, and load exported weights back into PyTorch
+  python3-torch python3-numpy
 )
 
 missing=()

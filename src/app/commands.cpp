@@ -90,7 +90,9 @@ int run_train_command(const TrainArgs& args) {
     return stop_requested() ? 130 : 0;
   }
   std::string line = fmt::format("done: {} steps, {} tokens, {:.0f} tok/s", outcome->steps, outcome->tokens, outcome->tok_per_s);
-  if (outcome->final_val_loss) line += fmt::format(", val loss {:.4f} nats/byte", *outcome->final_val_loss);
+  if (outcome->final_val_loss) {
+    line += fmt::format(", val loss {:.4f} nats/{}", *outcome->final_val_loss, req.config.data.format == "tokens" ? "token" : "byte");
+  }
   if (outcome->entropy_floor) {
     line += fmt::format(" (entropy floor {:.4f}, gap {:.4f})", *outcome->entropy_floor,
                         outcome->final_val_loss.value_or(0.0) - *outcome->entropy_floor);

@@ -36,30 +36,43 @@ Result<std::string> load_corpus(const fs::path& path, std::size_t max_bytes) {
 }
 
 Result<Dataset> Dataset::from_text(std::string text, double val_fraction, std::int64_t context) {
+  return from_tokens(Tokens::of_text(std::move(text)), val_fraction, context);
+}
+
+Result<Dataset> Dataset::from_tokens(const Tokens& all, double val_fraction, std::int64_t context) {
   if (!(val_fraction > 0.0 && val_fraction < 1.0)) {
     return error(ErrorCode::kInvalidArgument, "validation fraction must be in (0, 1), got " + std::to_string(val_fraction));
   }
-  const auto n = static_cast<std::int64_t>(text.size());
+  const auto n = all.size();
   const auto n_val = static_cast<std::int64_t>(static_cast<double>(n) * val_fraction);
   const std::int64_t need = context + 1;
   if (n_val < need || n - n_val < need) {
-    return error(ErrorCode::kInvalidArgument, "corpus of " + std::to_string(n) + " bytes is too small: both splits need at least " +
-                                                  std::to_string(need) + " bytes (context + 1); use a larger corpus or a shorter context");
+    return error(ErrorCode::kInvalidArgument, "corpus of " + std::to_string(n) + " tokens is too small: both splits need at least " +
+                                                  std::to_string(need) + " tokens (context + 1); use a larger corpus or a shorter context");
+  }
+  return from_splits(all.slice(0, n - n_val), all.slice(n - n_val, n), context);
+}
+
+Result<Dataset> Dataset::from_splits(Tokens train, Tokens val, std::int64_t context) {
+  const std::int64_t need = context + 1;
+  if (train.size() < need || val.size() < need) {
+    return error(ErrorCode::kInvalidArgument, "the training split (" + std::to_string(train.size()) + " tokens) and the validation split (" +
+                                                  std::to_string(val.size()) + " tokens) each need at least " + std::to_string(need) +
+                                                  " tokens (context + 1); use more data or a shorter context");
   }
   Dataset d;
-  d.val_ = text.substr(static_cast<std::size_t>(n - n_val));
-  text.resize(static_cast<std::size_t>(n - n_val));
-  d.train_ = std::move(text);
+  d.train_ = std::move(train);
+  d.val_ = std::move(val);
   return d;
 }
 
-ShardSampler::ShardSampler(const std::string& train, int rank, int world, std::int64_t batch, std::int64_t context, std::uint64_t seed,
+ShardSampler::ShardSampler(const Tokens& train, int rank, int world, std::int64_t batch, std::int64_t context, std::uint64_t seed,
                            std::int64_t block)
-    : text_(&train), rank_(rank), batch_(batch), context_(context), seed_(seed) {
+    : text_(train), rank_(rank), batch_(batch), context_(context), seed_(seed) {
   GOSSAMER_CHECK(world >= 1 && rank >= 0 && rank < world, "ShardSampler: rank must be in [0, world)");
   GOSSAMER_CHECK(batch >= 1 && context >= 1, "ShardSampler: batch and context must be positive");
   GOSSAMER_CHECK(block == 0 || block > context, "ShardSampler: a block must hold a window (block > context)");
-  const auto n = static_cast<std::int64_t>(train.size());
+  const auto n = train.size();
   if (block == 0) {
     pieces_.emplace_back(n * rank / world, n * (rank + 1) / world);
   } else {
@@ -71,7 +84,7 @@ ShardSampler::ShardSampler(const std::string& train, int rank, int world, std::i
     starts_ += std::max<std::int64_t>(0, e - b - context);
   }
   GOSSAMER_CHECK(starts_ >= 1, "ShardSampler: shard of " + std::to_string(shard_end() - shard_begin()) +
-                                   " bytes holds no window of context + 1; use fewer workers or more data");
+                                   " tokens holds no window of context + 1; use fewer workers or more data");
 }
 
 namespace {
@@ -97,25 +110,23 @@ std::vector<std::int64_t> ShardSampler::offsets(std::int64_t index) const {
   return out;
 }
 
-Batch ShardSampler::batch(std::int64_t index) const { return make_batch(*text_, offsets(index), context_); }
+Batch ShardSampler::batch(std::int64_t index) const { return make_batch(text_, offsets(index), context_); }
 
-Batch make_batch(const std::string& text, const std::vector<std::int64_t>& offsets, std::int64_t context) {
+Batch make_batch(const Tokens& text, const std::vector<std::int64_t>& offsets, std::int64_t context) {
   const auto B = static_cast<std::int64_t>(offsets.size());
   auto window = torch::empty({B, context + 1}, torch::kLong);
   auto* out = window.data_ptr<std::int64_t>();
   for (std::int64_t b = 0; b < B; ++b) {
     const auto off = offsets[static_cast<std::size_t>(b)];
-    GOSSAMER_CHECK(off >= 0 && off + context + 1 <= static_cast<std::int64_t>(text.size()), "window out of range");
-    for (std::int64_t t = 0; t <= context; ++t) {
-      out[b * (context + 1) + t] = static_cast<unsigned char>(text[static_cast<std::size_t>(off + t)]);
-    }
+    GOSSAMER_CHECK(off >= 0 && off + context + 1 <= text.size(), "window out of range");
+    text.copy(off, context + 1, out + b * (context + 1));
   }
   using torch::indexing::Slice;
   return Batch{window.index({Slice(), Slice(0, context)}).contiguous(), window.index({Slice(), Slice(1, context + 1)}).contiguous()};
 }
 
-std::vector<Batch> validation_batches(const std::string& val, std::int64_t batch, std::int64_t context, std::int64_t max_batches) {
-  const auto n = static_cast<std::int64_t>(val.size());
+std::vector<Batch> validation_batches(const Tokens& val, std::int64_t batch, std::int64_t context, std::int64_t max_batches) {
+  const auto n = val.size();
   const std::int64_t windows_available = n / (context + 1);
   const std::int64_t windows = std::min(windows_available, batch * max_batches);
   GOSSAMER_CHECK(windows >= 1, "validation text shorter than one window");

@@ -1,9 +1,10 @@
-// Text datasets: loading a corpus, the deterministic train/validation split, per-worker shards and
-// (B, T) batches of byte tokens.
+// Datasets: loading a text corpus, the deterministic train/validation split, per-worker shards and
+// (B, T) batches of tokens. A text is a sequence of byte tokens; token files (data/token_files.h)
+// give sequences of larger ids; both are Tokens and are split, sharded and batched alike.
 //
 // Determinism: a batch is a pure function of (corpus, seed, rank, world, batch index), so the data
 // position of a run is just the index of its next batch, which checkpoints store. Workers' shards are
-// disjoint byte ranges of the training split, so N workers see disjoint, reproducible streams.
+// disjoint token ranges of the training split, so N workers see disjoint, reproducible streams.
 // Threading: const objects are safe to share. Errors: files are Status values; misuse throws.
 #pragma once
 
@@ -16,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "core/status.h"
+#include "data/tokens.h"
 
 namespace gossamer::data {
 
@@ -28,26 +30,29 @@ struct Batch {
   at::Tensor targets;  // int64 (B, T): tokens shifted by one
 };
 
-// The last `val_fraction` of the text is validation, the rest training.
 class Dataset {
  public:
+  // The last `val_fraction` of the text (or tokens) is validation, the rest training.
   static Result<Dataset> from_text(std::string text, double val_fraction, std::int64_t context);
+  static Result<Dataset> from_tokens(const Tokens& all, double val_fraction, std::int64_t context);
+  // Splits given apart (a token corpus's train and val files).
+  static Result<Dataset> from_splits(Tokens train, Tokens val, std::int64_t context);
 
-  const std::string& train() const { return train_; }
-  const std::string& val() const { return val_; }
+  const Tokens& train() const { return train_; }
+  const Tokens& val() const { return val_; }
 
  private:
-  std::string train_, val_;
+  Tokens train_, val_;
 };
 
-// Batches for worker `rank` of `world`: windows of T+1 bytes drawn uniformly (with a counter-based
-// seeded RNG) from the rank's disjoint shard of the training text. With block = 0 the shard is one
+// Batches for worker `rank` of `world`: windows of T+1 tokens drawn uniformly (with a counter-based
+// seeded RNG) from the rank's disjoint shard of the training tokens. With block = 0 the shard is one
 // contiguous slice (rank r of the text's world equal parts); with block > T the text is cut into
-// blocks of that many bytes dealt in turns (block i to rank i mod world), so every shard spans the
+// blocks of that many tokens dealt in turns (block i to rank i mod world), so every shard spans the
 // whole text as a shard of a shuffled corpus does, and a window never crosses a block's end.
 class ShardSampler {
  public:
-  ShardSampler(const std::string& train, int rank, int world, std::int64_t batch, std::int64_t context, std::uint64_t seed,
+  ShardSampler(const Tokens& train, int rank, int world, std::int64_t batch, std::int64_t context, std::uint64_t seed,
                std::int64_t block = 0);
 
   Batch batch(std::int64_t index) const;
@@ -58,7 +63,7 @@ class ShardSampler {
   std::vector<std::int64_t> offsets(std::int64_t index) const;
 
  private:
-  const std::string* text_;
+  Tokens text_;
   int rank_;
   std::int64_t batch_, context_;
   std::uint64_t seed_;
@@ -69,9 +74,9 @@ class ShardSampler {
 
 // A fixed evaluation set: up to max_batches batches of non-overlapping windows spread evenly over the
 // validation text.
-std::vector<Batch> validation_batches(const std::string& val, std::int64_t batch, std::int64_t context, std::int64_t max_batches);
+std::vector<Batch> validation_batches(const Tokens& val, std::int64_t batch, std::int64_t context, std::int64_t max_batches);
 
 // Builds a batch from explicit window offsets into text.
-Batch make_batch(const std::string& text, const std::vector<std::int64_t>& offsets, std::int64_t context);
+Batch make_batch(const Tokens& text, const std::vector<std::int64_t>& offsets, std::int64_t context);
 
 }  // namespace gossamer::data

@@ -57,7 +57,9 @@ const std::vector<KeySpec>& schema() {
       IntKey{"model.context", "sequence length T (bytes)", [](RunConfig& c) -> std::int64_t& { return c.model.context; }, 2, 65536},
       FloatKey{"model.dropout", "dropout probability", [](RunConfig& c) -> double& { return c.model.dropout; }, 0.0, 0.99, false},
       IntKey{"model.init_seed", "seed of the GPT-2-style initialization", [](RunConfig& c) -> std::int64_t& { return c.model.init_seed; }, 0, std::numeric_limits<std::int64_t>::max()},
-      StringKey{"data.path", "text file or folder of text files; empty for the built-in synthetic language", [](RunConfig& c) -> std::string& { return c.data.path; }, {}},
+      StringKey{"data.format", "text: the bytes of text files are the tokens; tokens: token files of nanoGPT (raw uint16) or llm.c (with its header)", [](RunConfig& c) -> std::string& { return c.data.format; }, {"text", "tokens"}},
+      StringKey{"data.path", "text file or folder of text files (empty: the built-in synthetic language); with data.format = tokens, a token file or a folder holding *train*.bin and *val*.bin files", [](RunConfig& c) -> std::string& { return c.data.path; }, {}},
+      IntKey{"data.vocab_size", "vocabulary of the model: 0 means 256 (bytes); token files need their tokenizer's size (50257 for GPT-2)", [](RunConfig& c) -> std::int64_t& { return c.data.vocab_size; }, 0, 1LL << 31},
       FloatKey{"data.val_fraction", "fraction of the corpus (its end) held out for validation", [](RunConfig& c) -> double& { return c.data.val_fraction; }, 0.0, 0.5, true},
       IntKey{"data.max_bytes", "refuse corpora larger than this", [](RunConfig& c) -> std::int64_t& { return c.data.max_bytes; }, 1024, std::numeric_limits<std::int64_t>::max()},
       IntKey{"data.shard_block", "bytes per block when the training text is dealt to the workers in turns (block i to worker i mod workers: every shard spans the corpus, as shards of a shuffled dataset do); 0: one contiguous slice per worker", [](RunConfig& c) -> std::int64_t& { return c.data.shard_block; }, 0, std::numeric_limits<std::int64_t>::max()},
@@ -310,6 +312,8 @@ Status apply_override(RunConfig& config, std::string_view assignment) {
   return Status();
 }
 
+std::int64_t vocab_size(const RunConfig& c) { return c.data.vocab_size > 0 ? c.data.vocab_size : 256; }
+
 Status validate(const RunConfig& c) {
   auto bad = [](const std::string& m) { return error(ErrorCode::kInvalidArgument, m); };
   if (c.model.width % c.model.heads != 0) {
@@ -321,6 +325,15 @@ Status validate(const RunConfig& c) {
   if (c.data.shard_block != 0 && c.data.shard_block <= c.model.context) {
     return bad("data.shard_block (" + std::to_string(c.data.shard_block) + ") must exceed model.context (" + std::to_string(c.model.context) +
                ") so that a window fits in a block, or be 0 for contiguous shards");
+  }
+  if (c.data.format == "tokens" && c.data.path.empty()) {
+    return bad("data.format = tokens needs data.path: a token file, or a folder holding train.bin and val.bin");
+  }
+  if (c.data.format == "tokens" && c.data.vocab_size == 0) {
+    return bad("data.format = tokens needs data.vocab_size: the size of the tokenizer's vocabulary (50257 for GPT-2's, 128256 for Llama 3's)");
+  }
+  if (c.data.format == "text" && c.data.vocab_size != 0 && c.data.vocab_size < 256) {
+    return bad("data.vocab_size (" + std::to_string(c.data.vocab_size) + ") is below 256: text is read as bytes, which need 256 ids; use 0");
   }
   if (c.data.synthetic.classes > c.data.synthetic.words) {
     return bad("data.synthetic.classes (" + std::to_string(c.data.synthetic.classes) + ") must not exceed data.synthetic.words (" +

@@ -34,7 +34,9 @@ struct SyntheticSection {
 };
 
 struct DataSection {
+  std::string format = "text";    // text (bytes are tokens) or tokens (token files, data/token_files.h)
   std::string path;               // empty: the built-in synthetic language
+  std::int64_t vocab_size = 0;    // 0: 256 (bytes); token files need their tokenizer's size
   double val_fraction = 0.05;
   std::int64_t max_bytes = 1LL << 32;
   std::int64_t shard_block = 0;   // > 0: the training text is dealt to the workers in blocks of this
@@ -159,6 +161,9 @@ struct RunConfig {
 // The keys whose values differ between `a` and `b`, as "key: A -> B", in schema order; only keys that
 // start with one of `prefixes` ("model." ...) when any are given.
 std::vector<std::string> config_differences(const RunConfig& a, const RunConfig& b, const std::vector<std::string>& prefixes = {});
+
+// The model's vocabulary: data.vocab_size, or 256 (bytes) when it is 0.
+std::int64_t vocab_size(const RunConfig& config);
 
 // Commented TOML holding every key, loadable by apply_toml.
 std::string to_toml(const RunConfig& config);

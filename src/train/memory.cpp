@@ -12,7 +12,6 @@ namespace gossamer::train {
 
 namespace {
 
-constexpr double kVocab = 256;  // byte-level
 constexpr double kFloat = 4;
 
 // Outer optimizer copies, in multiples of the parameters' fp32 bytes.
@@ -46,12 +45,14 @@ std::optional<double> read_number(const char* path) {
 MemoryEstimate estimate_memory(const RunConfig& c, std::int64_t workers) {
   const double L = static_cast<double>(c.model.layers), C = static_cast<double>(c.model.width), H = static_cast<double>(c.model.heads);
   const double T = static_cast<double>(c.model.context), B = static_cast<double>(c.train.batch_size);
+  const double V = static_cast<double>(vocab_size(c));
   MemoryEstimate e;
-  e.parameters = kVocab * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
+  e.parameters = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
   const double masks = L * T * T;
   e.state_bytes = e.parameters * kFloat * (4 + outer_copies(c.outer.method)) + masks;
-  e.activation_bytes = L * (18 * B * T * C + 3 * B * H * T * T) * kFloat + 3 * B * T * kVocab * kFloat;
-  e.corpus_bytes = c.data.path.empty() ? 2.0 * static_cast<double>(c.data.synthetic.bytes) : 0.0;  // text files are checked by size when read
+  e.activation_bytes = L * (18 * B * T * C + 3 * B * H * T * T) * kFloat + 3 * B * T * V * kFloat;
+  // Text files are checked by size when read; token files are mapped, not read.
+  e.corpus_bytes = c.data.path.empty() ? 2.0 * static_cast<double>(c.data.synthetic.bytes) : 0.0;
   e.total_bytes = static_cast<double>(std::max<std::int64_t>(1, workers)) * e.state_bytes + e.activation_bytes + e.corpus_bytes;
   return e;
 }

@@ -11,6 +11,7 @@
 
 #include "core/file.h"
 #include "data/synthetic.h"
+#include "data/token_files.h"
 #include "train/memory.h"
 #include "train/metrics.h"
 #include "train/run_folder.h"
@@ -20,7 +21,37 @@ namespace gossamer::train {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// A path that does not exist is the user's to fix: a config error.
+Status data_path_error(const Status& st) {
+  const ErrorCode code = st.code() == ErrorCode::kNotFound ? ErrorCode::kInvalidArgument : st.code();
+  return error(code, "data.path: " + st.message());
+}
+
+Result<Corpus> load_token_corpus(const RunConfig& config) {
+  auto loaded = data::load_token_corpus(config.data.path);
+  if (!loaded.ok()) return data_path_error(loaded.status());
+  // Every id must fit the model's vocabulary: an embedding lookup out of range would fail mid-run.
+  const std::int64_t vocab = vocab_size(config);
+  const std::int64_t max_id = loaded->max_token;
+  if (max_id >= vocab) {
+    return error(ErrorCode::kInvalidArgument,
+                 fmt::format("data.vocab_size is {} but {} holds token id {}: set data.vocab_size to the tokenizer's vocabulary size "
+                             "(at least {}; 50257 for GPT-2's)",
+                             vocab, config.data.path, max_id, max_id + 1));
+  }
+  auto dataset = loaded->val ? data::Dataset::from_splits(loaded->train, *loaded->val, config.model.context)
+                             : data::Dataset::from_tokens(loaded->train, config.data.val_fraction, config.model.context);
+  if (!dataset.ok()) return error(dataset.status().code(), "data.path " + config.data.path + ": " + dataset.status().message());
+  std::string how = loaded->val ? "validation from its val files" : fmt::format("last {} held out for validation", config.data.val_fraction);
+  return Corpus{std::move(*dataset), fmt::format("{}; vocabulary {}, {}", loaded->description, vocab, how), std::nullopt};
+}
+
+}  // namespace
+
 Result<Corpus> load_corpus(const RunConfig& config) {
+  if (config.data.format == "tokens") return load_token_corpus(config);
   std::string text, description;
   std::optional<double> floor;
   if (config.data.path.empty()) {
@@ -37,11 +68,7 @@ Result<Corpus> load_corpus(const RunConfig& config) {
                               syn.words, syn.classes, syn.zipf, syn.bytes, *floor);
   } else {
     auto loaded = data::load_corpus(config.data.path, static_cast<std::size_t>(config.data.max_bytes));
-    if (!loaded.ok()) {
-      // A path that does not exist is the user's to fix: a config error.
-      const ErrorCode code = loaded.status().code() == ErrorCode::kNotFound ? ErrorCode::kInvalidArgument : loaded.status().code();
-      return error(code, "data.path: " + loaded.status().message());
-    }
+    if (!loaded.ok()) return data_path_error(loaded.status());
     text = std::move(*loaded);
     description = fmt::format("{} ({} bytes)", config.data.path, text.size());
   }

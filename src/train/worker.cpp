@@ -11,7 +11,7 @@ namespace gossamer::train {
 
 model::GptConfig gpt_config(const RunConfig& c, int rank) {
   model::GptConfig g;
-  g.vocab_size = 256;
+  g.vocab_size = vocab_size(c);
   g.context = c.model.context;
   g.layers = c.model.layers;
   g.width = c.model.width;

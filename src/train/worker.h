@@ -27,7 +27,7 @@ namespace gossamer::train {
 
 struct StepResult {
   std::int64_t step = 0;     // steps completed after this one
-  double loss = 0.0;         // training loss of this step's batch (nats per byte)
+  double loss = 0.0;         // training loss of this step's batch (nats per token)
   double grad_norm = 0.0;    // global gradient norm before clipping
   double lr = 0.0;
   std::int64_t tokens = 0;   // tokens in this step's batch
@@ -54,7 +54,7 @@ class Worker {
 
   // One inner step on the next batch of this worker's shard.
   StepResult step(const GradientHook& before_update = {});
-  // Mean validation loss (nats per byte) over the fixed evaluation set.
+  // Mean validation loss (nats per token) over the fixed evaluation set.
   double evaluate();
 
   std::int64_t steps_done() const;

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Files made by other tools, used as a user would: token files written the way nanoGPT's prepare.py
+# and llm.c's data scripts write them (with NumPy), trained on by `gossamer train`, `sim` and
+# `peer`. Needs python3 with NumPy (scripts/setup.sh installs it); skips (exit 77) without it.
+# Usage: user_files_test.sh path/to/gossamer
+set -u
+G="$1"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+run() {  # run EXPECTED_CODE command...
+  local want=$1; shift
+  "$@" >"$tmp/out" 2>&1
+  local got=$?
+  if [ "$got" -ne "$want" ]; then cat "$tmp/out"; fail "exit code $got, expected $want: $*"; fi
+}
+says() { grep -qF -- "$1" "$tmp/out" || { cat "$tmp/out"; fail "output lacks '$1'"; }; }
+
+# The first python3 that has NumPy: the one on PATH, else Debian's (which scripts/setup.sh equips).
+PY=""
+for p in python3 /usr/bin/python3; do
+  if "$p" -c 'import numpy' 2>/dev/null; then PY="$p"; break; fi
+done
+if [ -z "$PY" ]; then
+  echo "SKIP: no python3 with NumPy is installed (scripts/setup.sh installs python3-numpy)"
+  exit 77
+fi
+
+# A corpus of ids above 255 (a GPT-2-sized vocabulary) with structure a model can learn: a repeated
+# random phrase book, so the loss must fall well below ln(50257) = 10.8.
+"$PY" - "$tmp" <<'PY'
+import sys, numpy as np
+out = sys.argv[1]
+rng = np.random.default_rng(7)
+phrases = [rng.integers(0, 50257, size=rng.integers(3, 9)) for _ in range(40)]
+def text(n):
+    ids = []
+    while len(ids) < n:
+        ids.extend(phrases[rng.integers(0, len(phrases))])
+    return np.array(ids[:n], dtype=np.uint16)
+import os
+os.makedirs(f"{out}/nanogpt"); os.makedirs(f"{out}/llmc")
+# nanoGPT's prepare.py: arr.tofile(path), raw little-endian uint16.
+text(60000).tofile(f"{out}/nanogpt/train.bin")
+text(6000).tofile(f"{out}/nanogpt/val.bin")
+# llm.c's dev/data/data_common.py write_datafile: 256 int32 header, then uint16 tokens.
+def write_datafile(path, toks):
+    header = np.zeros(256, dtype=np.int32)
+    header[0] = 20240520; header[1] = 1; header[2] = len(toks)
+    with open(path, "wb") as f:
+        f.write(header.tobytes()); f.write(toks.tobytes())
+write_datafile(f"{out}/llmc/shakes_train.bin", text(60000))
+write_datafile(f"{out}/llmc/shakes_val.bin", text(6000))
+# A truncated llm.c file and one whose count lies.
+write_datafile(f"{out}/bad.bin", text(1000))
+with open(f"{out}/bad.bin", "r+b") as f: f.truncate(1024 + 1000)
+PY
+
+SMALL=(--set model.layers=1 --set model.width=32 --set model.heads=2 --set model.context=16
+       --set train.batch_size=8 --set train.steps=60 --set train.warmup_steps=5 --set train.lr=1e-2
+       --set train.eval_every=30 --set train.eval_batches=2 --set data.format=tokens --set data.vocab_size=50257)
+
+# Token files need their vocabulary; a vocabulary too small for the ids is named with the fix.
+run 2 "$G" train --set data.format=tokens --set data.path="$tmp/nanogpt" --out "$tmp/r0"
+says "data.vocab_size"
+run 2 "$G" train "${SMALL[@]}" --set data.vocab_size=1000 --set data.path="$tmp/nanogpt" --out "$tmp/r1"
+says "at least"
+run 2 "$G" train "${SMALL[@]}" --set data.path="$tmp/bad.bin" --out "$tmp/r2"
+says "truncated"
+
+# nanoGPT's folder trains, its loss falls far below a uniform guess over the vocabulary.
+run 0 "$G" train "${SMALL[@]}" --set data.path="$tmp/nanogpt" --out "$tmp/nano"
+says "nats/token"
+loss=$(grep -o 'val loss [0-9.]*' "$tmp/out" | awk '{print $3}')
+awk -v l="$loss" 'BEGIN { exit !(l < 8.0) }' || fail "val loss $loss on the nanoGPT corpus is not below 8 (uniform: 10.8)"
+
+# llm.c's files train in the simulator with DiLoCo, and a real peer reads them too.
+run 0 "$G" sim "${SMALL[@]}" --set data.path="$tmp/llmc" --set sim.workers=2 --set diloco.inner_steps=20 --out "$tmp/sim"
+grep -q '"final_val_loss"' "$tmp/sim/summary.json" || fail "sim wrote no final validation loss"
+run 0 "$G" peer "${SMALL[@]}" --set data.path="$tmp/llmc" --set train.steps=20 --set diloco.inner_steps=10 \
+  --set outer.method=diloco --listen 127.0.0.1:0 --wait-for 1 --out "$tmp/peer"
+test -f "$tmp/peer/summary.json" || fail "the peer wrote no summary"
+echo "user files: all checks passed"
