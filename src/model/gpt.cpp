@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "core/check.h"
 
@@ -163,13 +164,7 @@ Gpt::~Gpt() = default;
 
 const GptConfig& Gpt::config() const { return impl_->module->config; }
 
-at::Tensor Gpt::forward(const at::Tensor& tokens) const { return impl_->module->forward(tokens); }
-
-at::Tensor Gpt::loss(const at::Tensor& tokens, const at::Tensor& targets) const {
-  GOSSAMER_CHECK(tokens.sizes() == targets.sizes(), "Gpt::loss: tokens and targets must have the same shape");
-  auto logits = forward(tokens);
-  return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}));
-}
+at::Tensor Gpt::forward(const at::Tensor& tokens) { return impl_->module->forward(tokens); }
 
 std::vector<ParameterBlock> Gpt::blocks() const {
   auto& m = *impl_->module;
@@ -189,35 +184,22 @@ std::vector<ParameterBlock> Gpt::blocks() const {
   return out;
 }
 
-std::vector<NamedParameter> Gpt::named_parameters() const {
-  std::vector<NamedParameter> out;
-  for (auto& b : blocks()) {
-    for (auto& p : b.parameters) out.push_back(std::move(p));
-  }
-  return out;
-}
-
-std::vector<at::Tensor> Gpt::parameters() const {
-  std::vector<at::Tensor> out;
-  for (auto& p : named_parameters()) out.push_back(p.tensor);
-  return out;
-}
-
-std::int64_t Gpt::num_parameters() const {
-  std::int64_t n = 0;
-  for (const auto& p : parameters()) n += p.numel();
-  return n;
-}
-
-at::Tensor Gpt::dropout_rng_state() const {
+std::vector<std::uint8_t> Gpt::rng_state() const {
   std::lock_guard<std::mutex> lock(impl_->module->gen.mutex());
-  return impl_->module->gen.get_state();
+  const at::Tensor state = impl_->module->gen.get_state();
+  const auto* p = state.data_ptr<std::uint8_t>();
+  return std::vector<std::uint8_t>(p, p + state.numel());
 }
 
-void Gpt::set_dropout_rng_state(const at::Tensor& state) {
+void Gpt::set_rng_state(const std::vector<std::uint8_t>& state) {
+  auto t = torch::empty({static_cast<std::int64_t>(state.size())}, torch::kUInt8);
+  std::memcpy(t.data_ptr(), state.data(), state.size());
   std::lock_guard<std::mutex> lock(impl_->module->gen.mutex());
-  impl_->module->gen.set_state(state);
+  impl_->module->gen.set_state(t);
 }
+
+void Gpt::save(torch::serialize::OutputArchive& archive) const { impl_->module->save(archive); }
+void Gpt::load(torch::serialize::InputArchive& archive) { impl_->module->load(archive); }
 
 void Gpt::train(bool on) { impl_->module->train(on); }
 bool Gpt::is_training() const { return impl_->module->is_training(); }

@@ -17,6 +17,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "model/language_model.h"
+
 namespace torch::nn {
 class Module;
 }
@@ -34,17 +36,7 @@ struct GptConfig {
   std::uint64_t dropout_seed = 1;  // the model's own dropout generator (no global RNG state)
 };
 
-struct NamedParameter {
-  std::string name;    // "block.3.attn.qkv.weight"
-  at::Tensor tensor;   // shares storage with the model
-};
-
-struct ParameterBlock {
-  std::string name;    // "embed", "block.0", ..., "final"
-  std::vector<NamedParameter> parameters;
-};
-
-class Gpt {
+class Gpt final : public LanguageModel {
  public:
   explicit Gpt(const GptConfig& config);
   ~Gpt();
@@ -53,22 +45,17 @@ class Gpt {
 
   const GptConfig& config() const;
 
-  // tokens: int64 (B, T) with T <= context. Returns logits (B, T, vocab).
-  at::Tensor forward(const at::Tensor& tokens) const;
-  // Mean cross-entropy (nats per token) of predicting targets (B, T) from tokens (B, T).
-  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets) const;
-
-  std::vector<ParameterBlock> blocks() const;
-  std::vector<NamedParameter> named_parameters() const;  // all, in block order
-  std::vector<at::Tensor> parameters() const;
-  std::int64_t num_parameters() const;
-
-  // State of the model's dropout generator (a uint8 tensor), for checkpoints.
-  at::Tensor dropout_rng_state() const;
-  void set_dropout_rng_state(const at::Tensor& state);
-
-  void train(bool on = true);
-  bool is_training() const;
+  at::Tensor forward(const at::Tensor& tokens) override;
+  std::vector<ParameterBlock> blocks() const override;
+  std::int64_t vocab_size() const override { return config().vocab_size; }
+  std::int64_t context() const override { return config().context; }
+  void train(bool on = true) override;
+  bool is_training() const override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+  // The state of the model's own dropout generator.
+  std::vector<std::uint8_t> rng_state() const override;
+  void set_rng_state(const std::vector<std::uint8_t>& state) override;
 
   // The underlying module, for serialization and device moves.
   torch::nn::Module& module();

@@ -51,6 +51,9 @@ std::vector<std::string> codec_names() {
 
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> keys = {
+      StringKey{"model.kind", "gpt: the built-in GPT (model.layers, width, heads); torchscript: a module saved by PyTorch (model.path)", [](RunConfig& c) -> std::string& { return c.model.kind; }, {"gpt", "torchscript"}},
+      StringKey{"model.path", "torchscript: the file torch.jit.script(model).save(path) wrote; forward(tokens int64 [B, T]) -> logits [B, T, vocab]", [](RunConfig& c) -> std::string& { return c.model.path; }, {}},
+      StringKey{"model.block_pattern", "torchscript: a regular expression whose first group is the layer index in a parameter's name (the default takes the first all-digit part between dots or underscores, as in h.3.attn or block_3.qkv)", [](RunConfig& c) -> std::string& { return c.model.block_pattern; }, {}},
       IntKey{"model.layers", "transformer blocks", [](RunConfig& c) -> std::int64_t& { return c.model.layers; }, 1, 256},
       IntKey{"model.width", "d_model, divisible by model.heads", [](RunConfig& c) -> std::int64_t& { return c.model.width; }, 8, 65536},
       IntKey{"model.heads", "attention heads", [](RunConfig& c) -> std::int64_t& { return c.model.heads; }, 1, 1024},
@@ -325,6 +328,9 @@ Status validate(const RunConfig& c) {
   if (c.data.shard_block != 0 && c.data.shard_block <= c.model.context) {
     return bad("data.shard_block (" + std::to_string(c.data.shard_block) + ") must exceed model.context (" + std::to_string(c.model.context) +
                ") so that a window fits in a block, or be 0 for contiguous shards");
+  }
+  if (c.model.kind == "torchscript" && c.model.path.empty()) {
+    return bad("model.kind = torchscript needs model.path: the file torch.jit.script(model).save(path) wrote");
   }
   if (c.data.format == "tokens" && c.data.path.empty()) {
     return bad("data.format = tokens needs data.path: a token file, or a folder holding train.bin and val.bin");

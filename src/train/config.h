@@ -17,6 +17,9 @@
 namespace gossamer::train {
 
 struct ModelSection {
+  std::string kind = "gpt";       // gpt (built in) or torchscript (model.path)
+  std::string path;               // torchscript: the module file
+  std::string block_pattern = R"((?:^|[._])(\d+)(?:[._]|$))";  // torchscript: regex whose first group is the layer index
   std::int64_t layers = 2;
   std::int64_t width = 128;
   std::int64_t heads = 4;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "optim/method.h"
+#include "train/worker.h"
 
 namespace gossamer::train {
 
@@ -42,15 +43,15 @@ std::optional<double> read_number(const char* path) {
 
 }  // namespace
 
-MemoryEstimate estimate_memory(const RunConfig& c, std::int64_t workers) {
+MemoryEstimate estimate_memory(const RunConfig& c, std::int64_t workers, std::optional<double> parameters) {
   const double L = static_cast<double>(c.model.layers), C = static_cast<double>(c.model.width), H = static_cast<double>(c.model.heads);
   const double T = static_cast<double>(c.model.context), B = static_cast<double>(c.train.batch_size);
   const double V = static_cast<double>(vocab_size(c));
   MemoryEstimate e;
-  e.parameters = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C;
-  const double masks = L * T * T;
+  e.parameters = parameters.value_or(V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C);
+  const double masks = parameters ? 0.0 : L * T * T;
   e.state_bytes = e.parameters * kFloat * (4 + outer_copies(c.outer.method)) + masks;
-  e.activation_bytes = L * (18 * B * T * C + 3 * B * H * T * T) * kFloat + 3 * B * T * V * kFloat;
+  e.activation_bytes = (parameters ? 0.0 : L * (18 * B * T * C + 3 * B * H * T * T) * kFloat) + 3 * B * T * V * kFloat;
   // Text files are checked by size when read; token files are mapped, not read.
   e.corpus_bytes = c.data.path.empty() ? 2.0 * static_cast<double>(c.data.synthetic.bytes) : 0.0;
   e.total_bytes = static_cast<double>(std::max<std::int64_t>(1, workers)) * e.state_bytes + e.activation_bytes + e.corpus_bytes;
@@ -90,9 +91,15 @@ std::string format_bytes(double bytes) {
 }
 
 Status check_memory(const RunConfig& c, std::int64_t workers) {
+  std::optional<double> parameters;
+  if (c.model.kind != "gpt") {
+    auto model = make_model(c, 0);
+    if (!model.ok()) return model.status();
+    parameters = static_cast<double>((*model)->num_parameters());
+  }
   const auto avail = available_memory_bytes();
   if (!avail) return Status();
-  const MemoryEstimate e = estimate_memory(c, workers);
+  const MemoryEstimate e = estimate_memory(c, workers, parameters);
   if (e.total_bytes <= *avail) return Status();
   std::string lower;
   if (e.activation_bytes >= e.state_bytes * static_cast<double>(workers)) {

@@ -6,7 +6,9 @@
 // gradients and AdamW's two moments; the outer optimizer's copies; the causal masks (one T x T byte
 // matrix per block); the activations autograd keeps for one batch (per block about 18 B*T*C floats
 // plus three B*H*T*T attention matrices, then the logits, their softmax and gradient); the corpus.
-// It errs low rather than high: it refuses only configurations that certainly cannot fit.
+// It errs low rather than high: it refuses only configurations that certainly cannot fit. For a
+// TorchScript model the parameters are counted in the module and the activations are the logits'
+// share only (its architecture is not known).
 // Pure functions except available_memory_bytes, which reads /proc and the cgroup; thread-safe.
 #pragma once
 
@@ -28,12 +30,14 @@ struct MemoryEstimate {
 };
 
 // `workers`: how many workers this process holds (1 for train and peer, sim.workers for sim).
-MemoryEstimate estimate_memory(const RunConfig& config, std::int64_t workers);
+// `parameters`: the model's count where it is not the built-in GPT of model.* (a TorchScript module).
+MemoryEstimate estimate_memory(const RunConfig& config, std::int64_t workers, std::optional<double> parameters = std::nullopt);
 
 // MemAvailable, lowered to the cgroup's limit less its usage where one is set; nullopt if unknown.
 std::optional<double> available_memory_bytes();
 
 // kInvalidArgument with the figures and what to lower when the estimate exceeds what is available.
+// A TorchScript model is loaded to count its parameters, so one that cannot be used is reported here.
 [[nodiscard]] Status check_memory(const RunConfig& config, std::int64_t workers);
 
 std::string format_bytes(double bytes);

@@ -134,9 +134,9 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   return o;
 }
 
-std::vector<optim::ParamBlock> param_blocks(const model::Gpt& gpt) {
+std::vector<optim::ParamBlock> param_blocks(const model::LanguageModel& model) {
   std::vector<optim::ParamBlock> out;
-  for (const auto& b : gpt.blocks()) {
+  for (const auto& b : model.blocks()) {
     optim::ParamBlock pb;
     pb.name = b.name;
     for (const auto& p : b.parameters) pb.tensors.push_back(p.tensor);

@@ -19,7 +19,7 @@
 
 #include "core/clock.h"
 #include "core/status.h"
-#include "model/gpt.h"
+#include "model/language_model.h"
 #include "optim/outer_optimizer.h"
 #include "train/config.h"
 #include "train/worker.h"
@@ -34,7 +34,7 @@ optim::Method method_of(const RunConfig& config);
 // Settings that are legitimate but probably not what was meant, one sentence each (the commands
 // print them as warnings).
 std::vector<std::string> config_warnings(const RunConfig& config);
-std::vector<optim::ParamBlock> param_blocks(const model::Gpt& gpt);
+std::vector<optim::ParamBlock> param_blocks(const model::LanguageModel& model);
 
 // What one worker spent and sent so far.
 struct WorkerAccount {

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "model/torchscript_model.h"
 #include "train/schedule.h"
 
 namespace gossamer::train {
@@ -22,11 +23,33 @@ model::GptConfig gpt_config(const RunConfig& c, int rank) {
   return g;
 }
 
+Result<std::unique_ptr<model::LanguageModel>> make_model(const RunConfig& c, int rank) {
+  const auto g = gpt_config(c, rank);
+  if (c.model.kind == "torchscript") {
+    model::TorchScriptOptions o;
+    o.path = c.model.path;
+    o.block_pattern = c.model.block_pattern;
+    o.context = c.model.context;
+    o.vocab_size = g.vocab_size;
+    o.dropout_seed = g.dropout_seed;
+    auto m = model::TorchScriptModel::load(o);
+    if (!m.ok()) return m.status();
+    return std::unique_ptr<model::LanguageModel>(std::move(*m));
+  }
+  return std::unique_ptr<model::LanguageModel>(std::make_unique<model::Gpt>(g));
+}
+
 namespace {
+
+std::unique_ptr<model::LanguageModel> must_make_model(const RunConfig& c, int rank) {
+  auto m = make_model(c, rank);
+  GOSSAMER_CHECK(m.ok(), "Worker: " + m.status().message() + " (check the model with make_model before making workers)");
+  return std::move(*m);
+}
 
 // Weight decay applies to matrices (dim >= 2: linear weights and embeddings) only, never to biases or
 // LayerNorm gains.
-std::unique_ptr<torch::optim::AdamW> make_adamw(const model::Gpt& gpt, const TrainSection& t) {
+std::unique_ptr<torch::optim::AdamW> make_adamw(const model::LanguageModel& gpt, const TrainSection& t) {
   std::vector<torch::Tensor> decay, no_decay;
   for (const auto& p : gpt.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   auto options = [&](double wd) {
@@ -49,20 +72,20 @@ struct Worker::Impl {
   Impl(const RunConfig& c, const data::Dataset& d, int rank, int world, Clock& clk)
       : config(c),
         clock(&clk),
-        gpt(gpt_config(c, rank)),
+        gpt(must_make_model(c, rank)),
         sampler(d.train(), rank, world, c.train.batch_size, c.model.context, static_cast<std::uint64_t>(c.train.seed), c.data.shard_block),
         eval_set(data::validation_batches(d.val(), c.train.batch_size, c.model.context, c.train.eval_batches)) {
-    optimizer = make_adamw(gpt, c.train);
+    optimizer = make_adamw(*gpt, c.train);
     schedule.lr = c.train.lr;
     schedule.min_lr_ratio = c.train.min_lr_ratio;
     schedule.warmup_steps = c.train.warmup_steps;
     schedule.total_steps = c.train.steps;
-    params = gpt.parameters();
+    params = gpt->parameters();
   }
 
   RunConfig config;
   Clock* clock;
-  model::Gpt gpt;
+  std::unique_ptr<model::LanguageModel> gpt;
   data::ShardSampler sampler;
   std::vector<data::Batch> eval_set;
   std::unique_ptr<torch::optim::AdamW> optimizer;
@@ -83,9 +106,9 @@ StepResult Worker::step(const GradientHook& before_update) {
   auto& s = *impl_;
   Stopwatch watch(*s.clock);
   const data::Batch batch = s.sampler.batch(s.next_batch);
-  s.gpt.train(true);
+  s.gpt->train(true);
   s.optimizer->zero_grad();
-  auto loss = s.gpt.loss(batch.tokens, batch.targets);
+  auto loss = s.gpt->loss(batch.tokens, batch.targets);
   loss.backward();
   Status sync;
   const std::uint64_t restores = s.restores;
@@ -129,20 +152,20 @@ StepResult Worker::step(const GradientHook& before_update) {
 double Worker::evaluate() {
   auto& s = *impl_;
   torch::NoGradGuard no_grad;
-  s.gpt.train(false);
+  s.gpt->train(false);
   double total = 0.0;
   std::int64_t count = 0;
   for (const auto& b : s.eval_set) {
-    total += s.gpt.loss(b.tokens, b.targets).item<double>() * static_cast<double>(b.tokens.numel());
+    total += s.gpt->loss(b.tokens, b.targets).item<double>() * static_cast<double>(b.tokens.numel());
     count += b.tokens.numel();
   }
-  s.gpt.train(true);
+  s.gpt->train(true);
   return total / static_cast<double>(count);
 }
 
 std::int64_t Worker::steps_done() const { return impl_->step; }
 std::int64_t Worker::tokens_seen() const { return impl_->tokens; }
-model::Gpt& Worker::model() { return impl_->gpt; }
+model::LanguageModel& Worker::model() { return *impl_->gpt; }
 
 CheckpointState Worker::checkpoint_state(const std::string& config_toml) const {
   const auto& s = *impl_;
@@ -152,12 +175,12 @@ CheckpointState Worker::checkpoint_state(const std::string& config_toml) const {
   out.next_batch = s.next_batch;
   out.tokens_seen = s.tokens;
 
-  const at::Tensor rng = s.gpt.dropout_rng_state();
-  const auto* rp = reinterpret_cast<const std::byte*>(rng.data_ptr());
-  out.rng_state.assign(rp, rp + rng.numel() * rng.element_size());
+  const auto rng = s.gpt->rng_state();
+  const auto* rp = reinterpret_cast<const std::byte*>(rng.data());
+  out.rng_state.assign(rp, rp + rng.size());
 
   torch::serialize::OutputArchive archive, model_archive, optim_archive;
-  s.gpt.module().save(model_archive);
+  s.gpt->save(model_archive);
   s.optimizer->save(optim_archive);
   archive.write("model", model_archive);
   archive.write("optimizer", optim_archive);
@@ -177,13 +200,15 @@ Status Worker::restore(const CheckpointState& state) {
     archive.load_from(is);
     archive.read("model", model_archive);
     archive.read("optimizer", optim_archive);
-    s.gpt.module().load(model_archive);
+    s.gpt->load(model_archive);
     s.optimizer->load(optim_archive);
-    auto rng = torch::empty({static_cast<std::int64_t>(state.rng_state.size())}, torch::kUInt8);
-    std::memcpy(rng.data_ptr(), state.rng_state.data(), state.rng_state.size());
-    s.gpt.set_dropout_rng_state(rng);
+    const auto* rp = reinterpret_cast<const std::uint8_t*>(state.rng_state.data());
+    s.gpt->set_rng_state(std::vector<std::uint8_t>(rp, rp + state.rng_state.size()));
   } catch (const c10::Error& e) {
     return error(ErrorCode::kMalformed, std::string("checkpoint tensors do not match this model: ") + e.what_without_backtrace() +
+                                            " (was it written with another model config?)");
+  } catch (const ContractError& e) {
+    return error(ErrorCode::kMalformed, std::string("checkpoint does not match this model: ") + e.what() +
                                             " (was it written with another model config?)");
   }
   for (std::size_t i = 0; i < s.params.size(); ++i) {

@@ -1,4 +1,4 @@
-// Worker: one training replica = GPT model + its data shard + AdamW inner optimizer + schedule, timed
+// Worker: one training replica = model (the built-in GPT or a TorchScript module) + its data shard + AdamW inner optimizer + schedule, timed
 // by a Clock. The same Worker will run under the real clock and the simulator's virtual clock; it does
 // not know which. Outer optimizers (optim/) will drive Workers between inner steps.
 //
@@ -20,6 +20,7 @@
 #include "core/status.h"
 #include "data/dataset.h"
 #include "model/gpt.h"
+#include "model/language_model.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 
@@ -44,6 +45,9 @@ using GradientHook = std::function<Status(const std::vector<at::Tensor>& params)
 
 // The model of a config, for worker `rank` (which seeds its dropout).
 model::GptConfig gpt_config(const RunConfig& config, int rank);
+// The model a config asks for (model.kind), initialised as every worker's is. A TorchScript file that
+// cannot be read or does not fit the run is a kInvalidArgument Status naming it and the fix.
+[[nodiscard]] Result<std::unique_ptr<model::LanguageModel>> make_model(const RunConfig& config, int rank);
 
 class Worker {
  public:
@@ -59,7 +63,7 @@ class Worker {
 
   std::int64_t steps_done() const;
   std::int64_t tokens_seen() const;
-  model::Gpt& model();
+  model::LanguageModel& model();
 
   // Captures / restores the whole training state (model, optimizer, RNG, data position, step).
   CheckpointState checkpoint_state(const std::string& config_toml) const;

@@ -104,11 +104,11 @@ TEST_CASE("dropout draws from the model's own seeded generator") {
   a.train(true);
   b.train(true);
   auto tokens = torch::randint(0, 256, {2, 16}, torch::kLong);
-  const auto state = a.dropout_rng_state();
+  const auto state = a.rng_state();
   auto la = a.forward(tokens);
   CHECK(torch::equal(la, b.forward(tokens)));          // same seed, same masks
   CHECK_FALSE(torch::equal(la, a.forward(tokens)));    // the generator advanced
-  a.set_dropout_rng_state(state);
+  a.set_rng_state(state);
   CHECK(torch::equal(la, a.forward(tokens)));          // restored state replays the masks
   a.train(false);
   CHECK(torch::equal(a.forward(tokens), a.forward(tokens)));  // no dropout in eval mode
