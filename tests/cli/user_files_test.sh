@@ -80,4 +80,34 @@ grep -q '"final_val_loss"' "$tmp/sim/summary.json" || fail "sim wrote no final v
 run 0 "$G" peer "${SMALL[@]}" --set data.path="$tmp/llmc" --set train.steps=20 --set diloco.inner_steps=10 \
   --set outer.method=diloco --listen 127.0.0.1:0 --wait-for 1 --out "$tmp/peer"
 test -f "$tmp/peer/summary.json" || fail "the peer wrote no summary"
+
+# A model written in PyTorch (examples/torchscript/nanogpt_export.py, nanoGPT's layout with a tied
+# head and dropout), saved with torch.jit.script, trained by train, sim (Streaming DiLoCo, cut into
+# fragments by its layer names) and a real peer, on text and on the token files.
+if ! "$PY" -c 'import torch' 2>/dev/null; then
+  echo "SKIP (TorchScript part): $PY has no torch (scripts/setup.sh installs python3-torch)"
+  echo "user files: token-file checks passed"
+  exit 0
+fi
+EX="$(dirname "$0")/../../examples/torchscript/nanogpt_export.py"
+"$PY" "$EX" --out "$tmp/ng.pt" --vocab 256 --context 16 --layers 3 --width 32 --heads 2 --dropout 0.1 >/dev/null || fail "export script failed"
+"$PY" "$EX" --out "$tmp/ng_tokens.pt" --vocab 50257 --context 16 --layers 2 --width 32 --heads 2 >/dev/null || fail "export script failed"
+TS=(--set model.kind=torchscript --set model.context=16 --set train.batch_size=8 --set train.steps=60
+    --set train.warmup_steps=5 --set train.lr=1e-2 --set train.eval_every=30 --set train.eval_batches=2
+    --set data.synthetic.bytes=60000)
+run 0 "$G" train "${TS[@]}" --set model.path="$tmp/ng.pt" --out "$tmp/ts-train"
+loss=$(grep -o 'val loss [0-9.]*' "$tmp/out" | awk '{print $3}')
+awk -v l="$loss" 'BEGIN { exit !(l < 4.0) }' || fail "the TorchScript model's val loss $loss is not below 4 (uniform: 5.55)"
+run 0 "$G" sim "${TS[@]}" --set model.path="$tmp/ng.pt" --set outer.method=streaming_diloco --set sim.workers=2 \
+  --set streaming_diloco.inner_steps=20 --set streaming_diloco.fragment_layers=1 --out "$tmp/ts-sim"
+grep -q '"final_val_loss"' "$tmp/ts-sim/summary.json" || fail "sim of the TorchScript model wrote no final loss"
+run 0 "$G" sim "${TS[@]}" --set model.path="$tmp/ng.pt" --set outer.method=streaming_diloco --set sim.workers=2 \
+  --set streaming_diloco.inner_steps=20 --set streaming_diloco.fragment_layers=1 --out "$tmp/ts-sim2"
+cmp -s "$tmp/ts-sim/streaming_diloco/metrics.jsonl" "$tmp/ts-sim2/streaming_diloco/metrics.jsonl" || fail "two simulations of the TorchScript model differ"
+run 0 "$G" peer "${TS[@]}" --set model.path="$tmp/ng_tokens.pt" --set data.format=tokens --set data.vocab_size=50257 \
+  --set data.path="$tmp/nanogpt" --set train.steps=20 --set diloco.inner_steps=10 --listen 127.0.0.1:0 --wait-for 1 --out "$tmp/ts-peer"
+test -f "$tmp/ts-peer/summary.json" || fail "the TorchScript peer wrote no summary"
+# A module whose vocabulary is not the run's is refused with the shapes.
+run 2 "$G" train "${TS[@]}" --set model.path="$tmp/ng_tokens.pt" --out "$tmp/ts-bad"
+says "expected [1, 16, 256]"
 echo "user files: all checks passed"

@@ -1,5 +1,6 @@
 #include <doctest/doctest.h>
 
+#include <torch/script.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -65,10 +66,26 @@ std::vector<nlohmann::json> metrics_of(const fs::path& dir) {
   return out;
 }
 
-}  // namespace
+// A TorchScript module with dropout (drawn from LibTorch's global generator, which the model seeds).
+fs::path dropout_module() {
+  const fs::path path = fresh_dir("dropout") += ".pt";
+  torch::manual_seed(5);
+  torch::jit::Module m("Drop");
+  if (!m.hasattr("training")) m.register_attribute("training", c10::BoolType::get(), true);
+  m.register_parameter("emb", (torch::randn({256, 16}) * 0.1).requires_grad_(), false);
+  m.register_parameter("layer_0_w", (torch::randn({16, 16}) * 0.1).requires_grad_(), false);
+  m.register_parameter("head", (torch::randn({16, 256}) * 0.1).requires_grad_(), false);
+  m.define(R"(
+def forward(self, tokens):
+    x = torch.embedding(self.emb, tokens)
+    x = x + torch.dropout(torch.tanh(torch.matmul(x, self.layer_0_w)), 0.2, self.training)
+    return torch.matmul(x, self.head)
+)");
+  m.save(path.string());
+  return path;
+}
 
-TEST_CASE("20 steps straight and 10 + resume + 10 give bit-identical parameters and losses") {
-  const RunConfig config = tiny();
+void check_resume(const RunConfig& config) {
   const fs::path straight = fresh_dir("straight"), split = fresh_dir("split");
 
   TrainRequest a = request(config, straight);
@@ -118,6 +135,19 @@ TEST_CASE("20 steps straight and 10 + resume + 10 give bit-identical parameters 
   CHECK(fs::exists(straight / "config.toml"));
   fs::remove_all(straight);
   fs::remove_all(split);
+}
+
+}  // namespace
+
+TEST_CASE("20 steps straight and 10 + resume + 10 give bit-identical parameters and losses") {
+  SUBCASE("the built-in GPT") { check_resume(tiny()); }
+  SUBCASE("a TorchScript module with dropout") {
+    RunConfig c = tiny();
+    c.model.kind = "torchscript";
+    c.model.path = dropout_module().string();
+    check_resume(c);
+    fs::remove(c.model.path);
+  }
 }
 
 TEST_CASE("a run folder is never overwritten silently, and a resume must match the model") {
