@@ -134,4 +134,26 @@ int bench_quant(const BenchArgs& args);
 int bench_transport(const BenchArgs& args);
 int bench_allreduce(const BenchArgs& args);
 
+
+struct SampleArgs {
+  std::string from;
+  std::string prompt;
+  std::string prompt_tokens;
+  std::int64_t tokens = 200;
+  double temperature = 0.8;
+  std::int64_t top_k = 0;
+  std::uint64_t seed = 1;
+};
+void add_sample_command(CLI::App& app, SampleArgs& args);
+int run_sample_command(const SampleArgs& args);
+
+struct ExportArgs {
+  std::string from;
+  std::string format = "safetensors";
+  std::string out;
+  bool force = false;
+};
+void add_export_command(CLI::App& app, ExportArgs& args);
+int run_export_command(const ExportArgs& args);
+
 }  // namespace gossamer::app

@@ -6,6 +6,8 @@
 //   gossamer plan    bandwidth each method needs for a target compute utilization
 //   gossamer config  print the effective configuration, or every key with its meaning
 //   gossamer keygen  write a run key that secures every link of a run
+//   gossamer sample  generate text from a trained run's model
+//   gossamer export  write a trained run's weights for PyTorch (safetensors, TorchScript)
 //   gossamer bench   measure Gossamer against references (LibTorch, memcpy, plain sockets)
 // Exit codes: 0 done, 1 failed at run time, 2 bad input (usage, configuration, addresses, a
 // configuration that cannot fit in memory), 130 interrupted (Ctrl-C or SIGTERM, after a checkpoint).
@@ -88,6 +90,10 @@ int main(int argc, char** argv) {
   gossamer::app::add_plan_command(app, plan_args);
   gossamer::app::BenchArgs bench_args;
   gossamer::app::add_bench_command(app, bench_args);
+  gossamer::app::SampleArgs sample_args;
+  gossamer::app::add_sample_command(app, sample_args);
+  gossamer::app::ExportArgs export_args;
+  gossamer::app::add_export_command(app, export_args);
 
   try {
     app.parse(argc, argv);
@@ -127,6 +133,8 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("config")) return gossamer::app::run_config_command(config_args);
     if (app.got_subcommand("bench")) return gossamer::app::run_bench_command(bench_args);
     if (app.got_subcommand("keygen")) return gossamer::app::run_keygen_command(keygen_args);
+    if (app.got_subcommand("sample")) return gossamer::app::run_sample_command(sample_args);
+    if (app.got_subcommand("export")) return gossamer::app::run_export_command(export_args);
   } catch (const std::bad_alloc&) {
     spdlog::error("out of memory: an allocation failed; make the model, batch or corpus smaller, or run fewer workers on this machine");
     return 1;

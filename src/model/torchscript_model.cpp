@@ -171,6 +171,8 @@ void TorchScriptModel::load(torch::serialize::InputArchive& archive) {
   }
 }
 
+void TorchScriptModel::save_module(const std::filesystem::path& path) const { impl_->module.save(path.string()); }
+
 std::vector<std::uint8_t> TorchScriptModel::rng_state() const {
   std::vector<std::uint8_t> out(8);
   for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(impl_->training_forwards >> (8 * i));

@@ -56,6 +56,8 @@ class TorchScriptModel final : public LanguageModel {
   void load(torch::serialize::InputArchive& archive) override;
   std::vector<std::uint8_t> rng_state() const override;
   void set_rng_state(const std::vector<std::uint8_t>& state) override;
+  // Writes the module, with its current weights, as torch.jit.save does (throws c10::Error on I/O).
+  void save_module(const std::filesystem::path& path) const;
 
  private:
   struct Impl;

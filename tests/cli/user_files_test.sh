@@ -110,4 +110,82 @@ test -f "$tmp/ts-peer/summary.json" || fail "the TorchScript peer wrote no summa
 # A module whose vocabulary is not the run's is refused with the shapes.
 run 2 "$G" train "${TS[@]}" --set model.path="$tmp/ng_tokens.pt" --out "$tmp/ts-bad"
 says "expected [1, 16, 256]"
+
+# Using the result: sample (deterministic per seed), export to safetensors and TorchScript, and
+# PyTorch reads both: the same weights bit for bit, a forward pass written from the safetensors
+# weights alone matches the TorchScript module, and PyTorch's greedy continuation is gossamer's.
+run 0 "$G" train --set model.layers=2 --set model.width=32 --set model.heads=2 --set model.context=16 \
+  --set train.batch_size=8 --set train.steps=60 --set train.warmup_steps=5 --set data.synthetic.bytes=60000 \
+  --set train.eval_every=30 --set train.eval_batches=2 --out "$tmp/gpt"
+"$G" sample --from "$tmp/gpt" --prompt "the " --tokens 40 --seed 5 >"$tmp/s1" 2>/dev/null || fail "sample failed"
+"$G" sample --from "$tmp/gpt" --prompt "the " --tokens 40 --seed 5 >"$tmp/s2" 2>/dev/null || fail "sample failed"
+"$G" sample --from "$tmp/gpt" --prompt "the " --tokens 40 --seed 6 >"$tmp/s3" 2>/dev/null || fail "sample failed"
+cmp -s "$tmp/s1" "$tmp/s2" || fail "the same seed sampled different text"
+cmp -s "$tmp/s1" "$tmp/s3" && fail "another seed sampled the same text"
+"$G" sample --from "$tmp/gpt" --prompt "the " --tokens 24 --temperature 0 >"$tmp/greedy" 2>/dev/null || fail "greedy sample failed"
+run 2 "$G" sample --from "$tmp/nano" --prompt "text"
+says "--prompt-tokens"
+run 0 "$G" sample --from "$tmp/nano" --prompt-tokens "1 2 3" --tokens 5
+run 2 "$G" sample --from "$tmp/sim" --prompt "x"
+says "no checkpoint.bin"
+run 0 "$G" export --from "$tmp/gpt" --out "$tmp/gpt.safetensors"
+run 0 "$G" export --from "$tmp/gpt" --format torchscript --out "$tmp/gpt.pt"
+run 2 "$G" export --from "$tmp/gpt" --out "$tmp/gpt.pt"
+says "--force"
+run 0 "$G" export --from "$tmp/ts-train" --format torchscript --out "$tmp/ts-trained.pt"
+"$PY" - "$tmp/gpt.safetensors" "$tmp/gpt.pt" "$tmp/greedy" "$tmp/ts-trained.pt" <<'PY' || fail "PyTorch did not read the exported model back"
+import json, struct, sys
+import numpy as np, torch
+import torch.nn.functional as F
+st, ts, greedy_file, trained_user_model = sys.argv[1:5]
+raw = open(st, "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+data = raw[8 + n:]
+meta = header.pop("__metadata__")
+state = {k: torch.from_numpy(np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], dtype=np.float32).copy()).reshape(v["shape"])
+         for k, v in header.items()}
+m = torch.jit.load(ts)
+params = dict(m.named_parameters())
+L, C, H = int(meta["gossamer.layers"]), int(meta["gossamer.width"]), int(meta["gossamer.heads"])
+names = {"wte": "embed.wte.weight", "wpe": "embed.wpe.weight", "ln_f_weight": "final.ln_f.weight", "ln_f_bias": "final.ln_f.bias"}
+ours = {"ln1_weight": "ln1.weight", "ln1_bias": "ln1.bias", "qkv_weight": "attn.qkv.weight", "qkv_bias": "attn.qkv.bias",
+        "proj_weight": "attn.proj.weight", "proj_bias": "attn.proj.bias", "ln2_weight": "ln2.weight", "ln2_bias": "ln2.bias",
+        "fc_weight": "mlp.fc.weight", "fc_bias": "mlp.fc.bias", "mlp_proj_weight": "mlp.proj.weight", "mlp_proj_bias": "mlp.proj.bias"}
+for i in range(L):
+    for a, b in ours.items():
+        names[f"block_{i}.{a}"] = f"block.{i}.{b}"
+assert len(names) == len(state) == len(params), (len(names), len(state), len(params))
+for a, b in names.items():
+    assert torch.equal(params[a].detach(), state[b]), a
+
+def forward(tokens):  # the GPT, written from the safetensors weights alone
+    T = tokens.size(1)
+    x = F.embedding(tokens, state["embed.wte.weight"]) + state["embed.wpe.weight"][:T]
+    for i in range(L):
+        w = lambda k: state[f"block.{i}.{k}"]
+        h = F.layer_norm(x, [C], w("ln1.weight"), w("ln1.bias"))
+        q, k, v = F.linear(h, w("attn.qkv.weight"), w("attn.qkv.bias")).split(C, 2)
+        q, k, v = [t.view(1, T, H, C // H).transpose(1, 2) for t in (q, k, v)]
+        att = (q @ k.transpose(-2, -1)) / (C // H) ** 0.5
+        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+        x = x + F.linear((att @ v).transpose(1, 2).reshape(1, T, C), w("attn.proj.weight"), w("attn.proj.bias"))
+        h = F.layer_norm(x, [C], w("ln2.weight"), w("ln2.bias"))
+        x = x + F.linear(F.gelu(F.linear(h, w("mlp.fc.weight"), w("mlp.fc.bias")), approximate="tanh"), w("mlp.proj.weight"), w("mlp.proj.bias"))
+    x = F.layer_norm(x, [C], state["final.ln_f.weight"], state["final.ln_f.bias"])
+    return x @ state["embed.wte.weight"].t()
+
+tokens = torch.tensor([list(b"the quick brown ")])
+with torch.no_grad():
+    assert torch.allclose(m(tokens), forward(tokens), atol=1e-5), "TorchScript and safetensors forwards differ"
+    text = list(b"the ")
+    for _ in range(24):
+        text.append(int(m(torch.tensor([text[-16:]]))[0, -1].argmax()))
+expected = open(greedy_file, "rb").read().rstrip(b"\n")
+assert bytes(text) == expected, (bytes(text), expected)
+# The user's own model, trained by gossamer and written back: PyTorch runs it.
+u = torch.jit.load(trained_user_model)
+assert u(torch.zeros(2, 16, dtype=torch.long)).shape == (2, 16, 256)
+print("PyTorch read the exported weights and model")
+PY
 echo "user files: all checks passed"
