@@ -58,6 +58,7 @@ struct PeerArgs {
   std::string key;
   std::string out = "runs/peer";
   std::int64_t wait_for = 1;
+  std::string device;  // empty: the run's train.device
   double join_timeout_s = 60;
   std::string shape;
   double dead_after_s = 1.0;

@@ -8,6 +8,7 @@
 #include "app/args.h"
 #include "app/stop.h"
 #include "app/commands.h"
+#include "train/device.h"
 #include "run/peer.h"
 #include "train/memory.h"
 #include "train/outer.h"
@@ -69,6 +70,8 @@ void add_peer_command(CLI::App& app, PeerArgs& args) {
                   "fault drill: the process dies abruptly before this step, as if killed (no goodbye, no summary), to rehearse "
                   "recovery; restart it with --resume")
       ->check(integer_in(1, std::int64_t{1} << 40));
+  cmd->add_option("--device", args.device,
+                  "where this machine computes (auto, cpu, cuda, cuda:N), whatever the run's train.device says: peers of one run may differ");
   cmd->add_option("--join-timeout", args.join_timeout_s, "seconds to wait for the run spec from the peers joined")
       ->check(number_in(0.0, 86400.0, true))
       ->capture_default_str();
@@ -89,7 +92,9 @@ int run_peer_command(const PeerArgs& args) {
     // What the run would refuse later is refused before anything starts.
     if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
     for (const auto& w : train::config_warnings(*config)) spdlog::warn("{}", w);
-    if (Status st = train::check_memory(*config, /*workers=*/1); !st.ok()) return report_failure(st);
+    train::RunConfig here = *config;
+    if (!args.device.empty()) here.train.device = args.device;
+    if (Status st = train::check_resources(here, /*workers=*/1); !st.ok()) return report_failure(st);
     req.config = *config;
   }
   if (!args.key.empty()) {
@@ -110,6 +115,10 @@ int run_peer_command(const PeerArgs& args) {
   req.dead_after = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(args.dead_after_s));
   req.wait_for = static_cast<std::size_t>(args.wait_for);
   req.spec_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(args.join_timeout_s));
+  if (!args.device.empty()) {
+    if (auto device = train::resolve_device(args.device); !device.ok()) return report_failure(device.status());
+    req.device = args.device;
+  }
   req.stop = &install_graceful_stop();
   auto outcome = run::run_peer(req);
   if (!outcome.ok()) {

@@ -120,7 +120,7 @@ int run_and_report(const std::vector<train::RunConfig>& configs, const std::stri
                    train::RunKind kind) {
   if (Status st = train::RunFolder::check_new(out, kind); !st.ok()) return report_failure(st);
   for (const auto& c : configs) {
-    if (Status st = train::check_memory(c, c.sim.workers); !st.ok()) return report_failure(st);
+    if (Status st = train::check_resources(c, c.sim.workers); !st.ok()) return report_failure(st);
   }
   auto corpus = train::load_corpus(configs.front());
   if (!corpus.ok()) return report_failure(corpus.status());

@@ -12,10 +12,12 @@ namespace gossamer::model {
 namespace {
 
 // Dropout drawing from the model's own generator (not LibTorch's global one), so several models in one
-// process (simulated workers) stay independent and reproducible.
+// process (simulated workers) stay independent and reproducible. The generator is a CPU one on every
+// device: masks of a model on a GPU are drawn on the host and copied, the same masks as on the CPU.
 torch::Tensor drop(const torch::Tensor& x, double p, bool training, at::Generator& gen) {
   if (!training || p <= 0.0) return x;
-  auto keep = torch::empty_like(x).bernoulli_(1.0 - p, gen);
+  auto keep = torch::empty(x.sizes(), torch::TensorOptions().dtype(x.scalar_type())).bernoulli_(1.0 - p, gen);
+  if (!x.device().is_cpu()) keep = keep.to(x.device());
   return x * keep * (1.0 / (1.0 - p));
 }
 
@@ -202,6 +204,7 @@ void Gpt::save(torch::serialize::OutputArchive& archive) const { impl_->module->
 void Gpt::load(torch::serialize::InputArchive& archive) { impl_->module->load(archive); }
 
 void Gpt::train(bool on) { impl_->module->train(on); }
+void Gpt::to(const c10::Device& device) { impl_->module->to(device); }
 bool Gpt::is_training() const { return impl_->module->is_training(); }
 
 torch::nn::Module& Gpt::module() { return *impl_->module; }

@@ -51,6 +51,7 @@ class Gpt final : public LanguageModel {
   std::int64_t context() const override { return config().context; }
   void train(bool on = true) override;
   bool is_training() const override;
+  void to(const c10::Device& device) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
   // The state of the model's own dropout generator.

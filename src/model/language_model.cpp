@@ -8,7 +8,7 @@ namespace gossamer::model {
 
 at::Tensor LanguageModel::loss(const at::Tensor& tokens, const at::Tensor& targets) {
   GOSSAMER_CHECK(tokens.sizes() == targets.sizes(), "LanguageModel::loss: tokens and targets must have the same shape");
-  auto logits = forward(tokens);
+  auto logits = forward(tokens).to(torch::kFloat);
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
 }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 namespace torch::serialize {
 class InputArchive;
@@ -48,6 +49,8 @@ class LanguageModel {
 
   virtual void train(bool on) = 0;
   virtual bool is_training() const = 0;
+  // Moves parameters and buffers to `device` in place (tensors handed out before stay valid).
+  virtual void to(const c10::Device& device) = 0;
 
   // Parameters and buffers, for checkpoints; load() expects an archive save() wrote for the same model.
   virtual void save(torch::serialize::OutputArchive& archive) const = 0;
@@ -56,7 +59,8 @@ class LanguageModel {
   virtual std::vector<std::uint8_t> rng_state() const = 0;
   virtual void set_rng_state(const std::vector<std::uint8_t>& state) = 0;
 
-  // Mean cross-entropy (nats per token) of predicting targets (B, T) from tokens (B, T).
+  // Mean cross-entropy (nats per token, computed in fp32 whatever the logits' dtype) of predicting
+  // targets (B, T) from tokens (B, T).
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
   std::vector<NamedParameter> named_parameters() const;  // all, in block order
   std::vector<at::Tensor> parameters() const;

@@ -16,11 +16,12 @@ std::vector<std::int64_t> sample(LanguageModel& model, const std::vector<std::in
   model.train(false);
   torch::NoGradGuard no_grad;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  const auto device = model.parameters().front().device();
   std::vector<std::int64_t> all = prompt, out;
   for (std::int64_t i = 0; i < o.tokens; ++i) {
     const auto n = static_cast<std::int64_t>(all.size());
     const std::int64_t T = std::min(n, model.context());
-    auto window = torch::from_blob(all.data() + (n - T), {1, T}, torch::kLong).clone();
+    auto window = torch::from_blob(all.data() + (n - T), {1, T}, torch::kLong).to(device);
     auto logits = model.forward(window).index({0, T - 1}).to(torch::kCPU, torch::kFloat);
     std::int64_t next = 0;
     if (o.temperature == 0.0) {

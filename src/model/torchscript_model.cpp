@@ -142,6 +142,7 @@ std::vector<ParameterBlock> TorchScriptModel::blocks() const { return impl_->blo
 std::int64_t TorchScriptModel::vocab_size() const { return impl_->options.vocab_size; }
 std::int64_t TorchScriptModel::context() const { return impl_->options.context; }
 void TorchScriptModel::train(bool on) { impl_->module.train(on); }
+void TorchScriptModel::to(const c10::Device& device) { impl_->module.to(device); }
 bool TorchScriptModel::is_training() const { return impl_->module.is_training(); }
 
 void TorchScriptModel::save(torch::serialize::OutputArchive& archive) const {

@@ -52,6 +52,7 @@ class TorchScriptModel final : public LanguageModel {
   std::int64_t context() const override;
   void train(bool on) override;
   bool is_training() const override;
+  void to(const c10::Device& device) override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
   std::vector<std::uint8_t> rng_state() const override;

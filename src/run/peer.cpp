@@ -132,6 +132,7 @@ Result<PeerPlan> plan_of(const PeerRequest& req, std::optional<train::RunFolder>
   plan.shape = req.shape;
   plan.dead_after = req.dead_after;
   plan.spec_timeout = req.spec_timeout;
+  plan.device = req.device;
   plan.start_timeout = req.start_timeout;
   plan.stop = req.stop;
   return plan;
@@ -187,7 +188,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   env.gossip = gossip->get();
   env.name = (*gossip)->self().to_string();
   env.check_run = [&](const train::RunConfig& config) -> Status {
-    if (Status st = train::check_memory(config, /*workers=*/1); !st.ok()) return st;
+    if (Status st = train::check_resources(config, /*workers=*/1); !st.ok()) return st;
     return check_gloo_listen(config, req.listen);
   };
   env.keep_spec = [&](const std::string& spec) { return write_file_atomic(req.out_dir / "config.toml", as_bytes(spec)); };

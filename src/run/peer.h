@@ -62,6 +62,7 @@ struct PeerRequest {
   // A fault drill: > 0, the process dies abruptly (std::_Exit, no goodbye) before this step.
   std::int64_t crash_at_step = 0;
   Nanos spec_timeout = std::chrono::seconds(60);
+  std::optional<std::string> device;  // --device: this machine's train.device, overriding the run's
   Nanos start_timeout = std::chrono::minutes(10);
   const std::atomic<bool>* stop = nullptr;
 };

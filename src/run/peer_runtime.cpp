@@ -99,6 +99,7 @@ Status Peer::learn_run() {
   if (spec_.toml.size() > kMaxSpec) return error(ErrorCode::kInvalidArgument, "the run's config is too large to announce");
   if (Status st = train::apply_toml(config_, spec_.toml, "run spec"); !st.ok()) return st;
   if (Status st = train::validate(config_); !st.ok()) return st;
+  if (plan_.device) config_.train.device = *plan_.device;  // where this machine computes is its own choice
   auto outer = train::outer_config(config_);
   if (!outer.ok()) return outer.status();
   outer_config_ = std::move(*outer);

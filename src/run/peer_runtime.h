@@ -60,6 +60,7 @@ struct PeerPlan {
   std::optional<transport::LinkProfile> shape;    // shape its group links
   Nanos dead_after = std::chrono::seconds(1);
   Nanos spec_timeout = std::chrono::seconds(60);
+  std::optional<std::string> device;  // this machine's train.device, whatever the run's config says
   Nanos start_timeout = std::chrono::minutes(10);
   const std::atomic<bool>* stop = nullptr;  // checked between steps and while waiting
 };

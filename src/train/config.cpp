@@ -87,6 +87,8 @@ const std::vector<KeySpec>& schema() {
       IntKey{"train.log_every", "write a metrics line every k steps", [](RunConfig& c) -> std::int64_t& { return c.train.log_every; }, 1, 1LL << 40},
       IntKey{"train.seed", "seed of data order and dropout", [](RunConfig& c) -> std::int64_t& { return c.train.seed; }, 0, std::numeric_limits<std::int64_t>::max()},
       IntKey{"train.threads", "CPU threads for LibTorch; 0 uses every core", [](RunConfig& c) -> std::int64_t& { return c.train.threads; }, 0, 1024},
+      StringKey{"train.device", "where the model trains: auto (a GPU when LibTorch has CUDA, else the CPU), cpu, cuda or cuda:N", [](RunConfig& c) -> std::string& { return c.train.device; }, {}},
+      StringKey{"train.precision", "fp32, or bf16: forward passes under autocast to bfloat16, weights, gradients and optimizer state in fp32", [](RunConfig& c) -> std::string& { return c.train.precision; }, {"fp32", "bf16"}},
       FloatKey{"train.round_timeout_s", "a synchronization round (all-reduce, pair exchange) gives up after this many seconds and is skipped", [](RunConfig& c) -> double& { return c.train.round_timeout_s; }, 0.0, 1e7, true},
       StringKey{"outer.method", "outer optimizer: how the workers synchronize", [](RunConfig& c) -> std::string& { return c.outer.method; }, optim::method_names()},
       IntKey{"outer.codec_block", "values per scale block of the scaled codecs (int8, fp8, int4, fp4)", [](RunConfig& c) -> std::int64_t& { return c.outer.codec_block; }, 1, 1 << 20},
@@ -328,6 +330,10 @@ Status validate(const RunConfig& c) {
   if (c.data.shard_block != 0 && c.data.shard_block <= c.model.context) {
     return bad("data.shard_block (" + std::to_string(c.data.shard_block) + ") must exceed model.context (" + std::to_string(c.model.context) +
                ") so that a window fits in a block, or be 0 for contiguous shards");
+  }
+  if (const auto& d = c.train.device; d != "auto" && d != "cpu" && d != "cuda" &&
+                                      !(d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.find_first_not_of("0123456789", 5) == std::string::npos)) {
+    return bad("train.device = " + d + ": use auto, cpu, cuda or cuda:N");
   }
   if (c.model.kind == "torchscript" && c.model.path.empty()) {
     return bad("model.kind = torchscript needs model.path: the file torch.jit.script(model).save(path) wrote");

@@ -64,6 +64,8 @@ struct TrainSection {
   std::int64_t log_every = 1;
   std::int64_t seed = 42;
   std::int64_t threads = 0;  // 0: all cores
+  std::string device = "auto";     // auto, cpu, cuda, cuda:N (train/device.h)
+  std::string precision = "fp32";  // fp32, or bf16 (autocast forward, fp32 master weights)
   double round_timeout_s = 600;  // a synchronization round gives up after this long
 };
 

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "optim/method.h"
+#include "train/device.h"
 #include "train/worker.h"
 
 namespace gossamer::train {
@@ -90,7 +91,8 @@ std::string format_bytes(double bytes) {
   return fmt::format("{:.3g} MB", bytes / 1e6);
 }
 
-Status check_memory(const RunConfig& c, std::int64_t workers) {
+Status check_resources(const RunConfig& c, std::int64_t workers) {
+  if (auto device = resolve_device(c.train.device); !device.ok()) return device.status();
   std::optional<double> parameters;
   if (c.model.kind != "gpt") {
     auto model = make_model(c, 0);

@@ -36,9 +36,11 @@ MemoryEstimate estimate_memory(const RunConfig& config, std::int64_t workers, st
 // MemAvailable, lowered to the cgroup's limit less its usage where one is set; nullopt if unknown.
 std::optional<double> available_memory_bytes();
 
-// kInvalidArgument with the figures and what to lower when the estimate exceeds what is available.
-// A TorchScript model is loaded to count its parameters, so one that cannot be used is reported here.
-[[nodiscard]] Status check_memory(const RunConfig& config, std::int64_t workers);
+// What a run needs before it starts, checked at once so that a command fails in its first second:
+// the device train.device names exists (device.h); a TorchScript model loads and fits the run (it is
+// loaded to count its parameters); and the memory estimate fits what is available (else
+// kInvalidArgument with the figures and what to lower).
+[[nodiscard]] Status check_resources(const RunConfig& config, std::int64_t workers);
 
 std::string format_bytes(double bytes);
 

@@ -141,7 +141,7 @@ Result<CheckpointState> checked_resume(const TrainRequest& req) {
 Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
   const RunConfig& config = req.config;
   if (Status st = validate(config); !st.ok()) return st;
-  if (Status st = check_memory(config, /*workers=*/1); !st.ok()) return st;
+  if (Status st = check_resources(config, /*workers=*/1); !st.ok()) return st;
   const fs::path ckpt_path = req.out_dir / kCheckpointFile;
   std::optional<CheckpointState> resumed;
   if (req.resume) {

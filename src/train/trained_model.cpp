@@ -29,7 +29,7 @@ Result<TrainedModel> load_trained_model(const fs::path& run_dir) {
   try {
     std::istringstream is(std::string(reinterpret_cast<const char*>(state->tensors.data()), state->tensors.size()));
     torch::serialize::InputArchive archive, model_archive;
-    archive.load_from(is);
+    archive.load_from(is, c10::Device(c10::kCPU));  // sample and export compute on the host
     archive.read("model", model_archive);
     (*model)->load(model_archive);
   } catch (const c10::Error& e) {

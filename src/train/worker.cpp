@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "model/torchscript_model.h"
+#include "train/device.h"
 #include "train/schedule.h"
 
 namespace gossamer::train {
@@ -41,9 +42,17 @@ Result<std::unique_ptr<model::LanguageModel>> make_model(const RunConfig& c, int
 
 namespace {
 
-std::unique_ptr<model::LanguageModel> must_make_model(const RunConfig& c, int rank) {
+c10::Device must_resolve(const RunConfig& c) {
+  auto d = resolve_device(c.train.device);
+  GOSSAMER_CHECK(d.ok(), "Worker: " + d.status().message() + " (check_resources checks the device before workers are made)");
+  return *d;
+}
+
+// The model on its device, before the optimizer is made (its state then lives there too).
+std::unique_ptr<model::LanguageModel> must_make_model(const RunConfig& c, int rank, const c10::Device& device) {
   auto m = make_model(c, rank);
-  GOSSAMER_CHECK(m.ok(), "Worker: " + m.status().message() + " (check the model with make_model before making workers)");
+  GOSSAMER_CHECK(m.ok(), "Worker: " + m.status().message() + " (check_resources checks the model before workers are made)");
+  if (!device.is_cpu()) (*m)->to(device);
   return std::move(*m);
 }
 
@@ -72,7 +81,9 @@ struct Worker::Impl {
   Impl(const RunConfig& c, const data::Dataset& d, int rank, int world, Clock& clk)
       : config(c),
         clock(&clk),
-        gpt(must_make_model(c, rank)),
+        device(must_resolve(c)),
+        bf16(c.train.precision == "bf16"),
+        gpt(must_make_model(c, rank, device)),
         sampler(d.train(), rank, world, c.train.batch_size, c.model.context, static_cast<std::uint64_t>(c.train.seed), c.data.shard_block),
         eval_set(data::validation_batches(d.val(), c.train.batch_size, c.model.context, c.train.eval_batches)) {
     optimizer = make_adamw(*gpt, c.train);
@@ -85,6 +96,8 @@ struct Worker::Impl {
 
   RunConfig config;
   Clock* clock;
+  c10::Device device;
+  bool bf16;
   std::unique_ptr<model::LanguageModel> gpt;
   data::ShardSampler sampler;
   std::vector<data::Batch> eval_set;
@@ -108,7 +121,11 @@ StepResult Worker::step(const GradientHook& before_update) {
   const data::Batch batch = s.sampler.batch(s.next_batch);
   s.gpt->train(true);
   s.optimizer->zero_grad();
-  auto loss = s.gpt->loss(batch.tokens, batch.targets);
+  at::Tensor loss;
+  {
+    AutocastScope autocast(s.device, s.bf16);
+    loss = s.gpt->loss(batch.tokens.to(s.device), batch.targets.to(s.device));
+  }
   loss.backward();
   Status sync;
   const std::uint64_t restores = s.restores;
@@ -152,11 +169,12 @@ StepResult Worker::step(const GradientHook& before_update) {
 double Worker::evaluate() {
   auto& s = *impl_;
   torch::NoGradGuard no_grad;
+  AutocastScope autocast(s.device, s.bf16);
   s.gpt->train(false);
   double total = 0.0;
   std::int64_t count = 0;
   for (const auto& b : s.eval_set) {
-    total += s.gpt->loss(b.tokens, b.targets).item<double>() * static_cast<double>(b.tokens.numel());
+    total += s.gpt->loss(b.tokens.to(s.device), b.targets.to(s.device)).item<double>() * static_cast<double>(b.tokens.numel());
     count += b.tokens.numel();
   }
   s.gpt->train(true);
@@ -197,7 +215,7 @@ Status Worker::restore(const CheckpointState& state) {
   try {
     std::istringstream is(std::string(reinterpret_cast<const char*>(state.tensors.data()), state.tensors.size()));
     torch::serialize::InputArchive archive, model_archive, optim_archive;
-    archive.load_from(is);
+    archive.load_from(is, s.device);  // tensors straight to the model's device
     archive.read("model", model_archive);
     archive.read("optimizer", optim_archive);
     s.gpt->load(model_archive);

@@ -26,6 +26,11 @@ says "--resume"
 run 0 "$G" config --keys
 says "model.layers"
 run 2 "$G" nosuchcommand
+# A device that is not there is exit 2 naming the key (no CUDA here, or not 65 GPUs there).
+run 2 "$G" train "${TINY[@]}" --set train.device=cuda:64 --out "$tmp/nodevice"
+says "train.device = cuda:64"
+run 2 "$G" train "${TINY[@]}" --set train.device=gpu --out "$tmp/nodevice"
+says "use auto, cpu, cuda or cuda:N"
 
 # gossamer peer: help, and what a user must fix is exit code 2 with a message saying what to do.
 run 0 "$G" peer --help
