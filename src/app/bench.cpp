@@ -21,9 +21,10 @@ namespace gossamer::app {
 void add_bench_command(CLI::App& app, BenchArgs& args) {
   auto* cmd = app.add_subcommand("bench", "Measure Gossamer against a reference (what: train, quant, transport, allreduce)");
   cmd->add_option("what", args.what,
-                  "train: inner loop vs bare LibTorch; quant: codec throughput vs memcpy and naive LibTorch ops; "
+                  "train: inner loop vs bare LibTorch; model: the GPT in fp32, bf16 and as TorchScript; memory: one worker's peak memory "
+                  "vs the prediction; quant: codec throughput vs memcpy and naive LibTorch ops; "
                   "transport: link goodput vs plain sockets, small-frame rate; allreduce: our collective vs Gloo")
-      ->check(CLI::IsMember({"train", "quant", "transport", "allreduce"}))
+      ->check(CLI::IsMember({"train", "model", "memory", "quant", "transport", "allreduce"}))
       ->capture_default_str();
   add_config_source(*cmd, args.source);
   cmd->add_option("--steps", args.steps, "train: steps per timed block")->check(integer_in(1, 1000000))->capture_default_str();
@@ -120,6 +121,8 @@ int bench_train(const BenchArgs& args) {
 
 int run_bench_command(const BenchArgs& args) {
   if (args.what == "train") return bench_train(args);
+  if (args.what == "model") return bench_model(args);
+  if (args.what == "memory") return bench_memory(args);
   if (args.what == "quant") return bench_quant(args);
   if (args.what == "transport") return bench_transport(args);
   if (args.what == "allreduce") return bench_allreduce(args);

@@ -132,6 +132,8 @@ struct BenchArgs {
 void add_bench_command(CLI::App& app, BenchArgs& args);
 int run_bench_command(const BenchArgs& args);
 int bench_quant(const BenchArgs& args);
+int bench_model(const BenchArgs& args);
+int bench_memory(const BenchArgs& args);
 int bench_transport(const BenchArgs& args);
 int bench_allreduce(const BenchArgs& args);
 

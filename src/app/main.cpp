@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
   // the figures, together with the collective's own changes). Limit: a heap of a thread other than
   // the main one holds at most 64 MiB, so larger blocks allocated there are still mmapped.
   mallopt(M_ARENA_MAX, 2);
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 #endif
   CLI::App app{"Gossamer: train neural networks across machines joined by slow, unreliable links"};

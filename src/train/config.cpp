@@ -49,9 +49,16 @@ std::vector<std::string> codec_names() {
   return out;
 }
 
+std::vector<std::string> preset_names() {
+  std::vector<std::string> out = {""};
+  for (const auto& p : model_presets()) out.emplace_back(p.name);
+  return out;
+}
+
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> keys = {
       StringKey{"model.kind", "gpt: the built-in GPT (model.layers, width, heads); torchscript: a module saved by PyTorch (model.path)", [](RunConfig& c) -> std::string& { return c.model.kind; }, {"gpt", "torchscript"}},
+      StringKey{"model.preset", "a well-known shape (layers, width, heads, context; no weights) to start from, e.g. gpt2-124m; later model.* keys refine it", [](RunConfig& c) -> std::string& { return c.model.preset; }, preset_names()},
       StringKey{"model.path", "torchscript: the file torch.jit.script(model).save(path) wrote; forward(tokens int64 [B, T]) -> logits [B, T, vocab]", [](RunConfig& c) -> std::string& { return c.model.path; }, {}},
       StringKey{"model.block_pattern", "torchscript: a regular expression whose first group is the layer index in a parameter's name (the default takes the first all-digit part between dots or underscores, as in h.3.attn or block_3.qkv)", [](RunConfig& c) -> std::string& { return c.model.block_pattern; }, {}},
       IntKey{"model.layers", "transformer blocks", [](RunConfig& c) -> std::int64_t& { return c.model.layers; }, 1, 256},
@@ -220,6 +227,16 @@ Status set_value(RunConfig& config, const KeySpec& spec, const toml::node& node,
             return bad("= '" + v + "' is not allowed");
           }
           s.ref(config) = std::move(v);
+          if (std::string_view(s.name) == "model.preset") {
+            for (const auto& p : model_presets()) {
+              if (config.model.preset == p.name) {
+                config.model.layers = p.layers;
+                config.model.width = p.width;
+                config.model.heads = p.heads;
+                config.model.context = p.context;
+              }
+            }
+          }
         }
         return Status();
       },
@@ -242,8 +259,13 @@ bool is_section(std::string_view prefix) {
 }
 
 Status apply_table(RunConfig& config, const toml::table& table, const std::string& prefix, std::string_view source) {
+  // A preset first, so that the other keys of its table refine it whatever their order.
+  if (prefix == "model" && table.contains("preset") && !table.get("preset")->is_table()) {
+    if (Status st = set_value(config, *find_key("model.preset"), *table.get("preset"), source); !st.ok()) return st;
+  }
   for (auto&& [k, v] : table) {
     const std::string name = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (name == "model.preset") continue;
     if (v.is_table()) {
       if (!is_section(name)) return unknown_key(name, source);
       Status st = apply_table(config, *v.as_table(), name, source);
@@ -315,6 +337,17 @@ Status apply_override(RunConfig& config, std::string_view assignment) {
   if (!st.ok()) return st;
   config = updated;
   return Status();
+}
+
+const std::vector<ModelPreset>& model_presets() {
+  // GPT-2's published shapes (Radford et al. 2019; Hugging Face's gpt2 configs).
+  static const std::vector<ModelPreset> presets = {
+      {"gpt2-124m", 12, 768, 12, 1024, "GPT-2 small"},
+      {"gpt2-350m", 24, 1024, 16, 1024, "GPT-2 medium"},
+      {"gpt2-774m", 36, 1280, 20, 1024, "GPT-2 large"},
+      {"gpt2-1558m", 48, 1600, 25, 1024, "GPT-2 XL"},
+  };
+  return presets;
 }
 
 std::int64_t vocab_size(const RunConfig& c) { return c.data.vocab_size > 0 ? c.data.vocab_size : 256; }

@@ -18,6 +18,7 @@ namespace gossamer::train {
 
 struct ModelSection {
   std::string kind = "gpt";       // gpt (built in) or torchscript (model.path)
+  std::string preset;             // "" or a shape of model_presets(): sets layers, width, heads, context
   std::string path;               // torchscript: the module file
   std::string block_pattern = R"((?:^|[._])(\d+)(?:[._]|$))";  // torchscript: regex whose first group is the layer index
   std::int64_t layers = 2;
@@ -166,6 +167,15 @@ struct RunConfig {
 // The keys whose values differ between `a` and `b`, as "key: A -> B", in schema order; only keys that
 // start with one of `prefixes` ("model." ...) when any are given.
 std::vector<std::string> config_differences(const RunConfig& a, const RunConfig& b, const std::vector<std::string>& prefixes = {});
+
+// Shapes of well-known models (no weights): model.preset sets model.layers, width, heads and context
+// at once, before the other model.* keys of the same file or command line, which may refine them.
+struct ModelPreset {
+  const char* name;
+  std::int64_t layers, width, heads, context;
+  const char* note;
+};
+const std::vector<ModelPreset>& model_presets();
 
 // The model's vocabulary: data.vocab_size, or 256 (bytes) when it is 0.
 std::int64_t vocab_size(const RunConfig& config);

@@ -3,11 +3,12 @@
 // an allocator failure deep inside LibTorch.
 //
 // The estimate is of the built-in GPT trained in fp32 with AdamW (src/model/gpt.cpp): parameters,
-// gradients and AdamW's two moments; the outer optimizer's copies; the causal masks (one T x T byte
-// matrix per block); the activations autograd keeps for one batch (per block about 18 B*T*C floats
-// plus three B*H*T*T attention matrices, then the logits, their softmax and gradient); the corpus.
-// It errs low rather than high: it refuses only configurations that certainly cannot fit. For a
-// TorchScript model the parameters are counted in the module and the activations are the logits'
+// gradients and AdamW's two moments; the outer optimizer's state and its step's temporaries; the
+// causal masks (one T x T byte matrix per block); the activations autograd keeps for one batch (see
+// memory.cpp for the terms); the corpus. Its coefficients are measured peaks (`gossamer bench
+// memory`), within 10% of them on GPT-2-small shapes (docs/benchmarks.md). check_resources refuses
+// a run only when 90% of the estimate exceeds what is available, so as not to refuse one that would
+// just fit. For a TorchScript model the parameters are counted in the module and the activations are the logits'
 // share only (its architecture is not known).
 // Pure functions except available_memory_bytes, which reads /proc and the cgroup; thread-safe.
 #pragma once
@@ -24,7 +25,7 @@ namespace gossamer::train {
 struct MemoryEstimate {
   double parameters = 0;  // count
   double state_bytes = 0;        // per worker: weights, gradients, AdamW, outer state, masks
-  double activation_bytes = 0;   // one batch's forward and backward (one worker at a time)
+  double activation_bytes = 0;   // one batch's forward and backward, and the outer step's temporaries (one worker at a time)
   double corpus_bytes = 0;       // shared by the workers of one process
   double total_bytes = 0;        // for `workers` workers in one process
 };

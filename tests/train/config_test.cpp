@@ -5,6 +5,7 @@
 #include <random>
 
 #include "train/config.h"
+#include "train/memory.h"
 
 using namespace gossamer;
 using namespace gossamer::train;
@@ -94,4 +95,28 @@ TEST_CASE("the effective config round-trips through TOML exactly") {
   CHECK(back.train.lr == c.train.lr);
   CHECK(back.data.path == c.data.path);
   CHECK(config_keys().size() > 20);
+}
+
+TEST_CASE("model.preset sets a well-known shape that the other model keys of the same file refine, and round-trips") {
+  RunConfig c;
+  REQUIRE(apply_override(c, "model.preset=gpt2-124m").ok());
+  CHECK(c.model.layers == 12);
+  CHECK(c.model.width == 768);
+  CHECK(c.model.heads == 12);
+  CHECK(c.model.context == 1024);
+  REQUIRE(apply_override(c, "model.context=256").ok());  // later keys refine it
+  CHECK(c.model.context == 256);
+  // In a file the preset applies first, whatever the keys' order.
+  RunConfig f;
+  REQUIRE(apply_toml(f, "[model]\nlayers = 4\npreset = \"gpt2-350m\"\n", "t").ok());
+  CHECK(f.model.layers == 4);
+  CHECK(f.model.width == 1024);
+  RunConfig back;
+  REQUIRE(apply_toml(back, to_toml(f), "round trip").ok());
+  CHECK(config_differences(f, back).empty());
+  CHECK_FALSE(apply_override(c, "model.preset=gpt5").ok());
+  // The GPT-2 small shape has GPT-2's 124M parameters at its vocabulary.
+  RunConfig g;
+  for (const char* kv : {"model.preset=gpt2-124m", "data.format=tokens", "data.path=x", "data.vocab_size=50257"}) REQUIRE(apply_override(g, kv).ok());
+  CHECK(estimate_memory(g, 1).parameters == doctest::Approx(124.44e6).epsilon(0.001));
 }

@@ -1,0 +1,142 @@
+// `gossamer bench model`: one model three ways, interleaved in one process so machine noise hits
+// each alike: the built-in GPT in fp32, the same GPT in bf16 (autocast), and the same GPT scripted
+// to TorchScript (model/gpt_script.h) trained as a user's module (model.kind = torchscript). Prints
+// tokens/s of each and the ratios bf16 / fp32 and TorchScript / built-in.
+//
+// `gossamer bench memory`: the peak memory one worker of the config's method takes (resident set
+// growth while it trains a few steps and outer rounds, alone) against train/memory.h's prediction.
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "app/commands.h"
+#include "core/clock.h"
+#include "model/gpt_script.h"
+#include "optim/outer_optimizer.h"
+#include "train/memory.h"
+#include "train/outer.h"
+#include "train/run.h"
+#include "train/worker.h"
+
+namespace gossamer::app {
+
+namespace {
+
+double status_kib(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1));
+  }
+  return 0;
+}
+
+// Resets the peak resident set (VmHWM) to the current one, so the next peak is this phase's.
+void reset_peak() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+}  // namespace
+
+int bench_model(const BenchArgs& args) {
+  auto config = build_config(args.source);
+  if (!config.ok()) return report_failure(config.status());
+  train::RunConfig cfg = *config;
+  cfg.train.steps = 1LL << 40;
+  cfg.train.warmup_steps = 0;
+  cfg.model.kind = "gpt";
+  if (cfg.train.threads > 0) torch::set_num_threads(static_cast<int>(cfg.train.threads));
+  if (Status st = train::check_resources(cfg, 3); !st.ok()) return report_failure(st);
+  auto corpus = train::load_corpus(cfg);
+  if (!corpus.ok()) return report_failure(corpus.status());
+
+  const auto script = std::filesystem::temp_directory_path() / fmt::format("gossamer_bench_{}.pt", ::getpid());
+  model::script_gpt(model::Gpt(train::gpt_config(cfg, 0))).save(script.string());
+  train::RunConfig bf16 = cfg, ts = cfg;
+  bf16.train.precision = "bf16";
+  ts.model.kind = "torchscript";
+  ts.model.path = script.string();
+  Clock& clock = real_clock();
+  train::Worker w_fp32(cfg, corpus->dataset, 0, 1, clock), w_bf16(bf16, corpus->dataset, 0, 1, clock), w_ts(ts, corpus->dataset, 0, 1, clock);
+  std::filesystem::remove(script);
+  const double params = static_cast<double>(w_fp32.model().num_parameters());
+  const double tokens = static_cast<double>(args.steps * cfg.train.batch_size * cfg.model.context);
+  fmt::print("bench model: {:.1f}M parameters ({} layers, width {}, vocabulary {}), batch {} x {} tokens, {} steps per block, {} rounds, {} threads\n",
+             params / 1e6, cfg.model.layers, cfg.model.width, train::vocab_size(cfg), cfg.train.batch_size, cfg.model.context, args.steps,
+             args.rounds, torch::get_num_threads());
+  std::vector<train::Worker*> workers = {&w_fp32, &w_bf16, &w_ts};
+  const char* names[] = {"gpt fp32", "gpt bf16", "torchscript fp32"};
+  for (auto* w : workers) (void)w->step();  // warm-up
+  std::vector<std::vector<double>> rates(3);
+  std::vector<double> bf16_ratio, ts_ratio;
+  for (std::int64_t round = 0; round < args.rounds; ++round) {
+    double r[3];
+    for (int k = 0; k < 3; ++k) {
+      const int i = static_cast<int>((k + round) % 3);  // rotate the order
+      Stopwatch watch(clock);
+      for (std::int64_t s = 0; s < args.steps; ++s) (void)workers[static_cast<std::size_t>(i)]->step();
+      r[i] = tokens / watch.elapsed_seconds();
+      rates[static_cast<std::size_t>(i)].push_back(r[i]);
+    }
+    bf16_ratio.push_back(r[1] / r[0]);
+    ts_ratio.push_back(r[2] / r[0]);
+    fmt::print("  round {}: {} {:.1f} tok/s, {} {:.1f} tok/s, {} {:.1f} tok/s\n", round + 1, names[0], r[0], names[1], r[1], names[2], r[2]);
+  }
+  for (int i = 0; i < 3; ++i) {
+    const double m = median(rates[static_cast<std::size_t>(i)]);
+    fmt::print("median {}: {:.1f} tok/s ({:.2f} GFLOP/s)\n", names[i], m, 6.0 * params * m / 1e9);
+  }
+  fmt::print("ratio bf16 / fp32: median {:.3f}; torchscript / built-in: median {:.3f} (per round min {:.3f}, max {:.3f})\n", median(bf16_ratio),
+             median(ts_ratio), *std::min_element(ts_ratio.begin(), ts_ratio.end()), *std::max_element(ts_ratio.begin(), ts_ratio.end()));
+  return 0;
+}
+
+int bench_memory(const BenchArgs& args) {
+  auto config = build_config(args.source);
+  if (!config.ok()) return report_failure(config.status());
+  train::RunConfig cfg = *config;
+  if (cfg.train.threads > 0) torch::set_num_threads(static_cast<int>(cfg.train.threads));
+  if (Status st = train::check_resources(cfg, 1); !st.ok()) return report_failure(st);
+  auto outer_config = train::outer_config(cfg);
+  if (!outer_config.ok()) return report_failure(outer_config.status());
+  auto corpus = train::load_corpus(cfg);
+  if (!corpus.ok()) return report_failure(corpus.status());
+  // Let LibTorch's thread pools and allocator settle before the baseline.
+  (void)torch::matmul(torch::randn({64, 64}), torch::randn({64, 64}));
+  const double before = status_kib("VmRSS");
+  reset_peak();
+  Clock& clock = real_clock();
+  train::Worker worker(cfg, corpus->dataset, 0, 1, clock);
+  optim::Group alone;
+  alone.clock = &clock;
+  alone.peers.resize(1);
+  auto setup = optim::make_outer_optimizer(*outer_config, train::param_blocks(worker.model()), std::move(alone));
+  if (!setup.ok()) return report_failure(setup.status());
+  train::LoopOptions lo;
+  lo.steps = args.steps;
+  lo.eval_every = 0;
+  lo.evaluate = false;
+  lo.round_timeout = std::chrono::seconds(600);
+  train::LoopHooks hooks;
+  hooks.keep_going = [&](std::int64_t next) {
+    spdlog::info("step {}/{}: peak resident set +{:.0f} MB", next - 1, args.steps, (status_kib("VmHWM") - before) * 1024 / 1e6);
+    return true;
+  };
+  auto account = train::run_worker_loop(worker, *setup, clock, lo, hooks);
+  if (!account.ok()) return report_failure(account.status());
+  const double measured = (status_kib("VmHWM") - before) * 1024;
+  const auto e = train::estimate_memory(cfg, 1);
+  const double predicted = e.state_bytes + e.activation_bytes;
+  fmt::print("bench memory: {} ({:.1f}M parameters), batch {} x {}, {} steps\n", cfg.outer.method, e.parameters / 1e6, cfg.train.batch_size,
+             cfg.model.context, args.steps);
+  fmt::print("predicted {} per worker (state {} + activations {}); measured peak growth {}; measured / predicted {:.3f}\n",
+             train::format_bytes(predicted), train::format_bytes(e.state_bytes), train::format_bytes(e.activation_bytes),
+             train::format_bytes(measured), measured / predicted);
+  return 0;
+}
+
+}  // namespace gossamer::app
