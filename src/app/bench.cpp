@@ -33,6 +33,7 @@ void add_bench_command(CLI::App& app, BenchArgs& args) {
   cmd->add_option("--block", args.block, "quant: elements per scale block")->check(integer_in(1, 1 << 20))->capture_default_str();
   cmd->add_option("--min-time", args.min_time, "quant: seconds per measurement")->check(number_in(0.0, 3600.0, true))->capture_default_str();
   cmd->add_flag("!--no-naive", args.naive, "quant: skip the naive LibTorch-ops rows");
+  cmd->add_flag("!--no-bf16", args.bf16, "model: skip the bf16 rows (slow on CPUs without bf16 instructions)");
   cmd->add_option("--message-mib", args.message_mib, "transport: message size in MiB")->check(integer_in(1, 1024))->capture_default_str();
   cmd->add_option("--ranks", args.ranks, "allreduce: in-process ranks")->check(integer_in(2, 16))->capture_default_str();
   cmd->add_option("--values", args.elements_allreduce, "allreduce: fp32 values in the tensor")->check(integer_in(1, std::int64_t{1} << 31))->capture_default_str();

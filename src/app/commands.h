@@ -107,6 +107,8 @@ struct PlanArgs {
   double backward_overlap = 0.0;
   double latency_ms = 0.0;
   bool table4 = false;
+  bool memory = false;  // memory per worker of the config's model for each method, instead of bandwidth
+  ConfigSource source;
 };
 void add_plan_command(CLI::App& app, PlanArgs& args);
 int run_plan_command(const PlanArgs& args);
@@ -121,6 +123,7 @@ struct BenchArgs {
   std::int64_t block = 128;
   double min_time = 0.3;
   bool naive = true;
+  bool bf16 = true;  // bench model: also time bf16 (slow on CPUs without bf16 instructions)
   // bench transport
   std::int64_t message_mib = 64;
   std::int64_t gossip_peers = 32;

@@ -9,6 +9,7 @@
 #include "app/commands.h"
 #include "quant/format.h"
 #include "sim/plan.h"
+#include "train/memory.h"
 
 namespace gossamer::app {
 
@@ -91,11 +92,43 @@ void add_plan_command(CLI::App& app, PlanArgs& a) {
       ->capture_default_str()
       ->check(number_in(0.0, 1.0));
   cmd->add_option("--latency-ms", a.latency_ms, "one-way latency per hop")->capture_default_str()->check(number_in(0.0, 1e6));
+  cmd->add_flag("--memory", a.memory,
+                "memory one worker needs for each method with the model and batch of --config/--set (e.g. --set model.preset=gpt2-124m), "
+                "against what this machine has");
+  add_config_source(*cmd, a.source);
   cmd->add_flag("--table4", a.table4, "reproduce Table 4 of Streaming DiLoCo with this model, beside the paper's figures");
 }
 
+namespace {
+
+int memory_table(const PlanArgs& a) {
+  auto config = build_config(a.source);
+  if (!config.ok()) return report_failure(config.status());
+  const auto avail = train::available_memory_bytes();
+  const auto& c = *config;
+  std::printf("memory per worker: %lld layers, width %lld, context %lld, batch %lld, vocabulary %lld, fp32 weights and AdamW\n",
+              static_cast<long long>(c.model.layers), static_cast<long long>(c.model.width), static_cast<long long>(c.model.context),
+              static_cast<long long>(c.train.batch_size), static_cast<long long>(train::vocab_size(c)));
+  std::printf("%-18s %14s %14s %14s %10s\n", "method", "state", "activations", "peak", "fits here");
+  for (const char* method : {"local", "ddp", "diloco", "streaming_diloco", "noloco", "co2"}) {
+    train::RunConfig m = c;
+    m.outer.method = method;
+    const auto e = train::estimate_memory(m, 1);
+    const double peak = e.state_bytes + e.activation_bytes;
+    std::printf("%-18s %14s %14s %14s %10s\n", method, train::format_bytes(e.state_bytes).c_str(), train::format_bytes(e.activation_bytes).c_str(),
+                train::format_bytes(peak).c_str(), avail ? (peak <= *avail ? "yes" : "no") : "?");
+  }
+  if (avail) {
+    std::printf("available here: %s (activations include the outer step's temporaries; docs/benchmarks.md)\n", train::format_bytes(*avail).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
 int run_plan_command(const PlanArgs& a) {
   if (a.table4) return table4();
+  if (a.memory) return memory_table(a);
   auto bits = bits_of(a.codec, "--codec");
   if (!bits.ok()) return report_failure(bits.status());
   auto sbits = bits_of(a.streaming_codec, "--streaming-codec");
