@@ -50,54 +50,59 @@ int bench_model(const BenchArgs& args) {
   cfg.train.warmup_steps = 0;
   cfg.model.kind = "gpt";
   if (cfg.train.threads > 0) torch::set_num_threads(static_cast<int>(cfg.train.threads));
-  if (Status st = train::check_resources(cfg, 3); !st.ok()) return report_failure(st);
+  if (Status st = train::check_resources(cfg, args.bf16 ? 3 : 2); !st.ok()) return report_failure(st);
   auto corpus = train::load_corpus(cfg);
   if (!corpus.ok()) return report_failure(corpus.status());
 
+  // The built-in GPT first; the TorchScript variant scripts its very weights, so all start alike.
+  struct Variant {
+    const char* name;
+    std::unique_ptr<train::Worker> worker;
+    std::vector<double> rates, ratios;  // tok/s per round, and per round against the first variant
+  };
+  Clock& clock = real_clock();
+  std::vector<Variant> variants;
+  variants.push_back({"gpt fp32", std::make_unique<train::Worker>(cfg, corpus->dataset, 0, 1, clock), {}, {}});
+  if (args.bf16) {
+    train::RunConfig bf16 = cfg;
+    bf16.train.precision = "bf16";
+    variants.push_back({"gpt bf16", std::make_unique<train::Worker>(bf16, corpus->dataset, 0, 1, clock), {}, {}});
+  }
   const auto script = std::filesystem::temp_directory_path() / fmt::format("gossamer_bench_{}.pt", ::getpid());
-  model::script_gpt(model::Gpt(train::gpt_config(cfg, 0))).save(script.string());
-  train::RunConfig bf16 = cfg, ts = cfg;
-  bf16.train.precision = "bf16";
+  model::script_gpt(dynamic_cast<model::Gpt&>(variants.front().worker->model())).save(script.string());
+  train::RunConfig ts = cfg;
   ts.model.kind = "torchscript";
   ts.model.path = script.string();
-  Clock& clock = real_clock();
-  train::Worker w_fp32(cfg, corpus->dataset, 0, 1, clock), w_bf16(bf16, corpus->dataset, 0, 1, clock), w_ts(ts, corpus->dataset, 0, 1, clock);
+  variants.push_back({"torchscript fp32", std::make_unique<train::Worker>(ts, corpus->dataset, 0, 1, clock), {}, {}});
   std::filesystem::remove(script);
-  const double params = static_cast<double>(w_fp32.model().num_parameters());
+
+  const double params = static_cast<double>(variants.front().worker->model().num_parameters());
   const double tokens = static_cast<double>(args.steps * cfg.train.batch_size * cfg.model.context);
   fmt::print("bench model: {:.1f}M parameters ({} layers, width {}, vocabulary {}), batch {} x {} tokens, {} steps per block, {} rounds, {} threads\n",
              params / 1e6, cfg.model.layers, cfg.model.width, train::vocab_size(cfg), cfg.train.batch_size, cfg.model.context, args.steps,
              args.rounds, torch::get_num_threads());
-  std::vector<train::Worker*> workers = {&w_fp32, &w_bf16, &w_ts};
-  const char* names[] = {"gpt fp32", "gpt bf16", "torchscript fp32"};
-  std::vector<int> timed = {0, 2};
-  if (args.bf16) timed.push_back(1);
-  for (int i : timed) (void)workers[static_cast<std::size_t>(i)]->step();  // warm-up
-  std::vector<std::vector<double>> rates(3);
-  std::vector<double> bf16_ratio, ts_ratio;
+  for (auto& v : variants) (void)v.worker->step();  // warm-up
+  const std::size_t n = variants.size();
   for (std::int64_t round = 0; round < args.rounds; ++round) {
-    double r[3] = {0, 0, 0};
-    for (std::size_t k = 0; k < timed.size(); ++k) {
-      const int i = timed[(k + static_cast<std::size_t>(round)) % timed.size()];  // rotate the order
+    for (std::size_t k = 0; k < n; ++k) {
+      auto& v = variants[(k + static_cast<std::size_t>(round)) % n];  // rotate the order
       Stopwatch watch(clock);
-      for (std::int64_t s = 0; s < args.steps; ++s) (void)workers[static_cast<std::size_t>(i)]->step();
-      r[i] = tokens / watch.elapsed_seconds();
-      rates[static_cast<std::size_t>(i)].push_back(r[i]);
+      for (std::int64_t s = 0; s < args.steps; ++s) (void)v.worker->step();
+      v.rates.push_back(tokens / watch.elapsed_seconds());
     }
-    bf16_ratio.push_back(r[1] / r[0]);
-    ts_ratio.push_back(r[2] / r[0]);
     std::string line = fmt::format("  round {}:", round + 1);
-    for (int i = 0; i < 3; ++i) {
-      if (i != 1 || args.bf16) line += fmt::format(" {} {:.1f} tok/s{}", names[i], r[i], i < 2 ? "," : "");
+    for (std::size_t i = 0; i < n; ++i) {
+      variants[i].ratios.push_back(variants[i].rates.back() / variants.front().rates.back());
+      line += fmt::format("{} {} {:.1f} tok/s", i ? "," : "", variants[i].name, variants[i].rates.back());
     }
     fmt::print("{}\n", line);
   }
-  for (int i : timed) {
-    const double m = median(rates[static_cast<std::size_t>(i)]);
-    fmt::print("median {}: {:.1f} tok/s ({:.2f} GFLOP/s)\n", names[i], m, 6.0 * params * m / 1e9);
+  for (const auto& v : variants) fmt::print("median {}: {:.1f} tok/s ({:.2f} GFLOP/s)\n", v.name, median(v.rates), 6.0 * params * median(v.rates) / 1e9);
+  for (std::size_t i = 1; i < n; ++i) {
+    const auto& r = variants[i].ratios;
+    fmt::print("ratio {} / {}: median {:.3f} (per round min {:.3f}, max {:.3f})\n", variants[i].name, variants.front().name, median(r),
+               *std::min_element(r.begin(), r.end()), *std::max_element(r.begin(), r.end()));
   }
-  if (args.bf16) fmt::print("ratio bf16 / fp32: median {:.3f}\n", median(bf16_ratio));
-  fmt::print("ratio torchscript / built-in: median {:.3f} (per round min {:.3f}, max {:.3f})\n", median(ts_ratio), *std::min_element(ts_ratio.begin(), ts_ratio.end()), *std::max_element(ts_ratio.begin(), ts_ratio.end()));
   return 0;
 }
 

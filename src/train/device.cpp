@@ -38,8 +38,6 @@ Result<c10::Device> resolve_device(std::string_view name) {
   return error(ErrorCode::kInvalidArgument, "train.device = " + n + ": use auto, cpu, cuda or cuda:N");
 }
 
-std::string describe_device(const c10::Device& device) { return device.str(); }
-
 AutocastScope::AutocastScope(const c10::Device& device, bool bf16) {
   if (!bf16) return;
   active_ = true;

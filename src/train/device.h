@@ -23,8 +23,6 @@
 namespace gossamer::train {
 
 [[nodiscard]] Result<c10::Device> resolve_device(std::string_view name);
-// "cpu" or "cuda:0 (NVIDIA H100 80GB HBM3)"-style, for logs.
-std::string describe_device(const c10::Device& device);
 
 // While alive, ops on `device` run under autocast to bfloat16 when `bf16` is set; nothing otherwise.
 class AutocastScope {

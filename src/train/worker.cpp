@@ -58,9 +58,9 @@ std::unique_ptr<model::LanguageModel> must_make_model(const RunConfig& c, int ra
 
 // Weight decay applies to matrices (dim >= 2: linear weights and embeddings) only, never to biases or
 // LayerNorm gains.
-std::unique_ptr<torch::optim::AdamW> make_adamw(const model::LanguageModel& gpt, const TrainSection& t) {
+std::unique_ptr<torch::optim::AdamW> make_adamw(const model::LanguageModel& model, const TrainSection& t) {
   std::vector<torch::Tensor> decay, no_decay;
-  for (const auto& p : gpt.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  for (const auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   auto options = [&](double wd) {
     return torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(wd);
   };
@@ -83,22 +83,22 @@ struct Worker::Impl {
         clock(&clk),
         device(must_resolve(c)),
         bf16(c.train.precision == "bf16"),
-        gpt(must_make_model(c, rank, device)),
+        model(must_make_model(c, rank, device)),
         sampler(d.train(), rank, world, c.train.batch_size, c.model.context, static_cast<std::uint64_t>(c.train.seed), c.data.shard_block),
         eval_set(data::validation_batches(d.val(), c.train.batch_size, c.model.context, c.train.eval_batches)) {
-    optimizer = make_adamw(*gpt, c.train);
+    optimizer = make_adamw(*model, c.train);
     schedule.lr = c.train.lr;
     schedule.min_lr_ratio = c.train.min_lr_ratio;
     schedule.warmup_steps = c.train.warmup_steps;
     schedule.total_steps = c.train.steps;
-    params = gpt->parameters();
+    params = model->parameters();
   }
 
   RunConfig config;
   Clock* clock;
   c10::Device device;
   bool bf16;
-  std::unique_ptr<model::LanguageModel> gpt;
+  std::unique_ptr<model::LanguageModel> model;
   data::ShardSampler sampler;
   std::vector<data::Batch> eval_set;
   std::unique_ptr<torch::optim::AdamW> optimizer;
@@ -119,12 +119,12 @@ StepResult Worker::step(const GradientHook& before_update) {
   auto& s = *impl_;
   Stopwatch watch(*s.clock);
   const data::Batch batch = s.sampler.batch(s.next_batch);
-  s.gpt->train(true);
+  s.model->train(true);
   s.optimizer->zero_grad();
   at::Tensor loss;
   {
     AutocastScope autocast(s.device, s.bf16);
-    loss = s.gpt->loss(batch.tokens.to(s.device), batch.targets.to(s.device));
+    loss = s.model->loss(batch.tokens.to(s.device), batch.targets.to(s.device));
   }
   loss.backward();
   Status sync;
@@ -170,20 +170,20 @@ double Worker::evaluate() {
   auto& s = *impl_;
   torch::NoGradGuard no_grad;
   AutocastScope autocast(s.device, s.bf16);
-  s.gpt->train(false);
+  s.model->train(false);
   double total = 0.0;
   std::int64_t count = 0;
   for (const auto& b : s.eval_set) {
-    total += s.gpt->loss(b.tokens.to(s.device), b.targets.to(s.device)).item<double>() * static_cast<double>(b.tokens.numel());
+    total += s.model->loss(b.tokens.to(s.device), b.targets.to(s.device)).item<double>() * static_cast<double>(b.tokens.numel());
     count += b.tokens.numel();
   }
-  s.gpt->train(true);
+  s.model->train(true);
   return total / static_cast<double>(count);
 }
 
 std::int64_t Worker::steps_done() const { return impl_->step; }
 std::int64_t Worker::tokens_seen() const { return impl_->tokens; }
-model::LanguageModel& Worker::model() { return *impl_->gpt; }
+model::LanguageModel& Worker::model() { return *impl_->model; }
 
 CheckpointState Worker::checkpoint_state(const std::string& config_toml) const {
   const auto& s = *impl_;
@@ -193,12 +193,12 @@ CheckpointState Worker::checkpoint_state(const std::string& config_toml) const {
   out.next_batch = s.next_batch;
   out.tokens_seen = s.tokens;
 
-  const auto rng = s.gpt->rng_state();
+  const auto rng = s.model->rng_state();
   const auto* rp = reinterpret_cast<const std::byte*>(rng.data());
   out.rng_state.assign(rp, rp + rng.size());
 
   torch::serialize::OutputArchive archive, model_archive, optim_archive;
-  s.gpt->save(model_archive);
+  s.model->save(model_archive);
   s.optimizer->save(optim_archive);
   archive.write("model", model_archive);
   archive.write("optimizer", optim_archive);
@@ -218,10 +218,10 @@ Status Worker::restore(const CheckpointState& state) {
     archive.load_from(is, s.device);  // tensors straight to the model's device
     archive.read("model", model_archive);
     archive.read("optimizer", optim_archive);
-    s.gpt->load(model_archive);
+    s.model->load(model_archive);
     s.optimizer->load(optim_archive);
     const auto* rp = reinterpret_cast<const std::uint8_t*>(state.rng_state.data());
-    s.gpt->set_rng_state(std::vector<std::uint8_t>(rp, rp + state.rng_state.size()));
+    s.model->set_rng_state(std::vector<std::uint8_t>(rp, rp + state.rng_state.size()));
   } catch (const c10::Error& e) {
     return error(ErrorCode::kMalformed, std::string("checkpoint tensors do not match this model: ") + e.what_without_backtrace() +
                                             " (was it written with another model config?)");
