@@ -8,17 +8,13 @@
 #include <fmt/format.h>
 
 #include "core/mapped_file.h"
+#include "core/wire.h"
 
 namespace gossamer::data {
 
 namespace fs = std::filesystem;
 
 namespace {
-
-std::int32_t read_i32(const std::uint8_t* p) {
-  return static_cast<std::int32_t>(static_cast<std::uint32_t>(p[0]) | static_cast<std::uint32_t>(p[1]) << 8 |
-                                   static_cast<std::uint32_t>(p[2]) << 16 | static_cast<std::uint32_t>(p[3]) << 24);
-}
 
 const char* layout_name(TokenFileLayout layout) {
   switch (layout) {
@@ -67,13 +63,14 @@ Result<TokenFile> read_token_file(const fs::path& path) {
   const std::size_t size = file->size();
   if (size == 0) return bad_file(path, "empty");
   TokenFile out;
-  const std::int32_t magic = size >= 4 ? read_i32(p) : 0;
+  Reader header(ByteView(reinterpret_cast<const std::byte*>(p), std::min(size, kLlmcHeaderBytes)), "llm.c header");
+  const std::int32_t magic = header.i32();  // 0 when the file is shorter than 4 bytes
   if (magic == kLlmcMagicU16 || magic == kLlmcMagicU32) {
     if (size < kLlmcHeaderBytes) {
       return bad_file(path, fmt::format("starts with llm.c's magic {} but holds {} bytes, less than its 1024-byte header: truncated?", magic, size));
     }
-    const std::int32_t version = read_i32(p + 4);
-    const std::int32_t count = read_i32(p + 8);
+    const std::int32_t version = header.i32();
+    const std::int32_t count = header.i32();
     const bool u16 = magic == kLlmcMagicU16;
     const std::int32_t want_version = u16 ? kLlmcVersionU16 : kLlmcVersionU32;
     if (version != want_version) {
