@@ -19,7 +19,7 @@ CO2::CO2(std::vector<at::Tensor> params, AsyncCollectives& comm, CO2Options opti
   GOSSAMER_CHECK(options_.outer_momentum >= 0 && options_.outer_momentum < 1, "CO2: outer_momentum must be in [0, 1)");
   GOSSAMER_CHECK(options_.gap_penalty > 0 && options_.clip_threshold > 0, "CO2: gap_penalty and clip_threshold must be > 0");
   if (!penalty_) penalty_ = std::make_shared<ConstantPenalty>(options_.gap_penalty);
-  outer_ = flatten(params_);
+  outer_ = flatten(params_, options_.state_device);
   momentum_ = torch::zeros_like(outer_);
 }
 
@@ -45,7 +45,7 @@ Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
     lost(round - 1);  // not launched (its round failed), or dropped
   }
   // Launch this round's average; it completes while the next round trains.
-  auto launched = comm_->allreduce_mean(flatten(params_), options_.codec, round_tag(kCO2Tag, round), Deadline::after(comm_->clock(), options_.average_timeout));
+  auto launched = comm_->allreduce_mean(flatten(params_, options_.state_device), options_.codec, round_tag(kCO2Tag, round), Deadline::after(comm_->clock(), options_.average_timeout));
   const at::Tensor current_outer = outer_;
   if (pending_) {
     const at::Tensor g = previous_outer_ - pending_->tensor();  // x_{t-1,0} - xbar_{t-1}

@@ -53,6 +53,7 @@ struct CO2Options {
   bool clip = false;
   double clip_threshold = 1.0;    // phi
   quant::EncodeOptions codec;
+  at::Device state_device = at::kCPU;  // where the outer state lives (the parameters may be elsewhere)
   Nanos average_timeout = std::chrono::minutes(10);  // bound of each background all-reduce
 };
 

@@ -17,13 +17,13 @@ DiLoCo::DiLoCo(std::vector<at::Tensor> params, Group group, DiLoCoOptions option
   GOSSAMER_CHECK(options_.inner_steps >= 1, "DiLoCo: inner_steps must be >= 1");
   GOSSAMER_CHECK(options_.outer_lr > 0 && options_.outer_momentum >= 0 && options_.outer_momentum < 1,
                  "DiLoCo: outer_lr must be > 0 and outer_momentum in [0, 1)");
-  state_.outer = flatten(params_);
+  state_.outer = flatten(params_, options_.state_device);
   state_.momentum = torch::zeros_like(state_.outer);
 }
 
 Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   if (inner_steps_done <= 0 || inner_steps_done % options_.inner_steps != 0) return false;
-  at::Tensor delta = state_.outer - flatten(params_);  // pseudo-gradient: outer - local
+  at::Tensor delta = state_.outer - flatten(params_, options_.state_device);  // pseudo-gradient: outer - local
   CommStats stats;
   const Status st = allreduce_mean(group_, delta, options_.codec, round_tag(kDiLoCoTag, inner_steps_done / options_.inner_steps), deadline, &stats);
   comm_ += stats;  // a failed round's bytes were sent all the same

@@ -32,6 +32,7 @@ struct DiLoCoOptions {
   double outer_momentum = 0.9;
   bool nesterov = true;
   quant::EncodeOptions codec;      // of the pseudo-gradient on the wire (fp32 by default)
+  at::Device state_device = at::kCPU;  // where the outer state lives (the parameters may be elsewhere)
 };
 
 class DiLoCo {

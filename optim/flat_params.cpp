@@ -31,16 +31,16 @@ std::int64_t total(const std::vector<at::Tensor>& tensors) {
 
 }  // namespace
 
-at::Tensor flatten(const std::vector<at::Tensor>& tensors) {
-  if (!tensors.empty() && std::all_of(tensors.begin(), tensors.end(), plain)) {
+at::Tensor flatten(const std::vector<at::Tensor>& tensors, at::Device device) {
+  if (device.is_cpu() && !tensors.empty() && std::all_of(tensors.begin(), tensors.end(), plain)) {
     at::Tensor out = torch::empty({total(tensors)}, torch::kFloat);
     gather(tensors, out.data_ptr<float>());
     return out;
   }
   std::vector<at::Tensor> flat;
   flat.reserve(tensors.size());
-  for (const auto& t : tensors) flat.push_back(t.detach().to(at::kCPU, at::kFloat).reshape({-1}));
-  return flat.empty() ? torch::empty({0}) : torch::cat(flat);
+  for (const auto& t : tensors) flat.push_back(t.detach().to(device, at::kFloat).reshape({-1}));
+  return flat.empty() ? torch::empty({0}, torch::TensorOptions().device(device)) : torch::cat(flat);
 }
 
 void flatten_into(const std::vector<at::Tensor>& tensors, at::Tensor& out) {

@@ -49,7 +49,7 @@ NoLoCo::NoLoCo(std::vector<at::Tensor> params, Group group, NoLoCoOptions option
     : params_(std::move(params)), group_(std::move(group)), options_(options) {
   GOSSAMER_CHECK(options_.inner_steps >= 1, "NoLoCo: inner_steps must be >= 1");
   GOSSAMER_CHECK(options_.outer_momentum >= 0 && options_.outer_momentum < 1, "NoLoCo: outer_momentum must be in [0, 1)");
-  state_.outer = flatten(params_);
+  state_.outer = flatten(params_, options_.state_device);
   state_.momentum = torch::zeros_like(state_.outer);
 }
 
@@ -57,7 +57,7 @@ Result<bool> NoLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   if (inner_steps_done <= 0 || inner_steps_done % options_.inner_steps != 0) return false;
   const std::int64_t round = inner_steps_done / options_.inner_steps;
   const int partner = noloco_pairing(group_.size, round, options_.seed)[static_cast<std::size_t>(group_.rank)];
-  const at::Tensor theta = flatten(params_);
+  const at::Tensor theta = flatten(params_, options_.state_device);
   const double alpha = options_.outer_momentum, beta = options_.outer_lr, gamma = options_.outer_lr_gamma;
   const bool same = beta == gamma;
 
@@ -72,10 +72,11 @@ Result<bool> NoLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
     if (!theirs.ok()) return theirs.status().with_context("NoLoCo round " + std::to_string(round) + " with rank " + std::to_string(partner));
     const std::int64_t n = theta.numel();
     // Average in rank order so both partners compute the same bits.
-    const at::Tensor their_theta = same ? *theirs : theirs->slice(0, 0, n);
+    const at::Tensor all_theirs = theirs->to(theta.device());  // received into host memory
+    const at::Tensor their_theta = same ? all_theirs : all_theirs.slice(0, 0, n);
     mean_theta = group_.rank < partner ? (theta + their_theta) / 2 : (their_theta + theta) / 2;
     if (!same) {
-      const at::Tensor their_phi = theirs->slice(0, n, 2 * n);
+      const at::Tensor their_phi = all_theirs.slice(0, n, 2 * n);
       mean_phi = group_.rank < partner ? (state_.outer + their_phi) / 2 : (their_phi + state_.outer) / 2;
     }
   }

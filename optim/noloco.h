@@ -32,6 +32,7 @@ struct NoLoCoOptions {
   double outer_momentum = 0.5;    // alpha
   std::uint64_t seed = 0;         // shared by every replica
   quant::EncodeOptions codec;
+  at::Device state_device = at::kCPU;  // where the outer state lives (the parameters may be elsewhere)
 };
 
 // partner[r] for every rank of an n-rank group in round `round` (partner[r] == r: alone this round).

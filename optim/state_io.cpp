@@ -59,7 +59,8 @@ Status load_state(ByteView bytes, std::string_view kind, std::vector<std::int64_
   if (!r.ok()) return r.status();
   counters = c;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i].defined()) tensors[i] = loaded[i].reshape(tensors[i].sizes()).clone();
+    // On the device the optimizer keeps that tensor on (host memory or the training device).
+    if (tensors[i].defined()) tensors[i] = loaded[i].reshape(tensors[i].sizes()).to(tensors[i].device(), /*non_blocking=*/false, /*copy=*/true);
   }
   return Status();
 }

@@ -21,7 +21,7 @@ StreamingDiLoCo::StreamingDiLoCo(std::vector<Fragment> fragments, AsyncCollectiv
   GOSSAMER_CHECK(options_.overlap >= 0 && options_.overlap < options_.inner_steps / p, "StreamingDiLoCo: tau must be in [0, H/P)");
   GOSSAMER_CHECK(options_.mixing >= 0 && options_.mixing <= 1, "StreamingDiLoCo: alpha must be in [0, 1]");
   for (std::size_t f = 0; f < fragments_.size(); ++f) {
-    const at::Tensor flat = flatten(fragments_[f].tensors);
+    const at::Tensor flat = flatten(fragments_[f].tensors, options_.state_device);
     state_.push_back(State{flat, torch::zeros_like(flat), nullptr});
   }
 }
@@ -36,7 +36,7 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
     // LAUNCH tau steps before completion.
     if ((s - (t_f - tau)) % h == 0 && s >= t_f - tau && !st.pending) {
       const std::int64_t window = (s + tau) / h;
-      st.pending = comm_thread_->allreduce_mean(st.outer - flatten(fragments_[static_cast<std::size_t>(f)].tensors), options_.codec,
+      st.pending = comm_thread_->allreduce_mean(st.outer - flatten(fragments_[static_cast<std::size_t>(f)].tensors, options_.state_device), options_.codec,
                                                 round_tag(kStreamingTagBase | (static_cast<transport::Tag>(f & 0xFF) << 16), window), deadline);
       st.pending_window = window;
     }
@@ -61,7 +61,7 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
     st.momentum.mul_(mu).add_(delta);
     st.outer.sub_((delta + mu * st.momentum) * lr);
     auto& tensors = fragments_[static_cast<std::size_t>(f)].tensors;
-    write_flat(tensors, alpha == 0.0 ? st.outer : flatten(tensors) * alpha + st.outer * (1.0 - alpha));
+    write_flat(tensors, alpha == 0.0 ? st.outer : flatten(tensors, options_.state_device) * alpha + st.outer * (1.0 - alpha));
     ++completed_;
     ++done;
   }

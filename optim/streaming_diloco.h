@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 #include "core/bytes.h"
 #include "core/status.h"
 #include "optim/fragments.h"
@@ -32,6 +34,7 @@ struct StreamingDiLoCoOptions {
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
   quant::EncodeOptions codec;      // fp4 E3M0 in the paper
+  at::Device state_device = at::kCPU;  // where the outer state lives (the parameters may be elsewhere)
 };
 
 class StreamingDiLoCo {

@@ -109,17 +109,30 @@ int memory_table(const PlanArgs& a) {
   std::printf("memory per worker: %lld layers, width %lld, context %lld, batch %lld, vocabulary %lld, fp32 weights and AdamW\n",
               static_cast<long long>(c.model.layers), static_cast<long long>(c.model.width), static_cast<long long>(c.model.context),
               static_cast<long long>(c.train.batch_size), static_cast<long long>(train::vocab_size(c)));
-  std::printf("%-18s %14s %14s %14s %10s\n", "method", "state", "activations", "peak", "fits here");
+  const bool gpu = train::estimate_memory(c, 1).on_gpu;
+  if (gpu) {
+    std::printf("on a GPU (train.device = %s), outer state in %s memory; host memory is checked here, the GPU's is not\n", c.train.device.c_str(),
+                c.outer.state_device == "host" ? "host" : "the GPU's");
+    std::printf("%-18s %14s %14s %14s %14s %14s %10s\n", "method", "state", "activations", "peak", "on the GPU", "host memory", "fits here");
+  } else {
+    std::printf("%-18s %14s %14s %14s %10s\n", "method", "state", "activations", "peak", "fits here");
+  }
   for (const char* method : {"local", "ddp", "diloco", "streaming_diloco", "noloco", "co2"}) {
     train::RunConfig m = c;
     m.outer.method = method;
     const auto e = train::estimate_memory(m, 1);
     const double peak = e.state_bytes + e.activation_bytes;
-    std::printf("%-18s %14s %14s %14s %10s\n", method, train::format_bytes(e.state_bytes).c_str(), train::format_bytes(e.activation_bytes).c_str(),
-                train::format_bytes(peak).c_str(), avail ? (peak <= *avail ? "yes" : "no") : "?");
+    const char* fits = avail ? (e.host_bytes <= *avail ? "yes" : "no") : "?";
+    if (gpu) {
+      std::printf("%-18s %14s %14s %14s %14s %14s %10s\n", method, train::format_bytes(e.state_bytes).c_str(), train::format_bytes(e.activation_bytes).c_str(),
+                  train::format_bytes(peak).c_str(), train::format_bytes(e.device_bytes).c_str(), train::format_bytes(e.host_bytes).c_str(), fits);
+    } else {
+      std::printf("%-18s %14s %14s %14s %10s\n", method, train::format_bytes(e.state_bytes).c_str(), train::format_bytes(e.activation_bytes).c_str(),
+                  train::format_bytes(peak).c_str(), fits);
+    }
   }
   if (avail) {
-    std::printf("available here: %s (activations include the outer step's temporaries; docs/benchmarks.md)\n", train::format_bytes(*avail).c_str());
+    std::printf("available here: %s of host memory (activations include the outer step's temporaries; docs/benchmarks.md)\n", train::format_bytes(*avail).c_str());
   }
   return 0;
 }

@@ -99,6 +99,7 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"train.round_timeout_s", "a synchronization round (all-reduce, pair exchange) gives up after this many seconds and is skipped", [](RunConfig& c) -> double& { return c.train.round_timeout_s; }, 0.0, 1e7, true},
       StringKey{"outer.method", "outer optimizer: how the workers synchronize", [](RunConfig& c) -> std::string& { return c.outer.method; }, optim::method_names()},
       IntKey{"outer.codec_block", "values per scale block of the scaled codecs (int8, fp8, int4, fp4)", [](RunConfig& c) -> std::int64_t& { return c.outer.codec_block; }, 1, 1 << 20},
+      StringKey{"outer.state_device", "where the outer optimizer keeps its state: host (memory of the machine, sparing the GPU's) or device (train.device's memory)", [](RunConfig& c) -> std::string& { return c.outer.state_device; }, {"host", "device"}},
       StringKey{"ddp.codec", "codec of the gradients ddp all-reduces", [](RunConfig& c) -> std::string& { return c.ddp.codec; }, codec_names()},
       StringKey{"ddp.engine", "links: our all-reduce; gloo: c10d ProcessGroupGloo (real runs, fp32)", [](RunConfig& c) -> std::string& { return c.ddp.engine; }, {"links", "gloo"}},
       IntKey{"ddp.round_steps", "real runs: steps between agreements on the members (a newcomer joins there; a lost member is dropped at once)", [](RunConfig& c) -> std::int64_t& { return c.ddp.round_steps; }, 1, 1LL << 40},

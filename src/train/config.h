@@ -75,6 +75,9 @@ struct TrainSection {
 struct OuterSection {
   std::string method = "diloco";  // ddp, diloco, streaming_diloco, noloco, co2, local
   std::int64_t codec_block = 128;  // values per scale block of the scaled codecs
+  // Where the outer optimizer keeps its state (outer weights, momentum, pending averages): host
+  // memory, sparing the training device's, or the training device itself (no copies per round).
+  std::string state_device = "host";
 };
 struct DdpSection {
   std::string codec = "fp32";

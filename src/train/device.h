@@ -1,7 +1,8 @@
 // The one place that knows about compute devices and precision: which device a run's
 // `train.device` names, and the autocast scope a `train.precision` of bf16 runs its forward passes
 // in. Everything else takes a device as a value (the model and its optimizer live there, batches
-// are moved there; outer optimizers and codecs work on fp32 host copies, optim/flat_params.h).
+// are moved there; outer optimizers keep fp32 flat copies in host memory, or on the training
+// device with outer.state_device = "device" (optim/flat_params.h); codecs encode from either).
 //
 // train.device: "cpu", "cuda" (the current GPU), "cuda:N", or "auto" (cuda when LibTorch has CUDA
 // and a GPU is visible, else cpu). Asking for CUDA where there is none is a kInvalidArgument

@@ -71,7 +71,22 @@ MemoryEstimate estimate_memory(const RunConfig& c, std::int64_t workers, std::op
   e.activation_bytes = (blocks + 3.3 * B * T * V) * kFloat + kRuntimeBytes + e.parameters * kFloat * outer_step;
   // Text files are checked by size when read; token files are mapped, not read.
   e.corpus_bytes = c.data.path.empty() ? 2.0 * static_cast<double>(c.data.synthetic.bytes) : 0.0;
-  e.total_bytes = static_cast<double>(std::max<std::int64_t>(1, workers)) * e.state_bytes + e.activation_bytes + e.corpus_bytes;
+  const double n = static_cast<double>(std::max<std::int64_t>(1, workers));
+  e.total_bytes = n * e.state_bytes + e.activation_bytes + e.corpus_bytes;
+  e.outer_bytes = e.parameters * kFloat * outer_state;
+  const std::string& d = c.train.device;
+  e.on_gpu = d.starts_with("cuda") || (d == "auto" && [] {
+               auto resolved = resolve_device("auto");
+               return resolved.ok() && resolved->is_cuda();
+             }());
+  if (!e.on_gpu) {
+    e.host_bytes = e.total_bytes;
+  } else {
+    const bool outer_on_host = c.outer.state_device == "host" || c.outer.method == "ddp";  // ddp's flat gradient is in host memory
+    const double outer_host = outer_on_host ? n * e.outer_bytes + e.parameters * kFloat * outer_step : 0.0;
+    e.host_bytes = outer_host + e.corpus_bytes + kRuntimeBytes;
+    e.device_bytes = e.total_bytes - e.host_bytes;
+  }
   return e;
 }
 
@@ -118,7 +133,14 @@ Status check_resources(const RunConfig& c, std::int64_t workers) {
   const auto avail = available_memory_bytes();
   if (!avail) return Status();
   const MemoryEstimate e = estimate_memory(c, workers, parameters);
-  if (0.9 * e.total_bytes <= *avail) return Status();
+  if (0.9 * e.host_bytes <= *avail) return Status();
+  if (e.on_gpu) {
+    return error(ErrorCode::kInvalidArgument,
+                 fmt::format("this configuration needs about {} of host memory and this machine has {} available: the outer optimizer's state takes {} per worker{}; "
+                             "set outer.state_device = \"device\" to keep it on the GPU, or lower model.width or model.layers",
+                             format_bytes(e.host_bytes), format_bytes(*avail), format_bytes(e.outer_bytes),
+                             workers > 1 ? fmt::format(" for {} workers", workers) : std::string()));
+  }
   std::string lower;
   if (e.activation_bytes >= e.state_bytes * static_cast<double>(workers)) {
     lower = "lower train.batch_size, model.context or model.width";

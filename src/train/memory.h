@@ -7,8 +7,9 @@
 // causal masks (one T x T byte matrix per block); the activations autograd keeps for one batch (see
 // memory.cpp for the terms); the corpus. Its coefficients are measured peaks (`gossamer bench
 // memory`), within 10% of them on GPT-2-small shapes (docs/benchmarks.md). check_resources refuses
-// a run only when 90% of the estimate exceeds what is available, so as not to refuse one that would
-// just fit. For a TorchScript model the parameters are counted in the module and the activations are the logits'
+// a run only when 90% of the estimate's host part exceeds what is available, so as not to refuse
+// one that would just fit; a GPU's part is reported, not checked (LibTorch's CPU build has no query
+// of a GPU's free memory). For a TorchScript model the parameters are counted in the module and the activations are the logits'
 // share only (its architecture is not known).
 // Pure functions except available_memory_bytes, which reads /proc and the cgroup; thread-safe.
 #pragma once
@@ -28,6 +29,14 @@ struct MemoryEstimate {
   double activation_bytes = 0;   // one batch's forward and backward, and the outer step's temporaries (one worker at a time)
   double corpus_bytes = 0;       // shared by the workers of one process
   double total_bytes = 0;        // for `workers` workers in one process
+  // Where total_bytes lie. Training on the CPU, all of it is host memory. On a GPU, the device
+  // holds weights, gradients, AdamW, masks and activations, and the outer optimizer's state and
+  // step temporaries unless outer.state_device keeps them in host memory (the default), which also
+  // holds the corpus.
+  double outer_bytes = 0;        // per worker: the outer optimizer's state (part of state_bytes)
+  double host_bytes = 0;
+  double device_bytes = 0;
+  bool on_gpu = false;           // train.device names a GPU (or auto finds one)
 };
 
 // `workers`: how many workers this process holds (1 for train and peer, sim.workers for sim).

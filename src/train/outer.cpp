@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "train/device.h"
+
 namespace gossamer::train {
 
 namespace {
@@ -116,6 +118,14 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   }
 
   if (Status st = check_synchronizes(c, o.method, p); !st.ok()) return st;
+
+  at::Device state_device = at::kCPU;
+  if (c.outer.state_device == "device") {
+    auto device = resolve_device(c.train.device);
+    if (!device.ok()) return device.status().with_context("outer.state_device = \"device\"");
+    state_device = *device;
+  }
+  o.diloco.state_device = o.streaming.state_device = o.noloco.state_device = o.co2.state_device = state_device;
 
   o.noloco.inner_steps = c.noloco.inner_steps;
   o.noloco.outer_lr = c.noloco.outer_lr;

@@ -23,6 +23,14 @@ std::vector<ParamBlock> toy(float v) {
   return b;
 }
 
+at::Tensor toy_flat(float v) {
+  std::vector<at::Tensor> ts;
+  for (auto& blk : toy(v)) {
+    for (auto& t : blk.tensors) ts.push_back(t);
+  }
+  return optim::flatten(ts);
+}
+
 OuterConfig config(const std::string& method) {
   OuterConfig c;
   c.method = *parse_method(method);
@@ -154,5 +162,92 @@ TEST_CASE("diloco and streaming_diloco evaluate their outer weights and give the
     // ...also when the evaluation throws.
     CHECK_THROWS(setup->outer->evaluate_outer([]() -> double { throw std::runtime_error("eval failed"); }));
     CHECK(torch::equal(optim::flatten(params), local));
+  }
+}
+
+namespace {
+
+// Two ranks of `method` with their parameters on `device` and the outer state on `state_device`,
+// eight steps that move the ranks' weights apart: each rank's final flat weights and saved state.
+struct TwoRanks {
+  std::vector<at::Tensor> weights;
+  std::vector<Bytes> states;
+};
+
+TwoRanks two_ranks(const std::string& method, at::Device device, at::Device state_device) {
+  OuterConfig c = config(method);
+  c.diloco.state_device = c.streaming.state_device = c.noloco.state_device = c.co2.state_device = state_device;
+  auto groups = mesh(2);
+  std::vector<std::vector<ParamBlock>> blocks = {toy(1.0f), toy(3.0f)};
+  std::vector<OuterSetup> setups;
+  for (int r = 0; r < 2; ++r) {
+    for (auto& blk : blocks[static_cast<std::size_t>(r)]) {
+      for (auto& t : blk.tensors) t = t.to(device);
+    }
+    auto s = make_outer_optimizer(c, blocks[static_cast<std::size_t>(r)], groups[static_cast<std::size_t>(r)]);
+    REQUIRE(s.ok());
+    setups.push_back(std::move(*s));
+  }
+  on_ranks(2, [&](int r) {
+    for (std::int64_t s = 1; s <= 8; ++s) {
+      for (auto& blk : blocks[static_cast<std::size_t>(r)]) {
+        for (auto& t : blk.tensors) t.add_(0.25f * static_cast<float>((r + 1) * s));
+      }
+      auto stepped = setups[static_cast<std::size_t>(r)].outer->step(s, in(10s));
+      REQUIRE(stepped.ok());
+    }
+    REQUIRE(setups[static_cast<std::size_t>(r)].outer->settle(in(10s)).ok());
+  });
+  TwoRanks out;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<at::Tensor> params;
+    for (auto& blk : blocks[static_cast<std::size_t>(r)]) {
+      for (auto& t : blk.tensors) {
+        CHECK(t.device() == device);  // the outer optimizer wrote the parameters where they live
+        params.push_back(t);
+      }
+    }
+    out.weights.push_back(optim::flatten(params));
+    out.states.push_back(setups[static_cast<std::size_t>(r)].outer->save());
+    CHECK(setups[static_cast<std::size_t>(r)].outer->rounds() > 0);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("outer state on the training device runs the same rounds as in host memory, and its state loads either way") {
+  // On a machine without a GPU the training device is the CPU; with one, the parameters are on the
+  // GPU and the state is kept there or in host memory (GPU kernels may fuse multiply-adds: close,
+  // not bit-identical).
+  std::vector<at::Device> devices = {at::kCPU};
+  if (torch::cuda::is_available()) devices.emplace_back(at::kCUDA, 0);
+  for (const at::Device device : devices) {
+    for (const std::string method : {"diloco", "streaming_diloco", "noloco", "co2"}) {
+      CAPTURE(method);
+      CAPTURE(device.str());
+      const TwoRanks host = two_ranks(method, device, at::kCPU), on_device = two_ranks(method, device, device);
+      for (int r = 0; r < 2; ++r) {
+        if (device.is_cpu()) {
+          CHECK(torch::equal(host.weights[static_cast<std::size_t>(r)], on_device.weights[static_cast<std::size_t>(r)]));
+        } else {
+          CHECK(torch::allclose(host.weights[static_cast<std::size_t>(r)], on_device.weights[static_cast<std::size_t>(r)], 1e-5, 1e-6));
+        }
+      }
+      CHECK_FALSE(torch::equal(host.weights[0], toy_flat(1.0f)));  // training and rounds moved them
+      // A state saved from host memory loads into an optimizer that keeps it on the device, and back.
+      OuterConfig c = config(method);
+      c.diloco.state_device = c.streaming.state_device = c.noloco.state_device = c.co2.state_device = device;
+      auto blocks = toy(0.0f);
+      for (auto& blk : blocks) {
+        for (auto& t : blk.tensors) t = t.to(device);
+      }
+      auto fresh = make_outer_optimizer(c, blocks, mesh(1)[0]);
+      REQUIRE(fresh.ok());
+      REQUIRE(fresh->outer->load(host.states[0]).ok());
+      const Bytes again = fresh->outer->save();
+      if (device.is_cpu()) CHECK((again == host.states[0]));
+      CHECK(again.size() == host.states[0].size());
+    }
   }
 }

@@ -120,3 +120,29 @@ TEST_CASE("model.preset sets a well-known shape that the other model keys of the
   for (const char* kv : {"model.preset=gpt2-124m", "data.format=tokens", "data.path=x", "data.vocab_size=50257"}) REQUIRE(apply_override(g, kv).ok());
   CHECK(estimate_memory(g, 1).parameters == doctest::Approx(124.44e6).epsilon(0.001));
 }
+
+TEST_CASE("outer.state_device: host or device; on a GPU the memory estimate puts the outer state where it says") {
+  RunConfig c;
+  CHECK(c.outer.state_device == "host");
+  CHECK_FALSE(apply_override(c, "outer.state_device=gpu").ok());
+  for (const char* kv : {"model.preset=gpt2-124m", "data.format=tokens", "data.path=x", "data.vocab_size=50257", "outer.method=diloco"}) {
+    REQUIRE(apply_override(c, kv).ok());
+  }
+  REQUIRE(apply_override(c, "train.device=cpu").ok());
+  const MemoryEstimate cpu = estimate_memory(c, 2);
+  CHECK_FALSE(cpu.on_gpu);
+  CHECK(cpu.host_bytes == cpu.total_bytes);  // on the CPU everything is host memory
+  CHECK(cpu.device_bytes == 0);
+  CHECK(cpu.outer_bytes == doctest::Approx(2 * 4 * cpu.parameters));  // DiLoCo: outer weights and momentum, fp32
+  REQUIRE(apply_override(c, "train.device=cuda:1").ok());  // estimated from the config, whether or not this machine has one
+  const MemoryEstimate host = estimate_memory(c, 2);
+  CHECK(host.on_gpu);
+  CHECK(host.total_bytes == doctest::Approx(cpu.total_bytes));
+  CHECK(host.host_bytes + host.device_bytes == doctest::Approx(host.total_bytes));
+  CHECK(host.host_bytes >= 2 * host.outer_bytes);  // both workers' outer state in host memory
+  CHECK(host.device_bytes > 2 * 4 * 4 * host.parameters);  // weights, gradients, AdamW's two moments
+  REQUIRE(apply_override(c, "outer.state_device=device").ok());
+  const MemoryEstimate device = estimate_memory(c, 2);
+  CHECK(device.host_bytes < 0.1 * host.host_bytes);  // only the runtime's share is left in host memory
+  CHECK(device.device_bytes == doctest::Approx(host.device_bytes + host.host_bytes - device.host_bytes));
+}
