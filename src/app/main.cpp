@@ -62,7 +62,9 @@ int main(int argc, char** argv) {
   // the figures, together with the collective's own changes). Limit: a heap of a thread other than
   // the main one holds at most 64 MiB, so larger blocks allocated there are still mmapped.
   mallopt(M_ARENA_MAX, 2);
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  // 32 MiB, not more: a model's own weights and activations then stay out of the heaps, which keep
+  // what they hold. MALLOC_MMAP_THRESHOLD_ in the environment (glibc's own knob) takes precedence.
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 #endif
   CLI::App app{"Gossamer: train neural networks across machines joined by slow, unreliable links"};
