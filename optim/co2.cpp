@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "core/check.h"
 #include "optim/flat_params.h"
 #include "optim/state_io.h"
@@ -13,7 +16,8 @@ namespace {
 constexpr transport::Tag kCO2Tag = transport::tags::kCO2;  // + round (round_tag)
 }  // namespace
 
-CO2::CO2(std::vector<at::Tensor> params, AsyncCollectives& comm, CO2Options options, std::shared_ptr<const StalenessPenalty> penalty)
+CO2::CO2(std::vector<at::Tensor> params, AsyncCollectives& comm, CO2Options options, std::shared_ptr<const StalenessPenalty> penalty,
+         const std::vector<std::int64_t>& layer_sizes)
     : params_(std::move(params)), comm_(&comm), options_(options), penalty_(std::move(penalty)) {
   GOSSAMER_CHECK(options_.inner_steps >= 1, "CO2: inner_steps must be >= 1");
   GOSSAMER_CHECK(options_.outer_momentum >= 0 && options_.outer_momentum < 1, "CO2: outer_momentum must be in [0, 1)");
@@ -21,6 +25,26 @@ CO2::CO2(std::vector<at::Tensor> params, AsyncCollectives& comm, CO2Options opti
   if (!penalty_) penalty_ = std::make_shared<ConstantPenalty>(options_.gap_penalty);
   outer_ = flatten(params_, options_.state_device);
   momentum_ = torch::zeros_like(outer_);
+  layer_offsets_ = {0};
+  for (const std::int64_t n : layer_sizes) layer_offsets_.push_back(layer_offsets_.back() + n);
+  if (layer_sizes.empty()) layer_offsets_.push_back(outer_.numel());
+  GOSSAMER_CHECK(layer_offsets_.back() == outer_.numel(), "CO2: the layer sizes do not add up to the parameters");
+}
+
+void CO2::apply(const at::Tensor& average, std::int64_t round) {
+  at::Tensor g = previous_outer_ - average;  // x_{t-1,0} - xbar_{t-1}
+  const std::vector<double> lambda = penalty_->lambda(StalenessInputs{round, outer_, previous_outer_, g, layer_offsets_});
+  const std::size_t layers = layer_offsets_.size() - 1;
+  GOSSAMER_CHECK(lambda.size() == 1 || lambda.size() == layers, "CO2: a staleness penalty gives one factor or one per layer");
+  for (const double l : lambda) GOSSAMER_CHECK(std::isfinite(l) && l > 0, "CO2: a staleness penalty must be finite and > 0");
+  if (lambda.size() == 1) {
+    g.div_(lambda[0]);
+  } else {
+    for (std::size_t l = 0; l < layers; ++l) g.slice(0, layer_offsets_[l], layer_offsets_[l + 1]).div_(lambda[l]);
+  }
+  momentum_.mul_(options_.outer_momentum).add_(g);
+  if (options_.clip) momentum_.clamp_(-options_.clip_threshold, options_.clip_threshold);
+  outer_ = outer_ - options_.outer_lr * momentum_;
 }
 
 Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
@@ -47,12 +71,7 @@ Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
   // Launch this round's average; it completes while the next round trains.
   auto launched = comm_->allreduce_mean(flatten(params_, options_.state_device), options_.codec, round_tag(kCO2Tag, round), Deadline::after(comm_->clock(), options_.average_timeout));
   const at::Tensor current_outer = outer_;
-  if (pending_) {
-    const at::Tensor g = previous_outer_ - pending_->tensor();  // x_{t-1,0} - xbar_{t-1}
-    momentum_.mul_(options_.outer_momentum).add_(g / penalty_->lambda(round));
-    if (options_.clip) momentum_.clamp_(-options_.clip_threshold, options_.clip_threshold);
-    outer_ = outer_ - options_.outer_lr * momentum_;
-  }
+  if (pending_) apply(pending_->tensor(), round);
   previous_outer_ = current_outer;  // x_{t,0}: the start of the round whose average was just launched
   pending_ = std::move(launched);
   pending_round_ = round;
@@ -83,6 +102,24 @@ Status CO2::regroup(Group group) {
 Status CO2::settle(Deadline deadline) {
   if (!pending_) return Status();
   return pending_->wait(deadline).with_context("CO2's average of round " + std::to_string(pending_round_));
+}
+
+Status CO2::finish(Deadline deadline) {
+  if (!pending_) return Status();
+  if (Status st = pending_->wait(deadline); !st.ok()) {
+    if (pending_->done()) stats_ += pending_->stats();
+    lost(pending_round_);
+    pending_.reset();
+    return st.with_context("CO2's last average (round " + std::to_string(pending_round_) + ")");
+  }
+  stats_ += pending_->stats();
+  const at::Tensor current_outer = outer_;
+  apply(pending_->tensor(), pending_round_ + 1);
+  previous_outer_ = current_outer;
+  last_lost_ = std::max(last_lost_, pending_round_);  // accounted for: a later round does not count it lost
+  pending_.reset();
+  write_flat(params_, outer_);
+  return Status();
 }
 
 Bytes CO2::save() const {

@@ -28,18 +28,29 @@
 
 namespace gossamer::optim {
 
-// The staleness penalty Lambda. The reference code's constant is the default; the paper's adaptive
-// form can be plugged in.
+// What a staleness penalty sees at round t: the flat outer points and the stale pseudo-gradient, and
+// where each layer (parameter block) lies in them.
+struct StalenessInputs {
+  std::int64_t round = 0;                         // t
+  const at::Tensor& outer;                        // x_{t,0}
+  const at::Tensor& previous_outer;               // x_{t-1,0}
+  const at::Tensor& pseudo_gradient;              // g_t = x_{t-1,0} - xbar_{t-1}
+  const std::vector<std::int64_t>& layer_offsets;  // layer l is [offsets[l], offsets[l+1]); the last is the length
+};
+
+// The staleness penalty Lambda_t the pseudo-gradient is divided by: one factor for the whole model,
+// or one per layer (layer_offsets.size() - 1 of them); each finite and > 0. The reference code's
+// constant is the default.
 class StalenessPenalty {
  public:
   virtual ~StalenessPenalty() = default;
-  virtual double lambda(std::int64_t round) const = 0;
+  virtual std::vector<double> lambda(const StalenessInputs& in) const = 0;
 };
 
 class ConstantPenalty final : public StalenessPenalty {
  public:
   explicit ConstantPenalty(double lambda) : lambda_(lambda) {}
-  double lambda(std::int64_t) const override { return lambda_; }
+  std::vector<double> lambda(const StalenessInputs&) const override { return {lambda_}; }
 
  private:
   double lambda_;
@@ -59,7 +70,10 @@ struct CO2Options {
 
 class CO2 {
  public:
-  CO2(std::vector<at::Tensor> params, AsyncCollectives& comm, CO2Options options, std::shared_ptr<const StalenessPenalty> penalty = nullptr);
+  // layer_sizes: how many values each layer (parameter block) holds, in the parameters' order; empty:
+  // the whole model is one layer.
+  CO2(std::vector<at::Tensor> params, AsyncCollectives& comm, CO2Options options, std::shared_ptr<const StalenessPenalty> penalty = nullptr,
+      const std::vector<std::int64_t>& layer_sizes = {});
 
   [[nodiscard]] Result<bool> step(std::int64_t inner_steps_done, Deadline deadline);
 
@@ -77,6 +91,11 @@ class CO2 {
   CommStats comm() const { return stats_; }
   // Waits for the average in flight, so that save() holds it.
   [[nodiscard]] Status settle(Deadline deadline);
+  // At the end of training: waits for the last round's average and applies it as the next round
+  // would (x_{T+1,0} <- x_{T,0} - alpha m_{T+1}) and writes the outer point into the parameters, so
+  // the final evaluation, checkpoint and export hold every average. Local steps taken since the last
+  // round are replaced by that point. A failed average is counted lost and its Status returned.
+  [[nodiscard]] Status finish(Deadline deadline);
 
   // The outer point, the previous one, the momentum and, when it is in, the average launched last
   // round (so a peer loading it applies that average next round, as the others do). An average still
@@ -89,13 +108,17 @@ class CO2 {
   AsyncCollectives* comm_;
   CO2Options options_;
   std::shared_ptr<const StalenessPenalty> penalty_;
+  std::vector<std::int64_t> layer_offsets_;
   at::Tensor outer_, previous_outer_, momentum_;
   void lost(std::int64_t round);  // counts the average of `round` as lost, once
   bool average_in() const;        // the pending average finished, and well
+  // The outer step with the average launched in round - 1: m <- beta m + g / Lambda, clipped;
+  // outer <- outer - alpha m.
+  void apply(const at::Tensor& average, std::int64_t round);
 
   std::shared_ptr<Work> pending_;
   std::int64_t pending_round_ = 0;  // the round whose average pending_ is
-  std::int64_t last_lost_ = 0;      // the last round whose average was counted lost
+  std::int64_t last_lost_ = 0;      // the last round whose average is accounted for: counted lost, or applied by finish()
   std::int64_t rounds_ = 0, skipped_rounds_ = 0;
   CommStats stats_;
 };

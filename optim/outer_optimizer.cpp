@@ -19,6 +19,16 @@ std::vector<at::Tensor> all_tensors(const std::vector<ParamBlock>& blocks) {
   return out;
 }
 
+std::vector<std::int64_t> block_sizes(const std::vector<ParamBlock>& blocks) {
+  std::vector<std::int64_t> out;
+  for (const auto& b : blocks) {
+    std::int64_t n = 0;
+    for (const auto& t : b.tensors) n += t.numel();
+    out.push_back(n);
+  }
+  return out;
+}
+
 // No communication at all: independent workers.
 class Local final : public OuterOptimizer {
  public:
@@ -55,6 +65,13 @@ class Adapter final : public OuterOptimizer {
   CommStats comm() const override { return impl_.comm(); }
   Bytes save() const override { return impl_.save(); }
   Status load(ByteView state) override { return impl_.load(state); }
+  Status finish(Deadline d) override {
+    if constexpr (requires { impl_.finish(d); }) {
+      return impl_.finish(d);
+    } else {
+      return Status();
+    }
+  }
   Status settle(Deadline d) override {
     if constexpr (requires { impl_.settle(d); }) {
       return impl_.settle(d);
@@ -119,7 +136,7 @@ Result<OuterSetup> make_outer_optimizer(const OuterConfig& c, const std::vector<
       break;
     case Method::kCO2:
       setup.comm = std::make_unique<AsyncCollectives>(std::move(group));
-      setup.outer = std::make_unique<Adapter<CO2>>("co2", all_tensors(blocks), *setup.comm, c.co2);
+      setup.outer = std::make_unique<Adapter<CO2>>("co2", all_tensors(blocks), *setup.comm, c.co2, c.co2_penalty, block_sizes(blocks));
       break;
     case Method::kStreamingDiLoCo:
       setup.comm = std::make_unique<AsyncCollectives>(std::move(group));

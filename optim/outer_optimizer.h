@@ -48,6 +48,10 @@ class OuterOptimizer {
   // Waits for communication in flight whose outcome is part of the state (CO2's average), so that
   // save() then captures it whole; other methods have none.
   [[nodiscard]] virtual Status settle(Deadline) { return Status(); }
+  // Called once after the last inner step, before the final evaluation and checkpoint: applies what
+  // is still in flight (CO2's last average; co2.h). No communication of its own, so members need not
+  // call it together. A failure is counted as a skipped round and returned.
+  [[nodiscard]] virtual Status finish(Deadline) { return Status(); }
   // Runs `evaluate` with the weights this method evaluates and exports in the model's parameters:
   // DiLoCo's outer weights, Streaming DiLoCo's (each fragment as last synchronized; ALGORITHMS.md
   // 2.3); the live model for the other methods. The model's own weights are back in place after.
@@ -69,6 +73,7 @@ struct OuterConfig {
   FragmentOptions fragments;
   NoLoCoOptions noloco;
   CO2Options co2;
+  std::shared_ptr<const StalenessPenalty> co2_penalty;  // null: ConstantPenalty(co2.gap_penalty)
   quant::EncodeOptions ddp_codec;
   // ddp's engine: "links" (allreduce_mean over the group's Links, any codec) or "gloo" (c10d
   // ProcessGroupGloo, fp32, rendezvous per `gloo`; the group's links are not used).

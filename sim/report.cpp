@@ -209,6 +209,27 @@ double default_target_loss(const std::vector<MethodRun>& runs) {
   return std::isfinite(best) ? best * 1.10 : 0.0;
 }
 
+namespace {
+
+// One sentence per method on what shapes its curve, for the report's readers (docs/methods.md).
+std::string method_note(const std::string& name) {
+  if (name == "ddp") return "averages gradients every step: the loss to beat, at the most bytes.";
+  if (name == "diloco") return "averages the pseudo-gradient once per round and applies it at once with Nesterov momentum.";
+  if (name == "streaming_diloco") {
+    return "synchronizes one fragment at a time in quantized form; it is evaluated on its outer weights, which lag the workers' by up to a round.";
+  }
+  if (name == "noloco") return "averages with one random partner per round instead of all workers, so its replicas differ and its curve is one worker's.";
+  if (name == "co2") {
+    return "applies each round's average one round late (the all-reduce overlaps the next round's compute), so its outer step must stay "
+           "small enough to be stable (outer_lr x c / penalty < 1 - momentum, c the share of the way one round covers): on a short run of "
+           "few rounds it trails DiLoCo, which applies each average at once; the last average is applied before the final evaluation.";
+  }
+  if (name == "local") return "never synchronizes: each worker trains alone (a floor for the others).";
+  return "";
+}
+
+}  // namespace
+
 std::string report_html(const std::vector<MethodRun>& runs, const nlohmann::json& summary, const ReportContext& ctx) {
   std::vector<Series> by_step, by_bytes, by_time;
   for (std::size_t i = 0; i < runs.size(); ++i) {
@@ -257,7 +278,12 @@ std::string report_html(const std::vector<MethodRun>& runs, const nlohmann::json
       << (m["time_to_target_s"].is_null() ? std::string("not reached") : human_seconds(m["time_to_target_s"].get<double>())) << "</td><td>"
       << m["rounds"].get<std::int64_t>() << "</td><td>" << m["skipped_rounds"].get<std::int64_t>() << "</td></tr>\n";
   }
-  o << "</table>\n<p class=\"note\">Per-method metrics: &lt;method&gt;/metrics.jsonl; all figures: summary.json.</p>\n</body></html>\n";
+  o << "</table>\n<ul class=\"note\">\n";
+  for (const auto& run : runs) {
+    const std::string note = method_note(run.name);
+    if (!note.empty()) o << "<li><b>" << escape(run.name) << "</b> " << escape(note) << "</li>\n";
+  }
+  o << "</ul>\n<p class=\"note\">Per-method metrics: &lt;method&gt;/metrics.jsonl; all figures: summary.json.</p>\n</body></html>\n";
   return o.str();
 }
 

@@ -65,10 +65,6 @@ std::vector<std::string> config_warnings(const RunConfig& c) {
                   "): the whole model is one fragment, synchronized every streaming_diloco.inner_steps steps as DiLoCo would; set it to at most " +
                   std::to_string(c.model.layers) + " for fragments that take turns");
   }
-  if (method == optim::Method::kCO2 && 2 * c.co2.inner_steps > c.train.steps) {
-    out.push_back("co2 applies each average one round late, and this run has a single round (co2.inner_steps = " + std::to_string(c.co2.inner_steps) +
-                  ", train.steps = " + std::to_string(c.train.steps) + "): no average is applied before the end");
-  }
   return out;
 }
 
@@ -192,6 +188,7 @@ class WorkerLoop {
       }
       const auto synced = outer_round(r.step);
       if (!synced) continue;  // left behind, as above
+      if (r.step == o_.steps) finish();
       record(r, *synced);
     }
     take_counters();
@@ -296,6 +293,16 @@ class WorkerLoop {
       outer_.skip_round();
     }
     return synced;
+  }
+
+  // After the last step: what the method still has in flight is applied before the final evaluation
+  // (and the caller's checkpoint).
+  void finish() {
+    const Nanos t0 = clock_.now();
+    if (Status st = outer_.finish(Deadline::after(clock_, o_.round_timeout)); !st.ok()) {
+      spdlog::warn("{}: the last round's average was not applied: {}", outer_.name(), st.to_string());
+    }
+    blocked_since(t0);
   }
 
   // Evaluation when due, and the step's record after a round, an evaluation or the last step.

@@ -90,6 +90,8 @@ TEST_CASE("summary.json holds every field, consistent with the metrics, report.h
   CHECK(html->find("Validation loss vs bytes sent per worker") != std::string::npos);
   CHECK(html->find("entropy floor 0.600") != std::string::npos);
   CHECK(html->find("<td>diloco</td>") != std::string::npos);
+  CHECK(html->find("<li><b>diloco</b> averages the pseudo-gradient") != std::string::npos);  // a note on each method run
+  CHECK(html->find("<li><b>co2</b>") == std::string::npos);                                  // and none on those not run
   CHECK(html->find("<script") == std::string::npos);
   CHECK(html->find("src=\"http") == std::string::npos);  // nothing fetched from elsewhere
   std::filesystem::remove_all(out);
