@@ -69,7 +69,8 @@ Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
     lost(round - 1);  // not launched (its round failed), or dropped
   }
   // Launch this round's average; it completes while the next round trains.
-  auto launched = comm_->allreduce_mean(flatten(params_, options_.state_device), options_.codec, round_tag(kCO2Tag, round), Deadline::after(comm_->clock(), options_.average_timeout));
+  auto launched = comm_->allreduce_mean(flatten(params_, options_.state_device), options_.codec, round_tag(kCO2Tag, round), Deadline::after(comm_->clock(), options_.average_timeout),
+                                         options_.aggregation);
   const at::Tensor current_outer = outer_;
   if (pending_) apply(pending_->tensor(), round);
   previous_outer_ = current_outer;  // x_{t,0}: the start of the round whose average was just launched

@@ -65,6 +65,7 @@ struct CO2Options {
   double clip_threshold = 1.0;    // phi
   quant::EncodeOptions codec;
   at::Device state_device = at::kCPU;  // where the outer state lives (the parameters may be elsewhere)
+  Aggregation aggregation;  // how each chunk's owner combines the contributions (collectives.h)
   Nanos average_timeout = std::chrono::minutes(10);  // bound of each background all-reduce
 };
 

@@ -4,11 +4,16 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <memory>
+#include <cmath>
 #include <span>
+
+#include <spdlog/spdlog.h>
 
 #include "core/check.h"
 #include "quant/codec.h"
+#include "quant/kernels.h"
 #include "transport/protocol.h"
 
 namespace gossamer::optim {
@@ -17,6 +22,7 @@ CommStats& CommStats::operator+=(const CommStats& o) {
   bytes_sent += o.bytes_sent;
   bytes_received += o.bytes_received;
   seconds += o.seconds;
+  left_out += o.left_out;
   return *this;
 }
 
@@ -68,10 +74,98 @@ Status recv_into(transport::Link& link, transport::Tag tag, at::Tensor dst, Dead
   return st;
 }
 
+// Errors of the bytes themselves (a contribution to leave out under a robust rule), as against a
+// link's (lost peer, deadline), which fail the collective whatever the rule.
+bool bad_payload(const Status& st) {
+  switch (st.code()) {
+    case ErrorCode::kMalformed:
+    case ErrorCode::kVersionMismatch:
+    case ErrorCode::kOutOfRange:
+    case ErrorCode::kDataLoss:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool finite(std::span<const float> v) { return quant::kernels::check_finite_fp32(reinterpret_cast<const std::uint8_t*>(v.data()), v.size()); }
+
+float median_of(std::vector<float>& v) {  // v is reordered
+  const std::size_t h = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(h), v.end());
+  const float hi = v[h];
+  if (v.size() % 2 == 1) return hi;
+  const float lo = *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(h));
+  return lo + (hi - lo) / 2;
+}
+
+// One segment's robust combination on its owner (Aggregation's kFiltered and kTrimmedMean). `terms`:
+// every rank's contribution (a payload, or the owner's own values), `usable[j]` false where it did
+// not arrive in a usable form. Writes the result into `out` and marks what it left out in `usable`
+// (false). `rows` is scratch space.
+Status robust_segment(const Aggregation& agg, std::vector<quant::MeanTerm>& terms, std::vector<char>& usable, std::span<float> out,
+                      std::vector<float>& rows) {
+  const std::size_t m = terms.size(), n = out.size();
+  rows.resize(m * n);
+  auto row = [&](std::size_t j) { return std::span<float>(rows.data() + j * n, n); };
+  std::vector<std::size_t> in;
+  for (std::size_t j = 0; j < m; ++j) {
+    if (!usable[j]) continue;
+    if (!terms[j].payload.empty()) {
+      usable[j] = quant::decode_into(terms[j].payload, row(j)).ok();  // NaN and Inf are refused by the decoder
+    } else {
+      usable[j] = finite(terms[j].values);
+      if (usable[j]) std::copy(terms[j].values.begin(), terms[j].values.end(), row(j).begin());
+    }
+    if (usable[j]) in.push_back(j);
+  }
+  if (in.empty()) return error(ErrorCode::kAborted, "no contribution could be averaged (every one was malformed or non-finite)");
+  std::vector<float> column(in.size());
+  if (agg.rule == Aggregation::Rule::kTrimmedMean) {
+    const std::size_t v = in.size(), b = std::min<std::size_t>(static_cast<std::size_t>(std::max(0, agg.trim)), (v - 1) / 2);
+    for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t k = 0; k < v; ++k) column[k] = rows[in[k] * n + i];
+      std::sort(column.begin(), column.end());
+      double sum = 0;
+      for (std::size_t k = b; k < v - b; ++k) sum += column[k];
+      out[i] = static_cast<float>(sum / static_cast<double>(v - 2 * b));
+    }
+    return Status();
+  }
+  if (in.size() >= 3) {  // with two, neither is the odd one out
+    std::vector<double> distance(m, 0.0);
+    for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t k = 0; k < in.size(); ++k) column[k] = rows[in[k] * n + i];
+      const float med = median_of(column);
+      for (const std::size_t j : in) {
+        const double d = static_cast<double>(rows[j * n + i]) - med;
+        distance[j] += d * d;
+      }
+    }
+    std::vector<float> ds;
+    for (const std::size_t j : in) ds.push_back(static_cast<float>(std::sqrt(distance[j])));
+    const double typical = median_of(ds);
+    std::vector<std::size_t> kept;
+    for (const std::size_t j : in) {
+      const double d = std::sqrt(distance[j]);
+      if (d > 0 && d > agg.outlier_factor * typical) {
+        usable[j] = 0;
+      } else {
+        kept.push_back(j);
+      }
+    }
+    in = std::move(kept);
+  }
+  std::vector<quant::MeanTerm> kept_terms;
+  for (const std::size_t j : in) kept_terms.push_back(terms[j]);
+  std::ptrdiff_t failed = -1;
+  return quant::mean_into(kept_terms, static_cast<float>(in.size()), out, failed);
+}
+
 }  // namespace
 
 Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
-                      CommStats* stats_out, std::int64_t segment_values) {
+                      CommStats* stats_out, std::int64_t segment_values, const Aggregation& agg) {
   GOSSAMER_CHECK(g.size >= 1 && g.rank >= 0 && g.rank < g.size, "allreduce_mean: rank outside the group");
   GOSSAMER_CHECK(static_cast<int>(g.peers.size()) == g.size, "allreduce_mean: the group needs one link slot per rank");
   GOSSAMER_CHECK(tensor.is_floating_point(), "allreduce_mean: floating-point tensors only");
@@ -82,6 +176,9 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   if (g.size == 1) return Status();
   const at::Tensor flat = tensor.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1});
   const std::int64_t n = flat.numel();
+  const bool robust = agg.rule != Aggregation::Rule::kMean;
+  // A simulated poisoned worker sends scaled values (its own chunk's contribution too).
+  const at::Tensor sent_values = g.poison && g.poison->scale != 1.0 ? flat * g.poison->scale : flat;
   const int r = g.rank, m = g.size;
   // Chunk j (owned by rank j) is cut into `segs` near-equal segments; every rank computes the same cuts.
   const std::int64_t largest = chunk_begin(n, m, m) - chunk_begin(n, m, m - 1);
@@ -95,7 +192,7 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
     const std::int64_t b = seg_begin(j, s);
     return std::span<float>(base + b, static_cast<std::size_t>(seg_begin(j, s + 1) - b));
   };
-  float* const flat_data = flat.data_ptr<float>();
+  float* const sent_data = sent_values.data_ptr<float>();
   auto link = [&](int j) -> transport::Link& { return *g.peers[static_cast<std::size_t>(j)]; };
   auto rank_context = [&](Status st, const char* what, int j) {
     return st.with_context("allreduce: rank " + std::to_string(r) + " " + what + " rank " + std::to_string(j));
@@ -115,6 +212,11 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   // The contributions to one segment of ours, by rank, and the terms of their mean.
   std::vector<Bytes> contributions(static_cast<std::size_t>(m));
   std::vector<quant::MeanTerm> terms(static_cast<std::size_t>(m));
+  // Robust rules: which contributions to the segment at hand are in, which ranks were left out of
+  // any segment of ours, and scratch space for the decoded contributions.
+  std::vector<char> usable(static_cast<std::size_t>(m), 1), left(static_cast<std::size_t>(m), 0);
+  std::vector<float> rows;
+  bool abstained = false;
   // parts[j][s]: the mean of segment s of chunk j as encoded by its owner (ours only when not exact).
   std::vector<std::vector<Bytes>> parts(static_cast<std::size_t>(m), std::vector<Bytes>(static_cast<std::size_t>(segs)));
   // Segment by segment, so the sums and the means of early segments overlap later ones in flight, and
@@ -130,28 +232,60 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
     for (; sent < std::min(segs, s + 1 + kLookahead); ++sent) {
       for (int k = 1; k < m; ++k) {
         const int j = to(k);
-        if (Status st = send_counted(link(j), tag, quant::encode_view(segment(flat_data, j, sent), codec), deadline, stats); !st.ok()) {
-          return rank_context(st, "sending to", j);
+        const std::span<float> values = segment(sent_data, j, sent);
+        Status st;
+        if (robust && !finite(values)) {  // abstains: an empty contribution, left out by the owner
+          if (!abstained) spdlog::warn("allreduce: this rank's contribution holds NaN or Inf: it abstains, and takes the others' result");
+          abstained = true;
+          st = send_counted(link(j), tag, quant::encode(torch::empty({0}), codec), deadline, stats);
+        } else if (g.poison && g.poison->nan && !values.empty()) {
+          GOSSAMER_CHECK(codec.codec == quant::CodecId::kFp32 && !codec.zstd, "allreduce_mean: NaN poisoning needs the plain fp32 codec");
+          const quant::EncodedView view = quant::encode_view(values, codec);
+          Bytes poisoned = view.head;
+          poisoned.insert(poisoned.end(), view.body.begin(), view.body.end());
+          const float nan = std::nanf("");
+          std::memcpy(poisoned.data() + view.head.size(), &nan, sizeof nan);  // the first value, in an fp32 body
+          st = send_counted(link(j), tag, poisoned, deadline, stats);
+        } else {
+          st = send_counted(link(j), tag, quant::encode_view(values, codec), deadline, stats);
         }
+        if (!st.ok()) return rank_context(st, "sending to", j);
       }
     }
     // 2. The owner sums every contribution in fp32 in rank order (the same order every run), each
     // straight from its payload (ours from `flat` when exact), and divides: one pass over them.
     const std::span<float> acc_seg(acc.get() + (seg_begin(r, s) - mine_begin), static_cast<std::size_t>(seg_begin(r, s + 1) - seg_begin(r, s)));
-    const std::span<const float> own = segment(flat_data, r, s);
+    const std::span<const float> own = segment(sent_data, r, s);
+    std::fill(usable.begin(), usable.end(), 1);
     for (int k = 1; k < m; ++k) {
       const int j = from(k);
       auto got = recv_chunk(link(j), tag, static_cast<std::int64_t>(acc_seg.size()), deadline, stats);
+      if (!got.ok() && robust && bad_payload(got.status())) {
+        usable[static_cast<std::size_t>(j)] = 0;
+        contributions[static_cast<std::size_t>(j)].clear();
+        continue;
+      }
       if (!got.ok()) return rank_context(got.status(), "receiving from", j);
       contributions[static_cast<std::size_t>(j)] = std::move(*got);
     }
-    if (!exact) contributions[static_cast<std::size_t>(r)] = quant::encode_view(own, codec).head;  // ours passes the codec too
+    // A NaN-poisoned rank's own contribution counts as non-finite too (its sends carry the NaN).
+    const bool own_finite = !robust || (finite(own) && !(g.poison && g.poison->nan));
+    if (!exact && own_finite) {
+      const quant::EncodedView mine = quant::encode_view(own, codec);  // ours passes the codec too
+      contributions[static_cast<std::size_t>(r)] = mine.head;
+      contributions[static_cast<std::size_t>(r)].insert(contributions[static_cast<std::size_t>(r)].end(), mine.body.begin(), mine.body.end());
+    }
     for (int j = 0; j < m; ++j) {
       terms[static_cast<std::size_t>(j)] = j == r && exact ? quant::MeanTerm{{}, own} : quant::MeanTerm{contributions[static_cast<std::size_t>(j)], {}};
     }
+    if (!own_finite) usable[static_cast<std::size_t>(r)] = 0;
     std::ptrdiff_t failed = -1;
-    const Status summed = quant::mean_into(terms, static_cast<float>(m), acc_seg, failed);
+    const Status summed = robust ? robust_segment(agg, terms, usable, acc_seg, rows) : quant::mean_into(terms, static_cast<float>(m), acc_seg, failed);
+    for (int j = 0; j < m; ++j) {
+      if (!usable[static_cast<std::size_t>(j)]) left[static_cast<std::size_t>(j)] = 1;
+    }
     for (int k = 1; k < m; ++k) link(from(k)).recycle(std::move(contributions[static_cast<std::size_t>(from(k))]));
+    if (!summed.ok() && robust) return rank_context(summed, "averaging the chunk of", r);
     if (!summed.ok()) {
       const int j = static_cast<int>(failed);
       GOSSAMER_CHECK(!(exact && j == r), "allreduce_mean: the tensor holds NaN or Inf");
@@ -197,6 +331,15 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
     }
   }
   if (!direct) tensor.copy_(out.view(tensor.sizes()));
+  std::string who;
+  for (int j = 0; j < m; ++j) {
+    if (!left[static_cast<std::size_t>(j)]) continue;
+    ++stats.left_out;
+    who += (who.empty() ? "" : ", ") + std::to_string(j);
+  }
+  if (!who.empty()) {
+    spdlog::warn("allreduce (tag {:#x}): rank {} left out the contribution of rank(s) {} to its chunk (malformed, non-finite or an outlier)", tag, r, who);
+  }
   stats.seconds = watch.elapsed_seconds();
   if (stats_out != nullptr) *stats_out += stats;
   return Status();

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -35,19 +36,50 @@
 
 namespace gossamer::optim {
 
+// What a simulated poisoned worker does to its own contributions before they leave (sim.poison):
+// multiplies them by `scale` (-1 flips their sign), and with `nan` sends NaN in place of the first
+// value of each (fp32 codec; the encoder refuses NaN, so it is written into the encoded bytes; its
+// own chunk's owner, itself, treats its own contribution as non-finite).
+struct Poison {
+  double scale = 1.0;
+  bool nan = false;
+};
+
 // This rank's view of a group: a link to every other member, indexed by rank.
 struct Group {
   int rank = 0;
   int size = 1;
   std::vector<std::shared_ptr<transport::Link>> peers;  // peers[rank] is unused
   Clock* clock = &real_clock();  // the time deadlines, timings and waits use (virtual in a simulation)
+  std::optional<Poison> poison;  // a simulated poisoned worker's (never set in real runs)
 };
 
-// Bytes and time one collective cost this rank (payloads plus frame headers).
+// How a chunk's owner combines the contributions (outer.aggregation).
+//   kMean: the mean of all; a contribution that does not decode (malformed, NaN, Inf) fails the
+//     collective, as a lost peer does.
+//   kFiltered: contributions that do not decode are left out, and so is each whose distance to the
+//     coordinate-wise median of the contributions exceeds `outlier_factor` times the median of those
+//     distances; the mean of the rest. With nobody left out it is bit for bit kMean's result.
+//   kTrimmedMean: contributions that do not decode are left out; of the rest, per coordinate, the
+//     `trim` largest and `trim` smallest values are dropped (fewer when too few remain) and the others
+//     averaged.
+// The owner decides per segment (kAllreduceSegmentValues values) and sends the result; every rank
+// decodes the same bytes, so ranks stay bit-identical. A rank whose own contribution is non-finite
+// abstains (sends an empty contribution) under kFiltered and kTrimmedMean, and fails under kMean.
+struct Aggregation {
+  enum class Rule { kMean, kFiltered, kTrimmedMean };
+  Rule rule = Rule::kMean;
+  double outlier_factor = 3.0;
+  int trim = 1;
+};
+
+// Bytes and time one collective cost this rank (payloads plus frame headers), and the contributions
+// it left out as a chunk's owner (a sender's chunk counts once however many of its segments went).
 struct CommStats {
   std::uint64_t bytes_sent = 0;
   std::uint64_t bytes_received = 0;
   double seconds = 0.0;
+  std::uint64_t left_out = 0;
   CommStats& operator+=(const CommStats& o);
 };
 
@@ -65,7 +97,7 @@ inline constexpr std::int64_t kAllreduceSegmentValues = std::int64_t{1} << 18;
 
 [[nodiscard]] Status allreduce_mean(const Group& group, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag,
                                     Deadline deadline, CommStats* stats = nullptr,
-                                    std::int64_t segment_values = kAllreduceSegmentValues);
+                                    std::int64_t segment_values = kAllreduceSegmentValues, const Aggregation& aggregation = {});
 
 // Sends `mine` to the peer and returns the peer's tensor (same shape), both encoded with the codec
 // (NoLoCo's pairwise averaging). Both sides call it with the same tag.

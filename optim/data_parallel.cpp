@@ -14,7 +14,8 @@ constexpr transport::Tag kDdpTag = transport::tags::kDdp;  // + step (round_tag)
 
 class LinksDataParallel final : public DataParallel {
  public:
-  LinksDataParallel(Group group, quant::EncodeOptions codec) : group_(std::move(group)), codec_(codec) {}
+  LinksDataParallel(Group group, quant::EncodeOptions codec, Aggregation aggregation)
+      : group_(std::move(group)), codec_(codec), aggregation_(aggregation) {}
   Status regroup(Group group) override {
     group_ = std::move(group);
     return Status();
@@ -22,12 +23,13 @@ class LinksDataParallel final : public DataParallel {
 
  protected:
   Status average(at::Tensor& flat, std::int64_t step, Deadline deadline, CommStats& stats) override {
-    return allreduce_mean(group_, flat, codec_, round_tag(kDdpTag, step), deadline, &stats);
+    return allreduce_mean(group_, flat, codec_, round_tag(kDdpTag, step), deadline, &stats, kAllreduceSegmentValues, aggregation_);
   }
 
  private:
   Group group_;
   quant::EncodeOptions codec_;
+  Aggregation aggregation_;
 };
 
 }  // namespace
@@ -56,8 +58,8 @@ Status DataParallel::sync_gradients(const std::vector<at::Tensor>& params, std::
   return Status();
 }
 
-std::unique_ptr<DataParallel> make_links_data_parallel(Group group, quant::EncodeOptions codec) {
-  return std::make_unique<LinksDataParallel>(std::move(group), codec);
+std::unique_ptr<DataParallel> make_links_data_parallel(Group group, quant::EncodeOptions codec, Aggregation aggregation) {
+  return std::make_unique<LinksDataParallel>(std::move(group), codec, aggregation);
 }
 
 }  // namespace gossamer::optim

@@ -34,6 +34,6 @@ class DataParallel : public OuterOptimizer, public GradientSync {
 };
 
 // ddp over the group's Links with our all-reduce (any codec).
-std::unique_ptr<DataParallel> make_links_data_parallel(Group group, quant::EncodeOptions codec);
+std::unique_ptr<DataParallel> make_links_data_parallel(Group group, quant::EncodeOptions codec, Aggregation aggregation = {});
 
 }  // namespace gossamer::optim

@@ -25,7 +25,8 @@ Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   if (inner_steps_done <= 0 || inner_steps_done % options_.inner_steps != 0) return false;
   at::Tensor delta = state_.outer - flatten(params_, options_.state_device);  // pseudo-gradient: outer - local
   CommStats stats;
-  const Status st = allreduce_mean(group_, delta, options_.codec, round_tag(kDiLoCoTag, inner_steps_done / options_.inner_steps), deadline, &stats);
+  const Status st = allreduce_mean(group_, delta, options_.codec, round_tag(kDiLoCoTag, inner_steps_done / options_.inner_steps), deadline, &stats,
+                                   kAllreduceSegmentValues, options_.aggregation);
   comm_ += stats;  // a failed round's bytes were sent all the same
   if (!st.ok()) return st.with_context("DiLoCo round " + std::to_string(state_.rounds + 1));
   const double mu = options_.outer_momentum, lr = options_.outer_lr;

@@ -33,6 +33,7 @@ struct DiLoCoOptions {
   bool nesterov = true;
   quant::EncodeOptions codec;      // of the pseudo-gradient on the wire (fp32 by default)
   at::Device state_device = at::kCPU;  // where the outer state lives (the parameters may be elsewhere)
+  Aggregation aggregation;  // how each chunk's owner combines the contributions (collectives.h)
 };
 
 class DiLoCo {

@@ -123,7 +123,7 @@ Result<OuterSetup> make_outer_optimizer(const OuterConfig& c, const std::vector<
         setup.outer = std::move(gloo->outer);
       } else {
         if (c.ddp_engine != "links") return error(ErrorCode::kInvalidArgument, "unknown ddp engine '" + c.ddp_engine + "': use links or gloo");
-        auto ddp = make_links_data_parallel(std::move(group), c.ddp_codec);
+        auto ddp = make_links_data_parallel(std::move(group), c.ddp_codec, c.ddp_aggregation);
         setup.gradient_sync = ddp.get();
         setup.outer = std::move(ddp);
       }

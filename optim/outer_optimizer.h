@@ -75,6 +75,7 @@ struct OuterConfig {
   CO2Options co2;
   std::shared_ptr<const StalenessPenalty> co2_penalty;  // null: ConstantPenalty(co2.gap_penalty)
   quant::EncodeOptions ddp_codec;
+  Aggregation ddp_aggregation;  // links engine only
   // ddp's engine: "links" (allreduce_mean over the group's Links, any codec) or "gloo" (c10d
   // ProcessGroupGloo, fp32, rendezvous per `gloo`; the group's links are not used).
   std::string ddp_engine = "links";

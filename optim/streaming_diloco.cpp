@@ -37,7 +37,8 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
     if ((s - (t_f - tau)) % h == 0 && s >= t_f - tau && !st.pending) {
       const std::int64_t window = (s + tau) / h;
       st.pending = comm_thread_->allreduce_mean(st.outer - flatten(fragments_[static_cast<std::size_t>(f)].tensors, options_.state_device), options_.codec,
-                                                round_tag(kStreamingTagBase | (static_cast<transport::Tag>(f & 0xFF) << 16), window), deadline);
+                                                round_tag(kStreamingTagBase | (static_cast<transport::Tag>(f & 0xFF) << 16), window), deadline,
+                                                options_.aggregation);
       st.pending_window = window;
     }
     // COMPLETE at t_f.

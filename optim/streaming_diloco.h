@@ -35,6 +35,7 @@ struct StreamingDiLoCoOptions {
   double outer_momentum = 0.9;
   quant::EncodeOptions codec;      // fp4 E3M0 in the paper
   at::Device state_device = at::kCPU;  // where the outer state lives (the parameters may be elsewhere)
+  Aggregation aggregation;  // how each chunk's owner combines the contributions (collectives.h)
 };
 
 class StreamingDiLoCo {

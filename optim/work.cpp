@@ -38,13 +38,13 @@ AsyncCollectives::~AsyncCollectives() {
 }
 
 std::shared_ptr<Work> AsyncCollectives::allreduce_mean(at::Tensor tensor, const quant::EncodeOptions& codec, transport::Tag tag,
-                                                       Deadline deadline) {
+                                                       Deadline deadline, const Aggregation& aggregation) {
   auto work = std::make_shared<Work>(*clock_);  // group_ belongs to the communication thread
   work->tensor_ = std::move(tensor);
   std::lock_guard<std::mutex> lock(mu_);
-  jobs_.push_back([this, work, codec, tag, deadline] {
+  jobs_.push_back([this, work, codec, tag, deadline, aggregation] {
     CommStats stats;
-    Status st = optim::allreduce_mean(group_, work->tensor_, codec, tag, deadline, &stats);
+    Status st = optim::allreduce_mean(group_, work->tensor_, codec, tag, deadline, &stats, kAllreduceSegmentValues, aggregation);
     std::lock_guard<std::mutex> wl(work->mu_);
     work->status_ = std::move(st);
     work->stats_ = stats;

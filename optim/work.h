@@ -57,7 +57,8 @@ class AsyncCollectives {
   // Later collectives run over `group` (members left or joined); those already submitted keep theirs.
   void set_group(Group group);
   // allreduce_mean (collectives.h) on the communication thread.
-  std::shared_ptr<Work> allreduce_mean(at::Tensor tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline);
+  std::shared_ptr<Work> allreduce_mean(at::Tensor tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
+                                       const Aggregation& aggregation = {});
 
  private:
   void loop();

@@ -150,6 +150,7 @@ void add_life(train::WorkerAccount& total, const train::WorkerAccount& life) {
   total.state_bytes_received += life.state_bytes_received;
   total.gossip_bytes_sent += life.gossip_bytes_sent;
   total.gossip_bytes_received += life.gossip_bytes_received;
+  total.left_out += life.left_out;
   total.compute_s += life.compute_s;
   total.blocked_s += life.blocked_s;
   total.eval_wall_s += life.eval_wall_s;
@@ -336,6 +337,12 @@ class PeerCluster {
     plan.first = starts_run;
     plan.wait_for = static_cast<std::uint32_t>(m_ - (joiner_ >= 0 ? 1 : 0));
     plan.dead_after = go.dead_after;
+    if (config_.sim.poison != "none" && r >= m_ - config_.sim.poison_workers) {
+      optim::Poison poison;
+      poison.scale = config_.sim.poison == "scale" ? config_.sim.poison_scale : config_.sim.poison == "sign" ? -1.0 : 1.0;
+      poison.nan = config_.sim.poison == "nan";
+      plan.poison = poison;
+    }
     if (life > 0 && saved_[static_cast<std::size_t>(r)]) {
       plan.resumed = saved_[static_cast<std::size_t>(r)];
       plan.resumed_from = "worker " + std::to_string(r) + "'s last checkpoint";

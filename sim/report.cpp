@@ -161,10 +161,12 @@ nlohmann::json method_summary(const MethodRun& run, double target_loss) {
   const auto curve = eval_curve(run);
   double sent = 0, received = 0, util = 0;
   std::int64_t tokens = 0, rounds = 0, skipped = 0;
+  std::uint64_t left_out = 0;
   int alive = 0;
   for (std::size_t i = 0; i < r.accounts.size(); ++i) {
     const auto& a = r.accounts[i];
     tokens += a.tokens;
+    left_out += a.left_out;
     if (r.crashed[i]) continue;
     ++alive;
     sent += static_cast<double>(a.bytes_sent);
@@ -183,6 +185,7 @@ nlohmann::json method_summary(const MethodRun& run, double target_loss) {
                       {"compute_utilization", alive > 0 ? util / alive : 0.0},
                       {"rounds", rounds},
                       {"skipped_rounds", skipped},
+                      {"left_out", left_out},  // contributions left out by robust aggregation, all owners
                       {"parameters", r.parameters},
                       {"evaluated_worker", evaluator},
                       {"wall_s", r.wall_s},

@@ -195,11 +195,13 @@ train::RunConfig compare_defaults() {
   c.streaming_diloco.outer_lr = 1.0;
   c.streaming_diloco.outer_momentum = 0.5;
   c.noloco.inner_steps = 25;
-  // CO2 applies each average one round late, so a round's local progress is re-applied from a stale
-  // point; with few long rounds that costs it much of its progress. fairseq-CO2 uses momentum 0 below
-  // 16 GPUs; outer lr 0.5 and short rounds were the best of the settings we measured here
-  // (docs/benchmarks.md).
-  c.co2.inner_steps = 25;
+  // CO2 applies each average one round late. Its settings follow two rules (docs/methods.md): the
+  // period is the shortest whose all-reduce still hides behind the round's compute (ALGORITHMS.md
+  // 4.5: 1 MB over these links takes about 0.25 s, under 5 steps of 0.1 s), and the outer step sits
+  // in the middle of the stable range: momentum 0 (fairseq-CO2's choice below 16 GPUs) and
+  // outer_lr / penalty = 0.5, where stability needs outer_lr x c / penalty < 1 and c, the share of
+  // the way one round covers, is near 1 for rounds of AdamW steps.
+  c.co2.inner_steps = 5;
   c.co2.outer_lr = 0.5;
   c.co2.outer_momentum = 0.0;
   return c;

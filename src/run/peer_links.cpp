@@ -82,6 +82,11 @@ void PeerLinks::shape(const transport::LinkProfile& profile) {
   shape_ = profile;
 }
 
+void PeerLinks::poison(const optim::Poison& poison) {
+  std::lock_guard lock(mu_);
+  poison_ = poison;
+}
+
 Result<std::shared_ptr<transport::Link>> PeerLinks::open(const MemberInfo& m, std::uint64_t epoch, Deadline deadline) {
   auto link = transport_.connect(reachable_ ? reachable_(m.id, m.address) : m.address, deadline);
   if (!link.ok()) return link.status().with_context("connecting to peer " + m.id.to_string() + " for epoch " + std::to_string(epoch));
@@ -205,6 +210,7 @@ Result<optim::Group> PeerLinks::group(const GroupView& view, Deadline deadline, 
   g.size = static_cast<int>(view.members.size());
   g.peers.resize(view.members.size());
   std::lock_guard lock(mu_);
+  g.poison = poison_;
   for (std::size_t j = 0; j < view.members.size(); ++j) {
     if (view.members[j].id == self) continue;
     auto it = links_.find({view.epoch, view.members[j].id});

@@ -60,6 +60,8 @@ class PeerLinks {
   // From now on, group() hands out links shaped like `profile` (what this peer sends; every peer
   // shapes its own side), so processes on one machine behave as if far apart (shaped_link.h).
   void shape(const transport::LinkProfile& profile);
+  // From now on, group() hands out groups whose all-reduces send poisoned contributions (simulation).
+  void poison(const optim::Poison& poison);
 
  private:
   class Dialing;  // the links this peer makes for a group, dialed side by side
@@ -87,6 +89,7 @@ class PeerLinks {
   std::map<std::pair<std::uint64_t, transport::PeerId>, std::shared_ptr<transport::Link>> links_;  // (epoch, peer)
   std::uint64_t closed_through_ = 0;  // links of epochs up to this are closed on arrival
   std::optional<transport::LinkProfile> shape_;
+  std::optional<optim::Poison> poison_;
   std::uint64_t shaped_ = 0;  // seeds the shapers' loss draws
   std::unique_ptr<ClockThread> acceptor_;
 };

@@ -133,6 +133,7 @@ Status Peer::link_up() {
   links_ = std::make_unique<PeerLinks>(
       *opened_.transport, [s = server_.get()](std::shared_ptr<transport::Link> l) { s->serve(std::move(l)); },
       [g = &gossip_](transport::PeerId id, const std::string& announced) { return reachable_address(*g, id, announced); }, clock_);
+  if (plan_.poison) links_->poison(*plan_.poison);
   if (plan_.shape) {
     links_->shape(*plan_.shape);
     spdlog::info("links shaped like '{}'", plan_.shape->name);

@@ -61,6 +61,7 @@ struct PeerPlan {
   Nanos dead_after = std::chrono::seconds(1);
   Nanos spec_timeout = std::chrono::seconds(60);
   std::optional<std::string> device;  // this machine's train.device, whatever the run's config says
+  std::optional<optim::Poison> poison;  // a simulated poisoned worker's (sim.poison); never in real runs
   Nanos start_timeout = std::chrono::minutes(10);
   const std::atomic<bool>* stop = nullptr;  // checked between steps and while waiting
 };

@@ -99,6 +99,9 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"train.round_timeout_s", "a synchronization round (all-reduce, pair exchange) gives up after this many seconds and is skipped", [](RunConfig& c) -> double& { return c.train.round_timeout_s; }, 0.0, 1e7, true},
       StringKey{"outer.method", "outer optimizer: how the workers synchronize", [](RunConfig& c) -> std::string& { return c.outer.method; }, optim::method_names()},
       IntKey{"outer.codec_block", "values per scale block of the scaled codecs (int8, fp8, int4, fp4)", [](RunConfig& c) -> std::int64_t& { return c.outer.codec_block; }, 1, 1 << 20},
+      StringKey{"outer.aggregation", "how the workers' contributions are combined: mean; filtered (non-finite ones and outliers left out); trimmed_mean (per coordinate, outer.trim values dropped at each end); all-reduce methods", [](RunConfig& c) -> std::string& { return c.outer.aggregation; }, {"mean", "filtered", "trimmed_mean"}},
+      FloatKey{"outer.outlier_factor", "filtered: a contribution farther from the coordinate-wise median than this many times the median distance is left out", [](RunConfig& c) -> double& { return c.outer.outlier_factor; }, 1.0, 1e6, false},
+      IntKey{"outer.trim", "trimmed_mean: values dropped at each end of every coordinate (fewer when too few workers remain)", [](RunConfig& c) -> std::int64_t& { return c.outer.trim; }, 0, 1 << 20},
       StringKey{"outer.state_device", "where the outer optimizer keeps its state: host (memory of the machine, sparing the GPU's) or device (train.device's memory)", [](RunConfig& c) -> std::string& { return c.outer.state_device; }, {"host", "device"}},
       StringKey{"ddp.codec", "codec of the gradients ddp all-reduces", [](RunConfig& c) -> std::string& { return c.ddp.codec; }, codec_names()},
       StringKey{"ddp.engine", "links: our all-reduce; gloo: c10d ProcessGroupGloo (real runs, fp32)", [](RunConfig& c) -> std::string& { return c.ddp.engine; }, {"links", "gloo"}},
@@ -149,6 +152,9 @@ const std::vector<KeySpec>& schema() {
       IntKey{"sim.join_at_step", "inner step from which sim.join_worker takes part (a round boundary joins cleanly)", [](RunConfig& c) -> std::int64_t& { return c.sim.join_at_step; }, 0, 1LL << 40},
       IntKey{"sim.straggler", "worker whose compute is sim.straggler_factor times slower; -1: none", [](RunConfig& c) -> std::int64_t& { return c.sim.straggler; }, -1, 4095},
       FloatKey{"sim.straggler_factor", "compute slowdown of the straggler", [](RunConfig& c) -> double& { return c.sim.straggler_factor; }, 1.0, 1e6, false},
+      StringKey{"sim.poison", "what the poisoned workers send in all-reduces: none; scale (contributions times sim.poison_scale); sign (times -1); nan (a NaN in each, fp32 codec)", [](RunConfig& c) -> std::string& { return c.sim.poison; }, {"none", "scale", "sign", "nan"}},
+      IntKey{"sim.poison_workers", "how many workers are poisoned (the last ones)", [](RunConfig& c) -> std::int64_t& { return c.sim.poison_workers; }, 1, 4095},
+      FloatKey{"sim.poison_scale", "sim.poison = scale: the factor", [](RunConfig& c) -> double& { return c.sim.poison_scale; }, -1e6, 1e6, false},
       FloatKey{"sim.churn_rate", "share of the workers that crash per 100 inner steps, at seeded steps, each restarting sim.churn_downtime_s later from its last checkpoint; 0: none", [](RunConfig& c) -> double& { return c.sim.churn_rate; }, 0.0, 1.0, false},
       FloatKey{"sim.churn_downtime_s", "virtual seconds a worker crashed by churn stays down before it restarts", [](RunConfig& c) -> double& { return c.sim.churn_downtime_s; }, 0.0, 1e9, false},
       IntKey{"sim.seed", "seed of the network's jitter and loss draws", [](RunConfig& c) -> std::int64_t& { return c.sim.seed; }, 0, std::numeric_limits<std::int64_t>::max()},
@@ -409,6 +415,27 @@ Status validate(const RunConfig& c) {
     if (c.sim.join_at_step < 2 || c.sim.join_at_step > c.train.steps) {
       return bad("sim.join_at_step (" + std::to_string(c.sim.join_at_step) + ") must lie in [2, train.steps = " + std::to_string(c.train.steps) +
                  "]: the newcomer takes the state after step sim.join_at_step - 1");
+    }
+  }
+  if (c.outer.aggregation != "mean" && c.outer.method == "ddp" && c.ddp.engine == "gloo") {
+    return bad("outer.aggregation = " + c.outer.aggregation + " needs ddp.engine = links: Gloo's all-reduce only sums");
+  }
+  if (c.outer.aggregation != "mean" && c.outer.method == "noloco") {
+    return bad("outer.aggregation = " + c.outer.aggregation + " does not apply to noloco, which averages pairs (a partner's malformed or non-finite "
+               "contribution already fails that round alone); use mean");
+  }
+  if (c.sim.poison != "none") {
+    if (c.sim.poison_workers >= c.sim.workers) {
+      return bad("sim.poison_workers (" + std::to_string(c.sim.poison_workers) + ") must leave at least one of the " + std::to_string(c.sim.workers) +
+                 " workers honest");
+    }
+    if (c.outer.method == "noloco" || c.outer.method == "local" || (c.outer.method == "ddp" && c.ddp.engine == "gloo")) {
+      return bad("sim.poison applies to all-reduces over our links: ddp (links), diloco, streaming_diloco and co2, not " + c.outer.method);
+    }
+    const std::string& codec = c.outer.method == "ddp" ? c.ddp.codec : c.outer.method == "diloco" ? c.diloco.codec
+                               : c.outer.method == "co2" ? c.co2.codec : c.streaming_diloco.codec;
+    if (c.sim.poison == "nan" && codec != "fp32") {
+      return bad("sim.poison = nan writes a NaN into fp32 payloads: set the method's codec to fp32 (it is " + codec + ")");
     }
   }
   const auto& sd = c.streaming_diloco;

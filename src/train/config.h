@@ -78,6 +78,11 @@ struct OuterSection {
   // Where the outer optimizer keeps its state (outer weights, momentum, pending averages): host
   // memory, sparing the training device's, or the training device itself (no copies per round).
   std::string state_device = "host";
+  // How each chunk's owner combines the workers' contributions (optim/collectives.h): mean, filtered
+  // (outliers and non-finite left out) or trimmed_mean; all-reduce methods only.
+  std::string aggregation = "mean";
+  double outlier_factor = 3.0;  // filtered: left out beyond this many times the median distance
+  std::int64_t trim = 1;        // trimmed_mean: values dropped at each end, per coordinate
 };
 struct DdpSection {
   std::string codec = "fp32";
@@ -143,6 +148,9 @@ struct SimSection {
   double straggler_factor = 2.0;          // its compute takes this many times longer
   double churn_rate = 0.0;                // share of the workers that crash per 100 inner steps (seeded), each
   double churn_downtime_s = 30.0;         //   restarting this long after, from its last checkpoint
+  std::string poison = "none";            // none, scale, sign or nan: what poisoned workers send
+  std::int64_t poison_workers = 1;        //   the last N workers (when poison is not none)
+  double poison_scale = 10.0;             //   scale: contributions multiplied by this
   std::int64_t seed = 1;
 };
 

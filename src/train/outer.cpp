@@ -123,6 +123,14 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   }
   o.diloco.state_device = o.streaming.state_device = o.noloco.state_device = o.co2.state_device = state_device;
 
+  optim::Aggregation agg;
+  agg.rule = c.outer.aggregation == "filtered"       ? optim::Aggregation::Rule::kFiltered
+             : c.outer.aggregation == "trimmed_mean" ? optim::Aggregation::Rule::kTrimmedMean
+                                                     : optim::Aggregation::Rule::kMean;
+  agg.outlier_factor = c.outer.outlier_factor;
+  agg.trim = static_cast<int>(c.outer.trim);
+  o.diloco.aggregation = o.streaming.aggregation = o.co2.aggregation = o.ddp_aggregation = agg;
+
   o.noloco.inner_steps = c.noloco.inner_steps;
   o.noloco.outer_lr = c.noloco.outer_lr;
   o.noloco.outer_lr_gamma = c.noloco.outer_lr;
@@ -160,6 +168,7 @@ nlohmann::json WorkerAccount::to_json() const {
   if (state_bytes_received > 0) j["state_bytes_received"] = state_bytes_received;
   if (gossip_bytes_sent > 0) j["gossip_bytes_sent"] = gossip_bytes_sent;
   if (gossip_bytes_received > 0) j["gossip_bytes_received"] = gossip_bytes_received;
+  if (left_out > 0) j["left_out"] = left_out;
   return j;
 }
 
@@ -205,6 +214,7 @@ class WorkerLoop {
     if (hooks_.gossip_traffic) std::tie(acc_.gossip_bytes_sent, acc_.gossip_bytes_received) = hooks_.gossip_traffic();
     acc_.bytes_sent = comm.bytes_sent + acc_.state_bytes_sent + acc_.gossip_bytes_sent;
     acc_.bytes_received = comm.bytes_received + acc_.state_bytes_received + acc_.gossip_bytes_received;
+    acc_.left_out = comm.left_out;
     acc_.rounds = outer_.rounds();
     acc_.skipped_rounds = outer_.skipped_rounds();
   }

@@ -48,6 +48,7 @@ struct WorkerAccount {
   std::uint64_t state_bytes_received = 0;  // training state fetched when joining (part of bytes_received)
   std::uint64_t gossip_bytes_sent = 0;     // membership, rounds, announcements (part of bytes_sent)
   std::uint64_t gossip_bytes_received = 0;
+  std::uint64_t left_out = 0;       // contributions this worker, as a chunk's owner, left out (outer.aggregation)
   double compute_s = 0.0;           // inner steps (as the pace hook counts them)
   double blocked_s = 0.0;           // waiting on communication
   double eval_wall_s = 0.0;         // real time spent evaluating (not in the metrics: not deterministic)

@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+#include <optional>
 #include <thread>
 
 #include "optim/collectives.h"
@@ -173,4 +175,136 @@ TEST_CASE("pair exchange swaps tensors through the codec") {
   REQUIRE(got_b.ok());
   CHECK(torch::equal(*got_a, b));
   CHECK(torch::equal(*got_b, a));
+}
+
+namespace {
+
+// m ranks all-reduce their tensors under `agg`; the last `poisoned` ranks send poisoned contributions.
+struct RobustRun {
+  std::vector<at::Tensor> t;
+  std::vector<Status> st;
+  std::vector<CommStats> stats;
+};
+
+RobustRun robust_run(std::vector<at::Tensor> t, const Aggregation& agg, std::optional<Poison> poison, int poisoned, std::int64_t segment,
+                     quant::CodecId id = quant::CodecId::kFp32, Nanos timeout = 10s) {
+  const int m = static_cast<int>(t.size());
+  auto groups = mesh(m);
+  for (int r = m - poisoned; r < m; ++r) groups[static_cast<std::size_t>(r)].poison = poison;
+  RobustRun out{std::move(t), std::vector<Status>(static_cast<std::size_t>(m)), std::vector<CommStats>(static_cast<std::size_t>(m))};
+  on_ranks(m, [&](int r) {
+    const auto i = static_cast<std::size_t>(r);
+    out.st[i] = allreduce_mean(groups[i], out.t[i], codec(id), 9, in(timeout), &out.stats[i], segment, agg);
+  });
+  return out;
+}
+
+std::uint64_t left_out(const RobustRun& run) {
+  std::uint64_t n = 0;
+  for (const auto& s : run.stats) n += s.left_out;
+  return n;
+}
+
+// Rank r of m holds (i * 8 + r): integer-valued, so every mean below is exact.
+std::vector<at::Tensor> ramp(int m, std::int64_t n) {
+  std::vector<at::Tensor> t;
+  for (int r = 0; r < m; ++r) t.push_back(torch::arange(n, torch::kFloat) * 8 + r);
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("filtered aggregation leaves out exactly the poisoned rank, keeps ranks bit-identical, and equals the plain mean when nobody is odd") {
+  const int m = 5;
+  const std::int64_t n = 40;
+  Aggregation filtered;
+  filtered.rule = Aggregation::Rule::kFiltered;
+  for (std::int64_t segment : {kAllreduceSegmentValues, std::int64_t{3}}) {
+    CAPTURE(segment);
+    // Nobody poisoned: bit for bit the mean, nothing left out.
+    const RobustRun plain = robust_run(ramp(m, n), Aggregation{}, std::nullopt, 0, segment);
+    const RobustRun clean = robust_run(ramp(m, n), filtered, std::nullopt, 0, segment);
+    for (int r = 0; r < m; ++r) {
+      REQUIRE(clean.st[static_cast<std::size_t>(r)].ok());
+      CHECK(torch::equal(clean.t[static_cast<std::size_t>(r)], plain.t[static_cast<std::size_t>(r)]));
+    }
+    CHECK(left_out(clean) == 0);
+    // The honest four's mean: (i * 8) + 1.5.
+    const at::Tensor honest = torch::arange(n, torch::kFloat) * 8 + 1.5f;
+    for (const Poison poison : {Poison{100.0, false}, Poison{-3.0, false}, Poison{1.0, true}}) {
+      CAPTURE(poison.scale);
+      CAPTURE(poison.nan);
+      const RobustRun run = robust_run(ramp(m, n), filtered, poison, 1, segment);
+      for (int r = 0; r < m; ++r) {
+        REQUIRE(run.st[static_cast<std::size_t>(r)].ok());
+        CHECK(torch::equal(run.t[static_cast<std::size_t>(r)], honest));  // the poisoned rank too receives the honest mean
+      }
+      // Every owner, rank 4 included for its own chunk, left rank 4 out once.
+      CHECK(left_out(run) == 5);
+      for (int r = 0; r < m; ++r) CHECK(run.stats[static_cast<std::size_t>(r)].left_out == 1);
+    }
+    // Under the plain mean a NaN fails the collective (as before), and a scaled contribution goes in.
+    const RobustRun nan_mean = robust_run(ramp(m, n), Aggregation{}, Poison{1.0, true}, 1, segment, quant::CodecId::kFp32, 500ms);
+    bool failed = false;
+    for (const auto& st : nan_mean.st) failed = failed || !st.ok();
+    CHECK(failed);
+  }
+}
+
+TEST_CASE("trimmed mean drops the extremes of every coordinate, catches a sign flip, and a rank with NaN of its own abstains") {
+  const int m = 5;
+  const std::int64_t n = 12;
+  Aggregation trimmed;
+  trimmed.rule = Aggregation::Rule::kTrimmedMean;
+  trimmed.trim = 1;
+  // Values r = 0..4 per coordinate offset: dropping 0 and 4 leaves the mean of 1, 2, 3 = 2.
+  const RobustRun clean = robust_run(ramp(m, n), trimmed, std::nullopt, 0, 5);
+  for (int r = 0; r < m; ++r) {
+    REQUIRE(clean.st[static_cast<std::size_t>(r)].ok());
+    CHECK(torch::equal(clean.t[static_cast<std::size_t>(r)], torch::arange(n, torch::kFloat) * 8 + 2));
+  }
+  CHECK(left_out(clean) == 0);  // trimming is not leaving out
+  // Rank 4 flips its sign: per coordinate the values are 8i + {0, 1, 2, 3} and -(8i + 4); the trimmed
+  // mean keeps three of the honest values, never the flipped one (except at i = 0, where -4 is the smallest).
+  const RobustRun flipped = robust_run(ramp(m, n), trimmed, Poison{-1.0, false}, 1, 5);
+  const at::Tensor i = torch::arange(n, torch::kFloat) * 8;
+  for (int r = 0; r < m; ++r) {
+    REQUIRE(flipped.st[static_cast<std::size_t>(r)].ok());
+    CHECK(torch::equal(flipped.t[static_cast<std::size_t>(r)], i + 1));  // 8i + {0, 1, 2}: -(8i + 4) and 8i + 3 dropped
+  }
+  // A rank whose own tensor holds NaN abstains and takes the others' result; the plain mean refuses it.
+  auto t = ramp(m, n);
+  t[2].fill_(std::nanf(""));
+  Aggregation filtered;
+  filtered.rule = Aggregation::Rule::kFiltered;
+  const RobustRun abstained = robust_run(t, filtered, std::nullopt, 0, 5);
+  const at::Tensor others = i + 2;  // (0 + 1 + 3 + 4) / 4
+  for (int r = 0; r < m; ++r) {
+    REQUIRE(abstained.st[static_cast<std::size_t>(r)].ok());
+    CHECK(torch::equal(abstained.t[static_cast<std::size_t>(r)], others));
+  }
+  CHECK(left_out(abstained) == 5);  // every owner, rank 2 included, left rank 2's contribution out
+  // Every contribution unusable: an error, not an exception.
+  std::vector<at::Tensor> all_nan;
+  for (int r = 0; r < 3; ++r) all_nan.push_back(torch::full({4}, std::nanf("")));
+  const RobustRun none = robust_run(all_nan, filtered, std::nullopt, 0, kAllreduceSegmentValues, quant::CodecId::kFp32, 500ms);
+  for (const auto& st : none.st) CHECK_FALSE(st.ok());
+}
+
+TEST_CASE("robust aggregation works with quantized codecs: a scaled poisoned rank is left out") {
+  const int m = 4;
+  Aggregation filtered;
+  filtered.rule = Aggregation::Rule::kFiltered;
+  std::vector<at::Tensor> t;
+  torch::manual_seed(11);
+  const at::Tensor base = torch::randn({300});
+  for (int r = 0; r < m; ++r) t.push_back(base + 0.05f * torch::randn({300}));
+  const at::Tensor honest = (t[0] + t[1] + t[2]) / 3;
+  const RobustRun run = robust_run(t, filtered, Poison{50.0, false}, 1, kAllreduceSegmentValues, quant::CodecId::kInt8);
+  for (int r = 0; r < m; ++r) {
+    REQUIRE(run.st[static_cast<std::size_t>(r)].ok());
+    CHECK(torch::equal(run.t[static_cast<std::size_t>(r)], run.t[0]));
+    CHECK((run.t[static_cast<std::size_t>(r)] - honest).abs().max().item<float>() < 0.05f);  // int8's error, not 50x
+  }
+  CHECK(left_out(run) >= 3);
 }

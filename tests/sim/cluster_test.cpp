@@ -339,3 +339,35 @@ TEST_CASE("a TorchScript model runs DiLoCo and Streaming DiLoCo in the simulator
   }
   std::filesystem::remove(path);
 }
+
+TEST_CASE("a poisoned worker: filtered aggregation leaves it out and the run ends as a clean one would, the plain mean does not") {
+  train::RunConfig clean = tiny("diloco");
+  clean.sim.workers = 4;
+  train::RunConfig poisoned = clean;
+  poisoned.sim.poison = "scale";
+  poisoned.sim.poison_scale = 50.0;
+  train::RunConfig robust = poisoned;
+  robust.outer.aggregation = "filtered";
+  REQUIRE(train::validate(robust).ok());
+  const auto c = run(clean), p = run(poisoned), r = run(robust);
+  // The honest workers (0..2) end alike in every run; with the filter they hold the mean of the
+  // honest contributions, so they are close to the clean run (which also averaged the fourth worker's).
+  for (std::size_t w = 1; w < 3; ++w) CHECK(torch::equal(r.final_params[0], r.final_params[w]));
+  std::uint64_t left = 0;
+  for (const auto& a : r.accounts) left += a.left_out;
+  CHECK(left == static_cast<std::uint64_t>(4 * r.accounts[0].rounds));  // every owner, every round
+  for (const auto& a : c.accounts) CHECK(a.left_out == 0);
+  const double drift_robust = (r.final_params[0] - c.final_params[0]).norm().item<double>();
+  const double drift_poisoned = (p.final_params[0] - c.final_params[0]).norm().item<double>();
+  CHECK(drift_robust * 10 < drift_poisoned);
+  // Refused where it cannot apply.
+  train::RunConfig bad = robust;
+  bad.outer.method = "noloco";
+  CHECK_FALSE(train::validate(bad).ok());
+  bad = poisoned;
+  bad.sim.poison = "nan";
+  bad.diloco.codec = "int8";
+  CHECK_FALSE(train::validate(bad).ok());
+  bad.sim.poison_workers = 4;
+  CHECK_FALSE(train::validate(bad).ok());
+}

@@ -121,7 +121,7 @@ TEST_CASE("model.preset sets a well-known shape that the other model keys of the
   CHECK(estimate_memory(g, 1).parameters == doctest::Approx(124.44e6).epsilon(0.001));
 }
 
-TEST_CASE("outer.state_device: host or device; on a GPU the memory estimate puts the outer state where it says") {
+TEST_CASE("outer.state_device: host or device, and on a GPU the memory estimate puts the outer state where it says") {
   RunConfig c;
   CHECK(c.outer.state_device == "host");
   CHECK_FALSE(apply_override(c, "outer.state_device=gpu").ok());
