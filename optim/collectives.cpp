@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <memory>
-#include <cmath>
 #include <span>
 
 #include <spdlog/spdlog.h>
@@ -156,8 +156,9 @@ Status robust_segment(const Aggregation& agg, std::vector<quant::MeanTerm>& term
     }
     in = std::move(kept);
   }
+  // The rows decoded above, summed as mean_into sums payloads: the same bits, without decoding twice.
   std::vector<quant::MeanTerm> kept_terms;
-  for (const std::size_t j : in) kept_terms.push_back(terms[j]);
+  for (const std::size_t j : in) kept_terms.push_back(quant::MeanTerm{{}, row(j)});
   std::ptrdiff_t failed = -1;
   return quant::mean_into(kept_terms, static_cast<float>(in.size()), out, failed);
 }
@@ -270,11 +271,7 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
     }
     // A NaN-poisoned rank's own contribution counts as non-finite too (its sends carry the NaN).
     const bool own_finite = !robust || (finite(own) && !(g.poison && g.poison->nan));
-    if (!exact && own_finite) {
-      const quant::EncodedView mine = quant::encode_view(own, codec);  // ours passes the codec too
-      contributions[static_cast<std::size_t>(r)] = mine.head;
-      contributions[static_cast<std::size_t>(r)].insert(contributions[static_cast<std::size_t>(r)].end(), mine.body.begin(), mine.body.end());
-    }
+    if (!exact && own_finite) contributions[static_cast<std::size_t>(r)] = quant::encode_view(own, codec).head;  // ours passes the codec too
     for (int j = 0; j < m; ++j) {
       terms[static_cast<std::size_t>(j)] = j == r && exact ? quant::MeanTerm{{}, own} : quant::MeanTerm{contributions[static_cast<std::size_t>(j)], {}};
     }
