@@ -134,6 +134,12 @@ Status check_resources(const RunConfig& c, std::int64_t workers) {
   if (!avail) return Status();
   const MemoryEstimate e = estimate_memory(c, workers, parameters);
   if (0.9 * e.host_bytes <= *avail) return Status();
+  if (e.on_gpu && e.host_bytes <= e.corpus_bytes + kRuntimeBytes) {  // the outer state is on the GPU: the corpus is what is left here
+    return error(ErrorCode::kInvalidArgument,
+                 fmt::format("this configuration needs about {} of host memory and this machine has {} available, {} of it for the corpus; "
+                             "lower data.synthetic.bytes or free memory",
+                             format_bytes(e.host_bytes), format_bytes(*avail), format_bytes(e.corpus_bytes)));
+  }
   if (e.on_gpu) {
     return error(ErrorCode::kInvalidArgument,
                  fmt::format("this configuration needs about {} of host memory and this machine has {} available: the outer optimizer's state takes {} per worker{}; "
