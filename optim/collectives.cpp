@@ -342,6 +342,33 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   return Status();
 }
 
+Result<std::vector<Bytes>> allgather(const Group& g, Bytes mine, transport::Tag tag, Deadline deadline, CommStats* stats_out) {
+  Stopwatch watch(*g.clock);
+  CommStats stats;
+  const int r = g.rank, m = g.size;
+  for (int j = 0; j < m; ++j) GOSSAMER_CHECK(j == r || g.peers[static_cast<std::size_t>(j)], "allgather: no link to rank " + std::to_string(j));
+  auto link = [&](int j) -> transport::Link& { return *g.peers[static_cast<std::size_t>(j)]; };
+  // As allreduce_mean: rank r sends to r+1, r+2, ... and hears from r-1, r-2, ...
+  for (int k = 1; k < m; ++k) {
+    const int j = (r + k) % m;
+    if (Status st = send_counted(link(j), tag, mine, deadline, stats); !st.ok()) {
+      return st.with_context("allgather: rank " + std::to_string(r) + " sending to rank " + std::to_string(j));
+    }
+  }
+  std::vector<Bytes> out(static_cast<std::size_t>(m));
+  for (int k = 1; k < m; ++k) {
+    const int j = (r - k + m) % m;
+    auto got = link(j).recv(tag, deadline);
+    if (!got.ok()) return got.status().with_context("allgather: rank " + std::to_string(r) + " receiving from rank " + std::to_string(j));
+    stats.bytes_received += got->size() + transport::kFrameHeaderBytes;
+    out[static_cast<std::size_t>(j)] = std::move(*got);
+  }
+  out[static_cast<std::size_t>(r)] = std::move(mine);
+  stats.seconds = watch.elapsed_seconds();
+  if (stats_out != nullptr) *stats_out += stats;
+  return out;
+}
+
 Result<at::Tensor> pair_exchange(transport::Link& peer, const at::Tensor& mine, const quant::EncodeOptions& codec, transport::Tag tag,
                                  Deadline deadline, CommStats* stats_out, const Clock& clock) {
   Stopwatch watch(clock);

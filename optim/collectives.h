@@ -99,6 +99,13 @@ inline constexpr std::int64_t kAllreduceSegmentValues = std::int64_t{1} << 18;
                                     Deadline deadline, CommStats* stats = nullptr,
                                     std::int64_t segment_values = kAllreduceSegmentValues, const Aggregation& aggregation = {});
 
+// Sends `mine` to every other member and returns every member's bytes by rank (ours at our rank):
+// an all-gather of opaque payloads, for methods whose contributions cannot be summed on the way
+// (SparseLoCo's sparse ones). Each rank sends and receives (M-1) payloads. The bytes received are
+// untrusted: the caller decodes and validates them. Errors as allreduce_mean (a lost or timed-out
+// peer).
+[[nodiscard]] Result<std::vector<Bytes>> allgather(const Group& group, Bytes mine, transport::Tag tag, Deadline deadline, CommStats* stats = nullptr);
+
 // Sends `mine` to the peer and returns the peer's tensor (same shape), both encoded with the codec
 // (NoLoCo's pairwise averaging). Both sides call it with the same tag.
 [[nodiscard]] Result<at::Tensor> pair_exchange(transport::Link& peer, const at::Tensor& mine, const quant::EncodeOptions& codec,

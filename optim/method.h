@@ -21,6 +21,7 @@ enum class Method : std::uint8_t {
   kNoLoCo = 3,           // random-pair partial averaging, no all-reduce
   kCO2 = 4,              // one-step-stale asynchronous averaging
   kLocal = 5,            // independent workers, no synchronization
+  kSparseLoCo = 6,       // top-k + 2-bit pseudo-gradients with error feedback, all-gathered
 };
 
 struct MethodInfo {
@@ -28,13 +29,14 @@ struct MethodInfo {
   std::string_view name;
 };
 
-inline constexpr std::array<MethodInfo, 6> kMethods = {{
+inline constexpr std::array<MethodInfo, 7> kMethods = {{
     {Method::kDdp, "ddp"},
     {Method::kDiLoCo, "diloco"},
     {Method::kStreamingDiLoCo, "streaming_diloco"},
     {Method::kNoLoCo, "noloco"},
     {Method::kCO2, "co2"},
     {Method::kLocal, "local"},
+    {Method::kSparseLoCo, "sparseloco"},
 }};
 
 constexpr bool methods_in_id_order() {

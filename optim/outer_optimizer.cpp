@@ -65,6 +65,9 @@ class Adapter final : public OuterOptimizer {
   CommStats comm() const override { return impl_.comm(); }
   Bytes save() const override { return impl_.save(); }
   Status load(ByteView state) override { return impl_.load(state); }
+  void drop_replica_state() override {
+    if constexpr (requires { impl_.drop_replica_state(); }) impl_.drop_replica_state();
+  }
   Status finish(Deadline d) override {
     if constexpr (requires { impl_.finish(d); }) {
       return impl_.finish(d);
@@ -130,6 +133,9 @@ Result<OuterSetup> make_outer_optimizer(const OuterConfig& c, const std::vector<
       break;
     case Method::kDiLoCo:
       setup.outer = std::make_unique<Adapter<DiLoCo>>("diloco", all_tensors(blocks), std::move(group), c.diloco);
+      break;
+    case Method::kSparseLoCo:
+      setup.outer = std::make_unique<Adapter<SparseLoCo>>("sparseloco", all_tensors(blocks), std::move(group), c.sparseloco);
       break;
     case Method::kNoLoCo:
       setup.outer = std::make_unique<Adapter<NoLoCo>>("noloco", all_tensors(blocks), std::move(group), c.noloco);

@@ -1,5 +1,5 @@
 // OuterOptimizer: the one shape every method has (the torch::optim shape: options, step(), save and
-// load), selected by name: ddp, diloco, streaming_diloco, noloco, co2, local.
+// load), selected by name: ddp, diloco, streaming_diloco, noloco, co2, local, sparseloco.
 //
 // The training thread calls step() after every inner step with the number of inner steps done; the
 // method communicates when due. Errors from peers are values: a failed step changes no optimizer
@@ -24,6 +24,7 @@
 #include "optim/fragments.h"
 #include "optim/gloo_options.h"
 #include "optim/noloco.h"
+#include "optim/sparseloco.h"
 #include "optim/streaming_diloco.h"
 #include "optim/work.h"
 #include "optim/method.h"
@@ -45,6 +46,10 @@ class OuterOptimizer {
   virtual CommStats comm() const = 0;
   virtual Bytes save() const = 0;
   [[nodiscard]] virtual Status load(ByteView state) = 0;
+  // Called after load() of another member's state (a newcomer's or a catching-up member's state
+  // transfer): drops what belongs to the donor's replica alone (SparseLoCo's error accumulator, which
+  // this one would otherwise send a second time). Other methods keep everything.
+  virtual void drop_replica_state() {}
   // Waits for communication in flight whose outcome is part of the state (CO2's average), so that
   // save() then captures it whole; other methods have none.
   [[nodiscard]] virtual Status settle(Deadline) { return Status(); }
@@ -73,6 +78,7 @@ struct OuterConfig {
   FragmentOptions fragments;
   NoLoCoOptions noloco;
   CO2Options co2;
+  SparseLoCoOptions sparseloco;
   std::shared_ptr<const StalenessPenalty> co2_penalty;  // null: ConstantPenalty(co2.gap_penalty)
   quant::EncodeOptions ddp_codec;
   Aggregation ddp_aggregation;  // links engine only

@@ -18,10 +18,15 @@ if [ ! -f build-fuzz/CMakeCache.txt ]; then
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
         -DGOSSAMER_FUZZ=ON
 fi
-targets=(quant_decode_fuzz checkpoint_decode_fuzz protocol_decode_fuzz gossip_fuzz)
+targets=(quant_decode_fuzz sparse_decode_fuzz checkpoint_decode_fuzz protocol_decode_fuzz gossip_fuzz)
 cmake --build build-fuzz --target "${targets[@]}"
 for target in "${targets[@]}"; do
   mkdir -p "build-fuzz/corpus/$target" build-fuzz/artifacts
+  if [ "$target" = sparse_decode_fuzz ] && [ ! -e build-fuzz/corpus/$target/seed ]; then
+    # The golden payload of tests/quant/sparse_test.cpp, so the fuzzer starts past the header checks.
+    printf '\x47\x53\x50\x52\x01\x02\x00\x00\x08\x00\x00\x00\x00\x00\x00\x00\x08\x00\x00\x00\x04\x00\x00\x00\x0b\x00\x00\x00\x00\x00\x00\x00\x00\x00\x20\x40\x00\x00\xd0\x40\x99\x0f\x87' \
+      > build-fuzz/corpus/$target/seed
+  fi
   echo "fuzz: $target for ${seconds}s"
   "build-fuzz/tests/fuzz/$target" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=4096 -artifact_prefix=build-fuzz/artifacts/ "build-fuzz/corpus/$target"
 done

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "quant/sparse.h"
+
 namespace gossamer::sim {
 
 namespace {
@@ -36,6 +38,8 @@ std::vector<PlanRow> plan(const PlanInput& in, double streaming_bits) {
       {"streaming_diloco", static_cast<double>(in.inner_steps) / fragments, ring * p / fragments * sb, 0},
       {"noloco", static_cast<double>(in.inner_steps), p * in.bits_per_value, 0},
       {"co2", static_cast<double>(in.inner_steps), ring * p * in.bits_per_value, 0},
+      // Every worker sends its sparse payload to each of the others (the default chunk and top-k).
+      {"sparseloco", static_cast<double>(in.inner_steps), (m - 1) * p * quant::sparse_bits_per_value({}), 0},
   };
   for (auto& r : rows) {
     // Exposed time allowed per sync: compute between syncs x (1/u - 1); plus what overlaps hide.

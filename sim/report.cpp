@@ -227,6 +227,10 @@ std::string method_note(const std::string& name) {
            "small enough to be stable (outer_lr x c / penalty < 1 - momentum, c the share of the way one round covers): on a short run of "
            "few rounds it trails DiLoCo, which applies each average at once; the last average is applied before the final evaluation.";
   }
+  if (name == "sparseloco") {
+    return "sends only the largest values of each chunk of its pseudo-gradient, in 2 bits, to every other worker; what it leaves out stays "
+           "in a per-worker error accumulator (in place of outer momentum) and goes out in later rounds.";
+  }
   if (name == "local") return "never synchronizes: each worker trains alone (a floor for the others).";
   return "";
 }

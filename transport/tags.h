@@ -25,6 +25,7 @@ inline constexpr Tag kDiLoCo = 0x0D010000u;
 inline constexpr Tag kNoLoCo = 0x0D020000u;
 inline constexpr Tag kCO2 = 0x0D030000u;
 inline constexpr Tag kDdp = 0x0D040000u;  // | (step mod 2^16)
+inline constexpr Tag kSparseLoCo = 0x0D050000u;
 // ddp on Gloo: where rank 0 serves the rendezvous store.
 inline constexpr Tag kGlooRendezvous = 0x0D6C0000u;
 // Streaming DiLoCo: base | (fragment mod 256) << 16 | (window mod 2^16).
@@ -50,6 +51,7 @@ inline constexpr std::array<TagRange, 10> kRanges = {{
     {"noloco rounds (optim/noloco.cpp)", kNoLoCo, kNoLoCo | 0xFFFFu, false},
     {"co2 rounds (optim/co2.cpp)", kCO2, kCO2 | 0xFFFFu, true},
     {"ddp steps (optim/data_parallel.cpp)", kDdp, kDdp | 0xFFFFu, true},
+    {"sparseloco rounds (optim/sparseloco.cpp)", kSparseLoCo, kSparseLoCo | 0xFFFFu, false},
     {"gloo rendezvous (optim/gloo_sync.h)", kGlooRendezvous, kGlooRendezvous, false},
     {"streaming_diloco fragments (optim/streaming_diloco.cpp)", kStreaming, kStreaming | 0xFFFFFFu, true},
     {"group epochs (src/run/peer_links.h)", kEpoch, kEpoch, false},

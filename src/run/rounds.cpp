@@ -14,6 +14,7 @@ Result<RoundSchedule> round_schedule(const train::RunConfig& c, const optim::Out
     case optim::Method::kDiLoCo: return RoundSchedule{c.diloco.inner_steps, 0};
     case optim::Method::kNoLoCo: return RoundSchedule{c.noloco.inner_steps, 0};
     case optim::Method::kCO2: return RoundSchedule{c.co2.inner_steps, 0};
+    case optim::Method::kSparseLoCo: return RoundSchedule{c.sparseloco.inner_steps, 0};
     case optim::Method::kDdp: return RoundSchedule{c.ddp.round_steps, -1};
     case optim::Method::kStreamingDiLoCo:
       return RoundSchedule{c.streaming_diloco.inner_steps / optim::fragment_count(outer.fragments), c.streaming_diloco.overlap};
@@ -59,6 +60,7 @@ Result<ByteView> load_shared_state(ByteView bytes, std::vector<at::Tensor> param
   std::memcpy(values.data_ptr<float>(), flat.data(), flat.size());
   if (!torch::isfinite(values).all().item<bool>()) return error(ErrorCode::kMalformed, "the shared state holds non-finite parameters");
   if (Status st = outer.load(outer_state); !st.ok()) return st;
+  outer.drop_replica_state();
   optim::write_flat(params, values);
   return inner;
 }

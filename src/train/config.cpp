@@ -129,6 +129,11 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"co2.gap_penalty", "Lambda: the stale update is divided by it", [](RunConfig& c) -> double& { return c.co2.gap_penalty; }, 1e-6, 1e6, false},
       FloatKey{"co2.clip_threshold", "clip outer momentum elementwise to +-this; 0 disables", [](RunConfig& c) -> double& { return c.co2.clip_threshold; }, 0.0, 1e6, false},
       StringKey{"co2.codec", "codec of the averaged parameters", [](RunConfig& c) -> std::string& { return c.co2.codec; }, codec_names()},
+      IntKey{"sparseloco.inner_steps", "H: inner steps per outer round", [](RunConfig& c) -> std::int64_t& { return c.sparseloco.inner_steps; }, 1, 1LL << 40},
+      FloatKey{"sparseloco.outer_lr", "alpha: outer learning rate on the mean of the sparse updates", [](RunConfig& c) -> double& { return c.sparseloco.outer_lr; }, 0.0, 10.0, true},
+      FloatKey{"sparseloco.error_decay", "beta: decay of the error-feedback accumulator (it stands in for outer momentum; 1: nothing unsent is ever dropped)", [](RunConfig& c) -> double& { return c.sparseloco.error_decay; }, 0.0, 1.0, false},
+      IntKey{"sparseloco.chunk", "values per chunk of the pseudo-gradient; the top-k is taken in each", [](RunConfig& c) -> std::int64_t& { return c.sparseloco.chunk; }, 2, 1 << 20},
+      IntKey{"sparseloco.topk", "values kept (and sent, 2 bits each plus the index) per chunk", [](RunConfig& c) -> std::int64_t& { return c.sparseloco.topk; }, 1, 1 << 20},
       IntKey{"sim.workers", "simulated workers", [](RunConfig& c) -> std::int64_t& { return c.sim.workers; }, 1, 4096},
       StringKey{"sim.network", "network preset of every worker's link, or custom", [](RunConfig& c) -> std::string& { return c.sim.network; }, {"custom", "loopback", "datacenter", "cross-region", "intercontinental", "home", "wan-100m-80ms"}},
       FloatKey{"sim.bandwidth_mbit", "custom network: access bandwidth per worker (Mbit/s)", [](RunConfig& c) -> double& { return c.sim.bandwidth_mbit; }, 0.0, 1e9, true},
@@ -424,13 +429,22 @@ Status validate(const RunConfig& c) {
     return bad("outer.aggregation = " + c.outer.aggregation + " does not apply to noloco, which averages pairs (a partner's malformed or non-finite "
                "contribution already fails that round alone); use mean");
   }
+  if (c.sparseloco.topk > c.sparseloco.chunk) {
+    return bad("sparseloco.topk (" + std::to_string(c.sparseloco.topk) + ") must not exceed sparseloco.chunk (" + std::to_string(c.sparseloco.chunk) + ")");
+  }
+  if (c.outer.aggregation == "trimmed_mean" && c.outer.method == "sparseloco") {
+    return bad("outer.aggregation = trimmed_mean does not apply to sparseloco (a coordinate-wise trim of sparse updates is mostly of zeros); use mean or filtered");
+  }
   if (c.sim.poison != "none") {
     if (c.sim.poison_workers >= c.sim.workers) {
       return bad("sim.poison_workers (" + std::to_string(c.sim.poison_workers) + ") must leave at least one of the " + std::to_string(c.sim.workers) +
                  " workers honest");
     }
     if (c.outer.method == "noloco" || c.outer.method == "local" || (c.outer.method == "ddp" && c.ddp.engine == "gloo")) {
-      return bad("sim.poison applies to all-reduces over our links: ddp (links), diloco, streaming_diloco and co2, not " + c.outer.method);
+      return bad("sim.poison applies to all-reduces over our links: ddp (links), diloco, streaming_diloco, co2 and sparseloco, not " + c.outer.method);
+    }
+    if (c.sim.poison == "nan" && c.outer.method == "sparseloco") {
+      return bad("sim.poison = nan writes a NaN into fp32 payloads; sparseloco's are sparse 2-bit ones: use scale or sign");
     }
     const std::string& codec = c.outer.method == "ddp" ? c.ddp.codec : c.outer.method == "diloco" ? c.diloco.codec
                                : c.outer.method == "co2" ? c.co2.codec : c.streaming_diloco.codec;

@@ -73,7 +73,7 @@ struct TrainSection {
 // The outer method and each method's options (the spec's defaults). Codecs are codec names
 // (quant/format.h: fp32, bf16, int8, fp8_e4m3, fp8_e5m2, fp16, int4, fp4_e3m0, fp4_e2m1).
 struct OuterSection {
-  std::string method = "diloco";  // ddp, diloco, streaming_diloco, noloco, co2, local
+  std::string method = "diloco";  // ddp, diloco, streaming_diloco, noloco, co2, local, sparseloco
   std::int64_t codec_block = 128;  // values per scale block of the scaled codecs
   // Where the outer optimizer keeps its state (outer weights, momentum, pending averages): host
   // memory, sparing the training device's, or the training device itself (no copies per round).
@@ -120,6 +120,13 @@ struct CO2Section {
   double clip_threshold = 0.0;  // 0: no clipping
   std::string codec = "fp32";
 };
+struct SparseLoCoSection {
+  std::int64_t inner_steps = 50;
+  double outer_lr = 1.0;
+  double error_decay = 0.95;
+  std::int64_t chunk = 4096;  // values per chunk of the pseudo-gradient
+  std::int64_t topk = 64;     // values kept per chunk (64 of 4096: 1.56%)
+};
 
 // The simulator: workers, their network, their compute and what goes wrong.
 struct SimSection {
@@ -164,6 +171,7 @@ struct RunConfig {
   StreamingSection streaming_diloco;
   NoLoCoSection noloco;
   CO2Section co2;
+  SparseLoCoSection sparseloco;
   SimSection sim;
 };
 

@@ -27,7 +27,8 @@ std::pair<double, double> outer_copies(const std::string& name) {
   if (!method.ok()) return {0, 0};
   switch (*method) {
     case optim::Method::kDiLoCo:
-    case optim::Method::kNoLoCo: return {2, 3};  // outer weights + momentum
+    case optim::Method::kNoLoCo:
+    case optim::Method::kSparseLoCo: return {2, 3};  // outer weights + momentum (SparseLoCo: its error accumulator)
     case optim::Method::kStreamingDiLoCo: return {2, 1.5};
     case optim::Method::kCO2: return {4, 3};
     case optim::Method::kDdp: return {1, 0};  // the flat gradient buffer

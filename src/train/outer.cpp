@@ -41,6 +41,7 @@ Status check_synchronizes(const RunConfig& c, optim::Method method, std::int64_t
     case optim::Method::kDiLoCo: first = c.diloco.inner_steps, key = "diloco.inner_steps"; break;
     case optim::Method::kNoLoCo: first = c.noloco.inner_steps, key = "noloco.inner_steps"; break;
     case optim::Method::kCO2: first = c.co2.inner_steps, key = "co2.inner_steps"; break;
+    case optim::Method::kSparseLoCo: first = c.sparseloco.inner_steps, key = "sparseloco.inner_steps"; break;
     case optim::Method::kStreamingDiLoCo:
       first = c.streaming_diloco.inner_steps / std::max<std::int64_t>(1, fragments), key = "streaming_diloco.inner_steps";
       break;
@@ -121,7 +122,7 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
     if (!device.ok()) return device.status().with_context("outer.state_device = \"device\"");
     state_device = *device;
   }
-  o.diloco.state_device = o.streaming.state_device = o.noloco.state_device = o.co2.state_device = state_device;
+  o.diloco.state_device = o.streaming.state_device = o.noloco.state_device = o.co2.state_device = o.sparseloco.state_device = state_device;
 
   optim::Aggregation agg;
   agg.rule = c.outer.aggregation == "filtered"       ? optim::Aggregation::Rule::kFiltered
@@ -129,7 +130,7 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
                                                      : optim::Aggregation::Rule::kMean;
   agg.outlier_factor = c.outer.outlier_factor;
   agg.trim = static_cast<int>(c.outer.trim);
-  o.diloco.aggregation = o.streaming.aggregation = o.co2.aggregation = o.ddp_aggregation = agg;
+  o.diloco.aggregation = o.streaming.aggregation = o.co2.aggregation = o.sparseloco.aggregation = o.ddp_aggregation = agg;
 
   o.noloco.inner_steps = c.noloco.inner_steps;
   o.noloco.outer_lr = c.noloco.outer_lr;
@@ -145,6 +146,12 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   o.co2.clip = c.co2.clip_threshold > 0;
   o.co2.clip_threshold = c.co2.clip_threshold > 0 ? c.co2.clip_threshold : 1.0;
   o.co2.codec = *co2_codec;
+
+  o.sparseloco.inner_steps = c.sparseloco.inner_steps;
+  o.sparseloco.outer_lr = c.sparseloco.outer_lr;
+  o.sparseloco.error_decay = c.sparseloco.error_decay;
+  o.sparseloco.sparse.chunk = static_cast<std::uint32_t>(c.sparseloco.chunk);
+  o.sparseloco.sparse.topk = static_cast<std::uint32_t>(c.sparseloco.topk);
   return o;
 }
 

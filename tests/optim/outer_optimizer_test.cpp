@@ -37,6 +37,7 @@ OuterConfig config(const std::string& method) {
   c.diloco.inner_steps = 2;
   c.noloco.inner_steps = 2;
   c.co2.inner_steps = 2;
+  c.sparseloco.inner_steps = 2;
   c.streaming.inner_steps = 4;
   c.streaming.overlap = 1;
   c.fragments.fragments = 2;
@@ -134,7 +135,7 @@ TEST_CASE("flatten, flatten_into and write_flat move parameters in order, in pla
   CHECK_THROWS(optim::write_flat(out, torch::zeros({24})));
 }
 
-TEST_CASE("diloco and streaming_diloco evaluate their outer weights and give the model its own back") {
+TEST_CASE("diloco, streaming_diloco and sparseloco evaluate their outer weights and give the model its own back") {
   for (const auto& method : outer_methods()) {
     CAPTURE(method);
     auto blocks = toy(1.0f);
@@ -156,7 +157,7 @@ TEST_CASE("diloco and streaming_diloco evaluate their outer weights and give the
       return 42.0;
     });
     CHECK(v == 42.0);
-    const bool outer = method == "diloco" || method == "streaming_diloco";
+    const bool outer = method == "diloco" || method == "streaming_diloco" || method == "sparseloco";
     CHECK(torch::equal(seen, outer ? start : local));
     CHECK(torch::equal(optim::flatten(params), local));  // the model's own weights are back
     // ...also when the evaluation throws.
@@ -176,7 +177,7 @@ struct TwoRanks {
 
 TwoRanks two_ranks(const std::string& method, at::Device device, at::Device state_device) {
   OuterConfig c = config(method);
-  c.diloco.state_device = c.streaming.state_device = c.noloco.state_device = c.co2.state_device = state_device;
+  c.diloco.state_device = c.streaming.state_device = c.noloco.state_device = c.co2.state_device = c.sparseloco.state_device = state_device;
   auto groups = mesh(2);
   std::vector<std::vector<ParamBlock>> blocks = {toy(1.0f), toy(3.0f)};
   std::vector<OuterSetup> setups;
@@ -223,7 +224,7 @@ TEST_CASE("outer state on the training device runs the same rounds as in host me
   std::vector<at::Device> devices = {at::kCPU};
   if (torch::cuda::is_available()) devices.emplace_back(at::kCUDA, 0);
   for (const at::Device device : devices) {
-    for (const std::string method : {"diloco", "streaming_diloco", "noloco", "co2"}) {
+    for (const std::string method : {"diloco", "streaming_diloco", "noloco", "co2", "sparseloco"}) {
       CAPTURE(method);
       CAPTURE(device.str());
       const TwoRanks host = two_ranks(method, device, at::kCPU), on_device = two_ranks(method, device, device);
@@ -237,7 +238,7 @@ TEST_CASE("outer state on the training device runs the same rounds as in host me
       CHECK_FALSE(torch::equal(host.weights[0], toy_flat(1.0f)));  // training and rounds moved them
       // A state saved from host memory loads into an optimizer that keeps it on the device, and back.
       OuterConfig c = config(method);
-      c.diloco.state_device = c.streaming.state_device = c.noloco.state_device = c.co2.state_device = device;
+      c.diloco.state_device = c.streaming.state_device = c.noloco.state_device = c.co2.state_device = c.sparseloco.state_device = device;
       auto blocks = toy(0.0f);
       for (auto& blk : blocks) {
         for (auto& t : blk.tensors) t = t.to(device);

@@ -6,8 +6,10 @@
 #include <filesystem>
 
 #include "model/gpt_script.h"
+#include "quant/sparse.h"
 #include "sim/cluster.h"
 #include "train/worker.h"
+#include "transport/protocol.h"
 #include "tiny.h"
 
 using namespace gossamer;
@@ -20,6 +22,7 @@ train::RunConfig tiny(const std::string& method) {
   c.diloco.inner_steps = 6;
   c.noloco.inner_steps = 6;
   c.co2.inner_steps = 6;
+  c.sparseloco.inner_steps = 6;
   c.streaming_diloco.inner_steps = 6;
   c.streaming_diloco.fragment_layers = 1;
   return c;
@@ -50,7 +53,7 @@ TEST_CASE("a seeded simulation reruns bit-identically: metrics and final paramet
 }
 
 TEST_CASE("every method trains in the simulator and accounts its bytes and time") {
-  for (const char* method : {"ddp", "diloco", "streaming_diloco", "noloco", "co2", "local"}) {
+  for (const char* method : {"ddp", "diloco", "streaming_diloco", "noloco", "co2", "local", "sparseloco"}) {
     CAPTURE(method);
     const auto r = run(tiny(method));
     REQUIRE(r.accounts.size() == 3);
@@ -78,6 +81,18 @@ TEST_CASE("ddp sends every step what diloco sends once per round") {
   CHECK(ratio == doctest::Approx(6.0).epsilon(0.02));  // H = 6: same payload, 6 times as often
 }
 
+TEST_CASE("sparseloco sends each round one sparse payload to each other worker") {
+  const auto r = run(tiny("sparseloco"));
+  const auto n = static_cast<std::uint64_t>(r.final_params[0].numel());
+  const double payload = static_cast<double>(quant::sparse_payload_bytes(n, quant::SparseOptions{}) + transport::kFrameHeaderBytes);
+  for (const auto& a : r.accounts) {
+    CHECK(a.rounds == 4);  // H = 6 over 24 steps
+    CHECK(link_bytes(a) == doctest::Approx(4 * 2 * payload).epsilon(0.02));
+  }
+  const auto ddp = run(tiny("ddp"));
+  CHECK(link_bytes(ddp.accounts[0]) > 50 * link_bytes(r.accounts[0]));
+}
+
 TEST_CASE("a crashed worker stops contributing and the rest go on") {
   auto c = tiny("diloco");
   c.sim.crash_worker = 2;
@@ -97,7 +112,7 @@ TEST_CASE("a crashed worker stops contributing and the rest go on") {
 }
 
 TEST_CASE("after a crash every method goes on synchronizing over the survivors") {
-  for (const char* method : {"ddp", "streaming_diloco", "noloco", "co2"}) {
+  for (const char* method : {"ddp", "streaming_diloco", "noloco", "co2", "sparseloco"}) {
     CAPTURE(method);
     auto c = tiny(method);
     c.sim.crash_worker = 1;
@@ -185,7 +200,7 @@ TEST_CASE("sites: workers in contiguous blocks behind a shared link that slows t
 }
 
 TEST_CASE("a late joiner learns the run over gossip, fetches the members' state, takes part from a round boundary and then holds the group's weights") {
-  for (const std::string method : {"diloco", "ddp", "streaming_diloco", "noloco", "co2"}) {
+  for (const std::string method : {"diloco", "ddp", "streaming_diloco", "noloco", "co2", "sparseloco"}) {
     CAPTURE(method);
     auto c = tiny(method);
     c.sim.workers = 4;  // even once it is in: NoLoCo pairs everyone every round
@@ -213,7 +228,7 @@ TEST_CASE("a late joiner learns the run over gossip, fetches the members' state,
     bool newcomer_recorded_early = false;
     for (const auto& rec : r.records) newcomer_recorded_early = newcomer_recorded_early || (rec["worker"] == 3 && rec["step"].get<int>() <= 24 - trained);
     CHECK_FALSE(newcomer_recorded_early);
-    if (method == "diloco" || method == "ddp" || method == "co2") {
+    if (method == "diloco" || method == "ddp" || method == "co2" || method == "sparseloco") {
       // After the last round every member, the newcomer included, holds the same bits (CO2's
       // average in flight went with the state and stayed with the members across the join), and
       // joining at a round boundary cut no round short.
