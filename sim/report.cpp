@@ -159,7 +159,7 @@ nlohmann::json method_summary(const MethodRun& run, double target_loss) {
   const auto& r = run.result;
   const int evaluator = evaluator_of(run);
   const auto curve = eval_curve(run);
-  double sent = 0, received = 0, util = 0;
+  double sent = 0, received = 0, util = 0, gossip = 0;
   std::int64_t tokens = 0, rounds = 0, skipped = 0;
   std::uint64_t left_out = 0;
   int alive = 0;
@@ -170,6 +170,7 @@ nlohmann::json method_summary(const MethodRun& run, double target_loss) {
     if (r.crashed[i]) continue;
     ++alive;
     sent += static_cast<double>(a.bytes_sent);
+    gossip += static_cast<double>(a.gossip_bytes_sent);
     received += static_cast<double>(a.bytes_received);
     util += a.compute_s + a.blocked_s > 0 ? a.compute_s / (a.compute_s + a.blocked_s) : 1.0;
     rounds = std::max(rounds, a.rounds);
@@ -181,6 +182,8 @@ nlohmann::json method_summary(const MethodRun& run, double target_loss) {
                       {"tokens", tokens},
                       {"bytes_sent_per_worker", alive > 0 ? sent / alive : 0.0},
                       {"bytes_received_per_worker", alive > 0 ? received / alive : 0.0},
+                      // of bytes_sent: the membership gossip, the same for every method (it depends on time, not on the model)
+                      {"gossip_bytes_sent_per_worker", alive > 0 ? gossip / alive : 0.0},
                       {"sim_time_s", r.sim_time_s},
                       {"compute_utilization", alive > 0 ? util / alive : 0.0},
                       {"rounds", rounds},

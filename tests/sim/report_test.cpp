@@ -59,20 +59,25 @@ TEST_CASE("summary.json holds every field, consistent with the metrics, report.h
     // Consistent with the metrics stream written beside it.
     std::ifstream metrics(out / m["name"].get<std::string>() / "metrics.jsonl");
     std::string line;
-    double last_val = -1, sent_sum = 0;
-    std::map<int, double> last_sent;
+    double last_val = -1, sent_sum = 0, gossip_sum = 0;
+    std::map<int, double> last_sent, last_gossip;
     std::int64_t tokens = 0;
     std::map<int, std::int64_t> last_tokens;
     while (std::getline(metrics, line)) {
       const auto rec = nlohmann::json::parse(line);
       if (rec.contains("val_loss")) last_val = rec["val_loss"].get<double>();
       last_sent[rec["worker"].get<int>()] = rec["bytes_sent"].get<double>();
+      last_gossip[rec["worker"].get<int>()] = rec["gossip_bytes_sent"].get<double>();
       last_tokens[rec["worker"].get<int>()] = rec["tokens"].get<std::int64_t>();
     }
     for (auto [w, s] : last_sent) sent_sum += s;
+    for (auto [w, g] : last_gossip) gossip_sum += g;
     for (auto [w, t] : last_tokens) tokens += t;
     CHECK(m["final_val_loss"].get<double>() == last_val);
     CHECK(m["bytes_sent_per_worker"].get<double>() == doctest::Approx(sent_sum / 2));
+    CHECK(m["gossip_bytes_sent_per_worker"].get<double>() == doctest::Approx(gossip_sum / 2));
+    CHECK(m["gossip_bytes_sent_per_worker"].get<double>() > 0);
+    CHECK(m["gossip_bytes_sent_per_worker"].get<double>() < m["bytes_sent_per_worker"].get<double>());
     CHECK(m["tokens"].get<std::int64_t>() == tokens);
     CHECK(m["tokens"].get<std::int64_t>() == 2 * 12 * 4 * 16);
     CHECK(m["compute_utilization"].get<double>() > 0);
