@@ -106,7 +106,9 @@ Result<bool> SparseLoCo::step(std::int64_t inner_steps_done, Deadline deadline) 
   if (!sum.isfinite().all().item<bool>()) {
     return error(ErrorCode::kOutOfRange, "SparseLoCo round " + std::to_string(state_.rounds + 1) + ": the mean of the contributions overflows float32");
   }
-  state_.momentum = (e - sent).to(options_.state_device);  // e <- e - c_r
+  // e <- e - c_r; an accumulator that went non-finite (this replica abstained) starts afresh, or it
+  // would abstain in every round after.
+  state_.momentum = finite ? (e - sent).to(options_.state_device) : torch::zeros_like(state_.outer);
   state_.outer.sub_(sum.to(options_.state_device) * options_.outer_lr);
   write_flat(params_, state_.outer);
   ++state_.rounds;

@@ -247,3 +247,33 @@ TEST_CASE("sparseloco through make_outer_optimizer: a state taken from another m
   CHECK(view.accumulator().abs().sum().item<float>() == 0);
   CHECK(view.rounds() == 1);
 }
+
+TEST_CASE("a SparseLoCo replica whose pseudo-gradient holds NaN abstains under filtered aggregation, then takes part again") {
+  const int m = 3;
+  auto groups = mesh(m);
+  SparseLoCoOptions o;
+  o.inner_steps = 1;
+  o.sparse = {16, 4};
+  o.aggregation.rule = Aggregation::Rule::kFiltered;
+  std::vector<std::vector<at::Tensor>> params(m);
+  std::vector<std::unique_ptr<SparseLoCo>> opt(m);
+  for (int r = 0; r < m; ++r) {
+    params[static_cast<std::size_t>(r)] = {torch::zeros({40})};
+    opt[static_cast<std::size_t>(r)] = std::make_unique<SparseLoCo>(params[static_cast<std::size_t>(r)], groups[static_cast<std::size_t>(r)], o);
+  }
+  torch::manual_seed(9);
+  for (int round = 1; round <= 2; ++round) {
+    for (int r = 0; r < m; ++r) params[static_cast<std::size_t>(r)][0].sub_(torch::randn({40}));
+    if (round == 1) params[2][0][5] = std::nanf("");  // a diverged replica
+    on_ranks(m, [&](int r) { REQUIRE(opt[static_cast<std::size_t>(r)]->step(round, in(5s)).ok()); });
+    for (int r = 0; r < m; ++r) {
+      CHECK(torch::equal(opt[static_cast<std::size_t>(r)]->outer_weights(), opt[0]->outer_weights()));
+      CHECK(opt[static_cast<std::size_t>(r)]->outer_weights().isfinite().all().item<bool>());
+      CHECK(opt[static_cast<std::size_t>(r)]->accumulator().isfinite().all().item<bool>());
+    }
+    // Every rank left out the abstaining replica in round 1 only.
+    CHECK(opt[0]->comm().left_out == 1);
+    CHECK(opt[2]->comm().left_out == 1);
+  }
+  CHECK(opt[2]->accumulator().abs().sum().item<float>() > 0);  // its round-2 residual: it took part
+}
