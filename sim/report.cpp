@@ -232,7 +232,8 @@ std::string method_note(const std::string& name) {
   }
   if (name == "sparseloco") {
     return "sends only the largest values of each chunk of its pseudo-gradient, in 2 bits, to every other worker; what it leaves out stays "
-           "in a per-worker error accumulator (in place of outer momentum) and goes out in later rounds.";
+           "in a per-worker error accumulator (in place of outer momentum) and goes out in later rounds, so it needs many rounds: on a short "
+           "run most of the progress is still waiting in the accumulators at the end.";
   }
   if (name == "local") return "never synchronizes: each worker trains alone (a floor for the others).";
   return "";

@@ -87,7 +87,7 @@ struct CompareArgs {
   std::vector<std::string> methods = {"ddp", "diloco", "streaming_diloco", "noloco", "co2", "sparseloco"};
   double target_loss = 0;
 };
-// The built-in comparison: 4 workers behind 100 Mbit/s, 80 ms links, a small GPT on the synthetic
+// The built-in comparison: 2 workers behind 100 Mbit/s, 80 ms links, a small GPT on the synthetic
 // language, each method's period chosen so the whole run takes a few minutes on two cores.
 train::RunConfig compare_defaults();
 void add_compare_command(CLI::App& app, CompareArgs& args);

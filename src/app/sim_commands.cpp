@@ -169,20 +169,24 @@ std::string dated_out(const std::string& command) {
 }
 
 train::RunConfig compare_defaults() {
-  // Sized to finish in about five minutes on two cores (300 inner steps x 4 workers x 5 methods of a
-  // 0.25M-parameter GPT), with each method's period short enough for several rounds in that budget.
-  // The simulated step takes 0.1 s, as a GPU step of a larger model would, so the network matters.
+  // Sized to finish in about five minutes on two cores (600 inner steps x 2 workers x 6 methods of a
+  // 0.25M-parameter GPT). Two workers, as in Streaming DiLoCo's main results: for the same compute,
+  // twice the steps of four workers, so every method gets twice the rounds (with 4 workers and 300
+  // steps no method but ddp came within 5% of ddp; docs/benchmarks.md). Periods: 25 steps for the
+  // methods that send everything per round (24 rounds), and for the others the shortest that meets
+  // their byte target (400x for Streaming DiLoCo, 1000x for SparseLoCo). The simulated step takes
+  // 0.1 s, as a GPU step of a larger model would, so the network matters.
   train::RunConfig c;
   c.model.layers = 2;
   c.model.width = 96;
   c.model.heads = 4;
   c.model.context = 64;
   c.train.batch_size = 16;
-  c.train.steps = 300;
-  c.train.warmup_steps = 30;
-  c.train.eval_every = 50;
+  c.train.steps = 600;
+  c.train.warmup_steps = 60;
+  c.train.eval_every = 100;
   c.train.eval_batches = 4;
-  c.sim.workers = 4;
+  c.sim.workers = 2;
   c.sim.network = "wan-100m-80ms";
   c.sim.compute = "fixed";
   c.sim.step_time_s = 0.1;
@@ -190,7 +194,9 @@ train::RunConfig compare_defaults() {
   // Pseudo-gradients in fp4 E3M0, as the Streaming DiLoCo paper sends them: 159x fewer bytes than ddp
   // instead of 24x, at 0.7105 against 0.7124 in fp32 (docs/benchmarks.md).
   c.diloco.codec = "fp4_e3m0";
-  c.streaming_diloco.inner_steps = 50;  // one fragment per block: 2 fragments, each synced every 50 steps
+  // One fragment per block: 2 fragments, each synced every 70 steps (8 or 9 times), the shortest
+  // period at which it sends 400x fewer bytes than ddp (~463x; 340x at 50).
+  c.streaming_diloco.inner_steps = 70;
   c.streaming_diloco.fragment_layers = 1;
   // Evaluated on its outer weights, Streaming DiLoCo needs its outer momentum to build up: 0.9 takes
   // about ten rounds, and each fragment gets six here (0.8745 against 0.7064 with lr 1.0 and momentum
@@ -199,14 +205,20 @@ train::RunConfig compare_defaults() {
   c.streaming_diloco.outer_momentum = 0.5;
   c.noloco.inner_steps = 25;
   // CO2 applies each average one round late. Its settings follow two rules (docs/methods.md): the
-  // period is the shortest whose all-reduce still hides behind the round's compute (ALGORITHMS.md
-  // 4.5: 1 MB over these links takes about 0.25 s, under 5 steps of 0.1 s), and the outer step sits
+  // period is short, as long as its all-reduce still hides behind the round's compute (ALGORITHMS.md
+  // 4.5: 1 MB over these links takes 0.15 to 0.25 s, under 5 steps of 0.1 s; 3 steps, also hidden,
+  // measured worse on this run: 0.7765 against 0.7312 at 500 steps), and the outer step sits
   // in the middle of the stable range: momentum 0 (fairseq-CO2's choice below 16 GPUs) and
   // outer_lr / penalty = 0.5, where stability needs outer_lr x c / penalty < 1 and c, the share of
   // the way one round covers, is near 1 for rounds of AdamW steps.
   c.co2.inner_steps = 5;
   c.co2.outer_lr = 0.5;
   c.co2.outer_momentum = 0.0;
+  // SparseLoCo: rounds as DiLoCo's, and 128 of every 4096 values (3.1%, the top of the paper's 1-3%
+  // range) in 2 bits, which keeps it ~1150x below ddp's bytes; its payloads are so small that the
+  // membership gossip is a third of what it sends.
+  c.sparseloco.inner_steps = 25;
+  c.sparseloco.topk = 128;
   return c;
 }
 
@@ -230,7 +242,7 @@ int run_sim_command(const SimArgs& args) {
 void add_compare_command(CLI::App& app, CompareArgs& args) {
   auto* cmd = app.add_subcommand("compare",
                                  "Compare methods on the same model, data and network in simulation; writes summary.json and report.html.\n"
-                                 "Built-in defaults: 4 workers behind 100 Mbit/s, 80 ms RTT links, a small GPT on the synthetic language "
+                                 "Built-in defaults: 2 workers behind 100 Mbit/s, 80 ms RTT links, a small GPT on the synthetic language "
                                  "(`gossamer config` with --set shows any key; --config and --set change them)");
   add_config_source(*cmd, args.source);
   args.out_option = cmd->add_option("--out", args.out, "output folder, new or empty: summary.json, report.html, <method>/metrics.jsonl (default: runs/compare-<time>)");
