@@ -84,7 +84,7 @@ struct CompareArgs {
   ConfigSource source;
   std::string out;  // given, or dated_out("compare")
   const CLI::Option* out_option = nullptr;
-  std::vector<std::string> methods = {"ddp", "diloco", "streaming_diloco", "noloco", "co2", "sparseloco"};
+  std::vector<std::string> methods = {"ddp", "diloco", "streaming_diloco", "noloco", "co2"};
   double target_loss = 0;
 };
 // The built-in comparison: 2 workers behind 100 Mbit/s, 80 ms links, a small GPT on the synthetic

@@ -169,8 +169,8 @@ std::string dated_out(const std::string& command) {
 }
 
 train::RunConfig compare_defaults() {
-  // Sized to finish in about five minutes on two cores (600 inner steps x 2 workers x 6 methods of a
-  // 0.25M-parameter GPT). Two workers, as in Streaming DiLoCo's main results: for the same compute,
+  // Sized to finish in under five minutes on two cores (600 inner steps x 2 workers x the 5 default
+  // methods of a 0.25M-parameter GPT, ~55 s each; `--methods ...,sparseloco` adds one more). Two workers, as in Streaming DiLoCo's main results: for the same compute,
   // twice the steps of four workers, so every method gets twice the rounds (with 4 workers and 300
   // steps no method but ddp came within 5% of ddp; docs/benchmarks.md). Periods: 25 steps for the
   // methods that send everything per round (24 rounds), and for the others the shortest that meets
