@@ -119,30 +119,23 @@ TEST_CASE("sparse payload: every malformed or hostile variant is refused and lea
   Bytes longer = good;
   longer.push_back(std::byte{0});
   refused(longer);
-  // Magic, version, value bits, reserved.
-  Bytes b = good;
-  b[0] = std::byte{'X'};
-  refused(b);
-  b = good;
-  b[4] = std::byte{9};
-  CHECK(refused(b) == ErrorCode::kVersionMismatch);
-  b = good;
-  b[5] = std::byte{3};
-  refused(b);
-  b = good;
-  b[6] = std::byte{1};
-  refused(b);
+  // The good payload with one header byte changed.
+  auto with_byte = [&](std::size_t at, unsigned value) {
+    Bytes changed = good;
+    changed[at] = static_cast<std::byte>(value);
+    return changed;
+  };
+  refused(with_byte(0, 'X'));                                       // magic
+  CHECK(refused(with_byte(4, 9)) == ErrorCode::kVersionMismatch);  // version
+  refused(with_byte(5, 3));                                         // value bits
+  refused(with_byte(6, 1));                                         // reserved
+  refused(with_byte(20, 17));                                       // topk > chunk
+  refused(with_byte(16, 1));                                        // chunk of 1
   // More values than the receiver expects, and fewer.
   CHECK(inspect_sparse(good, 63).status().code() == ErrorCode::kOutOfRange);
   std::vector<float> small(32);
   CHECK_FALSE(decode_sparse_add(good, small).ok());
-  // topk > chunk, chunk of 1.
-  b = good;
-  b[20] = std::byte{17};
-  refused(b);
-  b = good;
-  b[16] = std::byte{1};
-  refused(b);
+  Bytes b;
   // A level that is NaN, negative or out of order.
   const std::size_t levels = kSparseHeaderBytes;
   for (float bad : {std::nanf(""), -1.0f, INFINITY}) {
