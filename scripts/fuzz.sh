@@ -18,7 +18,8 @@ if [ ! -f build-fuzz/CMakeCache.txt ]; then
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
         -DGOSSAMER_FUZZ=ON
 fi
-targets=(quant_decode_fuzz sparse_decode_fuzz checkpoint_decode_fuzz protocol_decode_fuzz gossip_fuzz)
+targets=(quant_decode_fuzz sparse_decode_fuzz checkpoint_decode_fuzz protocol_decode_fuzz gossip_fuzz secure_channel_fuzz round_message_fuzz
+         spec_announcement_fuzz join_board_fuzz state_manifest_fuzz state_transfer_fuzz relay_request_fuzz)
 cmake --build build-fuzz --target "${targets[@]}"
 for target in "${targets[@]}"; do
   mkdir -p "build-fuzz/corpus/$target" build-fuzz/artifacts
@@ -28,5 +29,7 @@ for target in "${targets[@]}"; do
       > build-fuzz/corpus/$target/seed
   fi
   echo "fuzz: $target for ${seconds}s"
-  "build-fuzz/tests/fuzz/$target" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=4096 -artifact_prefix=build-fuzz/artifacts/ "build-fuzz/corpus/$target"
+  # Targets that take several messages per input write valid seeds into the corpus (tests/fuzz/records.h).
+  GOSSAMER_FUZZ_SEED_DIR="build-fuzz/corpus/$target" \
+    "build-fuzz/tests/fuzz/$target" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=4096 -artifact_prefix=build-fuzz/artifacts/ "build-fuzz/corpus/$target"
 done

@@ -70,6 +70,10 @@ class SimGossip final : public transport::Gossip {
   }
   std::uint64_t dropped_messages() const override { return node_->core.dropped(); }
   std::pair<std::uint64_t, std::uint64_t> bytes() const override { return node_->core.bytes(); }
+  Status set_outbound_only(bool outbound_only) override {
+    node_->core.set_outbound_only(outbound_only);
+    return Status();
+  }
 
  private:
   GossipFabric& fabric_;

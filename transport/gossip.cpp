@@ -2,9 +2,13 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <algorithm>
+#include <cstring>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -13,6 +17,7 @@
 
 #include "core/log.h"
 #include "transport/gossip_core.h"
+#include "transport/reach_probe.h"
 
 namespace gossamer::transport {
 
@@ -33,6 +38,11 @@ class ZmqGossip final : public Gossip {
     leave();
     stop_ = true;
     if (thread_.joinable()) thread_.join();
+    {
+      std::lock_guard<std::mutex> lock(probe_mu_);
+      probe_cv_.notify_all();
+    }
+    if (prober_.joinable()) prober_.join();
     sodium_memzero(curve_sk_.data(), curve_sk_.size());
   }
 
@@ -54,7 +64,11 @@ class ZmqGossip final : public Gossip {
       }
       router_ = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::router);
       router_->set(zmq::sockopt::linger, 0);
+      // A reply to a member that went away fails at once (EHOSTUNREACH) instead of vanishing.
+      router_->set(zmq::sockopt::router_mandatory, 1);
       router_->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(kMaxMessage));  // libzmq drops larger ones
+      // A connection that has not finished ZeroMQ's handshake in 5 s is dropped (junk held open).
+      router_->set(zmq::sockopt::handshake_ivl, 5000);
       if (options_.key) {
         router_->set(zmq::sockopt::curve_server, 1);
         router_->set(zmq::sockopt::curve_secretkey, zmq::const_buffer(curve_sk_.data(), curve_sk_.size()));
@@ -76,6 +90,7 @@ class ZmqGossip final : public Gossip {
     }
     core_ = std::make_unique<GossipCore>(options_, bound, real_clock(), std::random_device{}());
     thread_ = std::thread([this] { loop(); });
+    prober_ = std::thread([this] { probe_loop(); });
     return Status();
   }
 
@@ -96,6 +111,178 @@ class ZmqGossip final : public Gossip {
   std::uint64_t dropped_messages() const override { return core_->dropped() + refused_.load(); }
   std::pair<std::uint64_t, std::uint64_t> bytes() const override { return core_->bytes(); }
 
+  Status set_outbound_only(bool outbound_only) override {
+    core_->set_outbound_only(outbound_only);
+    return Status();
+  }
+
+  Result<Reachability> check_reachable(const std::vector<std::string>& addresses, Deadline deadline, const std::atomic<bool>* stop) override {
+    if (addresses.empty() || addresses.size() > kMaxReachAddresses) {
+      return error(ErrorCode::kInvalidArgument, "a dial-back check names 1 to " + std::to_string(kMaxReachAddresses) + " addresses");
+    }
+    std::vector<Member> helpers;
+    for (auto& m : core_->members()) {
+      if (m.state == MemberState::kAlive && !m.outbound_only) helpers.push_back(std::move(m));
+    }
+    std::shuffle(helpers.begin(), helpers.end(), std::mt19937_64(std::random_device{}()));
+    // A node nobody can reach hears from no one until it is known to be outbound-only: its seeds are
+    // then the members to ask (they answer through the connection the request came on).
+    if (helpers.empty()) {
+      for (const auto& seed : options_.seeds) helpers.push_back(Member{PeerId{}, seed, 0, MemberState::kAlive, false});
+    }
+    if (helpers.size() > 3) helpers.resize(3);
+    if (helpers.empty()) return error(ErrorCode::kUnavailable, "no member that accepts connections is known yet to dial this peer back");
+    // Asked of up to three members at once (one may have died a moment ago): the first answer counts.
+    ReachRequest request;
+    request.nonce = random_peer_id().value;
+    request.requester = options_.self;
+    request.addresses = addresses;
+    const Bytes message = encode_reach_request(request);
+    std::unique_lock<std::mutex> lock(probe_mu_);
+    waiting_nonces_.insert(request.nonce);
+    for (const Member& helper : helpers) requests_out_.emplace_back(helper.address, message);
+    // Each helper dials the addresses one after another, with a 3 s timeout each.
+    const auto until = std::min(deadline.steady_time(), std::chrono::steady_clock::now() + std::chrono::seconds(3 * addresses.size() + 2));
+    const auto stopped = [&] { return stop != nullptr && stop->load(); };
+    while (!stop_ && !stopped() && answers_in_.count(request.nonce) == 0 && std::chrono::steady_clock::now() < until) {
+      probe_cv_.wait_until(lock, std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)));
+    }
+    waiting_nonces_.erase(request.nonce);
+    if (stopped()) {
+      answers_in_.erase(request.nonce);
+      answer_from_.erase(request.nonce);
+      return error(ErrorCode::kAborted, "stop requested during the dial-back check");
+    }
+    auto it = answers_in_.find(request.nonce);
+    if (it != answers_in_.end()) {
+      ReachAnswer answer = std::move(it->second);
+      answers_in_.erase(it);
+      if (answer.results.size() == addresses.size()) {
+        Reachability out;
+        out.helper = answer_from_.count(request.nonce) == 1 ? answer_from_[request.nonce] : std::string();
+        answer_from_.erase(request.nonce);
+        out.observed_ip = answer.observed_ip;
+        out.reachable = true;
+        for (std::size_t i = 0; i < addresses.size(); ++i) {
+          if (answer.results[i].reached) continue;
+          out.reachable = false;
+          out.failed.push_back(addresses[i] + " (" + answer.results[i].detail + ")");
+        }
+        return out;
+      }
+    }
+    answer_from_.erase(request.nonce);
+    return error(ErrorCode::kUnavailable, "no member answered the dial-back check in time");
+  }
+
+ private:
+  // One dial-back job: the request, who asked (its ROUTER identity) and from which IP.
+  struct ProbeJob {
+    Bytes identity;
+    ReachRequest request;
+    std::string observed_ip;
+  };
+  static constexpr std::size_t kMaxProbeJobs = 8;  // queued dial-back requests; more are dropped
+
+  // The prober thread: dials the addresses of each queued request in turn (blocking connects, off
+  // the gossip thread) and queues the answer for the gossip thread to send.
+  void probe_loop() {
+    for (;;) {
+      ProbeJob job;
+      {
+        std::unique_lock<std::mutex> lock(probe_mu_);
+        probe_cv_.wait(lock, [&] { return stop_.load() || !probe_jobs_.empty(); });
+        if (stop_) return;
+        job = std::move(probe_jobs_.front());
+        probe_jobs_.pop_front();
+      }
+      ReachAnswer answer;
+      answer.nonce = job.request.nonce;
+      answer.observed_ip = job.observed_ip;
+      for (const auto& address : job.request.addresses) {
+        ReachResult res;
+        auto target = reach_target(address, job.observed_ip, options_.key.has_value());
+        Status st = target.ok() ? probe_tcp(*target, std::chrono::seconds(3)) : target.status();
+        res.reached = st.ok();
+        if (!st.ok()) res.detail = (target.ok() ? *target + ": " : std::string()) + st.message();
+        answer.results.push_back(std::move(res));
+      }
+      std::lock_guard<std::mutex> lock(probe_mu_);
+      answers_out_.emplace_back(std::move(job.identity), encode_reach_answer(answer));
+    }
+  }
+
+  // A dial-back message (on the gossip thread); `identity` is empty for one that came on a DEALER.
+  void on_reach_message(ReachType type, ByteView body, const Bytes& identity, const std::string& observed, const std::string& from) {
+    if (type == ReachType::kRequest) {
+      auto request = decode_reach_request(body);
+      if (!request.ok() || identity.empty()) return core_->count_drop(request.ok() ? "dial-back request on a reply path" : request.status().message());
+      std::lock_guard<std::mutex> lock(probe_mu_);
+      if (core_->outbound_only()) return core_->count_drop("dial-back request to an outbound-only peer");
+      if (probe_jobs_.size() >= kMaxProbeJobs) return core_->count_drop("dial-back queue full");
+      probe_jobs_.push_back(ProbeJob{identity, std::move(*request), observed});
+      probe_cv_.notify_all();
+      return;
+    }
+    auto answer = decode_reach_answer(body);
+    if (!answer.ok() || !identity.empty()) return core_->count_drop(answer.ok() ? "dial-back answer on a request path" : answer.status().message());
+    std::lock_guard<std::mutex> lock(probe_mu_);
+    // Only an answer to a check under way, and its first one.
+    if (waiting_nonces_.count(answer->nonce) == 0 || answers_in_.count(answer->nonce) == 1) return;
+    answer_from_[answer->nonce] = from;
+    answers_in_[answer->nonce] = std::move(*answer);
+    probe_cv_.notify_all();
+  }
+
+  // The dial-back messages queued by other threads (gossip thread).
+  void flush_probe_messages() {
+    std::deque<std::pair<std::string, Bytes>> requests;
+    std::deque<std::pair<Bytes, Bytes>> answers;
+    {
+      std::lock_guard<std::mutex> lock(probe_mu_);
+      requests.swap(requests_out_);
+      answers.swap(answers_out_);
+    }
+    for (auto& [address, message] : requests) {
+      try {
+        (void)dealer(address).send(zmq::buffer(message.data(), message.size()), zmq::send_flags::dontwait);
+      } catch (const zmq::error_t& e) {
+        spdlog::debug("gossip: cannot send a dial-back request to {}: {}", address, e.what());
+      }
+    }
+    for (auto& [identity, message] : answers) send_routed(identity, message);
+  }
+
+  // Sends through the ROUTER to the connection `identity` names; false when it is gone.
+  bool send_routed(const Bytes& identity, const Bytes& message) {
+    try {
+      if (!router_->send(zmq::buffer(identity.data(), identity.size()), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) return false;
+      return router_->send(zmq::buffer(message.data(), message.size()), zmq::send_flags::dontwait).has_value();
+    } catch (const zmq::error_t& e) {
+      spdlog::debug("gossip: cannot answer through a member's connection: {}", e.what());
+      return false;
+    }
+  }
+
+  // A message from the network (gossip thread): a dial-back one, or the core's.
+  // `from`: the gossip address of the DEALER's other end, for a message that came on one.
+  void receive(const zmq::message_t& body, const Bytes& identity, const std::string& from = std::string()) {
+    // The IP the sender's connection comes from: where a peer that listens on a wildcard
+    // address (0.0.0.0, [::]) can be reached.
+    const char* observed_c = zmq_msg_gets(body.handle(), "Peer-Address");
+    const std::string observed = observed_c != nullptr ? std::string(observed_c) : std::string();
+    const ByteView bytes(static_cast<const std::byte*>(body.data()), body.size());
+    if (const ReachType type = reach_type(bytes); type != ReachType::kNone) return on_reach_message(type, bytes, identity, observed, from);
+    // Who opened this connection (the sender field of the header; a key holder could lie about it,
+    // which only misroutes its own replies): where replies to an outbound-only member go.
+    if (!identity.empty() && bytes.size() >= 14) {
+      std::uint64_t sender = 0;
+      std::memcpy(&sender, bytes.data() + 6, sizeof(sender));
+      if (routes_.size() < options_.max_members || routes_.count(sender) == 1) routes_[sender] = identity;
+    }
+    send_all(core_->handle(bytes, observed));
+  }
+
  private:
   zmq::socket_t& dealer(const std::string& address) {
     auto it = dealers_.find(address);
@@ -115,6 +302,11 @@ class ZmqGossip final : public Gossip {
 
   void send_all(const std::vector<GossipSend>& sends) {
     for (const auto& s : sends) {
+      if (s.route.value != 0) {
+        auto it = routes_.find(s.route.value);
+        if (it != routes_.end() && !send_routed(it->second, s.message)) routes_.erase(it);
+        continue;
+      }
       try {
         (void)dealer(s.to).send(zmq::buffer(s.message.data(), s.message.size()), zmq::send_flags::dontwait);
       } catch (const zmq::error_t& e) {
@@ -150,11 +342,22 @@ class ZmqGossip final : public Gossip {
       } else {
         send_all(core_->take_broadcasts());  // a broadcast leaves within a poll interval, not a whole period
       }
+      flush_probe_messages();
       std::vector<zmq::pollitem_t> items = {{router_->handle(), 0, ZMQ_POLLIN, 0}};
       const std::size_t zap_at = items.size();
       if (zap_) items.push_back({zap_->handle(), 0, ZMQ_POLLIN, 0});
       const std::size_t monitor_at = items.size();
       if (monitor_) items.push_back({monitor_->handle(), 0, ZMQ_POLLIN, 0});
+      // Replies come back on our own connections too: from members that cannot dial this node
+      // (it is outbound-only), and dial-back answers.
+      const std::size_t dealers_at = items.size();
+      std::vector<zmq::socket_t*> dealers;
+      std::vector<const std::string*> dealer_addresses;
+      for (auto& [address, d] : dealers_) {
+        dealers.push_back(d.get());
+        dealer_addresses.push_back(&address);
+        items.push_back({d->handle(), 0, ZMQ_POLLIN, 0});
+      }
       try {
         zmq::poll(items, std::chrono::duration_cast<std::chrono::milliseconds>(wake));
         if (zap_ && (items[zap_at].revents & ZMQ_POLLIN)) answer_zap();
@@ -165,17 +368,17 @@ class ZmqGossip final : public Gossip {
           if (!router_->recv(identity, zmq::recv_flags::dontwait)) break;
           if (!identity.more()) continue;
           if (!router_->recv(body, zmq::recv_flags::dontwait)) break;
-          while (body.more()) {  // a well-behaved peer sends one frame; discard any extra ones
-            zmq::message_t extra;
-            if (!router_->recv(extra, zmq::recv_flags::dontwait)) break;
-            body = std::move(extra);
-            core_->count_drop("multi-frame gossip message");
+          if (!discard_extra_frames(*router_, body)) continue;
+          receive(body, Bytes(static_cast<const std::byte*>(identity.data()), static_cast<const std::byte*>(identity.data()) + identity.size()));
+        }
+        for (std::size_t i = 0; i < dealers.size(); ++i) {
+          if (!(items[dealers_at + i].revents & ZMQ_POLLIN)) continue;
+          for (int n = 0; n < 64; ++n) {
+            zmq::message_t body;
+            if (!dealers[i]->recv(body, zmq::recv_flags::dontwait)) break;
+            if (!discard_extra_frames(*dealers[i], body)) continue;
+            receive(body, Bytes(), *dealer_addresses[i]);
           }
-          // The IP the sender's connection comes from: where a peer that listens on a wildcard
-          // address (0.0.0.0, [::]) can be reached.
-          const char* observed = zmq_msg_gets(body.handle(), "Peer-Address");
-          send_all(core_->handle(ByteView(static_cast<const std::byte*>(body.data()), body.size()),
-                                 observed != nullptr ? std::string(observed) : std::string()));
         }
       } catch (const zmq::error_t& e) {
         spdlog::warn("gossip: {}", e.what());
@@ -186,6 +389,20 @@ class ZmqGossip final : public Gossip {
     monitor_.reset();
     router_.reset();
     zap_.reset();
+  }
+
+  // A well-behaved peer sends one frame: any extra ones are read, counted and dropped. False when
+  // the message was cut short.
+  bool discard_extra_frames(zmq::socket_t& socket, zmq::message_t& body) {
+    bool extra = false;
+    while (body.more()) {
+      zmq::message_t next;
+      if (!socket.recv(next, zmq::recv_flags::dontwait)) return false;
+      body = std::move(next);
+      extra = true;
+    }
+    if (extra) core_->count_drop("multi-frame gossip message");
+    return !extra;
   }
 
   // One ZAP request (RFC 27): admit a CURVE client only if its public key is the run's.
@@ -251,7 +468,17 @@ class ZmqGossip final : public Gossip {
   SteadyTime last_refusal_log_{};
   std::uint64_t refusals_since_log_ = 0;
   std::map<std::string, std::unique_ptr<zmq::socket_t>> dealers_;
-  std::thread thread_;
+  std::map<std::uint64_t, Bytes> routes_;  // member id -> ROUTER identity of the connection it opened
+  std::thread thread_, prober_;
+  // Dial-back checks: jobs for the prober, messages for the gossip thread to send, answers heard.
+  std::mutex probe_mu_;
+  std::condition_variable probe_cv_;
+  std::deque<ProbeJob> probe_jobs_;
+  std::deque<std::pair<std::string, Bytes>> requests_out_;  // (helper's gossip address, request)
+  std::deque<std::pair<Bytes, Bytes>> answers_out_;         // (requester's identity, answer)
+  std::map<std::uint64_t, ReachAnswer> answers_in_;          // by nonce
+  std::map<std::uint64_t, std::string> answer_from_;         // who answered, by nonce
+  std::set<std::uint64_t> waiting_nonces_;                   // checks under way
   std::atomic<bool> stop_{false};
   std::atomic<std::uint64_t> refused_{0};  // handshakes refused (a wrong key, or none)
   // Anyone on the network can knock with a wrong key: bounded log lines.

@@ -16,6 +16,7 @@
 // (dropped_messages()); construction errors (cannot bind) are returned by make_gossip.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -52,6 +53,8 @@ struct GossipOptions {
   // only peers holding the same key; nodes without it are refused (logged on the refusing side; the
   // refused side warns when no peer answers). Without a key, gossip is insecure (local tests only).
   std::optional<RunKey> key;
+  // This node accepts no connections (see Gossip::set_outbound_only).
+  bool outbound_only = false;
 };
 
 enum class MemberState : std::uint8_t { kAlive = 0, kSuspect = 1, kDead = 2, kLeft = 3 };
@@ -61,6 +64,15 @@ struct Member {
   std::string address;
   std::uint64_t heartbeat = 0;
   MemberState state = MemberState::kAlive;
+  bool outbound_only = false;  // accepts no connections (behind NAT): reached only through the ones it opens
+};
+
+// What a dial-back check found (Gossip::check_reachable).
+struct Reachability {
+  bool reachable = false;            // every address given was reached
+  std::string helper;                // the gossip address of the member that dialled back
+  std::string observed_ip;           // the IP this node's connection to it came from (a NAT's public IP)
+  std::vector<std::string> failed;   // "ADDRESS (why)" for each address it could not reach
 };
 
 class Gossip {
@@ -82,6 +94,23 @@ class Gossip {
   // Bytes of gossip messages this node sent and received so far (as encoded; transport overhead
   // not included).
   virtual std::pair<std::uint64_t, std::uint64_t> bytes() const = 0;
+  // A dial-back check: asks a live member that accepts connections to open a TCP connection to each
+  // of `addresses` (HOST:PORT; a wildcard host means the IP this node's messages come from) and
+  // say which it reached; asks up to three members at once (its seeds while it knows none).
+  // kUnavailable when none answered in time; kAborted within 0.1 s of `stop` becoming true.
+  [[nodiscard]] virtual Result<Reachability> check_reachable(const std::vector<std::string>& addresses, Deadline deadline,
+                                                             const std::atomic<bool>* stop = nullptr) {
+    (void)addresses;
+    (void)deadline;
+    (void)stop;
+    return error(ErrorCode::kUnavailable, "this gossip cannot check reachability");
+  }
+  // Marks this node as accepting no connections (behind NAT): the others then send to it only
+  // through the connections it opens to them, and never try to dial it.
+  [[nodiscard]] virtual Status set_outbound_only(bool outbound_only) {
+    (void)outbound_only;
+    return error(ErrorCode::kUnavailable, "this gossip cannot run outbound-only");
+  }
 };
 
 [[nodiscard]] Result<std::unique_ptr<Gossip>> make_gossip(const GossipOptions& options);

@@ -12,13 +12,14 @@ namespace gossamer::transport {
 
 namespace {
 constexpr char kMagic[4] = {'G', 'S', 'G', 'P'};
-constexpr std::uint8_t kVersion = 1;
+constexpr std::uint8_t kVersion = 2;  // 2: a row's last byte is flags (left, outbound-only)
+constexpr std::uint8_t kLeftFlag = 1, kOutboundFlag = 2;
 constexpr std::size_t kMaxAddress = 256, kMaxTopic = 64, kMaxPayload = 64 * 1024, kMaxMembers = 65536;
 
 }  // namespace
 
 GossipCore::GossipCore(GossipOptions options, std::string bound, const Clock& clock, std::uint64_t seed)
-    : options_(std::move(options)), bound_(std::move(bound)), clock_(clock), rng_(seed) {}
+    : options_(std::move(options)), bound_(std::move(bound)), clock_(clock), rng_(seed), outbound_only_(options_.outbound_only) {}
 
 std::vector<GossipSend> GossipCore::counted(std::vector<GossipSend> sends) {
   std::uint64_t n = 0;
@@ -39,7 +40,7 @@ std::vector<Member> GossipCore::members() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Member> out;
   const Nanos now = clock_.now();
-  for (const auto& [id, e] : table_) out.push_back(Member{PeerId{id}, e.address, e.heartbeat, state_of(e, now)});
+  for (const auto& [id, e] : table_) out.push_back(Member{PeerId{id}, e.address, e.heartbeat, state_of(e, now), e.outbound_only});
   return out;
 }
 
@@ -83,12 +84,12 @@ Bytes GossipCore::table_message(bool leaving) const {
   w.u64(options_.self.value);
   w.str(announced());
   w.u64(heartbeat_);
-  w.u8(leaving ? 1 : 0);
+  w.u8(static_cast<std::uint8_t>((leaving ? kLeftFlag : 0) | (outbound_only_ ? kOutboundFlag : 0)));
   for (const auto& [id, e] : table_) {
     w.u64(id);
     w.str(e.address);
     w.u64(e.heartbeat);
-    w.u8(e.left ? 1 : 0);
+    w.u8(static_cast<std::uint8_t>((e.left ? kLeftFlag : 0) | (e.outbound_only ? kOutboundFlag : 0)));
   }
   return std::move(w).take();
 }
@@ -105,14 +106,33 @@ Bytes GossipCore::broadcast_message(std::uint64_t origin, std::uint64_t seq, std
   return std::move(w).take();
 }
 
-std::vector<std::string> GossipCore::random_live(std::size_t k, Nanos now) {
-  std::vector<std::string> live;
+std::vector<GossipCore::Target> GossipCore::random_live(std::size_t k, Nanos now) {
+  std::vector<Target> live;
   for (const auto& [id, e] : table_) {
-    if (state_of(e, now) == MemberState::kAlive) live.push_back(e.address);
+    if (state_of(e, now) != MemberState::kAlive) continue;
+    if (!e.outbound_only) {
+      live.push_back(Target{e.address, PeerId{}});
+    } else if (now - e.heard < options_.suspect_after) {
+      live.push_back(Target{e.address, PeerId{id}});
+    }
   }
   std::shuffle(live.begin(), live.end(), rng_);
   if (live.size() > k) live.resize(k);
   return live;
+}
+
+void GossipCore::send_to(std::vector<GossipSend>& sends, const std::vector<Target>& targets, const Bytes& message) const {
+  for (const auto& t : targets) sends.push_back(GossipSend{t.address, message, t.route});
+}
+
+void GossipCore::set_outbound_only(bool outbound_only) {
+  std::lock_guard<std::mutex> lock(mu_);
+  outbound_only_ = outbound_only;
+}
+
+bool GossipCore::outbound_only() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return outbound_only_;
 }
 
 void GossipCore::take_outbox_locked(std::vector<GossipSend>* sends, Nanos now) {
@@ -124,7 +144,7 @@ void GossipCore::take_outbox_locked(std::vector<GossipSend>* sends, Nanos now) {
     deliver_locked(options_.self, o.topic, o.payload);
     rumors_.push_back(Rumor{broadcast_message(options_.self.value, seq, 0, o.topic, o.payload), kRumorRounds});
     if (sends != nullptr) {
-      for (auto& t : random_live(static_cast<std::size_t>(options_.fanout), now)) sends->push_back(GossipSend{t, rumors_.back().message});
+      send_to(*sends, random_live(static_cast<std::size_t>(options_.fanout), now), rumors_.back().message);
     }
   }
 }
@@ -144,13 +164,15 @@ std::vector<GossipSend> GossipCore::tick() {
   }
   const Bytes table = table_message(false);
   auto targets = random_live(static_cast<std::size_t>(options_.fanout), now);
-  if (targets.empty()) targets = options_.seeds;
-  for (auto& t : targets) sends.push_back(GossipSend{t, table});
+  if (targets.empty()) {
+    for (const auto& seed : options_.seeds) targets.push_back(Target{seed, PeerId{}});
+  }
+  send_to(sends, targets, table);
   take_outbox_locked(nullptr, now);
   // Every live rumor goes to `fanout` random peers for a few periods, so it survives lost messages
   // and peers that join late.
   for (auto& rumor : rumors_) {
-    for (auto& t : random_live(static_cast<std::size_t>(options_.fanout), now)) sends.push_back(GossipSend{t, rumor.message});
+    send_to(sends, random_live(static_cast<std::size_t>(options_.fanout), now), rumor.message);
     --rumor.rounds_left;
   }
   std::erase_if(rumors_, [](const Rumor& r) { return r.rounds_left <= 0; });
@@ -173,7 +195,7 @@ std::vector<GossipSend> GossipCore::farewell() {
   take_outbox_locked(&sends, clock_.now());
   ++heartbeat_;
   const Bytes bye = table_message(true);
-  for (auto& t : random_live(table_.size(), clock_.now())) sends.push_back(GossipSend{t, bye});
+  send_to(sends, random_live(table_.size(), clock_.now()), bye);
   left_ = true;
   return counted(std::move(sends));
 }
@@ -217,7 +239,7 @@ void GossipCore::merge_table_locked(Reader& r, std::uint64_t sender, const std::
     std::uint64_t id;
     std::string_view address;
     std::uint64_t heartbeat;
-    std::uint8_t left;
+    std::uint8_t flags;
   };
   std::vector<Row> rows;
   rows.reserve(std::min<std::size_t>(n, r.remaining() / 21));  // a row takes at least 21 bytes
@@ -226,13 +248,13 @@ void GossipCore::merge_table_locked(Reader& r, std::uint64_t sender, const std::
     row.id = r.u64();
     row.address = as_string_view(r.blob(kMaxAddress));
     row.heartbeat = r.u64();
-    row.left = r.u8();
+    row.flags = r.u8();
     rows.push_back(row);
   }
   r.expect_end();
   if (!r.ok()) return count_drop(r.status().message());
   for (const auto& row : rows) {
-    if (row.id == options_.self.value || row.id == 0 || row.left > 1) continue;
+    if (row.id == options_.self.value || row.id == 0 || row.flags > (kLeftFlag | kOutboundFlag)) continue;
     auto it = table_.find(row.id);
     if (it != table_.end() && row.heartbeat <= it->second.heartbeat) continue;  // nothing new
     std::string address(row.address);
@@ -252,8 +274,10 @@ void GossipCore::merge_table_locked(Reader& r, std::uint64_t sender, const std::
     e.address = std::move(address);
     e.heartbeat = row.heartbeat;
     e.changed = now;
-    if (row.left == 1 && !e.left) spdlog::debug("gossip: peer {} left", PeerId{row.id}.to_string());
-    e.left = row.left == 1;
+    const bool left = (row.flags & kLeftFlag) != 0;
+    if (left && !e.left) spdlog::debug("gossip: peer {} left", PeerId{row.id}.to_string());
+    e.left = left;
+    e.outbound_only = (row.flags & kOutboundFlag) != 0;
   }
 }
 
@@ -280,7 +304,7 @@ void GossipCore::handle_broadcast_locked(Reader& r, std::vector<GossipSend>& sen
   deliver_locked(PeerId{origin}, topic, body);
   if (hops + 1 < options_.max_hops) {
     Rumor rumor{broadcast_message(origin, seq, static_cast<std::uint8_t>(hops + 1), topic, body), kRumorRounds};
-    for (auto& t : random_live(static_cast<std::size_t>(options_.fanout), now)) sends.push_back(GossipSend{t, rumor.message});
+    send_to(sends, random_live(static_cast<std::size_t>(options_.fanout), now), rumor.message);
     rumors_.push_back(std::move(rumor));
   }
 }
@@ -315,7 +339,10 @@ std::vector<GossipSend> GossipCore::handle(ByteView data, const std::string& obs
     handle_broadcast_locked(r, sends, now);
   } else {
     count_drop("unknown gossip message type " + std::to_string(type));
+    return counted(std::move(sends));
   }
+  // It reached us directly: an outbound-only sender can be answered through its connection.
+  if (auto it = table_.find(sender); it != table_.end()) it->second.heard = now;
   return counted(std::move(sends));
 }
 

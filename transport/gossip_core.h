@@ -7,7 +7,7 @@
 //
 // Wire (little-endian, through core/wire):
 //   magic "GSGP" | version u8 | type u8 | sender id u64 | sender address str
-//   kTable:     count u32 | count x (id u64, address str, heartbeat u64, left u8)
+//   kTable:     count u32 | count x (id u64, address str, heartbeat u64, flags u8: 1 left, 2 outbound-only)
 //   kBroadcast: origin u64 | sequence u64 | hops u8 | topic str | payload blob
 // Untrusted input: a malformed message, another version or an oversized one is dropped, counted
 // and logged (a bounded number of lines, core/log.h).
@@ -35,6 +35,9 @@ namespace gossamer::transport {
 struct GossipSend {
   std::string to;  // a gossip address, as members announce them
   Bytes message;
+  // Nonzero: `to` cannot be dialled (an outbound-only member, behind NAT); send the message back
+  // through the connection this member opened to us (ZeroMQ: the ROUTER's route to its DEALER).
+  PeerId route;
 };
 
 class GossipCore {
@@ -69,6 +72,10 @@ class GossipCore {
   void run_deliveries();
 
   bool knows_anyone() const;
+  // This node accepts no connections (behind NAT, found by a dial-back check): it tells the others,
+  // who then send to it only through the connections it opens to them.
+  void set_outbound_only(bool outbound_only);
+  bool outbound_only() const;
   std::uint64_t dropped() const { return dropped_.load(); }
   // Bytes of the messages it returned to send, and of those handed to handle().
   std::pair<std::uint64_t, std::uint64_t> bytes() const { return {bytes_sent_.load(), bytes_received_.load()}; }
@@ -80,7 +87,13 @@ class GossipCore {
     std::string address;
     std::uint64_t heartbeat = 0;
     bool left = false;
-    Nanos changed{0};  // when the heartbeat last rose
+    bool outbound_only = false;  // accepts no connections: reached only through one it opened
+    Nanos changed{0};            // when the heartbeat last rose
+    Nanos heard = Nanos::min();  // when a message last came from it directly
+  };
+  struct Target {
+    std::string address;
+    PeerId route;  // see GossipSend
   };
   struct Rumor {
     Bytes message;
@@ -102,7 +115,10 @@ class GossipCore {
   void write_header(Writer& w, MsgType type) const;
   Bytes table_message(bool leaving) const;
   Bytes broadcast_message(std::uint64_t origin, std::uint64_t seq, std::uint8_t hops, const std::string& topic, ByteView payload) const;
-  std::vector<std::string> random_live(std::size_t k, Nanos now);
+  // Up to k live members to send to, at random: an outbound-only member only while it keeps a
+  // connection to this node (heard from directly within suspect_after).
+  std::vector<Target> random_live(std::size_t k, Nanos now);
+  void send_to(std::vector<GossipSend>& sends, const std::vector<Target>& targets, const Bytes& message) const;
   void take_outbox_locked(std::vector<GossipSend>* sends, Nanos now);
   void deliver_locked(PeerId origin, const std::string& topic, const Bytes& payload);
   void merge_table_locked(Reader& r, std::uint64_t sender, const std::string& observed_ip, Nanos now);
@@ -131,6 +147,7 @@ class GossipCore {
   std::vector<Delivery> deliveries_;
   std::mt19937_64 rng_;
   bool left_ = false;
+  bool outbound_only_ = false;
 };
 
 }  // namespace gossamer::transport

@@ -34,6 +34,10 @@ TcpLink::TcpLink(std::shared_ptr<asio::io_context> io, tcp::socket socket, PeerI
   remote_ = ec ? std::string("?") : ep.address().to_string() + ":" + std::to_string(ep.port());
 }
 
+TcpLink::~TcpLink() {
+  if (on_retire_) on_retire_(stats_);
+}
+
 void TcpLink::start() {
   asio::post(socket_.get_executor(), [self = shared_from_this()] { self->read_next(); });
 }

@@ -66,7 +66,12 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
   TcpLink(std::shared_ptr<asio::io_context> io, tcp::socket socket, PeerId peer, const TcpOptions& o,
           std::unique_ptr<SecureSession> secure);
 
+  ~TcpLink() override;
   void start();
+  // Runs with the link's final counts when it is destroyed (the transport's relayed-bytes totals).
+  void on_retire(std::function<void(const LinkStats&)> f) { on_retire_ = std::move(f); }
+  // What remote_address() says (a relayed link names its relay).
+  void set_remote(std::string remote) { remote_ = std::move(remote); }
 
   PeerId peer() const override { return peer_; }
   std::string remote_address() const override { return remote_; }
@@ -168,6 +173,7 @@ class TcpLink final : public Link, public std::enable_shared_from_this<TcpLink> 
   bool paused_ = false;
   Status failed_;
   LinkStats stats_;
+  std::function<void(const LinkStats&)> on_retire_;
 };
 
 }  // namespace gossamer::transport::tcp_detail

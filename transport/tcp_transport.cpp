@@ -6,9 +6,11 @@
 
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -18,6 +20,7 @@
 
 #include "core/log.h"
 #include "transport/protocol.h"
+#include "transport/relay.h"
 #include "transport/tcp_link.h"
 
 namespace gossamer::transport {
@@ -84,10 +87,14 @@ void tune_socket(tcp::socket& s, const TcpOptions& o) {
 struct Handshake : std::enable_shared_from_this<Handshake> {
   using Done = std::function<void(Status, Hello, std::unique_ptr<SecureSession>)>;
 
-  Handshake(tcp::socket s, const Hello& ours, std::optional<RunKey> key, bool initiator)
+  // `prefix`: the first bytes of the peer's HELLO, already read (the accept path reads 4 to tell a
+  // HELLO from a relay request).
+  Handshake(tcp::socket s, const Hello& ours, std::optional<RunKey> key, bool initiator, ByteView prefix = {})
       : socket(std::move(s)), timer(socket.get_executor()), ours_(ours), key_(std::move(key)), initiator_(initiator) {
     if (key_) ours_.capabilities |= kCapEncrypted;
     hello_out_ = encode_hello(ours_);
+    have_ = std::min(prefix.size(), kHelloBytes);
+    std::memcpy(hello_in_.data(), prefix.data(), have_);
   }
 
   void run(Nanos timeout, Done on_done) {
@@ -101,7 +108,7 @@ struct Handshake : std::enable_shared_from_this<Handshake> {
         self->socket.close(ignored);
       }
     });
-    exchange(hello_out_.data(), hello_out_.size(), hello_in_.data(), hello_in_.size(), [self] { self->after_hello(); });
+    exchange(hello_out_.data(), hello_out_.size(), hello_in_.data() + have_, hello_in_.size() - have_, [self] { self->after_hello(); });
   }
 
   tcp::socket socket;
@@ -182,6 +189,7 @@ struct Handshake : std::enable_shared_from_this<Handshake> {
   Hello ours_, theirs_;
   std::optional<RunKey> key_;
   bool initiator_;
+  std::size_t have_ = 0;  // bytes of the peer's HELLO read before the handshake began
   Bytes hello_out_;
   std::array<std::uint8_t, kHelloBytes> hello_in_{};
   std::array<std::uint8_t, kAuthBytes> auth_in_{};
@@ -201,6 +209,13 @@ class TcpTransport final : public Transport {
     if (options_.self.value == 0) options_.self = random_peer_id();
     hello_.peer = options_.self;
     hello_.run = options_.run;
+    relayed_ = std::make_shared<RelayedTotals>();
+    if (options_.relay_max_pairs > 0) {
+      RelayOptions ro;
+      ro.wait = options_.relay_wait;
+      ro.max_pairs = options_.relay_max_pairs;
+      hub_ = std::make_shared<RelayHub>(*io_, options_.self, options_.run, options_.key, ro);
+    }
   }
 
   ~TcpTransport() override {
@@ -218,6 +233,7 @@ class TcpTransport final : public Transport {
     asio::post(*io_, [this] {
       asio::error_code ec;
       acceptor_.close(ec);
+      if (hub_) hub_->shutdown();
       io_->stop();
     });
     if (thread_.joinable()) thread_.join();
@@ -247,42 +263,73 @@ class TcpTransport final : public Transport {
   std::string address() const override { return address_; }
 
   Result<std::shared_ptr<Link>> connect(const std::string& address, Deadline deadline) override {
-    auto ep = parse_endpoint(address);
-    if (!ep.ok()) return ep.status();
-    auto socket = std::make_shared<tcp::socket>(*io_);
-    auto connected = std::make_shared<Completion>();
-    asio::post(*io_, [socket, ep = *ep, connected] {
-      socket->async_connect(ep, [connected](asio::error_code ec) { connected->finish(ec); });
-    });
-    if (!connected->wait_until(deadline.steady_time())) {
-      asio::post(*io_, [socket] {
-        asio::error_code ec;
-        socket->close(ec);
-      });
-      connected->wait();
-      return error(ErrorCode::kTimeout, "connecting to " + address + " timed out");
+    auto socket = open_socket(address, deadline);
+    if (!socket.ok()) return socket.status();
+    auto done = handshake(std::move(**socket), /*initiator=*/true, deadline);
+    if (!done.ok()) {
+      spdlog::warn("refusing {}: {}", address, done.status().message());
+      return done.status().with_context("handshake with " + address);
     }
-    if (connected->ec) return error(ErrorCode::kPeerLost, "cannot connect to " + address + ": " + connected->ec.message());
-    tune_socket(*socket, options_);
+    return std::shared_ptr<Link>(register_link(std::move(done->socket), done->peer, std::move(done->session)));
+  }
 
-    const Nanos left = deadline.remaining(real_clock());
-    auto hs = std::make_shared<Handshake>(std::move(*socket), hello_, options_.key, /*initiator=*/true);
-    auto done = std::make_shared<Completion>();
-    auto theirs = std::make_shared<Hello>();
-    auto session = std::make_shared<std::unique_ptr<SecureSession>>();
-    asio::post(*io_, [hs, done, theirs, session, timeout = std::min(left, options_.handshake_timeout)] {
-      hs->run(timeout, [done, theirs, session](Status st, Hello h, std::unique_ptr<SecureSession> s) {
-        *theirs = h;
-        *session = std::move(s);
-        done->finish({}, std::move(st));
-      });
-    });
-    done->wait();  // bounded by the handshake timer
-    if (!done->status.ok()) {
-      spdlog::warn("refusing {}: {}", address, done->status.message());
-      return done->status.with_context("handshake with " + address);
+  Result<std::shared_ptr<Link>> connect_relayed(const std::string& relay, PeerId target, std::uint64_t session, bool initiator,
+                                                Deadline deadline) override {
+    const std::string what = "a link to peer " + target.to_string() + " through the relay at " + relay;
+    auto socket = open_socket(relay, deadline);
+    if (!socket.ok()) return socket.status().with_context(what);
+    RelayRequest request;
+    request.run = options_.run;
+    request.from = options_.self;
+    request.to = target;
+    request.session = session;
+    randombytes_buf(request.nonce.data(), request.nonce.size());
+    auto answer = relay_exchange(**socket, encode_relay_request(request, options_.key), deadline);
+    if (!answer.ok()) return answer.status().with_context(what);
+    if (*answer != RelayStatus::kPaired) {
+      const std::string why = *answer == RelayStatus::kNoMatch ? "peer " + target.to_string() + " did not come to it in time"
+                              : *answer == RelayStatus::kBusy  ? "it relays as many links as it allows"
+                                                               : "it refused the request (a peer of another run, or another --key?)";
+      return error(*answer == RelayStatus::kNoMatch ? ErrorCode::kTimeout : ErrorCode::kUnavailable, what + ": " + why);
     }
-    return std::shared_ptr<Link>(register_link(std::move(hs->socket), theirs->peer, std::move(*session)));
+    auto done = handshake(std::move(**socket), initiator, deadline);
+    if (!done.ok()) return done.status().with_context(what);
+    if (done->peer != target) {
+      return error(ErrorCode::kUnauthenticated, what + " reached peer " + done->peer.to_string() + " instead");
+    }
+    auto link = register_link(std::move(done->socket), done->peer, std::move(done->session));
+    link->set_remote("relay " + relay);
+    link->on_retire([totals = relayed_](const LinkStats& st) {
+      totals->sent.fetch_add(st.bytes_sent);
+      totals->received.fetch_add(st.bytes_received);
+    });
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::erase_if(relayed_links_, [](const std::weak_ptr<TcpLink>& w) { return w.expired(); });
+      relayed_links_.push_back(link);
+    }
+    return std::shared_ptr<Link>(link);
+  }
+
+  TransportStats stats() const override {
+    TransportStats out;
+    if (hub_) {
+      out.relay_forwarded_bytes = hub_->forwarded_bytes();
+      out.relay_pairs = hub_->pairs();
+      out.refused += hub_->refused();
+    }
+    out.refused += refused_.load();
+    out.relayed_bytes_sent = relayed_->sent.load();
+    out.relayed_bytes_received = relayed_->received.load();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& w : relayed_links_) {
+      if (auto l = w.lock()) {
+        const LinkStats st = l->stats();
+        out.relayed_bytes_sent += st.bytes_sent;
+        out.relayed_bytes_received += st.bytes_received;
+      }
+    }
+    return out;
   }
 
   Result<std::shared_ptr<Link>> accept(Deadline deadline) override {
@@ -307,36 +354,185 @@ class TcpTransport final : public Transport {
     auto link = std::make_shared<TcpLink>(io_, std::move(socket), peer, options_, std::move(session));
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (links_.size() >= 2 * links_pruned_at_ + 64) {  // amortized: drop the links that are gone
+        std::erase_if(links_, [](const std::weak_ptr<TcpLink>& w) { return w.expired(); });
+        links_pruned_at_ = links_.size();
+      }
       links_.push_back(link);
     }
     link->start();
     return link;
   }
 
+  // A connected, tuned socket to `address` (blocking until the deadline).
+  Result<std::unique_ptr<tcp::socket>> open_socket(const std::string& address, Deadline deadline) {
+    auto ep = parse_endpoint(address);
+    if (!ep.ok()) return ep.status();
+    auto socket = std::make_shared<tcp::socket>(*io_);
+    auto connected = std::make_shared<Completion>();
+    asio::post(*io_, [socket, ep = *ep, connected] {
+      socket->async_connect(ep, [connected](asio::error_code ec) { connected->finish(ec); });
+    });
+    if (!connected->wait_until(deadline.steady_time())) {
+      asio::post(*io_, [socket] {
+        asio::error_code ec;
+        socket->close(ec);
+      });
+      connected->wait();
+      return error(ErrorCode::kTimeout, "connecting to " + address + " timed out");
+    }
+    if (connected->ec) return error(ErrorCode::kPeerLost, "cannot connect to " + address + ": " + connected->ec.message());
+    tune_socket(*socket, options_);
+    return std::make_unique<tcp::socket>(std::move(*socket));
+  }
+
+  struct Handshaken {
+    tcp::socket socket;
+    PeerId peer;
+    std::unique_ptr<SecureSession> session;
+  };
+
+  // The handshake on a connected socket, as the connecting side (`initiator`) or the other.
+  Result<Handshaken> handshake(tcp::socket socket, bool initiator, Deadline deadline) {
+    const Nanos left = deadline.remaining(real_clock());
+    auto hs = std::make_shared<Handshake>(std::move(socket), hello_, options_.key, initiator);
+    auto done = std::make_shared<Completion>();
+    auto theirs = std::make_shared<Hello>();
+    auto session = std::make_shared<std::unique_ptr<SecureSession>>();
+    asio::post(*io_, [hs, done, theirs, session, timeout = std::min(left, options_.handshake_timeout)] {
+      hs->run(timeout, [done, theirs, session](Status st, Hello h, std::unique_ptr<SecureSession> s) {
+        *theirs = h;
+        *session = std::move(s);
+        done->finish({}, std::move(st));
+      });
+    });
+    done->wait();  // bounded by the handshake timer
+    if (!done->status.ok()) return done->status;
+    return Handshaken{std::move(hs->socket), theirs->peer, std::move(*session)};
+  }
+
+  // Sends a relay request and waits for the relay's answer (until the deadline).
+  Result<RelayStatus> relay_exchange(tcp::socket& socket, Bytes request, Deadline deadline) {
+    auto answer = std::make_shared<std::array<std::uint8_t, kRelayAnswerBytes>>();
+    auto wrote = std::make_shared<Completion>(), read = std::make_shared<Completion>();
+    auto out = std::make_shared<Bytes>(std::move(request));
+    asio::post(*io_, [&socket, out, answer, wrote, read] {
+      asio::async_write(socket, asio::buffer(out->data(), out->size()), [wrote, out](asio::error_code ec, std::size_t) { wrote->finish(ec); });
+      asio::async_read(socket, asio::buffer(answer->data(), answer->size()), [read](asio::error_code ec, std::size_t) { read->finish(ec); });
+    });
+    if (!read->wait_until(deadline.steady_time())) {
+      asio::post(*io_, [&socket] {
+        asio::error_code ec;
+        socket.close(ec);
+      });
+      read->wait();
+      wrote->wait();
+      return error(ErrorCode::kTimeout, "the relay did not pair this link before the deadline");
+    }
+    wrote->wait();
+    if (read->ec) return error(ErrorCode::kPeerLost, "the relay closed the connection: " + read->ec.message());
+    return decode_relay_answer(ByteView(reinterpret_cast<const std::byte*>(answer->data()), answer->size()));
+  }
+
   void do_accept() {
     acceptor_.async_accept([this](asio::error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-      if (!ec) {
-        tune_socket(socket, options_);
-        asio::error_code rec;
-        const auto remote = socket.remote_endpoint(rec);
-        const std::string who = rec ? std::string("?") : remote.address().to_string() + ":" + std::to_string(remote.port());
-        auto hs = std::make_shared<Handshake>(std::move(socket), hello_, options_.key, /*initiator=*/false);
-        hs->run(options_.handshake_timeout, [this, hs, who](Status st, Hello theirs, std::unique_ptr<SecureSession> session) {
-          if (!st.ok()) {
-            refused_.fetch_add(1);
-            if (refusal_log_.allow()) spdlog::warn("refusing connection from {}: {}", who, st.message());
-            return;
-          }
-          auto link = register_link(std::move(hs->socket), theirs.peer, std::move(session));
-          std::lock_guard<std::mutex> lock(mu_);
-          accepted_.push_back(link);
-          cv_.notify_all();
-        });
-      }
+      if (!ec) greet(std::move(socket));
       do_accept();
     });
   }
+
+  void refuse(const std::string& who, const std::string& why) {
+    refused_.fetch_add(1);
+    if (refusal_log_.allow()) spdlog::warn("refusing connection from {}: {}", who, why);
+  }
+
+  // A new connection (I/O thread): its first 4 bytes say whether it is a HELLO or a relay request.
+  // Everything up to the end of the handshake runs under handshake_timeout, and at most
+  // max_handshakes connections are at that stage at once.
+  void greet(tcp::socket socket) {
+    asio::error_code rec;
+    const auto remote = socket.remote_endpoint(rec);
+    const std::string ip = rec ? std::string("?") : remote.address().to_string();
+    const std::string who = rec ? std::string("?") : ip + ":" + std::to_string(remote.port());
+    auto slot = pending_->take(ip, options_.max_handshakes, options_.max_handshakes_per_ip);
+    if (!slot) {
+      asio::error_code ignored;
+      socket.close(ignored);
+      return refuse(who, "too many connections in their handshake (from " + ip + ", or in all)");
+    }
+    tune_socket(socket, options_);
+    struct Greeting {
+      explicit Greeting(tcp::socket s) : socket(std::move(s)), timer(socket.get_executor()) {}
+      tcp::socket socket;
+      asio::steady_timer timer;
+      std::array<std::uint8_t, 4> first{};
+    };
+    auto g = std::make_shared<Greeting>(std::move(socket));
+    g->timer.expires_after(std::chrono::duration_cast<asio::steady_timer::duration>(options_.handshake_timeout));
+    g->timer.async_wait([g](asio::error_code e) {
+      if (e) return;
+      asio::error_code ignored;
+      g->socket.close(ignored);
+    });
+    // `slot` is held by the handlers until the handshake ends, either way.
+    asio::async_read(g->socket, asio::buffer(g->first), [this, g, who, slot](asio::error_code e, std::size_t) {
+      g->timer.cancel();
+      const ByteView first(reinterpret_cast<const std::byte*>(g->first.data()), g->first.size());
+      if (e) return refuse(who, e == asio::error::operation_aborted ? "nothing sent before the handshake deadline" : "connection closed before the handshake");
+      if (is_relay_magic(first)) {
+        if (!hub_) {
+          asio::error_code ignored;
+          g->socket.close(ignored);
+          return refuse(who, "a relay request, and this peer does not relay");
+        }
+        return hub_->take(std::move(g->socket), first, options_.handshake_timeout, slot);
+      }
+      auto hs = std::make_shared<Handshake>(std::move(g->socket), hello_, options_.key, /*initiator=*/false, first);
+      hs->run(options_.handshake_timeout, [this, hs, who, slot](Status st, Hello theirs, std::unique_ptr<SecureSession> session) {
+        if (!st.ok()) return refuse(who, st.message());
+        auto link = register_link(std::move(hs->socket), theirs.peer, std::move(session));
+        std::lock_guard<std::mutex> lock(mu_);
+        if (accepted_.size() >= options_.max_accepted) {
+          link->close();
+          refused_.fetch_add(1);
+          if (refusal_log_.allow()) spdlog::warn("refusing a link from peer {}: {} links are waiting to be taken already", theirs.peer.to_string(), accepted_.size());
+          return;
+        }
+        accepted_.push_back(link);
+        cv_.notify_all();
+      });
+    });
+  }
+
+  // Connections in their handshake, in all and per source IP. A slot is a handle that gives its
+  // place back when the last copy goes (the handlers holding it may outlive the transport).
+  class PendingHandshakes : public std::enable_shared_from_this<PendingHandshakes> {
+   public:
+    std::shared_ptr<void> take(const std::string& ip, std::size_t max_total, std::size_t max_per_ip) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& mine = by_ip_[ip];
+      if (total_ >= max_total || mine >= max_per_ip) {
+        if (mine == 0) by_ip_.erase(ip);
+        return nullptr;
+      }
+      ++total_;
+      ++mine;
+      // (Not a null pointer: a null shared_ptr would read as "no place".)
+      return std::shared_ptr<void>(static_cast<void*>(this), [self = shared_from_this(), ip](void*) { self->give_back(ip); });
+    }
+
+   private:
+    void give_back(const std::string& ip) {
+      std::lock_guard<std::mutex> lock(mu_);
+      --total_;
+      auto it = by_ip_.find(ip);
+      if (it != by_ip_.end() && --it->second == 0) by_ip_.erase(it);
+    }
+    std::mutex mu_;
+    std::size_t total_ = 0;
+    std::map<std::string, std::size_t> by_ip_;
+  };
 
   TcpOptions options_;
   Hello hello_;
@@ -348,10 +544,19 @@ class TcpTransport final : public Transport {
   tcp::acceptor acceptor_;
   std::thread thread_;
   std::string address_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Link>> accepted_;
   std::vector<std::weak_ptr<TcpLink>> links_;
+  std::size_t links_pruned_at_ = 0;
+  std::shared_ptr<PendingHandshakes> pending_ = std::make_shared<PendingHandshakes>();
+  std::shared_ptr<RelayHub> hub_;  // null: this transport does not relay
+  // This peer's traffic over relayed links: the links alive, and the totals of those gone.
+  struct RelayedTotals {
+    std::atomic<std::uint64_t> sent{0}, received{0};
+  };
+  std::shared_ptr<RelayedTotals> relayed_;
+  std::vector<std::weak_ptr<TcpLink>> relayed_links_;
 };
 
 }  // namespace

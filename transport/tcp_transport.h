@@ -24,6 +24,17 @@ struct TcpOptions {
   std::uint64_t max_message_bytes = std::uint64_t{1} << 30;   // larger frames are a protocol error
   std::uint64_t max_buffered_bytes = std::uint64_t{2} << 30;  // per link: reading pauses beyond this
   Nanos handshake_timeout = std::chrono::seconds(10);
+  // Connections accepted but not through their handshake yet: beyond this many, new ones are closed
+  // at once (counted, logged at a bounded rate), so junk connections held open cannot pile up.
+  std::size_t max_handshakes = 256;
+  // The same from one source IP: one host cannot take every place.
+  std::size_t max_handshakes_per_ip = 32;
+  // Links through their handshake that accept() has not taken yet: beyond this, closed.
+  std::size_t max_accepted = 1024;
+  // Serving as a relay (relay.h) for peers that accept no connections: how long a request waits
+  // for its other end, and how many pairs at once (0: no relaying).
+  Nanos relay_wait = std::chrono::seconds(30);
+  std::size_t relay_max_pairs = 256;
   std::string congestion_control;  // "bbr", "cubic", ...; empty: the OS default
   bool keepalive = true;
   // The run key: links are then authenticated and encrypted (secure_channel.h), and peers without

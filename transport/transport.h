@@ -17,6 +17,15 @@
 
 namespace gossamer::transport {
 
+// What a transport counted about relays (relay.h) and refused connections.
+struct TransportStats {
+  std::uint64_t relay_forwarded_bytes = 0;  // copied between other peers, as their relay
+  std::uint64_t relay_pairs = 0;            // links this transport relayed
+  std::uint64_t relayed_bytes_sent = 0;     // this peer's own traffic over relayed links
+  std::uint64_t relayed_bytes_received = 0;
+  std::uint64_t refused = 0;                // connections refused (handshake, relay request, or too many at once)
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -28,6 +37,15 @@ class Transport {
   [[nodiscard]] virtual Result<std::shared_ptr<Link>> connect(const std::string& address, Deadline deadline) = 0;
   // The next incoming link that passed the handshake.
   [[nodiscard]] virtual Result<std::shared_ptr<Link>> accept(Deadline deadline) = 0;
+  // A link to `target` through the relay at `relay` (relay.h), for two peers that accept no
+  // connections: both ends call this with the same `session`; `initiator` is true on exactly one of
+  // them (it plays the connecting side of the handshake). kUnavailable where relays are not offered.
+  [[nodiscard]] virtual Result<std::shared_ptr<Link>> connect_relayed(const std::string& relay, PeerId target, std::uint64_t session,
+                                                                      bool initiator, Deadline deadline) {
+    (void)relay, (void)target, (void)session, (void)initiator, (void)deadline;
+    return error(ErrorCode::kUnavailable, "this transport has no relays");
+  }
+  virtual TransportStats stats() const { return {}; }
 };
 
 }  // namespace gossamer::transport

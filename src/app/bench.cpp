@@ -38,6 +38,7 @@ void add_bench_command(CLI::App& app, BenchArgs& args) {
   cmd->add_option("--ranks", args.ranks, "allreduce: in-process ranks")->check(integer_in(2, 16))->capture_default_str();
   cmd->add_option("--values", args.elements_allreduce, "allreduce: fp32 values in the tensor")->check(integer_in(1, std::int64_t{1} << 31))->capture_default_str();
   cmd->add_flag("!--insecure", args.encrypted, "transport: measure plain links only (no encrypted rows)");
+  cmd->add_flag("--relay", args.relay, "transport: two peers linked directly and through a relay (goodput ratio, added round trip)");
   cmd->add_option("--gossip-peers", args.gossip_peers, "transport: gossip nodes for the convergence time")->check(integer_in(2, 512))->capture_default_str();
 }
 

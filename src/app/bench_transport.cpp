@@ -1,6 +1,6 @@
 // `gossamer bench transport`: goodput of large messages over one loopback link, next to a plain
 // blocking-socket sender and receiver moving the same bytes in the same run; and messages per second
-// for small frames.
+// for small frames. With --relay: the same two peers linked directly and through a relay.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -113,9 +113,92 @@ Result<LinkPair> link_pair(std::optional<transport::RunKey> key) {
   return LinkPair{std::move(*a), std::move(*b), *ab, *ba};
 }
 
+// Median round trip of a 64-byte message and its echo.
+double round_trip_s(transport::Link& a, transport::Link& b, int pings) {
+  const Bytes tiny(64, std::byte{3});
+  std::vector<double> rtts;
+  std::thread echo([&] {
+    for (int i = 0; i < pings; ++i) {
+      auto m = b.recv(3, Deadline::after(real_clock(), 10s));
+      if (!m.ok() || !b.send(4, *m, Deadline::after(real_clock(), 10s)).ok()) return;
+    }
+  });
+  for (int i = 0; i < pings; ++i) {
+    Stopwatch w(real_clock());
+    if (!a.send(3, tiny, Deadline::after(real_clock(), 10s)).ok() || !a.recv(4, Deadline::after(real_clock(), 10s)).ok()) break;
+    rtts.push_back(w.elapsed_seconds());
+  }
+  echo.join();
+  return rtts.empty() ? 0.0 : median(rtts);
+}
+
+// The same two encrypted transports linked directly and through a third as relay (transport/relay.h),
+// measured in alternation: goodput of large messages and the round trip of small ones.
+int bench_relay(const BenchArgs& args) {
+  transport::TcpOptions o;
+  o.key = transport::generate_run_key();
+  std::unique_ptr<transport::Transport> t[3];
+  for (auto& x : t) {
+    auto made = transport::make_tcp_transport(o);
+    if (!made.ok()) return report_failure(made.status());
+    x = std::move(*made);
+  }
+  auto& a = *t[0];
+  auto& b = *t[1];
+  auto& relay = *t[2];
+  auto direct = a.connect(b.address(), Deadline::after(real_clock(), 5s));
+  if (!direct.ok()) return report_failure(direct.status());
+  auto direct_b = b.accept(Deadline::after(real_clock(), 5s));
+  if (!direct_b.ok()) return report_failure(direct_b.status());
+  Result<std::shared_ptr<transport::Link>> relayed_b = error(ErrorCode::kTimeout, "not asked");
+  std::thread other([&] { relayed_b = b.connect_relayed(relay.address(), a.self(), 1, false, Deadline::after(real_clock(), 10s)); });
+  auto relayed = a.connect_relayed(relay.address(), b.self(), 1, true, Deadline::after(real_clock(), 10s));
+  other.join();
+  if (!relayed.ok()) return report_failure(relayed.status());
+  if (!relayed_b.ok()) return report_failure(relayed_b.status());
+
+  const std::size_t big = static_cast<std::size_t>(args.message_mib) << 20;
+  const int per_round = 4, pings = 2000;
+  fmt::print("bench transport, relay: encrypted links, {} MiB messages ({} per round) and {} round trips of 64 bytes, direct and through a relay, "
+             "alternating, {} rounds, loopback\n", args.message_mib, per_round, pings, args.rounds);
+  std::vector<double> ratios, added, d_gs, r_gs, d_rtt, r_rtt;
+  for (std::int64_t r = 0; r < args.rounds; ++r) {
+    double dg = 0, rg = 0, drt = 0, rrt = 0;
+    const auto run_direct = [&] {
+      dg = link_goodput(**direct, **direct_b, big, per_round);
+      drt = round_trip_s(**direct, **direct_b, pings);
+    };
+    const auto run_relayed = [&] {
+      rg = link_goodput(**relayed, **relayed_b, big, per_round);
+      rrt = round_trip_s(**relayed, **relayed_b, pings);
+    };
+    if (r % 2 == 0) {
+      run_direct();
+      run_relayed();
+    } else {
+      run_relayed();
+      run_direct();
+    }
+    d_gs.push_back(dg);
+    r_gs.push_back(rg);
+    d_rtt.push_back(drt);
+    r_rtt.push_back(rrt);
+    ratios.push_back(rg / dg);
+    added.push_back(rrt - drt);
+    fmt::print("  round {}: direct {:.2f} GB/s, rtt {:.1f} us; relayed {:.2f} GB/s, rtt {:.1f} us; goodput ratio {:.3f}, added rtt {:.1f} us\n", r + 1,
+               dg / 1e9, drt * 1e6, rg / 1e9, rrt * 1e6, rg / dg, (rrt - drt) * 1e6);
+  }
+  fmt::print("median: direct {:.2f} GB/s, relayed {:.2f} GB/s, ratio {:.3f}; round trip direct {:.1f} us, relayed {:.1f} us, added {:.1f} us; "
+             "the relay forwarded {:.2f} GB\n",
+             median(d_gs) / 1e9, median(r_gs) / 1e9, median(ratios), median(d_rtt) * 1e6, median(r_rtt) * 1e6, median(added) * 1e6,
+             relay.stats().relay_forwarded_bytes / 1e9);
+  return 0;
+}
+
 }  // namespace
 
 int bench_transport(const BenchArgs& args) {
+  if (args.relay) return bench_relay(args);
   auto plain_pair = link_pair(std::nullopt);
   if (!plain_pair.ok()) return report_failure(plain_pair.status());
   std::optional<LinkPair> secure_pair;

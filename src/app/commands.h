@@ -54,6 +54,7 @@ struct PeerArgs {
   std::vector<std::string> join;
   std::string advertise;
   std::int64_t link_port = -1;  // -1: the gossip port + 1
+  bool outbound_only = false;
   ConfigSource source;
   std::string key;
   std::string out = "runs/peer";
@@ -128,6 +129,7 @@ struct BenchArgs {
   std::int64_t message_mib = 64;
   std::int64_t gossip_peers = 32;
   bool encrypted = true;  // also measure encrypted links
+  bool relay = false;      // transport: direct against relayed links
   // bench allreduce
   std::int64_t ranks = 4;
   std::int64_t elements_allreduce = 16 << 20;

@@ -51,6 +51,9 @@ void add_peer_command(CLI::App& app, PeerArgs& args) {
                   "with ports PORT and PORT+1 forwarded here (PORT: the --listen port)");
   cmd->add_option("--link-port", args.link_port, "port of this peer's links (default: the --listen port + 1; 0: any free port)")
       ->check(integer_in(0, 65535));
+  cmd->add_flag("--outbound-only", args.outbound_only,
+                "this machine accepts no connections (behind NAT, no port forward): skip the dial-back check that finds it out; it "
+                "dials the others, and its links to other such peers go through a peer that accepts connections");
   add_config_source(*cmd, args.source);
   cmd->add_option("--key", args.key, "run key file (`gossamer keygen`): links and gossip are then authenticated and encrypted");
   cmd->add_option("--out", args.out, "run folder: address, config.toml, metrics.jsonl, checkpoint.bin, summary.json")->capture_default_str();
@@ -83,6 +86,7 @@ int run_peer_command(const PeerArgs& args) {
   req.join = args.join;
   req.advertise = args.advertise;
   if (args.link_port >= 0) req.link_port = static_cast<std::uint16_t>(args.link_port);
+  req.outbound_only = args.outbound_only;
   if (args.resume && (!args.source.config_file.empty() || !args.source.overrides.empty())) {
     return report_failure(error(ErrorCode::kInvalidArgument, "--resume takes the run's config from the checkpoint: drop --config and --set"));
   }
@@ -131,6 +135,10 @@ int run_peer_command(const PeerArgs& args) {
   if (!outcome->finished) {
     spdlog::info("left the run at step {}", outcome->steps);
     return stop_requested() ? 130 : 1;
+  }
+  if (stop_requested()) {
+    spdlog::info("stopped while finishing: training was complete; results in {}/ (the other members' last words not awaited)", args.out);
+    return 130;
   }
   std::string line = fmt::format("done: {} steps, {} rounds ({} skipped, {} retried)", outcome->steps, outcome->rounds, outcome->skipped_rounds,
                                  outcome->retries);

@@ -245,6 +245,7 @@ std::optional<std::pair<std::int64_t, std::vector<Donor>>> JoinBoard::newest_off
 void JoinBoard::forget(std::int64_t round) {
   std::lock_guard lock(mu_);
   offers_.erase(offers_.begin(), offers_.upper_bound(round));
+  std::erase_if(first_seen_, [&](const auto& kv) { return kv.first <= round; });
 }
 
 Bytes JoinBoard::encode(std::uint8_t kind, std::int64_t round, const std::string& address) const {
@@ -275,11 +276,18 @@ void JoinBoard::on_message(transport::PeerId origin, const Bytes& payload) {
     return;
   }
   std::lock_guard lock(mu_);
+  const Nanos now = clock_.now();
   if (kind == kJoin) {
-    wanted_until_[id] = clock_.now() + 5s;
+    std::erase_if(wanted_until_, [&](const auto& kv) { return kv.second <= now; });  // bounded by who asked lately
+    wanted_until_[id] = now + 5s;
   } else {
     offers_[round][id] = address;
-    first_seen_.try_emplace(round, clock_.now());
+    first_seen_.try_emplace(round, now);
+    // Only the newest rounds offered matter (a newcomer takes the newest): the board keeps a few.
+    while (offers_.size() > kKeptRounds) {
+      first_seen_.erase(offers_.begin()->first);
+      offers_.erase(offers_.begin());
+    }
   }
 }
 

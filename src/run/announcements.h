@@ -120,6 +120,8 @@ class JoinBoard {
   Bytes encode(std::uint8_t kind, std::int64_t round, const std::string& address) const;
   void on_message(transport::PeerId origin, const Bytes& payload);
 
+  static constexpr std::size_t kKeptRounds = 8;  // offered rounds remembered (the newest)
+
   transport::Gossip& gossip_;
   const Clock& clock_;
   mutable std::mutex mu_;

@@ -166,6 +166,7 @@ bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, 
   const transport::PeerId id{r.u64()};
   ready.address = r.str(kMaxAddress);
   ready.at = clock_.now();
+  ready.heard = true;
   r.expect_end();
   if (r.ok() && ready.after_epoch >= kMaxEpoch) r.fail(ErrorCode::kMalformed, "epoch " + std::to_string(ready.after_epoch) + " out of range");
   if (!r.ok() || id != origin) {
@@ -173,7 +174,7 @@ bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, 
     return false;
   }
   auto& slot = ready_[round][id];
-  if (slot.address.empty() || ready.after_epoch >= slot.after_epoch) slot = std::move(ready);
+  if (!slot.heard || ready.after_epoch >= slot.after_epoch) slot = std::move(ready);
   // A peer still waiting for a group this peer knows: say it again (it may have missed it). Only
   // its leader does, or, when gossip sees the leader dead, the lowest live member: every repeat is
   // a broadcast to every peer, and a group of hundreds is a few KB.
@@ -363,7 +364,7 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
   {
     std::lock_guard lock(mu_);
     if (after_epoch > 0) ++stats_.retries;
-    ready_[round][self] = Ready{after_epoch, step, address_, ready_since};
+    ready_[round][self] = Ready{after_epoch, step, address_, ready_since, true};
     // Rounds long past are of no use any more.
     ready_.erase(ready_.begin(), ready_.lower_bound(round - 2));
     groups_.erase(groups_.begin(), groups_.lower_bound(round - 2));

@@ -53,7 +53,7 @@ namespace gossamer::run {
 
 struct MemberInfo {
   transport::PeerId id;
-  std::string address;  // where its links listen
+  std::string address;  // where its links listen; empty: it accepts no connections (behind NAT), see peer_links.h
   friend bool operator==(const MemberInfo&, const MemberInfo&) = default;
 };
 
@@ -113,8 +113,9 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   struct Ready {
     std::uint64_t after_epoch = 0;
     std::int64_t step = 0;  // of the collective retried
-    std::string address;
+    std::string address;  // empty: this peer accepts no connections (behind NAT)
     Nanos at{0};  // on the coordinator's clock
+    bool heard = false;
   };
   void on_message(transport::PeerId origin, const Bytes& payload);
   // Each kind of message, read from `r` (under mu_); false when it was dropped.

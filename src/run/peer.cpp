@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include <sys/resource.h>
+
 #include <spdlog/spdlog.h>
 
 #include "core/file.h"
@@ -135,6 +137,7 @@ Result<PeerPlan> plan_of(const PeerRequest& req, std::optional<train::RunFolder>
   plan.device = req.device;
   plan.start_timeout = req.start_timeout;
   plan.stop = req.stop;
+  plan.outbound_only = req.outbound_only;
   return plan;
 }
 
@@ -171,8 +174,24 @@ Result<std::unique_ptr<transport::Gossip>> start_gossip(const PeerRequest& req, 
 
 }  // namespace
 
+namespace {
+
+// Every connection takes a file descriptor, junk ones held open by someone on the internet too: the
+// soft limit (often 1024) is raised to the hard one, so a flood runs into the transport's bounds
+// before it runs out of descriptors for real links and files.
+void raise_open_files_limit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) return;
+  const rlim_t before = lim.rlim_cur;
+  lim.rlim_cur = lim.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &lim) == 0) spdlog::debug("open files limit raised from {} to {}", before, lim.rlim_cur);
+}
+
+}  // namespace
+
 Result<PeerOutcome> run_peer(const PeerRequest& req) {
   if (Status st = check_addresses(req); !st.ok()) return st;
+  raise_open_files_limit();
   std::optional<train::RunFolder> folder;  // held for the whole run
   auto plan = plan_of(req, folder);
   if (!plan.ok()) return plan.status();
@@ -223,6 +242,12 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
     if (Status st = write_file_atomic(req.out_dir / "address", as_bytes(address + "\n" + out.bound + "\n")); !st.ok()) return st;
     return out;
   };
+  // The dial-back check: can a member open connections to this peer's gossip and links, at the
+  // addresses it announces?
+  env.check_reachable = [&](const std::vector<std::string>& addresses, const std::atomic<bool>* stop) -> Result<transport::Reachability> {
+    return (*gossip)->check_reachable(addresses, Deadline::after(real_clock(), std::chrono::seconds(30)), stop);
+  };
+  env.gossip_announced = advertised ? advertised->to_string() : address;  // as bound (a port 0 resolved)
   env.corpus = [](const train::RunConfig& config) -> Result<std::shared_ptr<const train::Corpus>> {
     auto corpus = train::load_corpus(config);
     if (!corpus.ok()) return corpus.status();

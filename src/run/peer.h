@@ -48,6 +48,9 @@ struct PeerRequest {
   std::string advertise;
   // The links' port; nullopt: the gossip port + 1 (ephemeral when the gossip port is).
   std::optional<std::uint16_t> link_port;
+  // This machine accepts no connections (behind NAT), known beforehand: no dial-back check; it dials
+  // the others and reaches other such peers through a relay. Otherwise a dial-back check decides.
+  bool outbound_only = false;
   std::optional<train::RunConfig> config;
   std::optional<transport::RunKey> key;
   std::filesystem::path out_dir;

@@ -87,16 +87,69 @@ void PeerLinks::poison(const optim::Poison& poison) {
   poison_ = poison;
 }
 
-Result<std::shared_ptr<transport::Link>> PeerLinks::open(const MemberInfo& m, std::uint64_t epoch, Deadline deadline) {
-  auto link = transport_.connect(reachable_ ? reachable_(m.id, m.address) : m.address, deadline);
+Result<std::shared_ptr<transport::Link>> PeerLinks::open(const MemberInfo& m, const std::optional<MemberInfo>& relay, std::uint64_t epoch,
+                                                         Deadline deadline) {
+  const transport::PeerId self = transport_.self();
+  const bool sends_epoch = !relay || self < m.id;
+  auto link = relay ? transport_.connect_relayed(reachable_ ? reachable_(relay->id, relay->address) : relay->address, m.id, epoch, self < m.id, deadline)
+                    : transport_.connect(reachable_ ? reachable_(m.id, m.address) : m.address, deadline);
   if (!link.ok()) return link.status().with_context("connecting to peer " + m.id.to_string() + " for epoch " + std::to_string(epoch));
-  Writer w;
-  w.u64(epoch);
-  if (Status st = (*link)->send(kEpochTag, std::move(w).take(), deadline); !st.ok()) {
+  if (relay) ++relayed_;
+  if (sends_epoch) {
+    Writer w;
+    w.u64(epoch);
+    if (Status st = (*link)->send(kEpochTag, std::move(w).take(), deadline); !st.ok()) {
+      (*link)->close();
+      return st.with_context("opening the epoch " + std::to_string(epoch) + " link to peer " + m.id.to_string());
+    }
+    return link;
+  }
+  // The other end of a relayed link names the epoch, as an accepted link would.
+  auto first = (*link)->recv(kEpochTag, deadline);
+  Status st = first.status();
+  if (first.ok()) {
+    Reader r(*first, "epoch of a relayed link");
+    const std::uint64_t got = r.u64();
+    r.expect_end();
+    st = !r.ok() ? r.status() : got != epoch ? error(ErrorCode::kMalformed, "epoch " + std::to_string(got) + " instead of " + std::to_string(epoch)) : Status();
+  }
+  if (!st.ok()) {
     (*link)->close();
-    return st.with_context("opening the epoch " + std::to_string(epoch) + " link to peer " + m.id.to_string());
+    return st.with_context("the relayed link from peer " + m.id.to_string());
   }
   return link;
+}
+
+Result<std::vector<PeerLinks::ToDial>> PeerLinks::to_dial_locked(const GroupView& view) const {
+  const transport::PeerId self = transport_.self();
+  const auto reachable = [](const MemberInfo& m) { return !m.address.empty(); };
+  const int rank = view.rank_of(self);
+  const bool self_reachable = reachable(view.members[static_cast<std::size_t>(rank)]);
+  std::vector<MemberInfo> relays;
+  for (const MemberInfo& m : view.members) {
+    if (reachable(m)) relays.push_back(m);
+  }
+  std::vector<ToDial> out;
+  for (const MemberInfo& m : view.members) {
+    if (m.id == self || links_.count({view.epoch, m.id}) == 1) continue;
+    if (self_reachable && reachable(m)) {
+      if (self < m.id) out.push_back(ToDial{m, std::nullopt});
+    } else if (!self_reachable && reachable(m)) {
+      out.push_back(ToDial{m, std::nullopt});  // it accepts, this peer cannot: this peer dials
+    } else if (!self_reachable) {
+      if (relays.empty()) {
+        return error(ErrorCode::kUnavailable, "peers " + self.to_string() + " and " + m.id.to_string() +
+                                                  " both accept no connections (behind NAT) and no member of the group accepts them to relay "
+                                                  "between the two: start a peer with a reachable address (a public IP, or a port forward and "
+                                                  "--advertise; see docs/deploy.md)");
+      }
+      // Both sides pick the same relay: from the epoch and the pair, spread over the relays.
+      const std::uint64_t lo = std::min(self, m.id).value, hi = std::max(self, m.id).value;
+      const std::uint64_t h = (view.epoch * 0x9E3779B97F4A7C15ULL) ^ (lo * 0xC2B2AE3D27D4EB4FULL) ^ (hi * 0x165667B19E3779F9ULL);
+      out.push_back(ToDial{m, relays[static_cast<std::size_t>((h ^ (h >> 29)) % relays.size())]});
+    }
+  }
+  return out;
 }
 
 // The links a group needs this peer to make (to every member with a larger id), dialed side by side
@@ -105,7 +158,7 @@ Result<std::shared_ptr<transport::Link>> PeerLinks::open(const MemberInfo& m, st
 // destructor stops taking new members and joins the threads. Shared state is under links.mu_.
 class PeerLinks::Dialing {
  public:
-  Dialing(PeerLinks& links, std::vector<MemberInfo> ours, std::uint64_t epoch, Deadline deadline)
+  Dialing(PeerLinks& links, std::vector<ToDial> ours, std::uint64_t epoch, Deadline deadline)
       : links_(links), ours_(std::move(ours)), epoch_(epoch), deadline_(deadline) {
     for (std::size_t i = 0; i < std::min(ours_.size(), kDialers); ++i) threads_.push_back(links_.clock_.start_thread([this] { dial(); }));
   }
@@ -124,25 +177,25 @@ class PeerLinks::Dialing {
  private:
   void dial() {
     for (;;) {
-      const MemberInfo* m = nullptr;
+      const ToDial* d = nullptr;
       {
         std::lock_guard lock(links_.mu_);
         if (cancel_ || next_ == ours_.size()) return;
-        m = &ours_[next_++];
+        d = &ours_[next_++];
       }
-      auto link = links_.open(*m, epoch_, deadline_);
+      auto link = links_.open(d->member, d->relay, epoch_, deadline_);
       std::lock_guard lock(links_.mu_);
       if (!link.ok()) {
         if (!failed_) failed_ = link.status();
         links_.filed_->notify_all();
         return;
       }
-      links_.file_locked(epoch_, m->id, std::move(*link));
+      links_.file_locked(epoch_, d->member.id, std::move(*link));
     }
   }
 
   PeerLinks& links_;
-  const std::vector<MemberInfo> ours_;
+  const std::vector<ToDial> ours_;
   const std::uint64_t epoch_;
   const Deadline deadline_;
   std::size_t next_ = 0;  // the next of ours_ to dial
@@ -192,12 +245,12 @@ Result<optim::Group> PeerLinks::group(const GroupView& view, Deadline deadline, 
   const int rank = view.rank_of(self);
   GOSSAMER_CHECK(rank >= 0, "PeerLinks::group: this peer is not a member of the group");
   if (view.epoch > 1) close_through(view.epoch - 1);
-  std::vector<MemberInfo> ours;
+  std::vector<ToDial> ours;
   {
     std::lock_guard lock(mu_);
-    for (const MemberInfo& m : view.members) {
-      if (self < m.id && links_.count({view.epoch, m.id}) == 0) ours.push_back(m);
-    }
+    auto dial = to_dial_locked(view);
+    if (!dial.ok()) return dial.status();
+    ours = std::move(*dial);
   }
   {
     Dialing dialing(*this, std::move(ours), view.epoch, deadline);

@@ -2,7 +2,11 @@
 //
 // A group (coordinator.h) names an epoch; its links are made for it: between two members the one
 // with the smaller id connects and first sends the epoch, the other accepts and files the link
-// under (peer, epoch). Moving to a new epoch closes every link of the older ones, so a peer still
+// under (peer, epoch). A member that accepts no connections (behind NAT: announced with an empty
+// address) dials every member that does; between two such members the link goes through a relay
+// (transport/relay.h), a member of the group that accepts connections, the same one on both sides
+// (chosen from the epoch and the pair); the smaller id then sends the epoch. A group with two such
+// members and no member to relay between them cannot be linked: kUnavailable, saying what to do. Moving to a new epoch closes every link of the older ones, so a peer still
 // waiting in an abandoned collective fails at once and nothing of an abandoned round reaches a new
 // one. Links that arrive before this peer asks for them (a faster peer) wait in the table.
 //
@@ -57,6 +61,8 @@ class PeerLinks {
   // Closes every link of `epoch` and older (a collective over it failed).
   void close_through(std::uint64_t epoch);
   std::uint64_t refused_connections() const { return refused_.load(); }
+  // Links of this peer that went through a relay so far.
+  std::uint64_t relayed_links() const { return relayed_.load(); }
   // From now on, group() hands out links shaped like `profile` (what this peer sends; every peer
   // shapes its own side), so processes on one machine behave as if far apart (shaped_link.h).
   void shape(const transport::LinkProfile& profile);
@@ -67,8 +73,14 @@ class PeerLinks {
   class Dialing;  // the links this peer makes for a group, dialed side by side
 
   void accept_loop();
-  // Connects to member `m` and sends the epoch.
-  Result<std::shared_ptr<transport::Link>> open(const MemberInfo& m, std::uint64_t epoch, Deadline deadline);
+  // Connects to member `m` (through `relay` when given) and sends or checks the epoch.
+  Result<std::shared_ptr<transport::Link>> open(const MemberInfo& m, const std::optional<MemberInfo>& relay, std::uint64_t epoch, Deadline deadline);
+  struct ToDial {
+    MemberInfo member;
+    std::optional<MemberInfo> relay;
+  };
+  // The links of `view` this peer makes (under mu_), or kUnavailable when a pair has no relay.
+  Result<std::vector<ToDial>> to_dial_locked(const GroupView& view) const;
   // Files a link of `epoch` to `peer` (closed at once when that epoch is over). Under mu_.
   void file_locked(std::uint64_t epoch, transport::PeerId peer, std::shared_ptr<transport::Link> link);
   // A member of `view` whose link is not up yet. Under mu_.
@@ -82,7 +94,7 @@ class PeerLinks {
   std::function<void(std::shared_ptr<transport::Link>)> on_state_link_;
   std::function<std::string(transport::PeerId, const std::string&)> reachable_;
   std::atomic<bool> stop_{false};
-  std::atomic<std::uint64_t> refused_{0};
+  std::atomic<std::uint64_t> refused_{0}, relayed_{0};
   Clock& clock_;
   std::mutex mu_;
   std::unique_ptr<Signal> filed_;  // the acceptor filed a link

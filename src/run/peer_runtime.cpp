@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <mutex>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "core/signal.h"
@@ -82,6 +83,12 @@ Result<PeerOutcome> Peer::run() {
 }
 
 Status Peer::learn_run() {
+  if (plan_.outbound_only) {
+    outbound_only_ = true;
+    if (Status st = gossip_.set_outbound_only(true); !st.ok()) spdlog::warn("gossip: {}", st.to_string());
+    spdlog::info("outbound-only (--outbound-only): this peer dials the others, and its links to other outbound-only peers go through a relay");
+  }
+  check_reachable(env_.gossip_announced, "gossip");
   heard_ = listen_for_spec(gossip_, clock_);
   board_ = JoinBoard::make(gossip_, clock_);
   if (plan_.first) {
@@ -141,12 +148,50 @@ Status Peer::link_up() {
   CoordinatorOptions co;
   co.min_members = spec_.wait_for;
   co.straggler_grace = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config_.train.round_timeout_s / 2));
-  coordinator_ = Coordinator::make(gossip_, opened_.announced, co, clock_);
+  check_reachable(opened_.announced, "links");
+  if (outbound_only_ && ddp_ && config_.ddp.engine == "gloo") {
+    return error(ErrorCode::kInvalidArgument, "ddp.engine = \"gloo\" needs every peer to accept connections (Gloo dials the other ranks "
+                                              "itself), and this peer accepts none (behind NAT): run with ddp.engine = \"links\", or give "
+                                              "this machine a port forward and --advertise");
+  }
+  // Announced without an address when nobody can dial it: the others then wait for its links.
+  coordinator_ = Coordinator::make(gossip_, outbound_only_ ? std::string() : opened_.announced, co, clock_);
   auto corpus = env_.corpus(config_);
   if (!corpus.ok()) return corpus.status();
   corpus_ = std::move(*corpus);
   if (env_.set_threads && config_.train.threads > 0) torch::set_num_threads(static_cast<int>(config_.train.threads));
   return Status();
+}
+
+void Peer::check_reachable(const std::string& address, const std::string& what) {
+  if (outbound_only_ || plan_.first || !env_.check_reachable) return;
+  auto reach = env_.check_reachable({address}, plan_.stop);
+  if (!reach.ok() && reach.status().code() == ErrorCode::kAborted) return;  // stopping: the caller sees it next
+  if (!reach.ok()) {
+    spdlog::warn("could not check whether the others can connect to this peer's {} ({}); assuming they can", what, reach.status().message());
+    return;
+  }
+  if (reach->reachable) {
+    spdlog::info("reachable: a member ({}) connected back to this peer's {} at {}", reach->helper, what, address);
+    return;
+  }
+  const std::string seen = reach->observed_ip.empty() ? std::string() : " (it sees this peer as " + reach->observed_ip + ")";
+  spdlog::warn("a member{} could not connect back to this peer's {}: {}. Taking part as outbound-only: this peer dials the others, and "
+               "its links to other outbound-only peers go through a relay. To accept connections, forward both ports to this machine "
+               "and pass --advertise PUBLIC_ADDRESS:PORT (docs/deploy.md)",
+               seen, what, fmt::format("{}", fmt::join(reach->failed, "; ")));
+  outbound_only_ = true;
+  if (Status st = gossip_.set_outbound_only(true); !st.ok()) spdlog::warn("gossip: {}", st.to_string());
+}
+
+Status Peer::check_not_stranded() const {
+  if (!outbound_only_) return Status();
+  for (const auto& m : gossip_.members()) {
+    if (!m.outbound_only && (m.state == transport::MemberState::kAlive || m.state == transport::MemberState::kSuspect)) return Status();
+  }
+  return error(ErrorCode::kUnavailable, "every peer that accepts connections has left or died, and this peer accepts none (behind NAT, "
+                                        "outbound-only): it can reach no other member, nor they it. Start a peer with a reachable address "
+                                        "(a public IP, or a port forward and --advertise; see docs/deploy.md), then restart this one with --resume");
 }
 
 // Round 0's group, or nothing when the run started without this peer.
@@ -301,7 +346,7 @@ void Peer::boundary(std::int64_t done_step) {
       const Bytes inner = ddp_ ? worker_->checkpoint_state("").tensors : Bytes();
       server_->offer(Snapshot::make(done, done_step, static_cast<std::uint32_t>(world_),
                                     encode_shared_state(worker_->model().parameters(), *setup_.outer, ByteView(inner))));
-      board_->offer(done, opened_.announced);
+      if (!outbound_only_) board_->offer(done, opened_.announced);  // nobody could dial it for the state
       // A newcomer that takes this state is due at the next round agreed: the leader waits for it there.
       for (transport::PeerId id : newcomers) coordinator_->expect(schedule_.first_round_after(done_step), id);
     }
@@ -348,6 +393,11 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
     const auto due = schedule_.agreed_before(step);
     if (!due || *due <= agreed_round_) return std::nullopt;
     round = *due;
+  }
+  if (Status st = check_not_stranded(); !st.ok()) {
+    if (Status saved = save_checkpoint(); !saved.ok()) spdlog::warn("no checkpoint: {}", saved.to_string());
+    failure_ = st;
+    return std::nullopt;
   }
   const Deadline deadline = after(round_timeout_);
   std::uint64_t failed = retry ? epoch_ : 0;
@@ -402,6 +452,11 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
       if (retry || view->members.size() != start_size_) spdlog::info("round {}: group of {} (epoch {})", round, view->members.size(), view->epoch);
       return std::move(*g);
     }
+    if (g.status().code() == ErrorCode::kUnavailable) {  // two peers behind NAT and nobody to relay: no retry helps
+      if (Status saved = save_checkpoint(); !saved.ok()) spdlog::warn("no checkpoint: {}", saved.to_string());
+      failure_ = g.status().with_context("round " + std::to_string(round));
+      return std::nullopt;
+    }
     spdlog::warn("round {}: linking the group of epoch {} failed: {}", round, view->epoch, g.status().to_string());
     failed = view->epoch;
   }
@@ -435,6 +490,9 @@ Result<train::WorkerAccount> Peer::rounds() {
   hooks.record = [&](const nlohmann::json& rec) {
     nlohmann::json out = rec;
     out["peer"] = env_.name;
+    const transport::TransportStats ts = opened_.transport->stats();
+    out["relayed_bytes_sent"] = ts.relayed_bytes_sent;
+    out["relay_forwarded_bytes"] = ts.relay_forwarded_bytes;
     if (env_.record) {
       if (Status st = env_.record(out); !st.ok() && failure_.ok()) failure_ = st;
     }
@@ -451,9 +509,19 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
   const std::int64_t last_round = schedule_.last_round(config_.train.steps);
   if (!stopped_) {
     // A last agreement as a barrier: nobody tears its links down while a member may still be
-    // receiving its share of the last round (a shaped link delivers after send() returned).
-    auto done = coordinator_->agree(last_round + 1, 0, after(round_timeout_));
-    if (!done.ok()) spdlog::warn("the members did not all finish together: {}", done.status().to_string());
+    // receiving its share of the last round (a shaped link delivers after send() returned). Asked
+    // from a thread of its own, so that a stop request ends the wait at once.
+    Pending barrier(clock_, last_round + 1, [c = coordinator_, r = last_round + 1, d = after(round_timeout_)] { return c->agree(r, 0, d); });
+    while (!barrier.done()) {
+      if (stop_requested()) coordinator_->stop();
+      clock_.sleep_for(50ms);
+    }
+    auto done = barrier.get();
+    if (stop_requested()) {
+      spdlog::warn("stop requested while waiting for the members to finish: leaving without them");
+    } else if (!done.ok()) {
+      spdlog::warn("the members did not all finish together: {}", done.status().to_string());
+    }
   }
   if (Status st = save_checkpoint(); !st.ok()) return st;
 
@@ -484,6 +552,13 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
   summary["joins"] = joins_;
   summary["dropped_messages"] = cs.dropped + static_cast<std::int64_t>(gossip_.dropped_messages());
   summary["refused_links"] = links_->refused_connections();
+  summary["outbound_only"] = outbound_only_;
+  const transport::TransportStats ts = opened_.transport->stats();
+  summary["relayed_links"] = links_->relayed_links();
+  summary["relayed_bytes_sent"] = ts.relayed_bytes_sent;
+  summary["relayed_bytes_received"] = ts.relayed_bytes_received;
+  summary["relay_forwarded_bytes"] = ts.relay_forwarded_bytes;
+  summary["relay_pairs"] = ts.relay_pairs;
   if (out.final_val_loss) summary["final_val_loss"] = *out.final_val_loss;
   if (env_.write_summary) {
     if (Status st = env_.write_summary(summary); !st.ok()) return st;

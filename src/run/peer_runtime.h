@@ -64,6 +64,8 @@ struct PeerPlan {
   std::optional<optim::Poison> poison;  // a simulated poisoned worker's (sim.poison); never in real runs
   Nanos start_timeout = std::chrono::minutes(10);
   const std::atomic<bool>* stop = nullptr;  // checked between steps and while waiting
+  // This machine accepts no connections (behind NAT), known beforehand: no dial-back check.
+  bool outbound_only = false;
 };
 
 // The links' transport of a run, opened once the spec (and so the run id) is known.
@@ -79,6 +81,12 @@ struct PeerEnvironment {
   transport::Gossip* gossip = nullptr;  // started, with this peer's seeds
   std::string name;                     // for the records: the peer's id in real runs, the worker in a simulation
   std::function<Result<OpenedLinks>(const Digest& spec_hash)> open_links;
+  // A dial-back check of addresses of this peer (transport::Gossip::check_reachable); absent where
+  // every peer reaches every other (a simulation). Asked for gossip's address (`gossip_announced`)
+  // before the run spec is heard (a peer nobody can reach hears nothing until it is known to be
+  // outbound-only), then for the links' once they listen.
+  std::function<Result<transport::Reachability>(const std::vector<std::string>& addresses, const std::atomic<bool>* stop)> check_reachable;
+  std::string gossip_announced;  // HOST:PORT, as others are told
   // Checks of the run's config against this environment, after validation (memory, Gloo's host).
   std::function<Status(const train::RunConfig&)> check_run;
   // The run's spec is known (the real peer writes config.toml).
@@ -137,6 +145,12 @@ class Peer {
   std::optional<optim::Group> regroup(std::int64_t step);
   std::optional<optim::Group> left_out(std::int64_t round, const Status& why);
   bool stop_requested() const { return plan_.stop != nullptr && plan_.stop->load(); }
+  // Whether the others can open connections to `address` of this peer (`what`: "gossip", "links")
+  // by a dial-back check; when they cannot, the peer becomes outbound-only from then on.
+  void check_reachable(const std::string& address, const std::string& what);
+  // An outbound-only peer with no live member that accepts connections can reach nobody: the error
+  // saying so, or ok.
+  Status check_not_stranded() const;
   Deadline after(Nanos d) const { return Deadline::after(clock_, d); }
 
   PeerPlan plan_;
@@ -159,6 +173,7 @@ class Peer {
 
   // link_up (declared so that they go in the right order: links and server before the transport)
   OpenedLinks opened_;
+  bool outbound_only_ = false;  // this peer accepts no connections: it dials, or goes through a relay
   std::unique_ptr<StateServer> server_;
   std::unique_ptr<PeerLinks> links_;
   std::shared_ptr<Coordinator> coordinator_;

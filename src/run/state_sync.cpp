@@ -8,7 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/wire.h"
-#include "run/peer_links.h"
+#include "transport/tags.h"
 
 namespace gossamer::run {
 
@@ -70,6 +70,7 @@ Result<Bytes> ask(transport::Link& link, std::uint8_t kind, std::int64_t round, 
   const std::uint8_t version = r.u8(), ok = r.u8();
   if (r.ok() && version != kVersion) return error(ErrorCode::kVersionMismatch, "peer " + link.peer().to_string() + " serves state version " + std::to_string(version));
   if (r.ok() && ok == 0) return error(ErrorCode::kUnavailable, "peer " + link.peer().to_string() + " cannot serve: " + r.str(1024));
+  if (r.ok() && ok != 1) return error(ErrorCode::kMalformed, "peer " + link.peer().to_string() + " answered with status " + std::to_string(ok));
   const ByteView body = r.blob(kMaxChunk + 64);
   r.expect_end();
   if (!r.ok()) return r.status();
@@ -195,7 +196,7 @@ Result<std::shared_ptr<transport::Link>> open_state_link(transport::Transport& t
   if (!link.ok()) return link.status();
   Writer w;
   w.u64(0);  // epoch 0: a state link
-  if (Status st = (*link)->send(kEpochTag, std::move(w).take(), deadline); !st.ok()) return st;
+  if (Status st = (*link)->send(transport::tags::kEpoch, std::move(w).take(), deadline); !st.ok()) return st;
   return *link;
 }
 
@@ -217,6 +218,7 @@ Result<FetchResult> fetch_state(transport::Transport& transport, const std::vect
     }
     auto body = ask(**link, kAskManifest, round, 0, deadline);
     auto m = body.ok() ? StateManifest::decode(*body) : Result<StateManifest>(body.status());
+    if (m.ok() && m->round != round) m = error(ErrorCode::kMalformed, "it sent the manifest of round " + std::to_string(m->round));
     if (!m.ok()) {
       spdlog::warn("state: donor {} has no manifest of round {}: {}", d.name, round, m.status().to_string());
       (*link)->close();

@@ -255,6 +255,33 @@ wait_exit $! "$tmp/first.log" INT "waiting for 2 peer(s)"
 wait_exit $! "$tmp/first2.log" TERM "waiting for 2 peer(s)"
 "$G" peer --listen 127.0.0.1:0 --join 127.0.0.1:9 --out "$tmp/joiner" > "$tmp/joiner.log" 2>&1 &
 wait_exit $! "$tmp/joiner.log" TERM "gossip on"
+# Fetching the state of a run under way (its members offer it at their next round, far off here),
+# then the member training.
+addr_of() { for i in $(seq 1 200); do [ -s "$1/address" ] && break; sleep 0.05; done; head -n 1 "$1/address"; }
+"$G" peer "${TINY[@]}" --set train.steps=1000000 --set diloco.inner_steps=1000000 --set train.eval_every=1000000 --listen 127.0.0.1:0 \
+  --out "$tmp/long" > "$tmp/long.log" 2>&1 &
+long=$!
+addr=$(addr_of "$tmp/long")
+for i in $(seq 1 200); do grep -qF "training on shard" "$tmp/long.log" 2>/dev/null && break; sleep 0.05; done
+"$G" peer --listen 127.0.0.1:0 --join "$addr" --out "$tmp/fetching" > "$tmp/fetching.log" 2>&1 &
+wait_exit $! "$tmp/fetching.log" INT "fetching its state to join"
+wait_exit "$long" "$tmp/long.log" TERM "training on shard"
+[ -f "$tmp/long/checkpoint.bin" ] || fail "a peer stopped while training left no checkpoint"
+# Finishing: waiting for the other members at the end. The other member is frozen (SIGSTOP) after its
+# last round, in the local steps that follow it, so this one waits for it (its failure detector
+# patient: --dead-after 60).
+FIN=("${TINY[@]}" --set train.steps=1000 --set diloco.inner_steps=300 --set train.eval_every=1000 --set train.round_timeout_s=60)
+"$G" peer "${FIN[@]}" --listen 127.0.0.1:0 --wait-for 2 --dead-after 60 --out "$tmp/fin0" > "$tmp/fin0.log" 2>&1 &
+fin0=$!
+addr=$(addr_of "$tmp/fin0")
+"$G" peer --listen 127.0.0.1:0 --join "$addr" --out "$tmp/fin1" > "$tmp/fin1.log" 2>&1 &
+fin1=$!
+for i in $(seq 1 1200); do grep -qF '"rounds":3' "$tmp/fin1/metrics.jsonl" 2>/dev/null && break; sleep 0.05; done
+kill -STOP "$fin1"
+wait_exit "$fin0" "$tmp/fin0.log" INT "step 1000/1000"
+grep -qF "stopped while finishing" "$tmp/fin0.log" || { cat "$tmp/fin0.log"; fail "a peer stopped while finishing did not say so"; }
+[ -f "$tmp/fin0/summary.json" ] || fail "a peer stopped while finishing wrote no summary"
+kill -9 "$fin1"; wait "$fin1" 2>/dev/null
 
 # A simulation interrupted: exit 130, no results, and the same --out may be used again.
 "$G" sim "${SIMTINY[@]}" --set train.steps=100000 --set train.warmup_steps=2 --out "$tmp/simint" > "$tmp/simint.log" 2>&1 &

@@ -1,15 +1,21 @@
-// Seeded mutations of valid round messages (READY, GROUP, INTENT) and state-transfer manifests fed
-// to their decoders: refused and counted, or taken within bounds; nothing crashes, and the
-// coordinator still agrees on groups afterwards.
+// Seeded mutations of valid round messages (READY, GROUP, INTENT), state-transfer manifests and
+// chunk answers, run-spec announcements and join-board messages fed to their decoders: refused (and
+// counted where the decoder counts), or taken within bounds as exactly what they say; nothing
+// crashes, and valid messages are still taken afterwards.
 #include <doctest/doctest.h>
 
+#include <limits>
 #include <map>
 #include <random>
+#include <set>
 
+#include "core/hash.h"
 #include "core/wire.h"
+#include "run/announcements.h"
 #include "run/coordinator.h"
 #include "run/state_sync.h"
 #include "support/mutate.h"
+#include "transport/memory_link.h"
 
 using namespace gossamer;
 using namespace gossamer::run;
@@ -44,6 +50,60 @@ class RecordingGossip final : public transport::Gossip {
 
  private:
   transport::PeerId self_;
+};
+
+// Time stands still: a JOIN heard during a test is still wanted at its end.
+class StillClock final : public Clock {
+ public:
+  Nanos now() const override { return std::chrono::seconds(100); }
+  void sleep_until(Nanos) override {}
+};
+
+// The newcomer's end of a state link whose donor sends every chunk answer mutated (manifest answers
+// pass unchanged), as a broken or malicious donor would.
+class ForgingLink final : public transport::Link {
+ public:
+  ForgingLink(std::shared_ptr<transport::Link> inner, std::mt19937_64& rng) : inner_(std::move(inner)), rng_(rng) {}
+  transport::PeerId peer() const override { return inner_->peer(); }
+  std::string remote_address() const override { return inner_->remote_address(); }
+  Status send(transport::Tag tag, ByteView payload, Deadline deadline) override {
+    if (tag == kStateRequestTag && payload.size() > 1) chunk_asked_ = payload[1] == std::byte{2};
+    return inner_->send(tag, payload, deadline);
+  }
+  Result<Bytes> recv(transport::Tag tag, Deadline deadline) override {
+    auto got = inner_->recv(tag, deadline);
+    if (got.ok() && tag == kStateResponseTag && chunk_asked_) return mutate(*got, rng_);
+    return got;
+  }
+  void close() override { inner_->close(); }
+  transport::LinkStats stats() const override { return inner_->stats(); }
+
+ private:
+  std::shared_ptr<transport::Link> inner_;
+  std::mt19937_64& rng_;
+  bool chunk_asked_ = false;
+};
+
+// Connects a newcomer to one StateServer over in-process links; the donor at address "forger" mutates
+// its chunk answers.
+class LocalTransport final : public transport::Transport {
+ public:
+  LocalTransport(StateServer& server, std::mt19937_64& rng) : server_(server), rng_(rng) {}
+  transport::PeerId self() const override { return transport::PeerId{1}; }
+  const transport::RunId& run() const override { return run_; }
+  std::string address() const override { return "192.0.2.1:7001"; }
+  Result<std::shared_ptr<transport::Link>> connect(const std::string& address, Deadline) override {
+    auto [near_end, far_end] = transport::make_memory_link_pair(transport::PeerId{1}, transport::PeerId{2});
+    server_.serve(far_end);
+    if (address == "forger") return std::shared_ptr<transport::Link>(std::make_shared<ForgingLink>(near_end, rng_));
+    return near_end;
+  }
+  Result<std::shared_ptr<transport::Link>> accept(Deadline) override { return error(ErrorCode::kUnavailable, "a newcomer only dials"); }
+
+ private:
+  StateServer& server_;
+  std::mt19937_64& rng_;
+  transport::RunId run_;
 };
 
 }  // namespace
@@ -105,4 +165,126 @@ TEST_CASE("mutated state manifests are refused, or decode to a consistent manife
     CHECK((got->encode() == m));
   }
   CHECK(refused > 10000);
+}
+
+TEST_CASE("mutated chunk answers are refused, and the state still comes whole from an honest donor") {
+  Bytes state(40000);
+  for (std::size_t i = 0; i < state.size(); ++i) state[i] = static_cast<std::byte>(i * 31 + 7);
+  const auto snapshot = Snapshot::make(3, 30, 2, state, 4096);  // 10 chunks
+  std::mt19937_64 rng(8);
+  const int n = 100;
+  int refused = 0;
+  for (int i = 0; i < n; ++i) {
+    StateServer server;
+    server.offer(snapshot);
+    LocalTransport newcomer(server, rng);
+    // The forger alone: refused, or (had every mutation changed nothing) the state itself, never other bytes.
+    auto alone = fetch_state(newcomer, {Donor{"forger", "forger"}}, 3, Deadline::after(real_clock(), std::chrono::seconds(10)));
+    if (alone.ok()) {
+      CHECK((alone->bytes == state));
+    } else {
+      ++refused;
+      CHECK(alone.status().code() == ErrorCode::kUnavailable);
+    }
+    // Beside an honest donor: the chunks the forger spoiled are fetched again from it.
+    auto both = fetch_state(newcomer, {Donor{"forger", "forger"}, Donor{"honest", "honest"}}, 3,
+                            Deadline::after(real_clock(), std::chrono::seconds(10)));
+    REQUIRE(both.ok());
+    CHECK((both->bytes == state));
+  }
+  CHECK(refused > n * 9 / 10);
+}
+
+TEST_CASE("mutated run-spec announcements are ignored, or taken only with the TOML their hash names") {
+  const std::string toml = "[run]\nmethod = \"diloco\"\npeers = 4\n";
+  const Digest d = digest_of(as_bytes(toml));
+  const auto announcement = [&](std::uint8_t kind) {  // version 2: BEACON (1) or SPEC (2)
+    Writer w;
+    w.u8(2);
+    w.u8(kind);
+    w.raw(ByteView(reinterpret_cast<const std::byte*>(d.bytes.data()), d.bytes.size()));
+    if (kind == 2) w.str(toml);
+    w.u32(4);
+    w.i64(17);
+    return std::move(w).take();
+  };
+  const Bytes beacon = announcement(1), spec = announcement(2);
+  std::mt19937_64 rng(6);
+  const int n = 5000;
+  int ignored = 0;
+  for (int i = 0; i < n; ++i) {
+    RecordingGossip g(2);  // a listener of its own each time: it keeps the first spec it takes
+    auto heard = listen_for_spec(g);
+    g.deliver(transport::PeerId{1}, "gossamer.spec", mutate(i % 2 == 0 ? spec : beacon, rng));
+    std::lock_guard lock(heard->mu);
+    if (heard->spec) CHECK(heard->spec->toml == toml);  // the hash covers the TOML
+    if (!heard->last_problem.empty()) ++ignored;
+  }
+  CHECK(ignored > n / 2);
+  // A listener that heard only mutated BEACONs still takes a valid SPEC.
+  RecordingGossip g(2);
+  auto heard = listen_for_spec(g);
+  for (int i = 0; i < 2000; ++i) g.deliver(transport::PeerId{1}, "gossamer.spec", mutate(beacon, rng));
+  g.deliver(transport::PeerId{1}, "gossamer.spec", spec);
+  auto got = receive_spec(*heard, std::chrono::seconds(1));
+  REQUIRE(got.ok());
+  CHECK(got->toml == toml);
+  CHECK(got->wait_for == 4);
+}
+
+TEST_CASE("mutated JOIN and OFFER messages are dropped, or taken as exactly what they say, and a valid OFFER is taken afterwards") {
+  RecordingGossip a(9);
+  auto sender = JoinBoard::make(a);
+  sender->ask_to_join();
+  sender->offer(12, "192.0.2.9:7001");
+  REQUIRE(a.sent.size() == 2);
+  const Bytes offer = a.sent[1].second;
+  StillClock clock;
+  RecordingGossip b(2);
+  auto board = JoinBoard::make(b, clock);
+  // What the well-formed ones say, read by the layout in announcements.h.
+  std::set<transport::PeerId> joined;
+  std::map<std::int64_t, std::set<transport::PeerId>> offered;
+  std::mt19937_64 rng(7);
+  const int n = 20000;
+  int dropped = 0;
+  for (int i = 0; i < n; ++i) {
+    const Bytes m = mutate(a.sent[static_cast<std::size_t>(i) % 2].second, rng);
+    b.deliver(a.self(), "gossamer.state", m);
+    Reader r(m);
+    const std::uint8_t version = r.u8(), kind = r.u8();
+    const transport::PeerId id{r.u64()};
+    std::int64_t round = 0;
+    if (kind == 2) {
+      round = r.i64();
+      (void)r.str(256);
+    }
+    r.expect_end();
+    if (!r.ok() || version != 1 || (kind != 1 && kind != 2)) {
+      ++dropped;
+    } else if (kind == 1) {
+      joined.insert(id);
+    } else {
+      offered[round].insert(id);
+    }
+  }
+  CHECK(dropped > n / 2);
+  const auto waiting = board->waiting();
+  CHECK((std::set<transport::PeerId>(waiting.begin(), waiting.end()) == joined));
+  auto newest = board->newest_offer(Nanos{0});
+  REQUIRE(newest.has_value() == !offered.empty());
+  if (newest) {
+    CHECK(newest->first == offered.rbegin()->first);
+    CHECK(newest->second.size() == offered.rbegin()->second.size());
+  }
+  // With every offer forgotten, a valid OFFER is taken as usual.
+  board->forget(std::numeric_limits<std::int64_t>::max());
+  CHECK_FALSE(board->newest_offer(Nanos{0}).has_value());
+  b.deliver(a.self(), "gossamer.state", offer);
+  newest = board->newest_offer(Nanos{0});
+  REQUIRE(newest.has_value());
+  CHECK(newest->first == 12);
+  REQUIRE(newest->second.size() == 1);
+  CHECK(newest->second[0].address == "192.0.2.9:7001");
+  CHECK(newest->second[0].name == a.self().to_string());
 }

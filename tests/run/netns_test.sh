@@ -2,6 +2,10 @@
 # Peers on hosts of their own (label net): network namespaces on three subnets joined by a router
 # namespace, each peer started as docs/peer.md says, with `--listen 0.0.0.0:7000`. Addresses come
 # from the documentation ranges and nothing is routed out of the namespaces.
+# Then peers behind NAT routers (nftables masquerade): one reachable through a port forward with
+# --advertise; two behind different NATs without forwards, found outbound-only by the dial-back check,
+# linked to each other through the public peer as relay; the only reachable peer dying (the others
+# say why they cannot go on), and with a second reachable peer (they go on).
 # Needs root (ip netns); without it the test says so and skips (exit 77).
 # Usage: netns_test.sh path/to/gossamer
 set -u
@@ -94,3 +98,85 @@ wait
 for i in 0 1; do [ -f "p$i/summary.json" ] || { tail -n 20 "p$i.log"; fail "advertise: peer $i did not finish"; }; done
 [ "$(digest p0)" = "$(digest p1)" ] || fail "advertise: the peers ended with different parameters"
 echo "netns: a peer behind a NAT's port forward (9000 -> 7000) trained to the end with --advertise 203.0.113.2:9000"
+
+# A second site behind its own NAT router (masquerade only, no port forward), in place of host b.
+M="${tag}m"; Q="${tag}q"
+H+=("$M" "$Q")
+ip netns add "$M"; ip netns add "$Q"
+ip -n "$M" link set lo up; ip -n "$Q" link set lo up
+ip netns exec "$M" sysctl -qw net.ipv4.ip_forward=1
+ip link add "${tag}z0" type veth peer name "${tag}z1"
+ip link set "${tag}z0" netns "$M"; ip link set "${tag}z1" netns "$R"
+ip -n "$R" addr flush dev "${tag}w1"; ip -n "$R" link set "${tag}w1" down
+ip -n "$M" addr add 198.51.100.2/24 dev "${tag}z0"; ip -n "$M" link set "${tag}z0" up
+ip -n "$R" addr add 198.51.100.1/24 dev "${tag}z1"; ip -n "$R" link set "${tag}z1" up
+ip -n "$M" route add default via 198.51.100.1
+ip link add "${tag}u0" type veth peer name "${tag}u1"
+ip link set "${tag}u0" netns "$Q"; ip link set "${tag}u1" netns "$M"
+ip -n "$Q" addr add 198.19.0.2/24 dev "${tag}u0"; ip -n "$Q" link set "${tag}u0" up
+ip -n "$M" addr add 198.19.0.1/24 dev "${tag}u1"; ip -n "$M" link set "${tag}u1" up
+ip -n "$Q" route add default via 198.19.0.1
+ip netns exec "$M" nft -f - <<NFT || fail "nft could not set up the second NAT"
+table ip nat {
+  chain postrouting { type nat hook postrouting priority srcnat; oifname "${tag}z0" masquerade; }
+}
+NFT
+summary_num() { sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1/summary.json" | head -n 1; }
+
+# Scenario: two peers behind different NATs, without port forwards, and one public peer. The dial-back
+# check finds both outbound-only; they dial the public peer, and their link to each other goes through
+# it as a relay.
+cd "$WORK" && mkdir -p nat2 && cd nat2
+ip netns exec "${H[0]}" timeout 120 "$G" peer --listen 0.0.0.0:7000 "${SETS[@]}" --key ../run.key --wait-for 3 --out p0 > p0.log 2>&1 &
+sleep 1.5
+ip netns exec "$P" timeout 120 "$G" peer --listen 0.0.0.0:7000 --join "${NETS[0]}.2:7000" --key ../run.key --out p1 > p1.log 2>&1 &
+ip netns exec "$Q" timeout 120 "$G" peer --listen 0.0.0.0:7000 --join "${NETS[0]}.2:7000" --key ../run.key --out p2 > p2.log 2>&1 &
+wait
+for i in 0 1 2; do [ -f "p$i/summary.json" ] || { tail -n 20 "p$i.log"; fail "two NATs: peer $i did not finish"; }; done
+d0=$(digest p0)
+[ -n "$d0" ] && [ "$(digest p1)" = "$d0" ] && [ "$(digest p2)" = "$d0" ] || fail "two NATs: the peers ended with different parameters"
+for i in 1 2; do
+  grep -q '"outbound_only": true' "p$i/summary.json" || { grep -i "connect back\|reachable" "p$i.log"; fail "two NATs: peer $i was not found outbound-only"; }
+  grep -q "could not connect back" "p$i.log" || fail "two NATs: peer $i did not say why it is outbound-only"
+  [ "$(summary_num "p$i" relayed_bytes_sent)" -gt 0 ] || fail "two NATs: peer $i sent nothing through the relay"
+done
+grep -q '"outbound_only": false' p0/summary.json || fail "two NATs: the public peer was taken for outbound-only"
+fwd=$(summary_num p0 relay_forwarded_bytes)
+[ "$fwd" -gt 0 ] || fail "two NATs: the public peer relayed nothing"
+grep -q '"skipped_rounds": 0' p1/summary.json || { cat p1/summary.json; fail "two NATs: rounds were skipped"; }
+echo "netns: two peers behind different NATs and one public peer trained to the end with the same parameters ($fwd bytes relayed by the public one)"
+
+# Scenario: the only reachable peer dies mid-run (a crash, as kill -9 leaves it). The two behind NAT
+# can reach nobody: each ends, saying why and what to do.
+LONG=("${SETS[@]}" --set train.steps=400 --set train.eval_every=200)
+cd "$WORK" && mkdir -p dies && cd dies
+ip netns exec "${H[0]}" timeout 120 "$G" peer --listen 0.0.0.0:7000 "${LONG[@]}" --key ../run.key --wait-for 3 --crash-at-step 60 --out p0 > p0.log 2>&1 &
+sleep 1.5
+ip netns exec "$P" timeout 120 "$G" peer --listen 0.0.0.0:7000 --join "${NETS[0]}.2:7000" --key ../run.key --out p1 > p1.log 2>&1 &
+pid1=$!
+ip netns exec "$Q" timeout 120 "$G" peer --listen 0.0.0.0:7000 --join "${NETS[0]}.2:7000" --key ../run.key --out p2 > p2.log 2>&1 &
+pid2=$!
+wait $pid1; rc1=$?
+wait $pid2; rc2=$?
+wait
+for i in 1 2; do
+  rc=$([ $i -eq 1 ] && echo $rc1 || echo $rc2)
+  [ "$rc" -eq 1 ] || { tail -n 20 "p$i.log"; fail "the reachable peer died: peer $i exited with $rc, not 1"; }
+  grep -q "every peer that accepts connections has left or died" "p$i.log" || { tail -n 20 "p$i.log"; fail "the reachable peer died: peer $i did not say why it stopped"; }
+  [ -f "p$i/checkpoint.bin" ] || fail "the reachable peer died: peer $i left no checkpoint to resume from"
+done
+echo "netns: the only reachable peer died: both peers behind NAT stopped with exit 1 and said why"
+
+# The same with a second reachable peer (another port of the public host): the run goes on.
+cd "$WORK" && mkdir -p dies2 && cd dies2
+ip netns exec "${H[0]}" timeout 150 "$G" peer --listen 0.0.0.0:7000 "${LONG[@]}" --key ../run.key --wait-for 4 --crash-at-step 60 --out p0 > p0.log 2>&1 &
+sleep 1.5
+ip netns exec "${H[0]}" timeout 150 "$G" peer --listen 0.0.0.0:7100 --join "${NETS[0]}.2:7000" --key ../run.key --out p3 > p3.log 2>&1 &
+ip netns exec "$P" timeout 150 "$G" peer --listen 0.0.0.0:7000 --join "${NETS[0]}.2:7000" --key ../run.key --out p1 > p1.log 2>&1 &
+ip netns exec "$Q" timeout 150 "$G" peer --listen 0.0.0.0:7000 --join "${NETS[0]}.2:7000" --key ../run.key --out p2 > p2.log 2>&1 &
+wait
+for i in 1 2 3; do [ -f "p$i/summary.json" ] || { tail -n 20 "p$i.log"; fail "second reachable peer: peer $i did not finish"; }; done
+d3=$(digest p3)
+[ -n "$d3" ] && [ "$(digest p1)" = "$d3" ] && [ "$(digest p2)" = "$d3" ] || fail "second reachable peer: the survivors ended with different parameters"
+[ "$(summary_num p3 relay_forwarded_bytes)" -gt 0 ] || fail "second reachable peer: it relayed nothing after the first died"
+echo "netns: the first reachable peer died; the second relayed for the two behind NAT and all three finished with the same parameters"

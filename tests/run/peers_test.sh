@@ -3,7 +3,7 @@
 # bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
 set -u
 G="$1"; shift
-SCENARIOS="${*:-four_peers sim_agrees methods ddp_gloo kill_one kill_leader leave late_join co2_join restart crash_rejoin shaped wrong_run wrong_key noise}"
+SCENARIOS="${*:-four_peers sim_agrees methods ddp_gloo kill_one kill_leader leave late_join co2_join restart crash_rejoin shaped wrong_run wrong_key noise flood}"
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
 FAILED=0
@@ -349,6 +349,31 @@ noise() {
   same_params noise "$d/p0" "$d/p1"
   grep -q "handshake\|refused\|dropped" "$d/p0.log" || fail "noise: the garbage was not even noticed"
   echo "noise: random bytes at the gossip and link ports did not disturb the run"
+}
+
+# Hundreds of junk connections held open against both ports of a keyed peer while it trains, from
+# another address (127.0.0.2, as if another host; examples/junk_flood.py --hold: a few bytes, then
+# silence; reopened as soon as the peer closes one): the run ends with the same parameters as its
+# partner, no round skipped, and the refusals logged at a bounded rate.
+flood() {
+  command -v python3 > /dev/null || { echo "flood: skipped: python3 is missing"; return; }
+  local d=$WORK/flood
+  mkdir -p "$d"
+  "$G" keygen --out "$d/k" > /dev/null 2>&1 || { fail "flood: keygen failed"; return; }
+  start_first "$d/p0" 2 --key "$d/k" --set train.steps=300 --set train.eval_every=150; local a; a=$(address_of "$d/p0") || { fail "flood: no address"; return; }
+  for _ in $(seq 50); do [ "$(wc -l < "$d/p0/address")" -ge 2 ] && break; sleep 0.1; done
+  local links; links=$(sed -n 2p "$d/p0/address")
+  python3 "$(dirname "$0")/../../examples/junk_flood.py" "${a##*:},${links##*:}" 12 127.0.0.1 --hold 200 --from 127.0.0.2 > "$d/flood.out" 2>&1 &
+  local flooder=$!
+  start_joiner "$d/p1" "$a" --key "$d/k"
+  wait
+  [ -f "$d/p0/summary.json" ] && [ -f "$d/p1/summary.json" ] || { fail "flood: the run did not finish"; tail -n 20 "$d/p0.log"; return; }
+  same_params flood "$d/p0" "$d/p1"
+  grep -q '"skipped_rounds": 0' "$d/p0/summary.json" || fail "flood: rounds were skipped"
+  local opened lines; opened=$(cat "$d/flood.out"); lines=$(wc -l < "$d/p0.log")
+  [ "$opened" -ge 400 ] || fail "flood: the flooder opened only $opened connections"
+  [ "$lines" -lt 300 ] || fail "flood: $lines log lines for $opened junk connections: not bounded"
+  echo "flood: $opened junk connections held against the first peer's ports; the run finished alike, $lines log lines"
 }
 
 for s in $SCENARIOS; do "$s"; done

@@ -47,8 +47,8 @@ std::size_t count_state(const Gossip& g, MemberState s) {
 Bytes fake_table(std::uint64_t id, const std::string& address, std::uint64_t heartbeat) {
   Writer w;
   w.raw(as_bytes("GSGP"));
-  w.u8(1);
-  w.u8(1);
+  w.u8(2);  // version
+  w.u8(1);  // a member table
   w.u64(id);
   w.str(address);
   w.u32(1);
@@ -226,4 +226,108 @@ TEST_CASE("gossip: a node listening on 0.0.0.0 is reached through its wildcard o
   // A third node hears of `a` through `b` (a wildcard row it does not dial) and then from `a` itself.
   auto c = node({b->address()});
   REQUIRE(eventually([&] { return count_state(*c, MemberState::kAlive) == 2 && count_state(a, MemberState::kAlive) == 2; }, 10s));
+}
+
+TEST_CASE("gossip: outbound-only nodes, which nobody can dial, are reached through the connections they open") {
+  auto a = node();
+  // Two nodes that announce an address where nothing listens, as a peer behind NAT would.
+  const auto outbound = [&](const char* unreachable) {
+    GossipOptions o = fast({a->address()});
+    o.advertise = unreachable;
+    o.outbound_only = true;
+    auto g = make_gossip(o);
+    REQUIRE(g.ok());
+    return std::move(*g);
+  };
+  auto b = outbound("tcp://127.0.0.1:1");
+  auto c = outbound("tcp://127.0.0.1:2");
+  std::atomic<int> at_a{0}, at_b{0}, at_c{0};
+  a->subscribe("t", [&](PeerId, const Bytes&) { ++at_a; });
+  b->subscribe("t", [&](PeerId, const Bytes&) { ++at_b; });
+  c->subscribe("t", [&](PeerId, const Bytes&) { ++at_c; });
+  const auto knows_all = [](const Gossip& g) { return count_state(g, MemberState::kAlive) == 2; };
+  REQUIRE(eventually([&] { return knows_all(*a) && knows_all(*b) && knows_all(*c); }, 10s));
+  for (const auto& m : a->members()) CHECK(m.outbound_only);
+  for (const auto& m : b->members()) CHECK(m.outbound_only == (m.id == c->self()));
+  // Broadcasts from each reach the other two, the two outbound-only ones through a.
+  REQUIRE(b->broadcast("t", as_bytes("from b")).ok());
+  REQUIRE(a->broadcast("t", as_bytes("from a")).ok());
+  REQUIRE(c->broadcast("t", as_bytes("from c")).ok());
+  CHECK(eventually([&] { return at_a == 3 && at_b == 3 && at_c == 3; }, 10s));
+  // Still alive a while later: the heartbeats of b and c keep reaching each other through a.
+  std::this_thread::sleep_for(1s);
+  CHECK(knows_all(*b));
+  CHECK(knows_all(*c));
+}
+
+TEST_CASE("gossip: a dial-back check tells a reachable address from one nobody can connect to") {
+  for (const bool keyed : {false, true}) {
+    CAPTURE(keyed);
+    GossipOptions oa = fast();
+    GossipOptions ob = fast();
+    if (keyed) oa.key = ob.key = generate_run_key();
+    auto a = make_gossip(oa);
+    REQUIRE(a.ok());
+    ob.seeds = {(*a)->address()};
+    auto b = make_gossip(ob);
+    REQUIRE(b.ok());
+    REQUIRE(eventually([&] { return count_state(**b, MemberState::kAlive) == 1; }, 10s));
+    const std::string b_at = (*b)->address().substr(6);  // HOST:PORT of b's gossip
+    // A port nobody listens on: bound, then closed.
+    std::string closed;
+    {
+      zmq::context_t ctx;
+      zmq::socket_t s(ctx, zmq::socket_type::router);
+      s.bind("tcp://127.0.0.1:*");
+      closed = s.get(zmq::sockopt::last_endpoint).substr(6);
+    }
+    auto ok = (*b)->check_reachable({b_at}, Deadline::after(real_clock(), 10s));
+    REQUIRE(ok.ok());
+    CHECK(ok->reachable);
+    CHECK(ok->failed.empty());
+    CHECK(ok->observed_ip == "127.0.0.1");
+    CHECK(ok->helper == (*a)->address());
+    // The wildcard form is dialled at the IP the request came from.
+    auto wildcard = (*b)->check_reachable({"0.0.0.0:" + b_at.substr(b_at.rfind(':') + 1)}, Deadline::after(real_clock(), 10s));
+    REQUIRE(wildcard.ok());
+    CHECK(wildcard->reachable);
+    auto no = (*b)->check_reachable({b_at, closed}, Deadline::after(real_clock(), 10s));
+    REQUIRE(no.ok());
+    CHECK_FALSE(no->reachable);
+    REQUIRE(no->failed.size() == 1);
+    CHECK(no->failed[0].find(closed) != std::string::npos);
+    // Elsewhere than the request's own IP: dialled only in a run with a key (it holds the key).
+    auto other = (*b)->check_reachable({"192.0.2.1:7"}, Deadline::after(real_clock(), 10s));
+    REQUIRE(other.ok());
+    CHECK_FALSE(other->reachable);
+    REQUIRE(other->failed.size() == 1);
+    if (!keyed) CHECK(other->failed[0].find("only at the address its request came from") != std::string::npos);
+  }
+}
+
+TEST_CASE("gossip: a dial-back check with nobody to ask says so instead of waiting") {
+  auto a = node();
+  auto got = a->check_reachable({"127.0.0.1:7"}, Deadline::after(real_clock(), 10s));
+  REQUIRE_FALSE(got.ok());
+  CHECK(got.status().code() == ErrorCode::kUnavailable);
+}
+
+TEST_CASE("gossip: a dial-back check nobody answers ends at its deadline, or at once when stopped") {
+  auto lonely = node({"tcp://127.0.0.1:9"});  // a seed where nothing listens
+  const auto t0 = std::chrono::steady_clock::now();
+  auto timed_out = lonely->check_reachable({"127.0.0.1:7"}, Deadline::after(real_clock(), 500ms));
+  REQUIRE_FALSE(timed_out.ok());
+  CHECK(timed_out.status().code() == ErrorCode::kUnavailable);
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  std::atomic<bool> stop{false};
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(200ms);
+    stop = true;
+  });
+  const auto t1 = std::chrono::steady_clock::now();
+  auto stopped = lonely->check_reachable({"127.0.0.1:7"}, Deadline::after(real_clock(), 30s), &stop);
+  stopper.join();
+  REQUIRE_FALSE(stopped.ok());
+  CHECK(stopped.status().code() == ErrorCode::kAborted);
+  CHECK(std::chrono::steady_clock::now() - t1 < 1s);
 }

@@ -124,7 +124,7 @@ TEST_CASE("a member table stays within max_members: new rows take the place of d
   const auto table_of = [](std::uint64_t first, int n) {
     Writer w;
     w.raw(as_bytes(std::string_view("GSGP", 4)));
-    w.u8(1);
+    w.u8(2);  // version
     w.u8(1);
     w.u64(first);
     w.str("tcp://192.0.2.9:7000");
