@@ -112,7 +112,7 @@ std::vector<GossipCore::Target> GossipCore::random_live(std::size_t k, Nanos now
     if (state_of(e, now) != MemberState::kAlive) continue;
     if (!e.outbound_only) {
       live.push_back(Target{e.address, PeerId{}});
-    } else if (now - e.heard < options_.suspect_after) {
+    } else if (e.heard != Nanos::min() && now - e.heard < options_.suspect_after) {  // (min: never heard; now - min overflows)
       live.push_back(Target{e.address, PeerId{id}});
     }
   }

@@ -67,27 +67,33 @@ echo "netns: three peers on three subnets, each on 0.0.0.0:7000, trained to the 
 # Scenario: a peer behind a NAT router whose port forward maps other ports (9000, 9001 outside to 7000,
 # 7001 inside): it is reachable only at the address it advertises.
 if ! command -v nft >/dev/null 2>&1; then echo "netns: port-forward scenario skipped: nft (Debian nftables) is missing"; exit 0; fi
+# nat_site ROUTER HOST LEG OUTSIDE_NET INSIDE_NET: a NAT router namespace whose outside leg takes the
+# place of the host on OUTSIDE_NET (its .2, behind router R's .1; R's veth LEG to that host is put
+# down), and a host namespace behind it at INSIDE_NET.2. The NAT rules are the caller's.
+nat_site() {
+  local nr=$1 host=$2 leg=$3 out=$4 in=$5
+  H+=("$nr" "$host")
+  ip netns add "$nr"; ip netns add "$host"
+  ip -n "$nr" link set lo up; ip -n "$host" link set lo up
+  ip netns exec "$nr" sysctl -qw net.ipv4.ip_forward=1
+  ip link add "${nr}o" type veth peer name "${nr}r"
+  ip link set "${nr}o" netns "$nr"; ip link set "${nr}r" netns "$R"
+  ip -n "$R" addr flush dev "$leg"; ip -n "$R" link set "$leg" down
+  ip -n "$nr" addr add "$out.2/24" dev "${nr}o"; ip -n "$nr" link set "${nr}o" up
+  ip -n "$R" addr add "$out.1/24" dev "${nr}r"; ip -n "$R" link set "${nr}r" up
+  ip -n "$nr" route add default via "$out.1"
+  ip link add "${nr}i" type veth peer name "${nr}h"
+  ip link set "${nr}h" netns "$host"; ip link set "${nr}i" netns "$nr"
+  ip -n "$host" addr add "$in.2/24" dev "${nr}h"; ip -n "$host" link set "${nr}h" up
+  ip -n "$nr" addr add "$in.1/24" dev "${nr}i"; ip -n "$nr" link set "${nr}i" up
+  ip -n "$host" route add default via "$in.1"
+}
 N="${tag}n"; P="${tag}p"
-H+=("$N" "$P")
-ip netns add "$N"; ip netns add "$P"
-ip -n "$N" link set lo up; ip -n "$P" link set lo up
-ip netns exec "$N" sysctl -qw net.ipv4.ip_forward=1
-# The NAT router's outside leg takes the place of host c on 203.0.113.0/24.
-ip link add "${tag}x0" type veth peer name "${tag}x1"
-ip link set "${tag}x0" netns "$N"; ip link set "${tag}x1" netns "$R"
-ip -n "$R" addr flush dev "${tag}w2"; ip -n "$R" link set "${tag}w2" down
-ip -n "$N" addr add 203.0.113.2/24 dev "${tag}x0"; ip -n "$N" link set "${tag}x0" up
-ip -n "$R" addr add 203.0.113.1/24 dev "${tag}x1"; ip -n "$R" link set "${tag}x1" up
-ip -n "$N" route add default via 203.0.113.1
-ip link add "${tag}y0" type veth peer name "${tag}y1"
-ip link set "${tag}y0" netns "$P"; ip link set "${tag}y1" netns "$N"
-ip -n "$P" addr add 198.18.0.2/24 dev "${tag}y0"; ip -n "$P" link set "${tag}y0" up
-ip -n "$N" addr add 198.18.0.1/24 dev "${tag}y1"; ip -n "$N" link set "${tag}y1" up
-ip -n "$P" route add default via 198.18.0.1
+nat_site "$N" "$P" "${tag}w2" 203.0.113 198.18.0
 ip netns exec "$N" nft -f - <<NFT || fail "nft could not set up the NAT"
 table ip nat {
-  chain prerouting { type nat hook prerouting priority dstnat; iifname "${tag}x0" tcp dport 9000 dnat to 198.18.0.2:7000; iifname "${tag}x0" tcp dport 9001 dnat to 198.18.0.2:7001; }
-  chain postrouting { type nat hook postrouting priority srcnat; oifname "${tag}x0" masquerade; }
+  chain prerouting { type nat hook prerouting priority dstnat; iifname "${N}o" tcp dport 9000 dnat to 198.18.0.2:7000; iifname "${N}o" tcp dport 9001 dnat to 198.18.0.2:7001; }
+  chain postrouting { type nat hook postrouting priority srcnat; oifname "${N}o" masquerade; }
 }
 NFT
 mkdir -p fwd && cd fwd
@@ -101,24 +107,10 @@ echo "netns: a peer behind a NAT's port forward (9000 -> 7000) trained to the en
 
 # A second site behind its own NAT router (masquerade only, no port forward), in place of host b.
 M="${tag}m"; Q="${tag}q"
-H+=("$M" "$Q")
-ip netns add "$M"; ip netns add "$Q"
-ip -n "$M" link set lo up; ip -n "$Q" link set lo up
-ip netns exec "$M" sysctl -qw net.ipv4.ip_forward=1
-ip link add "${tag}z0" type veth peer name "${tag}z1"
-ip link set "${tag}z0" netns "$M"; ip link set "${tag}z1" netns "$R"
-ip -n "$R" addr flush dev "${tag}w1"; ip -n "$R" link set "${tag}w1" down
-ip -n "$M" addr add 198.51.100.2/24 dev "${tag}z0"; ip -n "$M" link set "${tag}z0" up
-ip -n "$R" addr add 198.51.100.1/24 dev "${tag}z1"; ip -n "$R" link set "${tag}z1" up
-ip -n "$M" route add default via 198.51.100.1
-ip link add "${tag}u0" type veth peer name "${tag}u1"
-ip link set "${tag}u0" netns "$Q"; ip link set "${tag}u1" netns "$M"
-ip -n "$Q" addr add 198.19.0.2/24 dev "${tag}u0"; ip -n "$Q" link set "${tag}u0" up
-ip -n "$M" addr add 198.19.0.1/24 dev "${tag}u1"; ip -n "$M" link set "${tag}u1" up
-ip -n "$Q" route add default via 198.19.0.1
+nat_site "$M" "$Q" "${tag}w1" 198.51.100 198.19.0
 ip netns exec "$M" nft -f - <<NFT || fail "nft could not set up the second NAT"
 table ip nat {
-  chain postrouting { type nat hook postrouting priority srcnat; oifname "${tag}z0" masquerade; }
+  chain postrouting { type nat hook postrouting priority srcnat; oifname "${M}o" masquerade; }
 }
 NFT
 summary_num() { sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1/summary.json" | head -n 1; }
