@@ -17,8 +17,8 @@ trap cleanup EXIT
 ip netns add "$ns_a"
 ip netns add "$ns_b"
 ip link add "va-$$" netns "$ns_a" type veth peer name "vb-$$" netns "$ns_b"
-ip -n "$ns_a" addr add 10.77.0.1/24 dev "va-$$"
-ip -n "$ns_b" addr add 10.77.0.2/24 dev "vb-$$"
+ip -n "$ns_a" addr add 198.18.77.1/24 dev "va-$$"
+ip -n "$ns_b" addr add 198.18.77.2/24 dev "vb-$$"
 ip -n "$ns_a" link set "va-$$" up
 ip -n "$ns_b" link set "vb-$$" up
 ip -n "$ns_a" link set lo up
@@ -28,10 +28,10 @@ tc -n "$ns_a" qdisc add dev "va-$$" root tbf rate "${rate}mbit" burst 64kb laten
 tc -n "$ns_b" qdisc add dev "vb-$$" root tbf rate "${rate}mbit" burst 64kb latency 50ms
 
 echo "== kernel tbf at ${rate} Mbit/s between namespaces, ${mib} MiB"
-ip netns exec "$ns_b" "$probe" serve 10.77.0.2:47700 > /tmp/netns_tbf_server.$$ &
+ip netns exec "$ns_b" "$probe" serve 198.18.77.2:47700 > /tmp/netns_tbf_server.$$ &
 server=$!
 sleep 0.5
-ip netns exec "$ns_a" "$probe" send 10.77.0.2:47700 "$mib"
+ip netns exec "$ns_a" "$probe" send 198.18.77.2:47700 "$mib"
 wait "$server"
 cat /tmp/netns_tbf_server.$$ | tail -1
 

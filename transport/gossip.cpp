@@ -1,5 +1,6 @@
 #include "transport/gossip.h"
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -42,7 +43,9 @@ class ZmqGossip final : public Gossip {
       std::lock_guard<std::mutex> lock(probe_mu_);
       probe_cv_.notify_all();
     }
-    if (prober_.joinable()) prober_.join();
+    for (auto& t : probers_) {
+      if (t.joinable()) t.join();
+    }
     sodium_memzero(curve_sk_.data(), curve_sk_.size());
   }
 
@@ -90,7 +93,7 @@ class ZmqGossip final : public Gossip {
     }
     core_ = std::make_unique<GossipCore>(options_, bound, real_clock(), std::random_device{}());
     thread_ = std::thread([this] { loop(); });
-    prober_ = std::thread([this] { probe_loop(); });
+    for (auto& t : probers_) t = std::thread([this] { probe_loop(); });
     return Status();
   }
 
@@ -140,9 +143,14 @@ class ZmqGossip final : public Gossip {
     const Bytes message = encode_reach_request(request);
     std::unique_lock<std::mutex> lock(probe_mu_);
     waiting_nonces_.insert(request.nonce);
+    ++checking_;
+    struct Done {
+      std::atomic<int>& n;
+      ~Done() { --n; }
+    } done{checking_};
     for (const Member& helper : helpers) requests_out_.emplace_back(helper.address, message);
     // Each helper dials the addresses one after another, with a 3 s timeout each.
-    const auto until = std::min(deadline.steady_time(), std::chrono::steady_clock::now() + std::chrono::seconds(3 * addresses.size() + 2));
+    const auto until = std::min(deadline.steady_time(), std::chrono::steady_clock::now() + std::chrono::seconds(3 * addresses.size() + 4));
     const auto stopped = [&] { return stop != nullptr && stop->load(); };
     while (!stop_ && !stopped() && answers_in_.count(request.nonce) == 0 && std::chrono::steady_clock::now() < until) {
       probe_cv_.wait_until(lock, std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(100)));
@@ -164,9 +172,11 @@ class ZmqGossip final : public Gossip {
         out.observed_ip = answer.observed_ip;
         out.reachable = true;
         for (std::size_t i = 0; i < addresses.size(); ++i) {
-          if (answer.results[i].reached) continue;
+          const ReachResult& res = answer.results[i];
+          if (res.outcome == ReachOutcome::kUnchecked) out.unchecked.push_back(addresses[i] + " (" + res.detail + ")");
+          if (res.outcome != ReachOutcome::kUnreached) continue;
           out.reachable = false;
-          out.failed.push_back(addresses[i] + " (" + answer.results[i].detail + ")");
+          out.failed.push_back(addresses[i] + " (" + res.detail + ")");
         }
         return out;
       }
@@ -201,9 +211,9 @@ class ZmqGossip final : public Gossip {
       answer.observed_ip = job.observed_ip;
       for (const auto& address : job.request.addresses) {
         ReachResult res;
-        auto target = reach_target(address, job.observed_ip, options_.key.has_value());
+        auto target = reach_target(address, job.observed_ip);
         Status st = target.ok() ? probe_tcp(*target, std::chrono::seconds(3)) : target.status();
-        res.reached = st.ok();
+        res.outcome = st.ok() ? ReachOutcome::kReached : target.ok() ? ReachOutcome::kUnreached : ReachOutcome::kUnchecked;
         if (!st.ok()) res.detail = (target.ok() ? *target + ": " : std::string()) + st.message();
         answer.results.push_back(std::move(res));
       }
@@ -273,9 +283,10 @@ class ZmqGossip final : public Gossip {
     const std::string observed = observed_c != nullptr ? std::string(observed_c) : std::string();
     const ByteView bytes(static_cast<const std::byte*>(body.data()), body.size());
     if (const ReachType type = reach_type(bytes); type != ReachType::kNone) return on_reach_message(type, bytes, identity, observed, from);
-    // Who opened this connection (the sender field of the header; a key holder could lie about it,
-    // which only misroutes its own replies): where replies to an outbound-only member go.
-    if (!identity.empty() && bytes.size() >= 14) {
+    // Who opened this connection (the sender field of a gossip header): where replies to an
+    // outbound-only member go. A sender could claim another's id and draw that member's replies to
+    // itself until the member's own next message sets the route back; with a key, only members can.
+    if (!identity.empty() && bytes.size() >= 14 && std::memcmp(bytes.data(), "GSGP", 4) == 0) {
       std::uint64_t sender = 0;
       std::memcpy(&sender, bytes.data() + 6, sizeof(sender));
       if (routes_.size() < options_.max_members || routes_.count(sender) == 1) routes_[sender] = identity;
@@ -437,6 +448,9 @@ class ZmqGossip final : public Gossip {
     zmq::message_t event, endpoint;
     if (!monitor_->recv(event, zmq::recv_flags::dontwait)) return;
     if (event.more()) (void)monitor_->recv(endpoint, zmq::recv_flags::dontwait);
+    // While this node's own dial-back check runs, a failed handshake is most likely the helper's
+    // probe (a bare TCP connection): not counted as a refusal nor reported.
+    if (checking_.load() > 0) return;
     refused_.fetch_add(1);
     // A refused peer retries every few hundred milliseconds: say it once per 10 s, with a count.
     ++refusals_since_log_;
@@ -450,7 +464,7 @@ class ZmqGossip final : public Gossip {
 
   // The refused side learns nothing from ZeroMQ: say so when nobody has answered for a while.
   void check_isolation() {
-    if (warned_isolated_ || core_->knows_anyone() || options_.seeds.empty()) return;
+    if (warned_isolated_ || core_->knows_anyone() || options_.seeds.empty() || checking_.load() > 0) return;
     if (std::chrono::steady_clock::now() - started_ < std::max<Nanos>(std::chrono::seconds(2), 10 * options_.period)) return;
     warned_isolated_ = true;
     spdlog::warn("gossip: no peer has answered yet (seeds: {}): check the seed addresses and that every peer uses the same --key",
@@ -469,7 +483,8 @@ class ZmqGossip final : public Gossip {
   std::uint64_t refusals_since_log_ = 0;
   std::map<std::string, std::unique_ptr<zmq::socket_t>> dealers_;
   std::map<std::uint64_t, Bytes> routes_;  // member id -> ROUTER identity of the connection it opened
-  std::thread thread_, prober_;
+  std::thread thread_;
+  std::array<std::thread, 4> probers_;  // dial-back checks run side by side
   // Dial-back checks: jobs for the prober, messages for the gossip thread to send, answers heard.
   std::mutex probe_mu_;
   std::condition_variable probe_cv_;
@@ -479,6 +494,7 @@ class ZmqGossip final : public Gossip {
   std::map<std::uint64_t, ReachAnswer> answers_in_;          // by nonce
   std::map<std::uint64_t, std::string> answer_from_;         // who answered, by nonce
   std::set<std::uint64_t> waiting_nonces_;                   // checks under way
+  std::atomic<int> checking_{0};                             // this node's own checks under way
   std::atomic<bool> stop_{false};
   std::atomic<std::uint64_t> refused_{0};  // handshakes refused (a wrong key, or none)
   // Anyone on the network can knock with a wrong key: bounded log lines.

@@ -72,7 +72,8 @@ struct Reachability {
   bool reachable = false;            // every address given was reached
   std::string helper;                // the gossip address of the member that dialled back
   std::string observed_ip;           // the IP this node's connection to it came from (a NAT's public IP)
-  std::vector<std::string> failed;   // "ADDRESS (why)" for each address it could not reach
+  std::vector<std::string> failed;     // "ADDRESS (why)" for each address it could not reach
+  std::vector<std::string> unchecked;  // "ADDRESS (why)" for each it would not dial (counted as reachable)
 };
 
 class Gossip {

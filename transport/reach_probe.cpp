@@ -1,6 +1,8 @@
 #include "transport/reach_probe.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -17,6 +19,7 @@ namespace gossamer::transport {
 namespace {
 
 constexpr char kMagic[4] = {'G', 'S', 'R', 'P'};
+constexpr char kProbeMagic[4] = {'G', 'S', 'P', 'B'};
 constexpr std::uint8_t kVersion = 1;
 constexpr std::size_t kMaxAddress = 300, kMaxDetail = 300, kMaxIp = 64;
 
@@ -89,7 +92,7 @@ Bytes encode_reach_answer(const ReachAnswer& answer) {
   w.str(answer.observed_ip);
   w.u8(static_cast<std::uint8_t>(answer.results.size()));
   for (const auto& res : answer.results) {
-    w.u8(res.reached ? 1 : 0);
+    w.u8(static_cast<std::uint8_t>(res.outcome));
     w.str(res.detail);
   }
   return std::move(w).take();
@@ -106,10 +109,12 @@ Result<ReachAnswer> decode_reach_answer(ByteView bytes) {
   if (!n.ok()) return n.status();
   for (std::uint8_t i = 0; i < *n; ++i) {
     ReachResult res;
-    const std::uint8_t reached = r.u8();
+    const std::uint8_t outcome = r.u8();
     res.detail = r.str(kMaxDetail);
-    if (r.ok() && reached > 1) return error(ErrorCode::kMalformed, "dial-back answer with a reached flag of " + std::to_string(reached));
-    res.reached = reached == 1;
+    if (r.ok() && outcome > static_cast<std::uint8_t>(ReachOutcome::kUnchecked)) {
+      return error(ErrorCode::kMalformed, "dial-back answer with outcome " + std::to_string(outcome));
+    }
+    res.outcome = static_cast<ReachOutcome>(outcome);
     out.results.push_back(std::move(res));
   }
   r.expect_end();
@@ -117,23 +122,34 @@ Result<ReachAnswer> decode_reach_answer(ByteView bytes) {
   return out;
 }
 
-Result<std::string> reach_target(const std::string& requested, const std::string& observed_ip, bool keyed) {
+bool is_reach_probe_magic(ByteView first4) { return first4.size() >= 4 && std::memcmp(first4.data(), kProbeMagic, 4) == 0; }
+
+Result<std::string> reach_target(const std::string& requested, const std::string& observed_ip) {
   auto ep = parse_endpoint(requested, EndpointUse::kListen, "dial-back address");
   if (!ep.ok()) return ep.status();
   if (ep->port == 0) return error(ErrorCode::kInvalidArgument, "dial-back address " + requested + " has no port");
-  const bool wildcard = is_wildcard_address(requested);
-  if (wildcard || !keyed) {
-    if (observed_ip.empty()) return error(ErrorCode::kInvalidArgument, "the request's source address is unknown");
-    if (!wildcard && ep->host != observed_ip) {
-      return error(ErrorCode::kInvalidArgument, "a run without a key is dialled back only at the address its request came from (" + observed_ip + ")");
+  if (observed_ip.empty()) return error(ErrorCode::kInvalidArgument, "the request's source address is unknown");
+  Endpoint at;
+  at.host = observed_ip;
+  at.ipv6 = observed_ip.find(':') != std::string::npos;
+  at.port = ep->port;
+  if (is_wildcard_address(requested) || ep->host == observed_ip) return at.to_string();
+  // A name (or another IP): dialled only when it is the address the request came from.
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  bool same = false;
+  if (::getaddrinfo(ep->host.c_str(), nullptr, &hints, &found) == 0) {
+    for (addrinfo* a = found; a != nullptr && !same; a = a->ai_next) {
+      char text[INET6_ADDRSTRLEN] = {};
+      const void* raw = a->ai_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
+                                                : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+      same = ::inet_ntop(a->ai_family, raw, text, sizeof(text)) != nullptr && observed_ip == text;
     }
-    Endpoint at;
-    at.host = observed_ip;
-    at.ipv6 = observed_ip.find(':') != std::string::npos;
-    at.port = ep->port;
-    return at.to_string();
+    ::freeaddrinfo(found);
   }
-  return ep->to_string();
+  if (!same) return error(ErrorCode::kNotFound, ep->host + " is not the address the request came from (" + observed_ip + "): not dialled");
+  return at.to_string();
 }
 
 Status probe_tcp(const std::string& address, Nanos timeout) {
@@ -165,6 +181,7 @@ Status probe_tcp(const std::string& address, Nanos timeout) {
     socklen_t len = sizeof(err);
     if (rc < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
   }
+  if (err == 0) (void)!::send(fd, kProbeMagic, sizeof(kProbeMagic), MSG_NOSIGNAL);
   ::close(fd);
   if (err != 0) return error(ErrorCode::kPeerLost, std::string(std::strerror(err)));
   return Status();

@@ -7,7 +7,9 @@
 // Wire (little-endian, core/wire):
 //   magic "GSRP" | version u8 | type u8 (1 REQUEST, 2 ANSWER) | nonce u64, then
 //   REQUEST: requester id u64 | count u8 (1..kMaxReachAddresses) | count x address str (HOST:PORT)
-//   ANSWER:  observed ip str | count u8 | count x (reached u8 (0/1), detail str)
+//   ANSWER:  observed ip str | count u8 | count x (outcome u8: 0 unreached, 1 reached, 2 unchecked; detail str)
+// A helper opens the TCP connection and writes the 4-byte magic "GSPB" (a Gossamer link port closes
+// such a connection quietly, counting it as a probe), then closes it.
 // Untrusted input: decoders refuse anything malformed (kMalformed), of another version
 // (kVersionMismatch) or beyond the caps. Pure functions, thread-safe; probe_tcp blocks up to its
 // timeout.
@@ -34,9 +36,16 @@ struct ReachRequest {
   std::vector<std::string> addresses;
 };
 
+enum class ReachOutcome : std::uint8_t {
+  kUnreached = 0,
+  kReached = 1,
+  kUnchecked = 2,  // the helper would not dial it (a name or IP other than the one the request came from)
+};
+
 struct ReachResult {
-  bool reached = false;
+  ReachOutcome outcome = ReachOutcome::kUnreached;
   std::string detail;  // why not, or empty
+  bool reached() const { return outcome == ReachOutcome::kReached; }
 };
 
 struct ReachAnswer {
@@ -52,13 +61,18 @@ Bytes encode_reach_request(const ReachRequest& request);
 Bytes encode_reach_answer(const ReachAnswer& answer);
 [[nodiscard]] Result<ReachAnswer> decode_reach_answer(ByteView bytes);
 
-// Opens a TCP connection to `address` (HOST:PORT, a name is looked up) and closes it: ok when it
-// opened within `timeout`; otherwise a Status saying what happened (refused, timed out, no route).
+// Opens a TCP connection to `address` (HOST:PORT, a name is looked up), writes the probe magic and
+// closes it: ok when it opened within `timeout`; otherwise a Status saying what happened (refused,
+// timed out, no route).
 [[nodiscard]] Status probe_tcp(const std::string& address, Nanos timeout);
 
+// True when `first4` is the probe magic a helper writes.
+bool is_reach_probe_magic(ByteView first4);
+
 // What a helper dials for `requested` (one address of a REQUEST) when the request came from
-// `observed_ip`: a wildcard host is replaced by the observed IP. Without a run key only the observed
-// IP is dialled (no one can use a peer to knock on third parties); anything else is refused.
-[[nodiscard]] Result<std::string> reach_target(const std::string& requested, const std::string& observed_ip, bool keyed);
+// `observed_ip`: a wildcard host is replaced by the observed IP; another host is dialled only when it
+// is (or its name resolves to) the observed IP, so no member can use a peer to knock on third
+// parties or inside its network. kNotFound for a host that is not the observed IP: not checked.
+[[nodiscard]] Result<std::string> reach_target(const std::string& requested, const std::string& observed_ip);
 
 }  // namespace gossamer::transport

@@ -109,6 +109,7 @@ struct RelayHub::Waiting {
   std::array<std::uint8_t, kRelayRequestBytes> bytes{};
   std::uint8_t probe = 0;  // a read that notices the requester going away while it waits
   RelayRequest request;
+  bool read = false;  // the request is in
   bool done = false;  // paired, refused or timed out
 };
 
@@ -136,12 +137,13 @@ void RelayHub::take(tcp::socket socket, ByteView first4, Nanos read_timeout, std
   auto self = shared_from_this();
   w->timer.expires_after(std::chrono::duration_cast<asio::steady_timer::duration>(read_timeout));
   w->timer.async_wait([w](asio::error_code ec) {
-    if (ec) return;
+    if (ec || w->read) return;  // (the read may have completed just before)
     asio::error_code ignored;
     w->socket->close(ignored);  // the rest of the request did not come in time
   });
   asio::async_read(*w->socket, asio::buffer(w->bytes.data() + 4, kRelayRequestBytes - 4), [self, w, hold](asio::error_code ec, std::size_t) {
     (void)hold;  // held until here
+    w->read = true;
     w->timer.cancel();
     if (ec) {
       self->refused_.fetch_add(1);
@@ -205,8 +207,8 @@ void RelayHub::on_request(std::shared_ptr<Waiting> w) {
   });
   // A requester sends nothing until it is answered: a read that completes means it went away (or
   // broke the protocol), and its place is given up.
-  w->socket->async_read_some(asio::buffer(&w->probe, 1), [self, w, mine](asio::error_code ec, std::size_t) {
-    if (w->done || ec == asio::error::operation_aborted) return;
+  w->socket->async_read_some(asio::buffer(&w->probe, 1), [self, w, mine](asio::error_code, std::size_t) {
+    if (w->done) return;  // paired (its read cancelled), refused or timed out
     w->done = true;
     w->timer.cancel();
     auto it = self->waiting_.find(mine);
@@ -222,6 +224,8 @@ void RelayHub::splice(std::shared_ptr<Waiting> a, std::shared_ptr<Waiting> b) {
   auto pair = std::make_shared<Pair>();
   pair->socket[0] = a->socket;
   pair->socket[1] = b->socket;
+  std::erase_if(pairs_live_, [](const std::weak_ptr<Pair>& p) { return p.expired(); });
+  pairs_live_.push_back(pair);
   asio::error_code ignored;
   a->socket->cancel(ignored);  // the waiting read of the first one
   for (auto& buf : pair->buffer) buf.resize(options_.buffer_bytes);
@@ -268,6 +272,10 @@ void RelayHub::shutdown() {
     w->socket->close(ignored);
   }
   waiting_.clear();
+  for (auto& weak : pairs_live_) {
+    if (auto p = weak.lock()) p->close();
+  }
+  pairs_live_.clear();
 }
 
 }  // namespace gossamer::transport

@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include <asio.hpp>
 
@@ -64,7 +65,7 @@ struct RelayOptions {
   Nanos wait = std::chrono::seconds(30);  // how long a request waits for its other end
   std::size_t max_waiting = 64;
   std::size_t max_pairs = 256;
-  std::size_t buffer_bytes = std::size_t{256} << 10;  // per direction of a pair
+  std::size_t buffer_bytes = std::size_t{64} << 10;  // per direction of a pair
 };
 
 // The relay side: pairs requests and splices their sockets.
@@ -98,6 +99,7 @@ class RelayHub : public std::enable_shared_from_this<RelayHub> {
   const std::optional<RunKey> key_;
   const RelayOptions options_;
   std::map<Key, std::shared_ptr<Waiting>> waiting_;
+  std::vector<std::weak_ptr<Pair>> pairs_live_;
   std::size_t active_ = 0;
   std::atomic<std::uint64_t> forwarded_{0}, pairs_{0}, refused_{0};
 };

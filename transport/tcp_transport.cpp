@@ -20,6 +20,7 @@
 
 #include "core/log.h"
 #include "transport/protocol.h"
+#include "transport/reach_probe.h"
 #include "transport/relay.h"
 #include "transport/tcp_link.h"
 
@@ -56,6 +57,19 @@ Result<tcp::endpoint> parse_endpoint(const std::string& address) {
   auto results = resolver.resolve(host, port_text, ec);
   if (ec || results.empty()) return error(ErrorCode::kNotFound, "cannot resolve '" + host + "': " + ec.message());
   return results.begin()->endpoint();
+}
+
+// Where a connection comes from, for the per-source bound: the IPv4 address, or an IPv6 address's
+// /64 (one host usually holds a whole /64).
+std::string address_bucket(const std::string& ip) {
+  if (ip.find(':') == std::string::npos) return ip;
+  asio::error_code ec;
+  const auto a = asio::ip::make_address_v6(ip, ec);
+  if (ec) return ip;
+  if (a.is_v4_mapped()) return asio::ip::make_address_v4(asio::ip::v4_mapped, a).to_string();
+  auto bytes = a.to_bytes();
+  std::fill(bytes.begin() + 8, bytes.end(), 0);
+  return asio::ip::address_v6(bytes).to_string() + "/64";
 }
 
 void tune_socket(tcp::socket& s, const TcpOptions& o) {
@@ -210,7 +224,9 @@ class TcpTransport final : public Transport {
     hello_.peer = options_.self;
     hello_.run = options_.run;
     relayed_ = std::make_shared<RelayedTotals>();
-    if (options_.relay_max_pairs > 0) {
+    // Relaying only in a run with a key: a request must then carry the key's tag, and the ends'
+    // handshake through the relay is encrypted (without one, anyone could use the peer as a proxy).
+    if (options_.relay_max_pairs > 0 && options_.key) {
       RelayOptions ro;
       ro.wait = options_.relay_wait;
       ro.max_pairs = options_.relay_max_pairs;
@@ -290,19 +306,21 @@ class TcpTransport final : public Transport {
       const std::string why = *answer == RelayStatus::kNoMatch ? "peer " + target.to_string() + " did not come to it in time"
                               : *answer == RelayStatus::kBusy  ? "it relays as many links as it allows"
                                                                : "it refused the request (a peer of another run, or another --key?)";
-      return error(*answer == RelayStatus::kNoMatch ? ErrorCode::kTimeout : ErrorCode::kUnavailable, what + ": " + why);
+      const ErrorCode code = *answer == RelayStatus::kNoMatch ? ErrorCode::kTimeout
+                             : *answer == RelayStatus::kBusy  ? ErrorCode::kResourceExhausted
+                                                              : ErrorCode::kUnauthenticated;
+      return error(code, what + ": " + why);
     }
     auto done = handshake(std::move(**socket), initiator, deadline);
     if (!done.ok()) return done.status().with_context(what);
     if (done->peer != target) {
       return error(ErrorCode::kUnauthenticated, what + " reached peer " + done->peer.to_string() + " instead");
     }
-    auto link = register_link(std::move(done->socket), done->peer, std::move(done->session));
-    link->set_remote("relay " + relay);
-    link->on_retire([totals = relayed_](const LinkStats& st) {
-      totals->sent.fetch_add(st.bytes_sent);
-      totals->received.fetch_add(st.bytes_received);
-    });
+    auto link = register_link(std::move(done->socket), done->peer, std::move(done->session), "relay " + relay,
+                              [totals = relayed_](const LinkStats& st) {
+                                totals->sent.fetch_add(st.bytes_sent);
+                                totals->received.fetch_add(st.bytes_received);
+                              });
     {
       std::lock_guard<std::mutex> lock(mu_);
       std::erase_if(relayed_links_, [](const std::weak_ptr<TcpLink>& w) { return w.expired(); });
@@ -350,8 +368,12 @@ class TcpTransport final : public Transport {
   }
 
  private:
-  std::shared_ptr<TcpLink> register_link(tcp::socket socket, PeerId peer, std::unique_ptr<SecureSession> session) {
+  // `remote` (what remote_address() says) and `on_retire` are set before the link starts reading.
+  std::shared_ptr<TcpLink> register_link(tcp::socket socket, PeerId peer, std::unique_ptr<SecureSession> session, std::string remote = {},
+                                         std::function<void(const LinkStats&)> on_retire = {}) {
     auto link = std::make_shared<TcpLink>(io_, std::move(socket), peer, options_, std::move(session));
+    if (!remote.empty()) link->set_remote(std::move(remote));
+    if (on_retire) link->on_retire(std::move(on_retire));
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (links_.size() >= 2 * links_pruned_at_ + 64) {  // amortized: drop the links that are gone
@@ -455,7 +477,7 @@ class TcpTransport final : public Transport {
     const auto remote = socket.remote_endpoint(rec);
     const std::string ip = rec ? std::string("?") : remote.address().to_string();
     const std::string who = rec ? std::string("?") : ip + ":" + std::to_string(remote.port());
-    auto slot = pending_->take(ip, options_.max_handshakes, options_.max_handshakes_per_ip);
+    auto slot = pending_->take(address_bucket(ip), options_.max_handshakes, options_.max_handshakes_per_ip);
     if (!slot) {
       asio::error_code ignored;
       socket.close(ignored);
@@ -480,11 +502,17 @@ class TcpTransport final : public Transport {
       g->timer.cancel();
       const ByteView first(reinterpret_cast<const std::byte*>(g->first.data()), g->first.size());
       if (e) return refuse(who, e == asio::error::operation_aborted ? "nothing sent before the handshake deadline" : "connection closed before the handshake");
+      if (is_reach_probe_magic(first)) {  // a member checking that this port can be reached (reach_probe.h)
+        probes_.fetch_add(1);
+        asio::error_code ignored;
+        g->socket.close(ignored);
+        return;
+      }
       if (is_relay_magic(first)) {
         if (!hub_) {
           asio::error_code ignored;
           g->socket.close(ignored);
-          return refuse(who, "a relay request, and this peer does not relay");
+          return refuse(who, "a relay request, and this peer relays only in a run with a key");
         }
         return hub_->take(std::move(g->socket), first, options_.handshake_timeout, slot);
       }
@@ -538,6 +566,7 @@ class TcpTransport final : public Transport {
   Hello hello_;
   // Anyone can open connections that fail the handshake: counted, and logged at a bounded rate.
   std::atomic<std::uint64_t> refused_{0};
+  std::atomic<std::uint64_t> probes_{0};  // dial-back checks of this port
   LogLimiter refusal_log_{"refused connections that failed the handshake"};
   std::shared_ptr<asio::io_context> io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;

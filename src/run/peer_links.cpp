@@ -94,6 +94,11 @@ Result<std::shared_ptr<transport::Link>> PeerLinks::open(const MemberInfo& m, co
   auto link = relay ? transport_.connect_relayed(reachable_ ? reachable_(relay->id, relay->address) : relay->address, m.id, epoch, self < m.id, deadline)
                     : transport_.connect(reachable_ ? reachable_(m.id, m.address) : m.address, deadline);
   if (!link.ok()) return link.status().with_context("connecting to peer " + m.id.to_string() + " for epoch " + std::to_string(epoch));
+  if ((*link)->peer() != m.id) {  // another peer answers at that address (two hosts behind one NAT, a stale address)
+    const std::string who = (*link)->peer().to_string();
+    (*link)->close();
+    return error(ErrorCode::kPeerLost, "peer " + m.id.to_string() + "'s address " + m.address + " is answered by peer " + who);
+  }
   if (relay) ++relayed_;
   if (sends_epoch) {
     Writer w;

@@ -6,7 +6,9 @@
 // address) dials every member that does; between two such members the link goes through a relay
 // (transport/relay.h), a member of the group that accepts connections, the same one on both sides
 // (chosen from the epoch and the pair); the smaller id then sends the epoch. A group with two such
-// members and no member to relay between them cannot be linked: kUnavailable, saying what to do. Moving to a new epoch closes every link of the older ones, so a peer still
+// members and no member to relay between them cannot be linked: kUnavailable, saying what to do (the
+// round fails like any other; a peer that can reach nobody any more stops, see peer_runtime.h).
+// A link is kept only if the peer that answers is the member dialled. Moving to a new epoch closes every link of the older ones, so a peer still
 // waiting in an abandoned collective fails at once and nothing of an abandoned round reaches a new
 // one. Links that arrive before this peer asks for them (a faster peer) wait in the table.
 //

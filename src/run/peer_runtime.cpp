@@ -171,6 +171,11 @@ void Peer::check_reachable(const std::string& address, const std::string& what) 
     spdlog::warn("could not check whether the others can connect to this peer's {} ({}); assuming they can", what, reach.status().message());
     return;
   }
+  if (reach->reachable && !reach->unchecked.empty()) {
+    spdlog::info("a member ({}) would not dial this peer's {} at {}: {}; taken as reachable, as advertised", reach->helper, what, address,
+                 fmt::format("{}", fmt::join(reach->unchecked, "; ")));
+    return;
+  }
   if (reach->reachable) {
     spdlog::info("reachable: a member ({}) connected back to this peer's {} at {}", reach->helper, what, address);
     return;
@@ -451,11 +456,6 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
       if (start_size_ == 0) start_size_ = view->members.size();
       if (retry || view->members.size() != start_size_) spdlog::info("round {}: group of {} (epoch {})", round, view->members.size(), view->epoch);
       return std::move(*g);
-    }
-    if (g.status().code() == ErrorCode::kUnavailable) {  // two peers behind NAT and nobody to relay: no retry helps
-      if (Status saved = save_checkpoint(); !saved.ok()) spdlog::warn("no checkpoint: {}", saved.to_string());
-      failure_ = g.status().with_context("round " + std::to_string(round));
-      return std::nullopt;
     }
     spdlog::warn("round {}: linking the group of epoch {} failed: {}", round, view->epoch, g.status().to_string());
     failed = view->epoch;

@@ -13,34 +13,20 @@ G="$(readlink -f "$1")"
 if [ "$(id -u)" -ne 0 ] || ! command -v ip >/dev/null 2>&1; then
   echo "netns: skipped: network namespaces need root and iproute2"; exit 77
 fi
+# The topology's pieces are examples/netns_internet.sh's (also usable by hand).
+source "$(dirname "$(readlink -f "$0")")/../../examples/netns_internet.sh"
 tag="g$$"
-R="${tag}r"; H=("${tag}a" "${tag}b" "${tag}c")
-NETS=(192.0.2 198.51.100 203.0.113)
 WORK=$(mktemp -d)
 FAILED=0
+R="${tag}r"; H=()
 cleanup() {
-  for ns in "${H[@]}" "$R"; do ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null; ip netns del "$ns" 2>/dev/null; done
+  internet_down
   [ $FAILED -eq 0 ] && rm -rf "$WORK"
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; FAILED=1; exit 1; }
 
-ip netns add "$R" || { echo "netns: skipped: cannot create a network namespace here"; exit 77; }
-ip -n "$R" link set lo up
-ip netns exec "$R" sysctl -qw net.ipv4.ip_forward=1
-for i in 0 1 2; do
-  ns=${H[$i]}; net=${NETS[$i]}
-  ip netns add "$ns"
-  ip -n "$ns" link set lo up
-  ip link add "${tag}v$i" type veth peer name "${tag}w$i"
-  ip link set "${tag}v$i" netns "$ns"
-  ip link set "${tag}w$i" netns "$R"
-  ip -n "$ns" addr add "$net.2/24" dev "${tag}v$i"
-  ip -n "$ns" link set "${tag}v$i" up
-  ip -n "$R" addr add "$net.1/24" dev "${tag}w$i"
-  ip -n "$R" link set "${tag}w$i" up
-  ip -n "$ns" route add default via "$net.1"
-done
+internet_core "$tag" 2>/dev/null || { echo "netns: skipped: cannot create a network namespace here"; exit 77; }
 
 SETS=(--set model.layers=1 --set model.width=32 --set model.heads=2 --set model.context=32 --set train.batch_size=4
       --set train.steps=40 --set train.warmup_steps=5 --set train.eval_every=20 --set diloco.inner_steps=10 --set train.threads=1
@@ -67,35 +53,9 @@ echo "netns: three peers on three subnets, each on 0.0.0.0:7000, trained to the 
 # Scenario: a peer behind a NAT router whose port forward maps other ports (9000, 9001 outside to 7000,
 # 7001 inside): it is reachable only at the address it advertises.
 if ! command -v nft >/dev/null 2>&1; then echo "netns: port-forward scenario skipped: nft (Debian nftables) is missing"; exit 0; fi
-# nat_site ROUTER HOST LEG OUTSIDE_NET INSIDE_NET: a NAT router namespace whose outside leg takes the
-# place of the host on OUTSIDE_NET (its .2, behind router R's .1; R's veth LEG to that host is put
-# down), and a host namespace behind it at INSIDE_NET.2. The NAT rules are the caller's.
-nat_site() {
-  local nr=$1 host=$2 leg=$3 out=$4 in=$5
-  H+=("$nr" "$host")
-  ip netns add "$nr"; ip netns add "$host"
-  ip -n "$nr" link set lo up; ip -n "$host" link set lo up
-  ip netns exec "$nr" sysctl -qw net.ipv4.ip_forward=1
-  ip link add "${nr}o" type veth peer name "${nr}r"
-  ip link set "${nr}o" netns "$nr"; ip link set "${nr}r" netns "$R"
-  ip -n "$R" addr flush dev "$leg"; ip -n "$R" link set "$leg" down
-  ip -n "$nr" addr add "$out.2/24" dev "${nr}o"; ip -n "$nr" link set "${nr}o" up
-  ip -n "$R" addr add "$out.1/24" dev "${nr}r"; ip -n "$R" link set "${nr}r" up
-  ip -n "$nr" route add default via "$out.1"
-  ip link add "${nr}i" type veth peer name "${nr}h"
-  ip link set "${nr}h" netns "$host"; ip link set "${nr}i" netns "$nr"
-  ip -n "$host" addr add "$in.2/24" dev "${nr}h"; ip -n "$host" link set "${nr}h" up
-  ip -n "$nr" addr add "$in.1/24" dev "${nr}i"; ip -n "$nr" link set "${nr}i" up
-  ip -n "$host" route add default via "$in.1"
-}
 N="${tag}n"; P="${tag}p"
 nat_site "$N" "$P" "${tag}w2" 203.0.113 198.18.0
-ip netns exec "$N" nft -f - <<NFT || fail "nft could not set up the NAT"
-table ip nat {
-  chain prerouting { type nat hook prerouting priority dstnat; iifname "${N}o" tcp dport 9000 dnat to 198.18.0.2:7000; iifname "${N}o" tcp dport 9001 dnat to 198.18.0.2:7001; }
-  chain postrouting { type nat hook postrouting priority srcnat; oifname "${N}o" masquerade; }
-}
-NFT
+nat_forward "$N" 198.18.0.2 9000 7000 9001 7001 || fail "nft could not set up the NAT"
 mkdir -p fwd && cd fwd
 ip netns exec "${H[0]}" timeout 120 "$G" peer --listen 0.0.0.0:7000 "${SETS[@]}" --key ../run.key --wait-for 2 --out p0 > p0.log 2>&1 &
 sleep 1.5
@@ -108,11 +68,7 @@ echo "netns: a peer behind a NAT's port forward (9000 -> 7000) trained to the en
 # A second site behind its own NAT router (masquerade only, no port forward), in place of host b.
 M="${tag}m"; Q="${tag}q"
 nat_site "$M" "$Q" "${tag}w1" 198.51.100 198.19.0
-ip netns exec "$M" nft -f - <<NFT || fail "nft could not set up the second NAT"
-table ip nat {
-  chain postrouting { type nat hook postrouting priority srcnat; oifname "${M}o" masquerade; }
-}
-NFT
+nat_masquerade "$M" || fail "nft could not set up the second NAT"
 summary_num() { sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1/summary.json" | head -n 1; }
 
 # Scenario: two peers behind different NATs, without port forwards, and one public peer. The dial-back
@@ -121,8 +77,9 @@ summary_num() { sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1/summary.json" | h
 cd "$WORK" && mkdir -p nat2 && cd nat2
 ip netns exec "${H[0]}" timeout 120 "$G" peer --listen 0.0.0.0:7000 "${SETS[@]}" --key ../run.key --wait-for 3 --out p0 > p0.log 2>&1 &
 sleep 1.5
-ip netns exec "$P" timeout 120 "$G" peer --listen 0.0.0.0:7000 --join "${NETS[0]}.2:7000" --key ../run.key --out p1 > p1.log 2>&1 &
-ip netns exec "$Q" timeout 120 "$G" peer --listen 0.0.0.0:7000 --join "${NETS[0]}.2:7000" --key ../run.key --out p2 > p2.log 2>&1 &
+# The sites are far apart: 50 Mbit/s and 20 ms each way on the NAT sites' links (the userspace shaper).
+ip netns exec "$P" timeout 120 "$G" peer --listen 0.0.0.0:7000 --join "${NETS[0]}.2:7000" --key ../run.key --shape 50,20 --out p1 > p1.log 2>&1 &
+ip netns exec "$Q" timeout 120 "$G" peer --listen 0.0.0.0:7000 --join "${NETS[0]}.2:7000" --key ../run.key --shape 50,20 --out p2 > p2.log 2>&1 &
 wait
 for i in 0 1 2; do [ -f "p$i/summary.json" ] || { tail -n 20 "p$i.log"; fail "two NATs: peer $i did not finish"; }; done
 d0=$(digest p0)

@@ -72,10 +72,8 @@ int raw_connect(const std::string& address) {
 }  // namespace
 
 TEST_CASE("relay: two peers link through a third, both ways, and every relayed byte is counted on each side") {
-  for (const bool keyed : {true, false}) {
-    CAPTURE(keyed);
-    std::optional<RunKey> key;
-    if (keyed) key = generate_run_key();
+  {
+    const std::optional<RunKey> key = generate_run_key();
     auto relay = make(1, key), a = make(2, key), b = make(3, key);
     auto [ab, ba] = relayed_pair(*a, *b, *relay, 11);
     REQUIRE(ab.ok());
@@ -107,6 +105,14 @@ TEST_CASE("relay: two peers link through a third, both ways, and every relayed b
     CHECK(a->stats().relayed_bytes_sent == sent);
     CHECK(relay->accept(in(200ms)).status().code() == ErrorCode::kTimeout);  // nothing reached the relay's own accept queue
   }
+}
+
+TEST_CASE("relay: a run without a key has no relays, and says so") {
+  auto relay = make(1, std::nullopt), a = make(2, std::nullopt), b = make(3, std::nullopt);
+  auto [ab, ba] = relayed_pair(*a, *b, *relay, 11, 3s);
+  CHECK_FALSE(ab.ok());
+  CHECK_FALSE(ba.ok());
+  CHECK(relay->stats().relay_pairs == 0);
 }
 
 TEST_CASE("relay: a request of another key, with no other end, or to itself is refused, and nothing hangs") {
@@ -219,12 +225,12 @@ TEST_CASE("relay and dial-back messages keep their golden bytes") {
   ReachAnswer ra;
   ra.nonce = 5;
   ra.observed_ip = "192.0.2.9";
-  ra.results = {ReachResult{false, "refused"}};
+  ra.results = {ReachResult{ReachOutcome::kUnreached, "refused"}};
   auto back = decode_reach_answer(encode_reach_answer(ra));
   REQUIRE(back.ok());
   CHECK(back->observed_ip == "192.0.2.9");
   REQUIRE(back->results.size() == 1);
-  CHECK_FALSE(back->results[0].reached);
+  CHECK(back->results[0].outcome == ReachOutcome::kUnreached);
   CHECK(back->results[0].detail == "refused");
 }
 
@@ -236,7 +242,7 @@ TEST_CASE("dial-back messages: mutated ones are refused or re-encode to their by
   ReachAnswer ra;
   ra.nonce = 77;
   ra.observed_ip = "203.0.113.5";
-  ra.results = {ReachResult{true, ""}, ReachResult{false, "timed out"}};
+  ra.results = {ReachResult{ReachOutcome::kReached, ""}, ReachResult{ReachOutcome::kUnchecked, "not the request's IP"}};
   const Bytes good_request = encode_reach_request(rr), good_answer = encode_reach_answer(ra);
   std::mt19937_64 rng(11);
   int refused = 0;
@@ -255,10 +261,12 @@ TEST_CASE("dial-back messages: mutated ones are refused or re-encode to their by
     }
   }
   CHECK(refused > 10000);  // of 40,000
-  // Where a helper dials: a wildcard at the request's IP; a named address only in a run with a key.
-  CHECK(*reach_target("0.0.0.0:7000", "203.0.113.5", false) == "203.0.113.5:7000");
-  CHECK(*reach_target("203.0.113.5:7001", "203.0.113.5", false) == "203.0.113.5:7001");
-  CHECK_FALSE(reach_target("198.51.100.1:22", "203.0.113.5", false).ok());
-  CHECK(*reach_target("198.51.100.1:7000", "203.0.113.5", true) == "198.51.100.1:7000");
-  CHECK_FALSE(reach_target("198.51.100.1:0", "203.0.113.5", true).ok());
+  // Where a helper dials: a wildcard at the request's IP, the request's IP itself, a name only when
+  // it resolves to that IP; anything else is not dialled (not checked), whatever the run's key.
+  CHECK(*reach_target("0.0.0.0:7000", "203.0.113.5") == "203.0.113.5:7000");
+  CHECK(*reach_target("203.0.113.5:7001", "203.0.113.5") == "203.0.113.5:7001");
+  CHECK(reach_target("198.51.100.1:22", "203.0.113.5").status().code() == ErrorCode::kNotFound);
+  CHECK(reach_target("127.0.0.1:22", "203.0.113.5").status().code() == ErrorCode::kNotFound);
+  CHECK(*reach_target("localhost:7000", "127.0.0.1") == "127.0.0.1:7000");
+  CHECK_FALSE(reach_target("203.0.113.5:0", "203.0.113.5").ok());
 }
