@@ -21,7 +21,7 @@
 #include "core/log.h"
 #include "transport/protocol.h"
 #include "transport/reach_probe.h"
-#include "transport/relay.h"
+#include "transport/relay_hub.h"
 #include "transport/tcp_link.h"
 
 namespace gossamer::transport {
