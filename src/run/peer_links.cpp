@@ -12,6 +12,16 @@ namespace {
 using namespace std::chrono_literals;
 }  // namespace
 
+Result<std::uint64_t> PeerLinks::read_epoch(transport::Link& link, Deadline deadline) {
+  auto first = link.recv(kEpochTag, deadline);
+  if (!first.ok()) return first.status();
+  Reader r(*first, "epoch of a group link");
+  const std::uint64_t epoch = r.u64();
+  r.expect_end();
+  if (!r.ok()) return r.status();
+  return epoch;
+}
+
 PeerLinks::PeerLinks(transport::Transport& transport, std::function<void(std::shared_ptr<transport::Link>)> on_state_link,
                      std::function<std::string(transport::PeerId, const std::string&)> reachable, Clock& clock)
     : transport_(transport),
@@ -36,20 +46,14 @@ void PeerLinks::accept_loop() {
       if (link.status().code() != ErrorCode::kTimeout) spdlog::debug("accept: {}", link.status().to_string());
       continue;
     }
-    auto first = (*link)->recv(kEpochTag, Deadline::after(clock_, 5s));
-    std::uint64_t epoch = 0;
-    if (first.ok()) {
-      Reader r(*first, "epoch of a group link");
-      epoch = r.u64();
-      r.expect_end();
-      if (!r.ok()) first = r.status();
-    }
+    auto first = read_epoch(**link, Deadline::after(clock_, 5s));
     if (!first.ok()) {
       ++refused_;
       spdlog::warn("closed an incoming link from peer {}: {}", (*link)->peer().to_string(), first.status().to_string());
       (*link)->close();
       continue;
     }
+    const std::uint64_t epoch = *first;
     if (epoch == 0) {  // a state transfer
       if (on_state_link_) {
         on_state_link_(std::move(*link));
@@ -91,8 +95,8 @@ Result<std::shared_ptr<transport::Link>> PeerLinks::open(const MemberInfo& m, co
                                                          Deadline deadline) {
   const transport::PeerId self = transport_.self();
   const bool sends_epoch = !relay || self < m.id;
-  auto link = relay ? transport_.connect_relayed(reachable_ ? reachable_(relay->id, relay->address) : relay->address, m.id, epoch, self < m.id, deadline)
-                    : transport_.connect(reachable_ ? reachable_(m.id, m.address) : m.address, deadline);
+  const auto dial_at = [&](const MemberInfo& x) { return reachable_ ? reachable_(x.id, x.address) : x.address; };
+  auto link = relay ? transport_.connect_relayed(dial_at(*relay), m.id, epoch, self < m.id, deadline) : transport_.connect(dial_at(m), deadline);
   if (!link.ok()) return link.status().with_context("connecting to peer " + m.id.to_string() + " for epoch " + std::to_string(epoch));
   if ((*link)->peer() != m.id) {  // another peer answers at that address (two hosts behind one NAT, a stale address)
     const std::string who = (*link)->peer().to_string();
@@ -110,17 +114,11 @@ Result<std::shared_ptr<transport::Link>> PeerLinks::open(const MemberInfo& m, co
     return link;
   }
   // The other end of a relayed link names the epoch, as an accepted link would.
-  auto first = (*link)->recv(kEpochTag, deadline);
-  Status st = first.status();
-  if (first.ok()) {
-    Reader r(*first, "epoch of a relayed link");
-    const std::uint64_t got = r.u64();
-    r.expect_end();
-    st = !r.ok() ? r.status() : got != epoch ? error(ErrorCode::kMalformed, "epoch " + std::to_string(got) + " instead of " + std::to_string(epoch)) : Status();
-  }
-  if (!st.ok()) {
+  auto got = read_epoch(**link, deadline);
+  if (got.ok() && *got != epoch) got = error(ErrorCode::kMalformed, "epoch " + std::to_string(*got) + " instead of " + std::to_string(epoch));
+  if (!got.ok()) {
     (*link)->close();
-    return st.with_context("the relayed link from peer " + m.id.to_string());
+    return got.status().with_context("the relayed link from peer " + m.id.to_string());
   }
   return link;
 }

@@ -75,6 +75,8 @@ class PeerLinks {
   class Dialing;  // the links this peer makes for a group, dialed side by side
 
   void accept_loop();
+  // The first message of a link: the epoch it is for.
+  static Result<std::uint64_t> read_epoch(transport::Link& link, Deadline deadline);
   // Connects to member `m` (through `relay` when given) and sends or checks the epoch.
   Result<std::shared_ptr<transport::Link>> open(const MemberInfo& m, const std::optional<MemberInfo>& relay, std::uint64_t epoch, Deadline deadline);
   struct ToDial {
