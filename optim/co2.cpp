@@ -65,6 +65,7 @@ Result<bool> CO2::step(std::int64_t inner_steps_done, Deadline deadline) {
       return st.with_context("CO2 round " + std::to_string(round));
     }
     stats_ += pending_->stats();
+    record_pending();
   } else if (round > 1) {
     lost(round - 1);  // not launched (its round failed), or dropped
   }
@@ -102,7 +103,37 @@ Status CO2::regroup(Group group) {
 
 Status CO2::settle(Deadline deadline) {
   if (!pending_) return Status();
-  return pending_->wait(deadline).with_context("CO2's average of round " + std::to_string(pending_round_));
+  Status st = pending_->wait(deadline);
+  if (!st.ok()) return st.with_context("CO2's average of round " + std::to_string(pending_round_));
+  record_pending();
+  return Status();
+}
+
+void CO2::record_pending() {
+  if (!sink_ || !pending_ || pending_round_ <= recorded_) return;
+  recorded_ = pending_round_;
+  sink_(pending_round_ * options_.inner_steps, pending_->tensor());
+}
+
+Status CO2::replay(std::int64_t step, const at::Tensor& average) {
+  if (Status st = check_update(average, outer_.numel(), "CO2", step); !st.ok()) return st;
+  if (step <= 0 || step % options_.inner_steps != 0) return error(ErrorCode::kMalformed, "CO2 has no round at step " + std::to_string(step));
+  const std::int64_t round = step / options_.inner_steps;
+  // As step() for `round` on a settled state, with `average` as the one it launched.
+  if (pending_ && pending_round_ != round - 1) {
+    lost(pending_round_);
+    pending_.reset();
+  }
+  if (!pending_ && round > 1) lost(round - 1);
+  const at::Tensor current_outer = outer_;
+  if (pending_) apply(pending_->tensor(), round);
+  previous_outer_ = current_outer;
+  pending_ = Work::completed(comm_->clock(), average.to(outer_.device()));
+  pending_round_ = round;
+  recorded_ = std::max(recorded_, round);
+  write_flat(params_, outer_);
+  ++rounds_;
+  return Status();
 }
 
 Status CO2::finish(Deadline deadline) {
@@ -144,6 +175,7 @@ Status CO2::load(ByteView bytes) {
   if (counters[2] > 0) {
     pending_ = Work::completed(comm_->clock(), tensors[3]);
     pending_round_ = counters[2];
+    recorded_ = std::max(recorded_, pending_round_);
   }
   return Status();
 }

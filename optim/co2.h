@@ -23,6 +23,8 @@
 
 #include "core/bytes.h"
 #include "core/status.h"
+#include "optim/flat_params.h"
+#include "optim/updates.h"
 #include "optim/work.h"
 #include "quant/format.h"
 
@@ -104,6 +106,13 @@ class CO2 {
   Bytes save() const;
   [[nodiscard]] Status load(ByteView bytes);
 
+  // Catch-up (updates.h): the update of round t (step t x tau) is its average xbar_t, handed out once
+  // it is in (when round t+1 waits for it, or settle()). replay() does what round t's step() does to
+  // a settled state: applies the average of round t-1 and holds xbar_t as the average in.
+  void record_updates(UpdateSink sink) { sink_ = std::move(sink); }
+  [[nodiscard]] Status replay(std::int64_t step, const at::Tensor& average);
+  void take_shared_weights() { write_flat(params_, outer_); }
+
  private:
   std::vector<at::Tensor> params_;
   AsyncCollectives* comm_;
@@ -122,6 +131,9 @@ class CO2 {
   std::int64_t last_lost_ = 0;      // the last round whose average is accounted for: counted lost, or applied by finish()
   std::int64_t rounds_ = 0, skipped_rounds_ = 0;
   CommStats stats_;
+  UpdateSink sink_;
+  std::int64_t recorded_ = 0;  // the last round whose average went to sink_
+  void record_pending();        // hands the average in to sink_, once
 };
 
 }  // namespace gossamer::optim

@@ -53,6 +53,7 @@ Status DataParallel::sync_gradients(const std::vector<at::Tensor>& params, std::
   Status st = average(flat_, step, deadline, stats);
   comm_ += stats;
   if (!st.ok()) return st.with_context("ddp step " + std::to_string(step));
+  if (sink_) sink_(step, flat_);
   write_flat(grads, flat_);
   ++rounds_;
   return Status();

@@ -22,6 +22,14 @@ class DataParallel : public OuterOptimizer, public GradientSync {
   Bytes save() const override;
   [[nodiscard]] Status load(ByteView state) override;
   [[nodiscard]] Status sync_gradients(const std::vector<at::Tensor>& params, std::int64_t step, Deadline deadline) final;
+  // Catch-up: each step's averaged gradients (flat), keyed by the step. The Worker replays them
+  // (train/worker.h: the inner optimizer is the shared state); replay() only counts the step.
+  void record_updates(UpdateSink sink) override { sink_ = std::move(sink); }
+  [[nodiscard]] Status replay(std::int64_t, const at::Tensor&) override {
+    ++rounds_;
+    return Status();
+  }
+  void take_shared_weights() override {}
 
  protected:
   // Replaces `flat` (contiguous CPU fp32) by the group's mean; adds what it cost to `stats`.
@@ -31,6 +39,7 @@ class DataParallel : public OuterOptimizer, public GradientSync {
   std::int64_t rounds_ = 0, skipped_ = 0;
   CommStats comm_;
   at::Tensor flat_;  // the gradients, flattened; kept from step to step
+  UpdateSink sink_;
 };
 
 // ddp over the group's Links with our all-reduce (any codec).

@@ -29,6 +29,19 @@ Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
                                    kAllreduceSegmentValues, options_.aggregation);
   comm_ += stats;  // a failed round's bytes were sent all the same
   if (!st.ok()) return st.with_context("DiLoCo round " + std::to_string(state_.rounds + 1));
+  if (sink_) sink_(inner_steps_done, delta);
+  apply(delta);
+  return true;
+}
+
+Status DiLoCo::replay(std::int64_t step, const at::Tensor& delta) {
+  if (Status st = check_update(delta, state_.outer.numel(), "DiLoCo", step); !st.ok()) return st;
+  if (step <= 0 || step % options_.inner_steps != 0) return error(ErrorCode::kMalformed, "DiLoCo has no round at step " + std::to_string(step));
+  apply(delta.to(options_.state_device));
+  return Status();
+}
+
+void DiLoCo::apply(const at::Tensor& delta) {
   const double mu = options_.outer_momentum, lr = options_.outer_lr;
   state_.momentum.mul_(mu).add_(delta);  // v <- mu v + Delta
   if (options_.nesterov) {
@@ -38,7 +51,6 @@ Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   }
   write_flat(params_, state_.outer);
   ++state_.rounds;
-  return true;
 }
 
 }  // namespace gossamer::optim

@@ -21,7 +21,9 @@
 #include "core/bytes.h"
 #include "core/status.h"
 #include "optim/collectives.h"
+#include "optim/flat_params.h"
 #include "optim/state_io.h"
+#include "optim/updates.h"
 #include "quant/format.h"
 
 namespace gossamer::optim {
@@ -62,7 +64,15 @@ class DiLoCo {
   Bytes save() const { return state_.save("diloco"); }
   [[nodiscard]] Status load(ByteView bytes) { return state_.load(bytes, "diloco"); }
 
+  // Catch-up (updates.h): a round's update is its averaged pseudo-gradient (the outer weights' size).
+  void record_updates(UpdateSink sink) { sink_ = std::move(sink); }
+  [[nodiscard]] Status replay(std::int64_t step, const at::Tensor& delta);
+  void take_shared_weights() { write_flat(params_, state_.outer); }
+
  private:
+  void apply(const at::Tensor& delta);  // the outer step with the round's mean Delta
+
+  UpdateSink sink_;
   std::vector<at::Tensor> params_;
   Group group_;
   DiLoCoOptions options_;

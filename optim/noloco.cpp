@@ -58,8 +58,7 @@ Result<bool> NoLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   const std::int64_t round = inner_steps_done / options_.inner_steps;
   const int partner = noloco_pairing(group_.size, round, options_.seed)[static_cast<std::size_t>(group_.rank)];
   const at::Tensor theta = flatten(params_, options_.state_device);
-  const double alpha = options_.outer_momentum, beta = options_.outer_lr, gamma = options_.outer_lr_gamma;
-  const bool same = beta == gamma;
+  const bool same = options_.outer_lr == options_.outer_lr_gamma;
 
   at::Tensor mean_theta = theta, mean_phi = state_.outer;
   if (partner != group_.rank) {
@@ -80,8 +79,15 @@ Result<bool> NoLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
       mean_phi = group_.rank < partner ? (state_.outer + their_phi) / 2 : (their_phi + state_.outer) / 2;
     }
   }
+  if (sink_) sink_(inner_steps_done, same ? mean_theta : torch::cat({mean_theta, mean_phi}));
+  apply(mean_theta, mean_phi);
+  return true;
+}
+
+void NoLoCo::apply(const at::Tensor& mean_theta, const at::Tensor& mean_phi) {
+  const double alpha = options_.outer_momentum, beta = options_.outer_lr, gamma = options_.outer_lr_gamma;
   // delta <- alpha delta + beta mean(theta - phi) + gamma (mean(phi) - phi_i)
-  if (same) {
+  if (beta == gamma) {
     state_.momentum.mul_(alpha).add_((mean_theta - state_.outer) * beta);
   } else {
     state_.momentum.mul_(alpha).add_((mean_theta - mean_phi) * beta).add_((mean_phi - state_.outer) * gamma);
@@ -89,7 +95,16 @@ Result<bool> NoLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   state_.outer.add_(state_.momentum);
   write_flat(params_, state_.outer);
   ++state_.rounds;
-  return true;
+}
+
+Status NoLoCo::replay(std::int64_t step, const at::Tensor& means) {
+  const bool same = options_.outer_lr == options_.outer_lr_gamma;
+  const std::int64_t n = state_.outer.numel();
+  if (Status st = check_update(means, same ? n : 2 * n, "NoLoCo", step); !st.ok()) return st;
+  if (step <= 0 || step % options_.inner_steps != 0) return error(ErrorCode::kMalformed, "NoLoCo has no round at step " + std::to_string(step));
+  const at::Tensor m = means.to(options_.state_device);
+  apply(m.slice(0, 0, n), same ? state_.outer : m.slice(0, n, 2 * n));
+  return Status();
 }
 
 }  // namespace gossamer::optim

@@ -21,6 +21,8 @@
 #include "core/status.h"
 #include "optim/collectives.h"
 #include "optim/state_io.h"
+#include "optim/updates.h"
+#include "optim/flat_params.h"
 #include "quant/format.h"
 
 namespace gossamer::optim {
@@ -58,7 +60,17 @@ class NoLoCo {
   Bytes save() const { return state_.save("noloco"); }
   [[nodiscard]] Status load(ByteView bytes) { return state_.load(bytes, "noloco"); }
 
+  // Catch-up (updates.h): a round's update is the pair's mean of the fast weights (with beta !=
+  // gamma, followed by the mean of the outer weights: twice the size). Members differ, so an update
+  // replays one member's rounds: a newcomer's state is exactly that of the member it came from.
+  void record_updates(UpdateSink sink) { sink_ = std::move(sink); }
+  [[nodiscard]] Status replay(std::int64_t step, const at::Tensor& means);
+  void take_shared_weights() { write_flat(params_, state_.outer); }
+
  private:
+  // delta <- alpha delta + beta (mean_theta - mean_phi) + gamma (mean_phi - phi); phi <- phi + delta.
+  void apply(const at::Tensor& mean_theta, const at::Tensor& mean_phi);
+  UpdateSink sink_;
   std::vector<at::Tensor> params_;
   Group group_;
   NoLoCoOptions options_;

@@ -45,6 +45,11 @@ class Local final : public OuterOptimizer {
     std::vector<at::Tensor> t;
     return load_state(state, "local", c, t);
   }
+  void record_updates(UpdateSink) override {}
+  Status replay(std::int64_t step, const at::Tensor&) override {
+    return error(ErrorCode::kMalformed, "independent workers share no state: nothing to replay at step " + std::to_string(step));
+  }
+  void take_shared_weights() override {}
 };
 
 template <typename Impl>
@@ -82,6 +87,9 @@ class Adapter final : public OuterOptimizer {
       return Status();
     }
   }
+  void record_updates(UpdateSink sink) override { impl_.record_updates(std::move(sink)); }
+  Status replay(std::int64_t step, const at::Tensor& update) override { return impl_.replay(step, update); }
+  void take_shared_weights() override { impl_.take_shared_weights(); }
   double evaluate_outer(const std::function<double()>& evaluate) override {
     if constexpr (requires { impl_.evaluation_weights(); }) {
       // Each (model tensors, flat outer weights) pair: the model's own saved, the outer written in,

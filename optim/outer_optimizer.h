@@ -26,6 +26,7 @@
 #include "optim/noloco.h"
 #include "optim/sparseloco.h"
 #include "optim/streaming_diloco.h"
+#include "optim/updates.h"
 #include "optim/work.h"
 #include "optim/method.h"
 
@@ -61,6 +62,20 @@ class OuterOptimizer {
   // DiLoCo's outer weights, Streaming DiLoCo's (each fragment as last synchronized; ALGORITHMS.md
   // 2.3); the live model for the other methods. The model's own weights are back in place after.
   virtual double evaluate_outer(const std::function<double()>& evaluate) { return evaluate(); }
+
+  // Catch-up (optim/updates.h). From now on every update this member applies to its shared state
+  // goes to `sink` (an empty sink stops it). ddp hands out the averaged gradients of each step; the
+  // Worker replays those (train/worker.h), not this.
+  virtual void record_updates(UpdateSink sink) = 0;
+  // Applies an update a member recorded at `step` to this state, which must be the state of the
+  // update before it (or of a snapshot taken there), and writes the weights every member shares into
+  // the model. The update is untrusted: a size that does not fit, non-finite values or a step that
+  // is none of this method's rounds are kMalformed, and change nothing.
+  [[nodiscard]] virtual Status replay(std::int64_t step, const at::Tensor& update) = 0;
+  // Writes the weights every member shares into the model's parameters: what a newcomer trains
+  // from once it has loaded a member's state (DiLoCo's outer weights, each Streaming DiLoCo
+  // fragment's; the parameters are the state for ddp, which writes nothing).
+  virtual void take_shared_weights() = 0;
 };
 
 // Averages gradients across the group before each inner step (ddp).

@@ -109,10 +109,20 @@ Result<bool> SparseLoCo::step(std::int64_t inner_steps_done, Deadline deadline) 
   // e <- e - c_r; an accumulator that went non-finite (this replica abstained) starts afresh, or it
   // would abstain in every round after.
   state_.momentum = finite ? (e - sent).to(options_.state_device) : torch::zeros_like(state_.outer);
+  if (sink_) sink_(inner_steps_done, sum);
   state_.outer.sub_(sum.to(options_.state_device) * options_.outer_lr);
   write_flat(params_, state_.outer);
   ++state_.rounds;
   return true;
+}
+
+Status SparseLoCo::replay(std::int64_t step, const at::Tensor& mean) {
+  if (Status st = check_update(mean, state_.outer.numel(), "SparseLoCo", step); !st.ok()) return st;
+  if (step <= 0 || step % options_.inner_steps != 0) return error(ErrorCode::kMalformed, "SparseLoCo has no round at step " + std::to_string(step));
+  state_.outer.sub_(mean.to(options_.state_device) * options_.outer_lr);
+  write_flat(params_, state_.outer);
+  ++state_.rounds;
+  return Status();
 }
 
 }  // namespace gossamer::optim

@@ -29,6 +29,8 @@
 #include "core/status.h"
 #include "optim/collectives.h"
 #include "optim/state_io.h"
+#include "optim/updates.h"
+#include "optim/flat_params.h"
 #include "quant/sparse.h"
 
 namespace gossamer::optim {
@@ -67,7 +69,14 @@ class SparseLoCo {
   // After taking another replica's state: its accumulator is not ours to send.
   void drop_replica_state() { state_.momentum.zero_(); }
 
+  // Catch-up (updates.h): a round's update is the mean of the contributions every rank summed (the
+  // outer weights' size); the accumulator is the replica's own and is not replayed.
+  void record_updates(UpdateSink sink) { sink_ = std::move(sink); }
+  [[nodiscard]] Status replay(std::int64_t step, const at::Tensor& mean);
+  void take_shared_weights() { write_flat(params_, state_.outer); }
+
  private:
+  UpdateSink sink_;
   std::vector<at::Tensor> params_;
   Group group_;
   SparseLoCoOptions options_;

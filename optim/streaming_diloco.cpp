@@ -58,6 +58,7 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
     comm_ += st.pending->stats();
     const at::Tensor delta = st.pending->tensor();
     st.pending.reset();
+    if (sink_) sink_(s, delta);
     const double mu = options_.outer_momentum, lr = options_.outer_lr, alpha = options_.mixing;
     st.momentum.mul_(mu).add_(delta);
     st.outer.sub_((delta + mu * st.momentum) * lr);
@@ -67,6 +68,29 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
     ++done;
   }
   return done;
+}
+
+Status StreamingDiLoCo::replay(std::int64_t s, const at::Tensor& delta) {
+  const std::int64_t h = options_.inner_steps, p = static_cast<std::int64_t>(fragments_.size());
+  for (std::int64_t f = 0; f < p; ++f) {
+    const std::int64_t t_f = (f + 1) * h / p;
+    if (s < t_f || (s - t_f) % h != 0) continue;
+    State& st = state_[static_cast<std::size_t>(f)];
+    if (Status c = check_update(delta, st.outer.numel(), "Streaming DiLoCo fragment " + std::to_string(f), s); !c.ok()) return c;
+    const at::Tensor d = delta.to(options_.state_device);
+    const double mu = options_.outer_momentum, lr = options_.outer_lr;
+    st.momentum.mul_(mu).add_(d);
+    st.outer.sub_((d + mu * st.momentum) * lr);
+    st.pending.reset();
+    write_flat(fragments_[static_cast<std::size_t>(f)].tensors, st.outer);
+    ++completed_;
+    return Status();
+  }
+  return error(ErrorCode::kMalformed, "Streaming DiLoCo completes no fragment at step " + std::to_string(s));
+}
+
+void StreamingDiLoCo::take_shared_weights() {
+  for (std::size_t f = 0; f < fragments_.size(); ++f) write_flat(fragments_[f].tensors, state_[f].outer);
 }
 
 void StreamingDiLoCo::missed(State& st, std::int64_t window) {

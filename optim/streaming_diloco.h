@@ -22,6 +22,7 @@
 #include "core/bytes.h"
 #include "core/status.h"
 #include "optim/fragments.h"
+#include "optim/updates.h"
 #include "optim/work.h"
 #include "quant/format.h"
 
@@ -68,6 +69,13 @@ class StreamingDiLoCo {
   Bytes save() const;
   [[nodiscard]] Status load(ByteView bytes);
 
+  // Catch-up (updates.h): an update is the averaged Delta of the fragment that completes at its step
+  // (that fragment's size). A replayed fragment's model weights become its outer weights (a
+  // newcomer's local weights start from the shared ones; alpha mixes only weights trained locally).
+  void record_updates(UpdateSink sink) { sink_ = std::move(sink); }
+  [[nodiscard]] Status replay(std::int64_t step, const at::Tensor& delta);
+  void take_shared_weights();
+
  private:
   struct State {
     at::Tensor outer, momentum;
@@ -83,6 +91,7 @@ class StreamingDiLoCo {
   std::vector<State> state_;
   std::int64_t completed_ = 0, skipped_ = 0;
   CommStats comm_;
+  UpdateSink sink_;
 };
 
 }  // namespace gossamer::optim

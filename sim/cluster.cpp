@@ -1,6 +1,7 @@
 #include "sim/cluster.h"
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -310,6 +311,10 @@ class PeerCluster {
       return s;
     };
     env.alive = [this, r](std::int64_t next) { return alive(r, next); };
+    if (auto spec = network_spec(config_); spec.ok() && static_cast<std::size_t>(r) < spec->nodes.size()) {
+      const double goodput = spec->nodes[static_cast<std::size_t>(r)].link.goodput_bytes_per_s();
+      if (std::isfinite(goodput)) env.link_bytes_per_s = goodput;
+    }
     return env;
   }
 

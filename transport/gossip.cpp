@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <set>
@@ -311,7 +312,40 @@ class ZmqGossip final : public Gossip {
     return *dealers_.emplace(address, std::move(s)).first->second;
   }
 
+  // Shaped (options_.shape): each message leaves once the emulated link has carried the ones before
+  // it and its latency has passed; send_now() then sends it.
   void send_all(const std::vector<GossipSend>& sends) {
+    if (!options_.shape) return send_now(sends);
+    const LinkProfile& shape = *options_.shape;
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& s : sends) {
+      const auto serialize = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(shape.wire_bytes(s.message.size()) / shape.bandwidth_bytes_per_s));
+      uplink_free_ = std::max(uplink_free_, now) + serialize;
+      Nanos extra = shape.latency;
+      if (shape.jitter > Nanos{0}) extra += std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(
+                                               std::abs(std::normal_distribution<double>(0.0, std::chrono::duration<double>(shape.jitter).count())(jitter_rng_))));
+      auto due = uplink_free_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(extra);
+      if (!delayed_.empty()) due = std::max(due, delayed_.back().first);  // in order, as a TCP stream delivers
+      delayed_.emplace_back(due, s);
+    }
+    core_->run_deliveries();
+  }
+
+  // Sends the shaped messages that are due; the time until the next one, if any.
+  std::optional<std::chrono::steady_clock::duration> flush_delayed() {
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<GossipSend> due;
+    while (!delayed_.empty() && delayed_.front().first <= now) {
+      due.push_back(std::move(delayed_.front().second));
+      delayed_.pop_front();
+    }
+    if (!due.empty()) send_now(due);
+    if (delayed_.empty()) return std::nullopt;
+    return delayed_.front().first - now;
+  }
+
+  void send_now(const std::vector<GossipSend>& sends) {
     for (const auto& s : sends) {
       if (s.route.value != 0) {
         auto it = routes_.find(s.route.value);
@@ -342,6 +376,7 @@ class ZmqGossip final : public Gossip {
         }
         if (left_) {
           lock.unlock();
+          (void)flush_delayed();  // a shaped farewell still leaves
           std::this_thread::sleep_for(wake);
           continue;
         }
@@ -354,6 +389,8 @@ class ZmqGossip final : public Gossip {
         send_all(core_->take_broadcasts());  // a broadcast leaves within a poll interval, not a whole period
       }
       flush_probe_messages();
+      auto poll_for = std::chrono::duration_cast<std::chrono::steady_clock::duration>(wake);
+      if (auto next = flush_delayed()) poll_for = std::max<std::chrono::steady_clock::duration>(std::min(poll_for, *next), std::chrono::milliseconds(1));
       std::vector<zmq::pollitem_t> items = {{router_->handle(), 0, ZMQ_POLLIN, 0}};
       const std::size_t zap_at = items.size();
       if (zap_) items.push_back({zap_->handle(), 0, ZMQ_POLLIN, 0});
@@ -370,7 +407,7 @@ class ZmqGossip final : public Gossip {
         items.push_back({d->handle(), 0, ZMQ_POLLIN, 0});
       }
       try {
-        zmq::poll(items, std::chrono::duration_cast<std::chrono::milliseconds>(wake));
+        zmq::poll(items, std::chrono::duration_cast<std::chrono::milliseconds>(poll_for));
         if (zap_ && (items[zap_at].revents & ZMQ_POLLIN)) answer_zap();
         if (monitor_ && (items[monitor_at].revents & ZMQ_POLLIN)) read_monitor();
         check_isolation();
@@ -472,6 +509,9 @@ class ZmqGossip final : public Gossip {
   }
 
   GossipOptions options_;
+  std::deque<std::pair<std::chrono::steady_clock::time_point, GossipSend>> delayed_;  // shaped, not yet due (gossip thread)
+  std::chrono::steady_clock::time_point uplink_free_{};
+  std::mt19937_64 jitter_rng_{1};
   std::unique_ptr<GossipCore> core_;  // made by start(); thread-safe
   zmq::context_t ctx_;
   std::unique_ptr<zmq::socket_t> router_;  // owned by the gossip thread after start(), as are the others

@@ -29,6 +29,7 @@
 #include "core/clock.h"
 #include "core/status.h"
 #include "transport/ids.h"
+#include "transport/link_profile.h"
 #include "transport/secure_channel.h"
 
 namespace gossamer::transport {
@@ -55,6 +56,10 @@ struct GossipOptions {
   std::optional<RunKey> key;
   // This node accepts no connections (see Gossip::set_outbound_only).
   bool outbound_only = false;
+  // Emulated distance (a real peer's --shape): what this node sends waits for its turn on a link of
+  // the profile's bandwidth (its wire bytes, one message after another) and then its latency (and
+  // jitter), as the shaped group links do (shaped_link.h). Loss is not emulated here.
+  std::optional<LinkProfile> shape;
 };
 
 enum class MemberState : std::uint8_t { kAlive = 0, kSuspect = 1, kDead = 2, kLeft = 3 };

@@ -15,6 +15,7 @@ struct Digest {
   std::array<std::uint8_t, 32> bytes{};
   std::string hex() const;
   friend bool operator==(const Digest&, const Digest&) = default;
+  friend auto operator<=>(const Digest&, const Digest&) = default;
 };
 
 class Hasher {

@@ -1,5 +1,8 @@
 #include "run/announcements.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "transport/endpoint.h"
 
 #include <algorithm>
@@ -216,7 +219,17 @@ std::shared_ptr<JoinBoard> JoinBoard::make(transport::Gossip& gossip, const Cloc
   return b;
 }
 
-void JoinBoard::ask_to_join() { (void)gossip_.broadcast(kStateTopic, encode(kJoin, 0, "")); }
+void JoinBoard::ask_to_join(double link_bytes_per_s) {
+  const bool known = std::isfinite(link_bytes_per_s) && link_bytes_per_s >= 1;
+  (void)gossip_.broadcast(kStateTopic, encode(kJoin, 0, "", known ? static_cast<std::uint64_t>(std::min(link_bytes_per_s, 1e15)) : 0));
+}
+
+std::optional<double> JoinBoard::link_of(transport::PeerId id) const {
+  std::lock_guard lock(mu_);
+  auto it = links_.find(id);
+  if (it == links_.end()) return std::nullopt;
+  return it->second;
+}
 
 void JoinBoard::offer(std::int64_t round, const std::string& address) { (void)gossip_.broadcast(kStateTopic, encode(kOffer, round, address)); }
 
@@ -248,11 +261,12 @@ void JoinBoard::forget(std::int64_t round) {
   std::erase_if(first_seen_, [&](const auto& kv) { return kv.first <= round; });
 }
 
-Bytes JoinBoard::encode(std::uint8_t kind, std::int64_t round, const std::string& address) const {
+Bytes JoinBoard::encode(std::uint8_t kind, std::int64_t round, const std::string& address, std::uint64_t link) const {
   Writer w;
   w.u8(kStateVersion);
   w.u8(kind);
   w.u64(gossip_.self().value);
+  if (kind == kJoin && link > 0) w.u64(link);
   if (kind == kOffer) {
     w.i64(round);
     w.str(address);
@@ -266,6 +280,8 @@ void JoinBoard::on_message(transport::PeerId origin, const Bytes& payload) {
   const transport::PeerId id{r.u64()};
   std::int64_t round = 0;
   std::string address;
+  std::uint64_t link = 0;
+  if (kind == kJoin && r.remaining() == 8) link = r.u64();
   if (kind == kOffer) {
     round = r.i64();
     address = r.str(256);
@@ -279,7 +295,9 @@ void JoinBoard::on_message(transport::PeerId origin, const Bytes& payload) {
   const Nanos now = clock_.now();
   if (kind == kJoin) {
     std::erase_if(wanted_until_, [&](const auto& kv) { return kv.second <= now; });  // bounded by who asked lately
+    std::erase_if(links_, [&](const auto& kv) { return wanted_until_.count(kv.first) == 0; });
     wanted_until_[id] = now + 5s;
+    if (link > 0) links_[id] = static_cast<double>(link);
   } else {
     offers_[round][id] = address;
     first_seen_.try_emplace(round, now);

@@ -11,9 +11,10 @@
 // ids among the live ones they know send a BEACON (so that joiners see the run is under way), and a
 // SPEC instead while some peer has asked for it in the last two seconds; a joiner repeats WANT every
 // second until a SPEC whose hash checks out arrives.
-// State board: version u8 | kind u8 (1 JOIN, 2 OFFER) | id u64, then for OFFER: round i64 | link
-// address str. A newcomer repeats JOIN while it waits; members that snapshot their state after a
-// round OFFER it (state_sync.h serves it).
+// State board: version u8 | kind u8 (1 JOIN, 2 OFFER) | id u64, then for JOIN optionally the
+// newcomer's link speed u64 (bytes/s; absent: unknown), for OFFER: round i64 | link address str. A
+// newcomer repeats JOIN while it waits; members that snapshot their state after a round OFFER it
+// (state_sync.h serves it).
 //
 // Untrusted input: malformed messages, other versions and specs whose hash does not match are
 // dropped and logged (a repeated problem once). Threading: handlers run on the gossip thread; every
@@ -107,17 +108,21 @@ class JoinBoard {
   static std::shared_ptr<JoinBoard> make(transport::Gossip& gossip, const Clock& clock = real_clock());
   JoinBoard(transport::Gossip& gossip, const Clock& clock) : gossip_(gossip), clock_(clock) {}
 
-  void ask_to_join();
+  // link_bytes_per_s: this newcomer's own link where it knows it (0: unknown), so that the donors
+  // can tell whether its state arrives within a round.
+  void ask_to_join(double link_bytes_per_s = 0);
   void offer(std::int64_t round, const std::string& address);
   // The newcomers that asked for state in the last few seconds.
   std::vector<transport::PeerId> waiting() const;
+  // The link speed newcomer `id` gave when it asked (bytes/s), if it gave one.
+  std::optional<double> link_of(transport::PeerId id) const;
   // The newest round offered for at least `settle` (so most donors of it are known), with its donors.
   std::optional<std::pair<std::int64_t, std::vector<Donor>>> newest_offer(Nanos settle) const;
   // Drops the offers of `round` and older (they failed, so older ones are gone too).
   void forget(std::int64_t round);
 
  private:
-  Bytes encode(std::uint8_t kind, std::int64_t round, const std::string& address) const;
+  Bytes encode(std::uint8_t kind, std::int64_t round, const std::string& address, std::uint64_t link = 0) const;
   void on_message(transport::PeerId origin, const Bytes& payload);
 
   static constexpr std::size_t kKeptRounds = 8;  // offered rounds remembered (the newest)
@@ -126,6 +131,7 @@ class JoinBoard {
   const Clock& clock_;
   mutable std::mutex mu_;
   std::map<transport::PeerId, Nanos> wanted_until_;
+  std::map<transport::PeerId, double> links_;  // of the newcomers in wanted_until_ that gave theirs
   std::map<std::int64_t, std::map<transport::PeerId, std::string>> offers_;
   std::map<std::int64_t, Nanos> first_seen_;
 };

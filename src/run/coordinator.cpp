@@ -85,9 +85,10 @@ void Coordinator::intend(std::int64_t round) {
   if (Status st = gossip_.broadcast(kTopic, std::move(w).take()); !st.ok()) spdlog::warn("could not announce joining round {}: {}", round, st.to_string());
 }
 
-void Coordinator::expect(std::int64_t round, transport::PeerId id) {
+void Coordinator::expect(std::int64_t round, transport::PeerId id, Nanos wait) {
   std::lock_guard lock(mu_);
-  intents_[round].insert(id);
+  auto [it, fresh] = intents_[round].emplace(id, wait);
+  if (!fresh) it->second = std::max(it->second, wait);
 }
 
 bool Coordinator::superseded(std::int64_t round, std::uint64_t epoch) const {
@@ -142,7 +143,7 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
     const transport::PeerId id{r.u64()};
     r.expect_end();
     taken = r.ok();
-    if (taken) intents_[round].insert(id);
+    if (taken) intents_[round][id] = options_.straggler_grace;  // it holds the state: worth the whole grace
     else drop_locked("a malformed INTENT", origin, r.status().to_string());
   } else {
     drop_locked("a round message of unknown kind " + std::to_string(static_cast<int>(kind)), origin, "");
@@ -266,7 +267,7 @@ transport::PeerId Coordinator::leader_locked(std::int64_t round, std::uint64_t a
 }
 
 std::set<transport::PeerId> Coordinator::expected_locked(std::int64_t round, const std::set<transport::PeerId>& alive,
-                                                         const std::map<transport::PeerId, std::string>& ready, bool& newcomer_missing) {
+                                                         const std::map<transport::PeerId, std::string>& ready, std::optional<Nanos>& newcomer_wait) {
   // The live members of the last group (every live peer at the start), and the newcomers that said
   // they take part in this round.
   std::set<transport::PeerId> expected;
@@ -277,12 +278,12 @@ std::set<transport::PeerId> Coordinator::expected_locked(std::int64_t round, con
   } else {
     expected = alive;
   }
-  newcomer_missing = false;
+  newcomer_wait.reset();
   if (auto in = intents_.find(round); in != intents_.end()) {
-    for (transport::PeerId id : in->second) {
+    for (const auto& [id, wait] : in->second) {
       if (alive.count(id) == 0) continue;
       expected.insert(id);
-      newcomer_missing = newcomer_missing || ready.count(id) == 0;
+      if (ready.count(id) == 0) newcomer_wait = std::max(newcomer_wait.value_or(Nanos{0}), wait);
     }
   }
   return expected;
@@ -340,11 +341,12 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
     if (r.after_epoch >= after_epoch && alive.count(id) == 1) ready[id] = r.address;
   }
   ready[self] = address_;
-  bool newcomer_missing = false;  // a newcomer still on its way (its state transfer is no member's lag) gets the whole grace
-  const std::set<transport::PeerId> expected = expected_locked(round, alive, ready, newcomer_missing);
+  // A newcomer still on its way (its state transfer is no member's lag) gets the wait it was given.
+  std::optional<Nanos> newcomer_wait;
+  const std::set<transport::PeerId> expected = expected_locked(round, alive, ready, newcomer_wait);
   const bool complete = std::all_of(expected.begin(), expected.end(), [&](transport::PeerId id) { return ready.count(id) == 1; });
   const bool enough = last_ || ready.size() >= options_.min_members;
-  const bool waited_enough = newcomer_missing ? clock_.now() >= ready_since + options_.straggler_grace : grace_over;
+  const bool waited_enough = newcomer_wait ? clock_.now() >= ready_since + std::max(*newcomer_wait, grace()) : grace_over;
   if (!enough || (!complete && !waited_enough)) return std::nullopt;
   if (complete && last_ && after_epoch == 0) {
     // How long after this leader the last member became ready: the lag the grace adapts to.

@@ -100,8 +100,9 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // A newcomer that holds the state of round-1 announces it will take part in `round`: the leader
   // then waits for it like for a member (INTENT: version | 3 | round | id u64).
   void intend(std::int64_t round);
-  // This peer's own note that `id` (a newcomer it handed state to) is due at `round`.
-  void expect(std::int64_t round, transport::PeerId id);
+  // This peer's own note that `id` (a newcomer it offered state to) is due at `round`: as leader it
+  // waits for it at most `wait` (at least its usual grace) from when it became ready itself.
+  void expect(std::int64_t round, transport::PeerId id, Nanos wait);
   // True when the group of `round` over `epoch` is abandoned: a later group for the round is out,
   // or some member is ready to retry after that epoch (its collective or its links failed).
   bool superseded(std::int64_t round, std::uint64_t epoch) const;
@@ -129,7 +130,7 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // Its parts (under mu_): who leads this attempt; whom the leader waits for; the group it announces.
   transport::PeerId leader_locked(std::int64_t round, std::uint64_t after_epoch, const std::set<transport::PeerId>& alive, bool grace_over);
   std::set<transport::PeerId> expected_locked(std::int64_t round, const std::set<transport::PeerId>& alive,
-                                              const std::map<transport::PeerId, std::string>& ready, bool& newcomer_missing);
+                                              const std::map<transport::PeerId, std::string>& ready, std::optional<Nanos>& newcomer_wait);
   GroupView make_group_locked(std::int64_t round, std::uint64_t after_epoch, std::int64_t step,
                               const std::map<transport::PeerId, std::string>& ready, const std::set<transport::PeerId>& expected);
   void announce(const GroupView& g);
@@ -148,7 +149,7 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   std::uint64_t changes_ = 0;       // counts them
   std::map<std::int64_t, std::map<transport::PeerId, Ready>> ready_;  // round -> who is ready
   std::map<std::int64_t, GroupView> groups_;                           // round -> the latest group announced
-  std::map<std::int64_t, std::set<transport::PeerId>> intents_;        // round -> newcomers that will take part
+  std::map<std::int64_t, std::map<transport::PeerId, Nanos>> intents_;  // round -> newcomers that will take part, and how long to wait for each
   std::map<std::int64_t, Nanos> repeated_;  // round -> when this peer last repeated its group
   std::optional<GroupView> last_;                                      // the last group this peer took part in
   std::uint64_t max_epoch_ = 0;                                        // the largest epoch seen

@@ -156,6 +156,7 @@ Result<std::unique_ptr<transport::Gossip>> start_gossip(const PeerRequest& req, 
   for (const auto& j : req.join) go.seeds.push_back(zmq_address(j));
   go.self = transport::random_peer_id();
   go.key = req.key;
+  go.shape = req.shape;  // gossip crosses the emulated distance too
   if (req.dead_after < 5 * go.period) {
     return error(ErrorCode::kInvalidArgument, "dead_after must be at least 5 gossip periods (0.5 s): a shorter silence is no sign of death");
   }

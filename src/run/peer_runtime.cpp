@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -11,6 +13,7 @@
 #include "core/signal.h"
 #include "optim/flat_params.h"
 #include "train/memory.h"
+#include "transport/shaped_link.h"
 
 namespace gossamer::run {
 
@@ -18,6 +21,9 @@ using namespace std::chrono_literals;
 
 namespace {
 constexpr Nanos kLinkTimeout = std::chrono::seconds(30);  // to link up a group's members
+// The link speed a donor assumes where it does not know its own (no --shape): 100 Mbit/s, a common
+// access link; it only decides whether a newcomer is awaited at the next round (boundary()).
+constexpr double kAssumedLinkBytesPerS = 12.5e6;
 }  // namespace
 
 // A group asked for from a thread of the clock's, so the agreement runs while this peer trains (or
@@ -136,9 +142,11 @@ Status Peer::link_up() {
     outer_config_.gloo.store_host = outer_config_.gloo.interface_host = opened_.bound.substr(0, c);
     outer_config_.gloo.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(std::min(round_timeout_, kLinkTimeout));
   }
-  server_ = std::make_unique<StateServer>(clock_);
+  log_ = std::make_shared<UpdateLog>(config_.join.keep_rounds * schedule_.period, static_cast<std::uint64_t>(config_.join.keep_mb * 1e6));
+  server_ = std::make_unique<StateServer>(clock_, log_);
+  if (auto link = own_link_bytes_per_s()) server_->set_rate(*link * config_.join.serve_share);
   links_ = std::make_unique<PeerLinks>(
-      *opened_.transport, [s = server_.get()](std::shared_ptr<transport::Link> l) { s->serve(std::move(l)); },
+      *opened_.transport, [this](std::shared_ptr<transport::Link> l) { server_->serve(shape_state_link(std::move(l))); },
       [g = &gossip_](transport::PeerId id, const std::string& announced) { return reachable_address(*g, id, announced); }, clock_);
   if (plan_.poison) links_->poison(*plan_.poison);
   if (plan_.shape) {
@@ -189,6 +197,22 @@ void Peer::check_reachable(const std::string& address, const std::string& what) 
   if (Status st = gossip_.set_outbound_only(true); !st.ok()) spdlog::warn("gossip: {}", st.to_string());
 }
 
+std::shared_ptr<transport::Link> Peer::shape_state_link(std::shared_ptr<transport::Link> link) {
+  if (!plan_.shape) return link;
+  auto shaped = transport::make_shaped_link(link, *plan_.shape, ++state_links_shaped_);
+  if (!shaped.ok()) {
+    spdlog::warn("state link not shaped: {}", shaped.status().to_string());
+    return link;
+  }
+  return *shaped;
+}
+
+std::optional<double> Peer::own_link_bytes_per_s() const {
+  if (env_.link_bytes_per_s) return env_.link_bytes_per_s;
+  if (plan_.shape && std::isfinite(plan_.shape->bandwidth_bytes_per_s)) return plan_.shape->goodput_bytes_per_s();
+  return std::nullopt;
+}
+
 Status Peer::check_not_stranded() const {
   if (!outbound_only_) return Status();
   for (const auto& m : gossip_.members()) {
@@ -227,18 +251,38 @@ Result<FetchResult> Peer::fetch_newest(Deadline deadline) {
       return error(ErrorCode::kUnavailable, "every member of the run has left or died: the run is over, nothing to join");
     }
     if (!last_ask || clock_.now() - *last_ask >= 1s) {
-      board_->ask_to_join();
+      board_->ask_to_join(own_link_bytes_per_s().value_or(0));
       last_ask = clock_.now();
     }
     if (auto offer = board_->newest_offer(50ms)) {
-      auto got = fetch_state(*opened_.transport, offer->second, offer->first, deadline, clock_);
-      if (got.ok()) {
-        state_received_ += got->bytes_received;
-        spdlog::info("fetched the state of round {} ({:.2f} MB) from {} donor(s){}", offer->first, got->bytes.size() / 1e6, got->donors_used,
-                     got->donors_failed > 0 ? fmt::format(", {} failed", got->donors_failed) : std::string());
-        return got;
+      Status failed;
+      auto session = StateFetch::open(*opened_.transport, offer->second, offer->first, deadline, clock_,
+                                      [this](std::shared_ptr<transport::Link> l) { return shape_state_link(std::move(l)); });
+      if (session.ok()) {
+        // Shaped: this peer's own link paces what it asks for, whatever number of donors serve it.
+        if (plan_.shape && std::isfinite(plan_.shape->bandwidth_bytes_per_s)) (*session)->set_rate(plan_.shape->goodput_bytes_per_s());
+        spdlog::info("fetching the state of round {} ({:.2f} MB) from {} donor(s)", offer->first, (*session)->manifest().total / 1e6,
+                     (*session)->donors_left());
+        auto bytes = (*session)->snapshot(deadline);
+        state_received_ += (*session)->bytes_received();
+        if (bytes.ok()) {
+          FetchResult f;
+          f.manifest = (*session)->manifest();
+          f.bytes = std::move(*bytes);
+          f.bytes_received = (*session)->bytes_received();
+          f.donors_used = (*session)->donors_used();
+          f.donors_failed = (*session)->donors_failed();
+          spdlog::info("fetched the state of round {} ({:.2f} MB) from {} donor(s) in {:.1f} s{}", offer->first, f.bytes.size() / 1e6, f.donors_used,
+                       std::chrono::duration<double>(clock_.now() - join_started_).count(),
+                       f.donors_failed > 0 ? fmt::format(", {} failed", f.donors_failed) : std::string());
+          session_ = std::move(*session);
+          return f;
+        }
+        failed = bytes.status();
+      } else {
+        failed = session.status();
       }
-      spdlog::warn("fetching the state of round {} failed: {}; trying a newer one", offer->first, got.status().to_string());
+      spdlog::warn("fetching the state of round {} failed: {}; trying a newer one", offer->first, failed.to_string());
       board_->forget(offer->first);
     }
     clock_.sleep_for(50ms);
@@ -246,7 +290,7 @@ Result<FetchResult> Peer::fetch_newest(Deadline deadline) {
 }
 
 // Takes a fetched state as this peer's own: the step, the parameters, the outer state and, for ddp,
-// the inner optimizer (otherwise its own goes on), then tells the members which round it takes part in.
+// the inner optimizer (otherwise its own goes on). catch_up() then brings it to the members' round.
 Status Peer::adopt(const FetchResult& f) {
   auto inner = load_shared_state(f.bytes, worker_->model().parameters(), *setup_.outer);
   if (!inner.ok()) return inner.status().with_context("loading the run's state");
@@ -256,13 +300,94 @@ Status Peer::adopt(const FetchResult& f) {
   st.tokens_seen = 0;
   if (!inner->empty()) st.tensors.assign(inner->begin(), inner->end());
   if (Status s2 = worker_->restore(st); !s2.ok()) return s2.with_context("loading the run's state");
-  const std::int64_t first = schedule_.first_round_after(f.manifest.step);
-  agreed_round_ = first - 1;
   current_round_ = f.manifest.round;
+  snapshot_round_ = f.manifest.round;
   ++joins_;
-  coordinator_->intend(first);
-  spdlog::info("joined at round {} (step {}); taking part from round {}", f.manifest.round, f.manifest.step, first);
   return Status();
+}
+
+Status Peer::replay(std::int64_t step, ByteView update) {
+  if (update.size() % 4 != 0) return error(ErrorCode::kMalformed, "the update of step " + std::to_string(step) + " is no whole number of floats");
+  at::Tensor t = torch::empty({static_cast<std::int64_t>(update.size() / 4)}, torch::kFloat);
+  if (!update.empty()) std::memcpy(t.data_ptr<float>(), update.data(), update.size());
+  if (ddp_) {
+    if (Status st = worker_->replay_gradients(step, t); !st.ok()) return st;
+  }
+  return setup_.outer->replay(step, t);
+}
+
+void Peer::record(std::int64_t step, const at::Tensor& update) {
+  if (!log_ || !log_->recording()) return;
+  const at::Tensor flat = update.detach().to(at::kCPU, at::kFloat).contiguous();
+  const ByteView b = bytes_of(flat);
+  log_->add(step, schedule_.rounds_over(step), static_cast<std::uint32_t>(world_), Bytes(b.begin(), b.end()));
+}
+
+Status Peer::catch_up(Deadline deadline, bool slack) {
+  if (!session_) return error(ErrorCode::kOutOfRange, "no donors to catch up from");
+  std::int64_t at = worker_->steps_done();
+  std::optional<std::int64_t> intended;
+  std::int64_t replayed = 0;
+  for (;;) {
+    if (stop_requested()) return error(ErrorCode::kAborted, "stop requested while catching up");
+    if (deadline.expired(clock_)) return error(ErrorCode::kTimeout, "catching up with the members took too long");
+    const std::uint64_t before = session_->bytes_received();
+    auto index = session_->updates_after(at, deadline);
+    if (!index.ok()) return index.status();
+    Status failed;
+    if (!index->empty()) {
+      auto bytes = session_->updates(*index, deadline);
+      failed = bytes.status();
+      for (std::size_t k = 0; bytes.ok() && k < index->size(); ++k) {
+        failed = replay((*index)[k].step, (*bytes)[k]);
+        if (!failed.ok()) break;
+        at = (*index)[k].step;
+        ++replayed;
+      }
+    }
+    state_received_ += session_->bytes_received() - before;
+    if (!failed.ok()) return failed.with_context("catching up");
+    if (!index->empty()) continue;
+    // Nothing newer: caught up. This peer says now which round it takes part in, so that the members
+    // wait for it there, and replays up to that round's start: ddp's members hold one state only at
+    // a round's end, and with `slack` (it was not in time for the round it named before) it names
+    // the round after the next, whose group is not being agreed yet.
+    if (!intended) {
+      intended = std::min(schedule_.first_round_after(at) + (slack ? 1 : 0), schedule_.last_round(config_.train.steps));
+      coordinator_->intend(*intended);
+    }
+    if (schedule_.first_round_after(at) < *intended || (ddp_ && at % schedule_.period != 0)) {
+      clock_.sleep_for(20ms);
+      continue;
+    }
+    break;
+  }
+  if (!ddp_) worker_->move_to(at);  // (ddp's replayed steps moved it)
+  const std::int64_t first = schedule_.first_round_after(at);
+  agreed_round_ = first - 1;
+  current_round_ = schedule_.rounds_over(at);
+  updates_replayed_ += replayed;
+  join_rounds_behind_ = schedule_.rounds_over(at) - snapshot_round_;
+  state_fetch_s_ = std::chrono::duration<double>(clock_.now() - join_started_).count();
+  if (intended != first) coordinator_->intend(first);  // (a run near its end: the last round)
+  spdlog::info("joined at round {} (step {}); taking part from round {} (caught up: {} update(s) replayed, the run went on {} round(s) while the "
+               "state came, {:.1f} s)",
+               snapshot_round_, at, first, replayed, join_rounds_behind_, state_fetch_s_);
+  return Status();
+}
+
+Status Peer::join(Deadline deadline) {
+  for (;;) {
+    auto got = fetch_newest(deadline);
+    if (!got.ok()) return got.status();
+    if (Status st = adopt(*got); !st.ok()) return st;
+    Status st = catch_up(deadline);
+    if (st.code() != ErrorCode::kOutOfRange) return st;
+    spdlog::warn("{}: this peer fell more than join.keep_rounds ({}) rounds behind while the state came; fetching a newer one "
+                 "(raise join.keep_rounds when the state takes this long)", st.message(), config_.join.keep_rounds);
+    board_->forget(got->manifest.round);
+    session_.reset();
+  }
 }
 
 Status Peer::join_or_start() {
@@ -281,6 +406,7 @@ Status Peer::join_or_start() {
   }
   if (joining) {
     spdlog::info("the run is under way: fetching its state to join");
+    join_started_ = clock_.now();
     auto got = fetch_newest(after(plan_.start_timeout));
     if (!got.ok()) return got.status().with_context("joining the run");
     fetched_ = std::move(*got);
@@ -307,6 +433,7 @@ Status Peer::join_or_start() {
   auto setup = optim::make_outer_optimizer(outer_config_, train::param_blocks(worker_->model()), std::move(first_group));
   if (!setup.ok()) return setup.status();
   setup_ = std::move(*setup);
+  setup_.outer->record_updates([this](std::int64_t step, const at::Tensor& update) { record(step, update); });
 
   if (plan_.resumed) {
     // Its own checkpoint first (inner optimizer included); a newer state from the members, if any,
@@ -318,6 +445,14 @@ Status Peer::join_or_start() {
   }
   if (fetched_ && (!plan_.resumed || fetched_->manifest.step > worker_->steps_done())) {
     if (Status st = adopt(*fetched_); !st.ok()) return st;
+    Status st = catch_up(after(plan_.start_timeout));
+    if (st.code() == ErrorCode::kOutOfRange) {
+      spdlog::warn("{}: fetching a newer state", st.message());
+      board_->forget(fetched_->manifest.round);
+      session_.reset();
+      st = join(after(plan_.start_timeout));
+    }
+    if (!st.ok()) return st.with_context("joining the run");
   } else {
     current_round_ = agreed_round_;
   }
@@ -336,26 +471,65 @@ Status Peer::save_checkpoint() {
   return env_.save_checkpoint(cs);
 }
 
-// Just after a round: while a newcomer waits, the state this peer now shares with the other members
-// is offered; the checkpoint is written when due.
+// Just after a round. While a newcomer waits, this peer offers a snapshot of the state it shares
+// with the other members (a new one only when the updates it keeps no longer reach back to the one
+// it offers) and keeps the updates it applies from then on, so that a newcomer whose state takes
+// rounds to arrive catches up instead of fetching again; once no newcomer has asked for anything for
+// three rounds it drops both. The checkpoint is written when due.
 void Peer::boundary(std::int64_t done_step) {
   const std::int64_t done = schedule_.rounds_over(done_step);
   const auto newcomers = board_->waiting();
   const std::int64_t every = config_.train.checkpoint_every;
   const bool checkpoint_due = every > 0 && done_step / every > last_checkpoint_ / every;
+  if (done_step > last_boundary_step_) round_length_ = (clock_.now() - last_boundary_) * schedule_.period / (done_step - last_boundary_step_);
+  last_boundary_ = clock_.now();
+  last_boundary_step_ = done_step;
+  const std::uint64_t requests = server_->requests();
+  idle_boundaries_ = !newcomers.empty() || requests != requests_seen_ ? 0 : idle_boundaries_ + 1;
+  requests_seen_ = requests;
+  if (log_->recording() && idle_boundaries_ >= 3) {
+    spdlog::info("round {}: no newcomer asked for the state for 3 rounds; the snapshot and the updates kept ({:.2f} MB at most) are dropped", done,
+                 log_->peak_bytes() / 1e6);
+    log_->stop();
+    server_->withdraw();
+    snapshot_step_.reset();
+  }
+  // CO2's average in flight is part of what is shared: in, while a newcomer may need it.
+  const bool settle = log_->recording() || !newcomers.empty();
+  const Status settled = settle ? setup_.outer->settle(after(round_timeout_)) : Status();
+  bool fresh_snapshot = false;
   if (!newcomers.empty()) {
-    // CO2's average in flight is part of what is shared.
-    if (Status st = setup_.outer->settle(after(round_timeout_)); !st.ok()) {
-      spdlog::warn("round {}: no state offered to newcomers: {}", done, st.to_string());
-    } else {
+    const bool usable = snapshot_step_ && log_->recording() && log_->complete_after() <= *snapshot_step_;
+    if (!settled.ok()) {
+      spdlog::warn("round {}: no state offered to newcomers: {}", done, settled.to_string());
+    } else if (!usable) {
       const Bytes inner = ddp_ ? worker_->checkpoint_state("").tensors : Bytes();
       server_->offer(Snapshot::make(done, done_step, static_cast<std::uint32_t>(world_),
-                                    encode_shared_state(worker_->model().parameters(), *setup_.outer, ByteView(inner))));
-      if (!outbound_only_) board_->offer(done, opened_.announced);  // nobody could dial it for the state
-      // A newcomer that takes this state is due at the next round agreed: the leader waits for it there.
-      for (transport::PeerId id : newcomers) coordinator_->expect(schedule_.first_round_after(done_step), id);
+                                    encode_shared_state(worker_->model().parameters(), *setup_.outer, ByteView(inner), ddp_)));
+      log_->stop();  // what it kept reaches back to an older snapshot only
+      log_->start(done_step);
+      snapshot_step_ = done_step;
+      snapshot_offered_round_ = done;
+      fresh_snapshot = true;
+    }
+    if (snapshot_step_ && !outbound_only_) board_->offer(snapshot_offered_round_, opened_.announced);  // nobody could dial it for the state
+    // A state that should arrive well within a round: the newcomers are awaited at the next one (as
+    // leader, for a while), so they join at once. A larger one: they catch up and say when they come.
+    if (fresh_snapshot && round_length_ > Nanos{0}) {
+      for (transport::PeerId id : newcomers) {
+        // The slower of this donor's serving and the newcomer's own link (as it says), where known.
+        double rate = server_->rate() > 0 ? server_->rate() : kAssumedLinkBytesPerS;
+        if (auto theirs = board_->link_of(id)) rate = std::min(rate, *theirs);
+        const auto estimate = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(static_cast<double>(server_->offered_bytes()) / rate));
+        // ddp's updates (every step's gradients) outweigh its state within a round: its newcomers are
+        // always awaited, however long their state takes; the others catch up instead.
+        if (2 * estimate > round_length_ && !ddp_) continue;
+        const Nanos wait = std::min<Nanos>(std::max<Nanos>(2s, 4 * estimate), round_timeout_ / 2);
+        coordinator_->expect(schedule_.first_round_after(done_step), id, wait);
+      }
     }
   }
+
   if (checkpoint_due) {
     if (Status st = save_checkpoint(); !st.ok() && failure_.ok()) failure_ = st;
     last_checkpoint_ = done_step;
@@ -375,12 +549,18 @@ void Peer::ask_ahead(std::int64_t step) {
   ahead_ = std::make_unique<Pending>(clock_, next, [c = coordinator_, next, d = after(round_timeout_)] { return c->agree(next, 0, d); });
 }
 
-// Left out of a round (too slow): this peer's state is no longer the members'. It catches up as a
-// newcomer would.
+// Left out of a round (too slow, or a newcomer not in time for the round it named). A newcomer still
+// linked to its donors catches up from the updates they keep; otherwise it joins again as a newcomer
+// does.
 std::optional<optim::Group> Peer::left_out(std::int64_t round, const Status& why) {
   spdlog::warn("round {}: {}; catching up with the members", round, why.to_string());
-  auto got = fetch_newest(after(round_timeout_));
-  Status st = got.ok() ? adopt(*got) : got.status();
+  if (!session_) join_started_ = clock_.now();
+  Status st = catch_up(after(round_timeout_), /*slack=*/true);
+  if (st.code() == ErrorCode::kOutOfRange) {
+    session_.reset();
+    join_started_ = clock_.now();
+    st = join(after(round_timeout_));
+  }
   if (!st.ok()) failure_ = st.with_context("catching up after being left out");
   epoch_ = 0;
   return solo_group(clock_);
@@ -449,6 +629,7 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
     auto g = links_->group(*view, after(std::min(round_timeout_, kLinkTimeout)),
                            [c = coordinator_, r = round, e = view->epoch] { return c->superseded(r, e); });
     if (g.ok()) {
+      session_.reset();  // in a group: the donors are not needed any more
       agreed_round_ = round;
       current_round_ = round;
       epoch_ = view->epoch;
@@ -464,6 +645,8 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
 }
 
 Result<train::WorkerAccount> Peer::rounds() {
+  last_boundary_ = clock_.now();
+  last_boundary_step_ = worker_->steps_done();
   train::LoopOptions lo;
   lo.steps = config_.train.steps;
   lo.eval_every = config_.train.eval_every;
@@ -493,6 +676,12 @@ Result<train::WorkerAccount> Peer::rounds() {
     const transport::TransportStats ts = opened_.transport->stats();
     out["relayed_bytes_sent"] = ts.relayed_bytes_sent;
     out["relay_forwarded_bytes"] = ts.relay_forwarded_bytes;
+    if (joins_ > 0) {
+      out["joins"] = joins_;
+      out["state_fetch_s"] = state_fetch_s_;
+      out["join_rounds_behind"] = join_rounds_behind_;
+    }
+    if (log_->peak_bytes() > 0) out["update_log_bytes"] = log_->bytes();
     if (env_.record) {
       if (Status st = env_.record(out); !st.ok() && failure_.ok()) failure_ = st;
     }
@@ -550,6 +739,13 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
   summary["left_out_by_this_leader"] = cs.left_out;
   summary["solo_rounds"] = solo_rounds_;
   summary["joins"] = joins_;
+  summary["state_fetch_s"] = state_fetch_s_;
+  summary["join_rounds_behind"] = join_rounds_behind_;
+  summary["updates_replayed"] = updates_replayed_;
+  summary["update_log_peak_bytes"] = log_->peak_bytes();
+  summary["update_log_dropped"] = log_->dropped();
+  summary["state_bytes_served"] = server_->bytes_served();
+  summary["state_serve_throttled_s"] = server_->throttled_s();
   summary["dropped_messages"] = cs.dropped + static_cast<std::int64_t>(gossip_.dropped_messages());
   summary["refused_links"] = links_->refused_connections();
   summary["outbound_only"] = outbound_only_;

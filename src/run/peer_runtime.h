@@ -41,6 +41,7 @@
 #include "run/peer_links.h"
 #include "run/rounds.h"
 #include "run/state_sync.h"
+#include "run/update_log.h"
 #include "train/checkpoint.h"
 #include "train/outer.h"
 #include "train/run.h"
@@ -103,6 +104,9 @@ struct PeerEnvironment {
   // checkpoint); the environment has cut its links and gossip already. (A real peer's fault drill
   // ends its process inside the call.)
   std::function<bool(std::int64_t next)> alive;
+  // The bandwidth of this peer's link (bytes/s) where the environment knows it (a simulation's access
+  // link): serving newcomers takes at most join.serve_share of it. A real peer knows it from --shape.
+  std::optional<double> link_bytes_per_s;
   bool evaluate = true;     // at eval_every and the end (a simulation lets one peer do it)
   bool set_threads = true;  // apply train.threads to LibTorch (the process's setting)
 };
@@ -139,6 +143,16 @@ class Peer {
   [[nodiscard]] Result<std::optional<GroupView>> wait_for_start();
   [[nodiscard]] Result<FetchResult> fetch_newest(Deadline deadline);
   [[nodiscard]] Status adopt(const FetchResult& fetched);
+  // After adopt(): replays the updates the donors applied since the snapshot (catch-up), then tells
+  // the members which round this peer takes part in. kOutOfRange when the donors no longer keep them.
+  // slack: it was not in time for the round it named before; it names the round after the next.
+  [[nodiscard]] Status catch_up(Deadline deadline, bool slack = false);
+  // A newcomer's whole join: a snapshot (a newer one when it fell too far behind), then catch_up().
+  [[nodiscard]] Status join(Deadline deadline);
+  // A newcomer's update, recorded by a member (optim/updates.h), replayed on this peer's state.
+  [[nodiscard]] Status replay(std::int64_t step, ByteView update);
+  // The updates this member applies, kept for newcomers while it offers a snapshot.
+  void record(std::int64_t step, const at::Tensor& update);
   [[nodiscard]] Status save_checkpoint();
   void boundary(std::int64_t done_step);
   void ask_ahead(std::int64_t step);
@@ -151,6 +165,11 @@ class Peer {
   // An outbound-only peer with no live member that accepts connections can reach nobody: the error
   // saying so, or ok.
   Status check_not_stranded() const;
+  // This peer's link speed where it is known (a simulation's access link, --shape).
+  std::optional<double> own_link_bytes_per_s() const;
+  // A state link as this peer uses it: shaped like its group links under --shape.
+  std::shared_ptr<transport::Link> shape_state_link(std::shared_ptr<transport::Link> link);
+  std::atomic<std::uint64_t> state_links_shaped_{0};  // seeds the shapers' loss draws
   Deadline after(Nanos d) const { return Deadline::after(clock_, d); }
 
   PeerPlan plan_;
@@ -174,6 +193,7 @@ class Peer {
   // link_up (declared so that they go in the right order: links and server before the transport)
   OpenedLinks opened_;
   bool outbound_only_ = false;  // this peer accepts no connections: it dials, or goes through a relay
+  std::shared_ptr<UpdateLog> log_;
   std::unique_ptr<StateServer> server_;
   std::unique_ptr<PeerLinks> links_;
   std::shared_ptr<Coordinator> coordinator_;
@@ -182,6 +202,14 @@ class Peer {
   // join_or_start
   std::optional<GroupView> start_;
   std::optional<FetchResult> fetched_;
+  std::unique_ptr<StateFetch> session_;  // a newcomer's donors, until it takes part in a round
+  Nanos join_started_{0};
+  std::int64_t snapshot_round_ = 0;            // of the snapshot this peer joined from
+  std::optional<std::int64_t> snapshot_step_;  // of the snapshot this member offers, if any
+  std::int64_t snapshot_offered_round_ = 0;
+  double state_fetch_s_ = 0;              // the last join: from asking for the state to taking part
+  std::int64_t join_rounds_behind_ = 0;   // the last join: rounds the run went on while the state came
+  std::int64_t updates_replayed_ = 0;
   int rank_ = 0, world_ = 1;
   std::unique_ptr<train::Worker> worker_;
   optim::OuterSetup setup_;
@@ -196,6 +224,10 @@ class Peer {
   std::int64_t last_checkpoint_ = 0;
   std::int64_t joins_ = 0, solo_rounds_ = 0;
   std::uint64_t state_received_ = 0;
+  std::uint64_t requests_seen_ = 0;  // the state server's requests at the last boundary
+  int idle_boundaries_ = 0;          // boundaries since a newcomer last asked for anything
+  Nanos last_boundary_{0}, round_length_{0};  // when the last round ended, and how long a round takes
+  std::int64_t last_boundary_step_ = 0;
   std::optional<double> final_val_;
   bool stopped_ = false, crashed_ = false;
   Status failure_;

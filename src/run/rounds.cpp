@@ -34,8 +34,8 @@ ByteView bytes_of(const at::Tensor& flat) {
   return ByteView(reinterpret_cast<const std::byte*>(flat.data_ptr<float>()), static_cast<std::size_t>(flat.numel()) * 4);
 }
 
-Bytes encode_shared_state(const std::vector<at::Tensor>& params, const optim::OuterOptimizer& outer, ByteView inner) {
-  const at::Tensor flat = optim::flatten(params);
+Bytes encode_shared_state(const std::vector<at::Tensor>& params, const optim::OuterOptimizer& outer, ByteView inner, bool with_params) {
+  const at::Tensor flat = with_params ? optim::flatten(params) : torch::empty({0}, torch::kFloat);
   Writer w;
   w.blob(bytes_of(flat));
   w.blob(outer.save());
@@ -52,6 +52,12 @@ Result<ByteView> load_shared_state(ByteView bytes, std::vector<at::Tensor> param
   const ByteView inner = r.blob(std::size_t{8} << 30);
   r.expect_end();
   if (!r.ok()) return r.status();
+  if (flat.empty()) {  // the outer weights stand for the parameters
+    if (Status st = outer.load(outer_state); !st.ok()) return st;
+    outer.drop_replica_state();
+    outer.take_shared_weights();
+    return inner;
+  }
   if (flat.size() != static_cast<std::size_t>(numel) * 4) {
     return error(ErrorCode::kMalformed, "the shared state holds " + std::to_string(flat.size() / 4) + " parameters, this model has " +
                                             std::to_string(numel));

@@ -51,12 +51,16 @@ optim::Group solo_group(Clock& clock);
 // The bytes of a contiguous fp32 tensor (a view: the tensor must outlive it).
 ByteView bytes_of(const at::Tensor& flat);
 
-// The state members share after a round: the parameters (fp32), the outer optimizer's state and,
-// for ddp, whose members hold identical inner optimizers, the inner state too (a LibTorch archive of
-// model and AdamW; empty otherwise): blob params | blob outer | blob inner.
-Bytes encode_shared_state(const std::vector<at::Tensor>& params, const optim::OuterOptimizer& outer, ByteView inner);
-// Loads the parameters and the outer state; returns the inner state (a view into `bytes`).
-// Untrusted: sizes are checked against this model, non-finite parameters refused.
+// The state members share after a round: the outer optimizer's state and, for ddp, whose members
+// hold identical parameters and inner optimizers, the parameters (fp32) and the inner state too (a
+// LibTorch archive of model and AdamW): blob params | blob outer | blob inner, the first and the last
+// empty for the other methods (a newcomer's model takes the outer weights, OuterOptimizer::
+// take_shared_weights, and its inner optimizer is its own). So every member offers the same bytes,
+// Streaming DiLoCo's too, whose members' own weights differ.
+Bytes encode_shared_state(const std::vector<at::Tensor>& params, const optim::OuterOptimizer& outer, ByteView inner, bool with_params);
+// Loads the outer state and the parameters (the outer weights when it holds none); returns the
+// inner state (a view into `bytes`). Untrusted: sizes are checked against this model, non-finite
+// parameters refused.
 [[nodiscard]] Result<ByteView> load_shared_state(ByteView bytes, std::vector<at::Tensor> params, optim::OuterOptimizer& outer);
 
 }  // namespace gossamer::run

@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/wire.h"
+#include "run/update_log.h"
 #include "transport/tags.h"
 
 namespace gossamer::run {
@@ -16,7 +17,8 @@ namespace {
 
 using namespace std::chrono_literals;
 constexpr std::uint8_t kVersion = 1;
-constexpr std::uint8_t kAskManifest = 1, kAskChunk = 2;
+constexpr std::uint8_t kAskManifest = 1, kAskChunk = 2, kAskUpdateManifest = 3, kAskUpdateChunk = 4, kAskIndex = 5;
+constexpr std::uint32_t kMaxIndex = 1024;
 constexpr std::uint64_t kMaxTotal = std::uint64_t{8} << 30;
 constexpr std::uint32_t kMaxChunk = 16u << 20;
 constexpr std::uint32_t kMaxChunks = 1u << 18;  // the manifest stays under 16 MiB
@@ -61,9 +63,8 @@ Bytes refusal(const std::string& why) {
   return std::move(w).take();
 }
 
-// Sends a request and returns the body of an ok response.
-Result<Bytes> ask(transport::Link& link, std::uint8_t kind, std::int64_t round, std::uint32_t chunk, Deadline deadline) {
-  if (Status st = link.send(kStateRequestTag, request(kind, round, chunk), deadline); !st.ok()) return st;
+// The body of the next response on `link` when it is ok.
+Result<Bytes> read_answer(transport::Link& link, Deadline deadline) {
   auto resp = link.recv(kStateResponseTag, deadline);
   if (!resp.ok()) return resp.status();
   Reader r(*resp, "state response from peer " + link.peer().to_string());
@@ -75,6 +76,12 @@ Result<Bytes> ask(transport::Link& link, std::uint8_t kind, std::int64_t round, 
   r.expect_end();
   if (!r.ok()) return r.status();
   return Bytes(body.begin(), body.end());
+}
+
+// Sends a request and returns the body of an ok response.
+Result<Bytes> ask(transport::Link& link, std::uint8_t kind, std::int64_t round, std::uint32_t chunk, Deadline deadline) {
+  if (Status st = link.send(kStateRequestTag, request(kind, round, chunk), deadline); !st.ok()) return st;
+  return read_answer(link, deadline);
 }
 
 }  // namespace
@@ -145,11 +152,82 @@ void StateServer::offer(std::shared_ptr<const Snapshot> snapshot) {
   current_ = std::move(snapshot);
 }
 
+void StateServer::withdraw() {
+  std::lock_guard lock(mu_);
+  previous_.reset();
+  current_.reset();
+}
+
+std::optional<std::int64_t> StateServer::offered_round() const {
+  std::lock_guard lock(mu_);
+  if (!current_) return std::nullopt;
+  return current_->manifest.round;
+}
+
+void StateServer::set_rate(double bytes_per_s) {
+  std::lock_guard lock(mu_);
+  rate_ = bytes_per_s > 0 ? bytes_per_s : 0;
+}
+
+double StateServer::rate() const {
+  std::lock_guard lock(mu_);
+  return rate_;
+}
+
+std::uint64_t StateServer::offered_bytes() const {
+  std::lock_guard lock(mu_);
+  return current_ ? current_->manifest.total : 0;
+}
+
+double StateServer::throttled_s() const {
+  std::lock_guard lock(mu_);
+  return std::chrono::duration<double>(throttled_).count();
+}
+
+void StateServer::pace(std::size_t bytes) {
+  Nanos start{0};
+  {
+    std::lock_guard lock(mu_);
+    if (rate_ <= 0) return;
+    const Nanos now = clock_.now();
+    start = std::max(now, next_free_);
+    next_free_ = start + std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(static_cast<double>(bytes) / rate_));
+    throttled_ += start - now;
+  }
+  clock_.sleep_until(start);
+}
+
 std::shared_ptr<const Snapshot> StateServer::find(std::int64_t round) const {
   std::lock_guard lock(mu_);
   if (current_ && current_->manifest.round == round) return current_;
   if (previous_ && previous_->manifest.round == round) return previous_;
   return nullptr;
+}
+
+Bytes StateServer::answer_request(std::uint8_t kind, std::int64_t at, std::uint32_t chunk) {
+  if (kind == kAskIndex) {
+    if (!log_ || !log_->recording()) return refusal("no updates kept here");
+    Writer w;
+    w.i64(log_->complete_after());
+    const auto index = log_->index(at, std::min(chunk, kMaxIndex));
+    w.u32(static_cast<std::uint32_t>(index.size()));
+    for (const auto& u : index) {
+      w.i64(u.step);
+      w.u64(u.total);
+      w.u32(u.chunk_bytes);
+      put_digest(w, u.whole);
+    }
+    return answer(std::move(w).take());
+  }
+  const bool update = kind == kAskUpdateManifest || kind == kAskUpdateChunk;
+  std::shared_ptr<const Snapshot> object = update ? (log_ ? log_->find(at) : nullptr) : find(at);
+  if (!object) return refusal(update ? "no update of step " + std::to_string(at) + " here" : "no state of round " + std::to_string(at) + " here any more");
+  if (kind == kAskManifest || kind == kAskUpdateManifest) return answer(object->manifest.encode());
+  if (chunk >= object->manifest.chunks.size()) return refusal("no chunk " + std::to_string(chunk));
+  const auto [from, n] = chunk_range(object->bytes.size(), object->manifest.chunk_bytes, chunk);
+  pace(n);
+  served_ += n;
+  return answer(ByteView(object->bytes.data() + from, n));
 }
 
 void StateServer::serve(std::shared_ptr<transport::Link> link) {
@@ -165,27 +243,16 @@ void StateServer::serve(std::shared_ptr<transport::Link> link) {
       }
       Reader r(*req, "state request from peer " + link->peer().to_string());
       const std::uint8_t version = r.u8(), kind = r.u8();
-      const std::int64_t round = r.i64();
+      const std::int64_t at = r.i64();
       const std::uint32_t chunk = r.u32();
       r.expect_end();
-      Bytes reply;
-      if (!r.ok() || version != kVersion || (kind != kAskManifest && kind != kAskChunk)) {
+      if (!r.ok() || version != kVersion || kind < kAskManifest || kind > kAskIndex) {
         spdlog::warn("state: a malformed request from peer {}: closing its link", link->peer().to_string());
         link->close();
         return;
       }
-      auto snap = find(round);
-      if (!snap) {
-        reply = refusal("no state of round " + std::to_string(round) + " here any more");
-      } else if (kind == kAskManifest) {
-        reply = answer(snap->manifest.encode());
-      } else if (chunk >= snap->manifest.chunks.size()) {
-        reply = refusal("no chunk " + std::to_string(chunk));
-      } else {
-        const auto [at, n] = chunk_range(snap->bytes.size(), snap->manifest.chunk_bytes, chunk);
-        reply = answer(ByteView(snap->bytes.data() + at, n));
-        served_ += n;
-      }
+      const Bytes reply = answer_request(kind, at, chunk);
+      ++requests_;
       if (!link->send(kStateResponseTag, reply, Deadline::after(clock_, 60s)).ok()) return;
     }
   }));
@@ -200,97 +267,352 @@ Result<std::shared_ptr<transport::Link>> open_state_link(transport::Transport& t
   return *link;
 }
 
-Result<FetchResult> fetch_state(transport::Transport& transport, const std::vector<Donor>& donors, std::int64_t round, Deadline deadline,
-                                Clock& clock) {
-  struct Source {
-    std::shared_ptr<transport::Link> link;
-    std::string name;
-  };
-  std::vector<Source> sources;
-  std::optional<StateManifest> manifest;
-  FetchResult out;
-  for (const auto& d : donors) {
-    auto link = open_state_link(transport, d.address, deadline);
-    if (!link.ok()) {
-      spdlog::warn("state: donor {} unreachable: {}", d.name, link.status().to_string());
-      ++out.donors_failed;
-      continue;
-    }
-    auto body = ask(**link, kAskManifest, round, 0, deadline);
-    auto m = body.ok() ? StateManifest::decode(*body) : Result<StateManifest>(body.status());
-    if (m.ok() && m->round != round) m = error(ErrorCode::kMalformed, "it sent the manifest of round " + std::to_string(m->round));
-    if (!m.ok()) {
-      spdlog::warn("state: donor {} has no manifest of round {}: {}", d.name, round, m.status().to_string());
-      (*link)->close();
-      ++out.donors_failed;
-      continue;
-    }
-    if (!manifest) manifest = *m;
-    if (m->whole != manifest->whole || m->total != manifest->total || m->chunk_bytes != manifest->chunk_bytes) {
-      spdlog::warn("state: donor {} offers other state of round {} than the first donor: not used", d.name, round);
-      (*link)->close();
-      ++out.donors_failed;
-      continue;
-    }
-    sources.push_back(Source{*link, d.name});
-  }
-  if (!manifest || sources.empty()) return error(ErrorCode::kUnavailable, "no donor could serve the state of round " + std::to_string(round));
+struct StateFetch::Source {
+  std::shared_ptr<transport::Link> link;
+  std::string name;
+  bool alive = true;
+  bool served = false;
+};
 
-  // Chunks are handed out one at a time to whichever donor asks next; a failed one goes back.
+StateFetch::StateFetch(Clock& clock) : clock_(clock) {}
+
+StateFetch::~StateFetch() {
+  for (auto& s : sources_) s->link->close();
+}
+
+int StateFetch::donors_used() const {
+  int n = 0;
+  for (const auto& s : sources_) n += s->served ? 1 : 0;
+  return n;
+}
+
+int StateFetch::donors_left() const {
+  int n = 0;
+  for (const auto& s : sources_) n += s->alive ? 1 : 0;
+  return n;
+}
+
+void StateFetch::drop(std::size_t source, const std::string& why) {
+  Source& s = *sources_[source];
+  if (!s.alive) return;
+  s.alive = false;
+  ++failed_;
+  spdlog::warn("state: donor {} dropped: {}", s.name, why);
+  s.link->close();
+}
+
+void StateFetch::pace(std::size_t bytes) {
+  Nanos start{0};
+  {
+    std::lock_guard lock(mu_);
+    if (rate_ <= 0) return;
+    const Nanos now = clock_.now();
+    start = std::max(now, next_free_);
+    next_free_ = start + std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(static_cast<double>(bytes) / rate_));
+  }
+  clock_.sleep_until(start);
+}
+
+Result<std::unique_ptr<StateFetch>> StateFetch::open(transport::Transport& transport, const std::vector<Donor>& donors, std::int64_t round,
+                                                      Deadline deadline, Clock& clock, const LinkWrap& wrap) {
+  std::unique_ptr<StateFetch> f(new StateFetch(clock));
+  // Every donor asked at once: a slow or dead one costs no more than its own deadline.
+  struct Asked {
+    Result<std::shared_ptr<transport::Link>> link = error(ErrorCode::kUnavailable, "not asked");
+    Result<StateManifest> manifest = error(ErrorCode::kUnavailable, "not asked");
+  };
+  std::vector<Asked> asked(donors.size());
+  {
+    std::vector<std::unique_ptr<ClockThread>> threads;
+    for (std::size_t i = 0; i < donors.size(); ++i) {
+      threads.push_back(clock.start_thread([&, i] {
+        Asked& a = asked[i];
+        a.link = open_state_link(transport, donors[i].address, deadline);
+        if (!a.link.ok()) return;
+        if (wrap) a.link = wrap(*a.link);
+        auto body = ask(**a.link, kAskManifest, round, 0, deadline);
+        a.manifest = body.ok() ? StateManifest::decode(*body) : Result<StateManifest>(body.status());
+        if (a.manifest.ok() && a.manifest->round != round) a.manifest = error(ErrorCode::kMalformed, "it sent the manifest of round " + std::to_string(a.manifest->round));
+      }));
+    }
+    for (auto& t : threads) t->join();
+  }
+  std::vector<StateManifest> manifests;
+  for (std::size_t i = 0; i < donors.size(); ++i) {
+    const Donor& d = donors[i];
+    Asked& a = asked[i];
+    if (!a.link.ok()) {
+      spdlog::warn("state: donor {} unreachable: {}", d.name, a.link.status().to_string());
+      ++f->failed_;
+      continue;
+    }
+    if (!a.manifest.ok()) {
+      spdlog::warn("state: donor {} has no manifest of round {}: {}", d.name, round, a.manifest.status().to_string());
+      (*a.link)->close();
+      ++f->failed_;
+      continue;
+    }
+    auto src = std::make_unique<Source>();
+    src->link = *a.link;
+    src->name = d.name;
+    f->sources_.push_back(std::move(src));
+    manifests.push_back(std::move(*a.manifest));
+  }
+  if (f->sources_.empty()) return error(ErrorCode::kUnavailable, "no donor could serve the state of round " + std::to_string(round));
+  // The manifest the most donors agree on (the first of equals); the others are not used.
+  std::size_t best = 0, best_count = 0;
+  for (std::size_t i = 0; i < manifests.size(); ++i) {
+    std::size_t n = 0;
+    for (const auto& m : manifests) n += m.encode() == manifests[i].encode() ? 1 : 0;
+    if (n > best_count) best = i, best_count = n;
+  }
+  f->manifest_ = manifests[best];
+  const Bytes agreed = f->manifest_.encode();
+  for (std::size_t i = 0; i < manifests.size(); ++i) {
+    if (manifests[i].encode() != agreed) f->drop(i, "it offers other state of round " + std::to_string(round) + " than the most donors");
+  }
+  return f;
+}
+
+void StateFetch::add_pieces(std::vector<Piece>& pieces, std::uint8_t kind, std::int64_t at, const StateManifest& manifest, Bytes& out) {
+  for (std::uint32_t i = 0; i < manifest.chunks.size(); ++i) {
+    const auto [from, n] = chunk_range(manifest.total, manifest.chunk_bytes, i);
+    pieces.push_back(Piece{kind, at, i, &out, from, n, manifest.chunks[i]});
+  }
+}
+
+Status StateFetch::fetch_pieces(const std::vector<Piece>& pieces, const std::vector<std::size_t>& sources, Deadline deadline) {
+  // Pieces are handed out one at a time to whichever donor has room in its window; those of a failed
+  // donor go back.
+  constexpr std::size_t kWindow = 4;
   std::mutex mu;
-  std::deque<std::uint32_t> todo;
-  for (std::uint32_t i = 0; i < manifest->chunks.size(); ++i) todo.push_back(i);
-  std::vector<int> bad_copies(manifest->chunks.size(), 0);
-  std::size_t busy = 0;
-  auto changed = clock.make_signal();
-  out.bytes.resize(manifest->total);
+  std::deque<std::size_t> todo;
+  for (std::size_t i = 0; i < pieces.size(); ++i) todo.push_back(i);
+  std::vector<int> bad_copies(pieces.size(), 0);
+  std::size_t busy = 0, done = 0;
+  std::uint64_t got = 0;
+  auto changed = clock_.make_signal();
   std::vector<std::unique_ptr<ClockThread>> threads;
-  int used = 0;
-  for (auto& src : sources) {
-    threads.push_back(clock.start_thread([&, src] {
-      bool fetched_any = false;
+  const int copies = static_cast<int>(sources.size());
+  for (const std::size_t index : sources) {
+    threads.push_back(clock_.start_thread([&, index] {
+      Source& src = *sources_[index];
+      std::deque<std::size_t> inflight;
+      const auto give_back = [&](std::unique_lock<std::mutex>&) {  // under mu
+        for (const std::size_t p : inflight) todo.push_front(p);
+        busy -= inflight.size();
+        inflight.clear();
+        changed->notify_all();
+      };
       for (;;) {
-        std::uint32_t chunk;
-        {
+        // Fill the window.
+        while (inflight.size() < kWindow) {
+          std::size_t p;
+          {
+            std::lock_guard lock(mu);
+            if (todo.empty()) break;
+            p = todo.front();
+            todo.pop_front();
+            ++busy;
+          }
+          inflight.push_back(p);
+          pace(pieces[p].size);
+          if (Status st = src.link->send(kStateRequestTag, request(pieces[p].kind, pieces[p].at, pieces[p].chunk), deadline); !st.ok()) {
+            std::unique_lock lock(mu);
+            drop(index, st.to_string());
+            give_back(lock);
+            return;
+          }
+        }
+        if (inflight.empty()) {
           std::unique_lock lock(mu);
           changed->wait(lock, Deadline::never(), [&] { return !todo.empty() || busy == 0; });
-          if (todo.empty()) break;
-          chunk = todo.front();
-          todo.pop_front();
-          ++busy;
+          if (todo.empty()) return;
+          continue;
         }
-        auto body = ask(*src.link, kAskChunk, round, chunk, deadline);
-        const auto [at, n] = chunk_range(manifest->total, manifest->chunk_bytes, chunk);
-        bool good = body.ok() && body->size() == n && digest_of(*body) == manifest->chunks[chunk];
+        const std::size_t p = inflight.front();
+        inflight.pop_front();
+        const Piece& piece = pieces[p];
+        auto body = read_answer(*src.link, deadline);
+        const bool good = body.ok() && body->size() == piece.size && digest_of(*body) == piece.digest;
         std::unique_lock lock(mu);
         --busy;
         if (good) {
-          std::memcpy(out.bytes.data() + at, body->data(), n);
-          out.bytes_received += n;
-          fetched_any = true;
+          if (piece.size > 0) std::memcpy(piece.out->data() + piece.offset, body->data(), piece.size);
+          got += piece.size;
+          ++done;
+          src.served = true;
           changed->notify_all();
           continue;
         }
-        // This donor failed the chunk: it goes back for the others, and this donor stops.
-        if (body.ok()) ++bad_copies[chunk];
-        spdlog::warn("state: donor {} failed chunk {}: {}", src.name, chunk, body.ok() ? "its hash does not match the manifest" : body.status().to_string());
-        if (bad_copies[chunk] < static_cast<int>(sources.size())) todo.push_back(chunk);
-        ++out.donors_failed;
-        changed->notify_all();
-        break;
+        // This donor failed the piece: it goes back for the others (unless every donor failed it),
+        // with the rest of this donor's window, and this donor stops.
+        if (body.ok()) ++bad_copies[p];
+        drop(index, "chunk " + std::to_string(piece.chunk) + (piece.kind == kAskChunk ? "" : " of the update of step " + std::to_string(piece.at)) + ": " +
+                        (body.ok() ? "its hash does not match the manifest" : body.status().to_string()));
+        if (bad_copies[p] < copies) todo.push_back(p);
+        give_back(lock);
+        return;
       }
-      std::lock_guard lock(mu);
-      if (fetched_any) ++used;
     }));
   }
   for (auto& t : threads) t->join();
-  for (auto& s : sources) s.link->close();
-  out.donors_used = used;
-  out.manifest = *manifest;
-  if (!todo.empty() || out.bytes_received != manifest->total) {
-    return error(ErrorCode::kUnavailable, "the state transfer of round " + std::to_string(round) + " did not complete: every donor failed");
+  received_ += got;
+  if (done != pieces.size()) {
+    for (const std::size_t p : todo) {
+      if (bad_copies[p] >= copies) return error(ErrorCode::kDataLoss, "every donor's copy of chunk " + std::to_string(pieces[p].chunk) + " failed its hash");
+    }
+    return error(ErrorCode::kUnavailable, "the transfer did not complete: every donor failed");
   }
-  if (digest_of(out.bytes) != manifest->whole) return error(ErrorCode::kDataLoss, "the state of round " + std::to_string(round) + " does not match its hash");
+  return Status();
+}
+
+Result<Bytes> StateFetch::snapshot(Deadline deadline) {
+  std::vector<std::size_t> alive;
+  for (std::size_t i = 0; i < sources_.size(); ++i) {
+    if (sources_[i]->alive) alive.push_back(i);
+  }
+  Bytes out(manifest_.total);
+  std::vector<Piece> pieces;
+  add_pieces(pieces, kAskChunk, manifest_.round, manifest_, out);
+  Status st = fetch_pieces(pieces, alive, deadline);
+  if (st.ok() && digest_of(out) != manifest_.whole) st = error(ErrorCode::kDataLoss, "what arrived does not match its hash");
+  if (!st.ok()) return st.with_context("the state of round " + std::to_string(manifest_.round));
+  return out;
+}
+
+Result<std::vector<UpdateInfo>> StateFetch::updates_after(std::int64_t step, Deadline deadline) {
+  std::map<std::int64_t, std::map<Digest, std::vector<std::size_t>>> listed;  // step -> digest -> sources
+  std::map<std::int64_t, UpdateInfo> totals;
+  bool covered = false;
+  std::string why;
+  for (std::size_t i = 0; i < sources_.size(); ++i) {
+    Source& src = *sources_[i];
+    if (!src.alive) continue;
+    auto body = ask(*src.link, kAskIndex, step, kMaxIndex, deadline);
+    if (!body.ok()) {
+      if (body.status().code() == ErrorCode::kUnavailable) {  // it keeps no updates (any more)
+        why = body.status().message();
+        continue;
+      }
+      drop(i, body.status().to_string());
+      continue;
+    }
+    Reader r(*body, "update index from donor " + src.name);
+    const std::int64_t complete_after = r.i64();
+    const std::uint32_t count = r.u32();
+    if (r.ok() && count > kMaxIndex) r.fail(ErrorCode::kMalformed, "too many entries");
+    std::vector<UpdateInfo> index;
+    for (std::uint32_t k = 0; r.ok() && k < count; ++k) {
+      UpdateInfo u;
+      u.step = r.i64();
+      u.total = r.u64();
+      u.chunk_bytes = r.u32();
+      u.whole = get_digest(r);
+      if (r.ok() && (u.step <= step || u.total > kMaxTotal || u.chunk_bytes == 0 || u.chunk_bytes > kMaxChunk ||
+                     (u.total + u.chunk_bytes - 1) / u.chunk_bytes > kMaxChunks || (!index.empty() && u.step <= index.back().step))) {
+        r.fail(ErrorCode::kMalformed, "entries out of order or out of bounds");
+      }
+      index.push_back(u);
+    }
+    r.expect_end();
+    if (!r.ok()) {
+      drop(i, r.status().to_string());
+      continue;
+    }
+    if (complete_after > step) {  // it no longer holds every update after `step`
+      why = "donor " + src.name + " keeps updates after step " + std::to_string(complete_after) + " only";
+      continue;
+    }
+    covered = true;
+    for (const auto& u : index) {
+      listed[u.step][u.whole].push_back(i);
+      totals[u.step] = u;
+    }
+  }
+  if (!covered) return error(ErrorCode::kOutOfRange, "no donor keeps the updates after step " + std::to_string(step) + (why.empty() ? "" : ": " + why));
+  std::vector<UpdateInfo> out;
+  holders_.clear();
+  for (const auto& [s, by_digest] : listed) {
+    auto best = by_digest.begin();
+    for (auto it = by_digest.begin(); it != by_digest.end(); ++it) {
+      if (it->second.size() > best->second.size()) best = it;
+    }
+    for (const auto& [d, holders] : by_digest) {
+      if (d == best->first) continue;
+      for (const std::size_t h : holders) drop(h, "it lists another update of step " + std::to_string(s) + " than the most donors");
+    }
+    UpdateInfo u = totals[s];
+    u.whole = best->first;
+    out.push_back(u);
+    holders_[s] = best->second;
+  }
+  return out;
+}
+
+Result<std::vector<Bytes>> StateFetch::updates(const std::vector<UpdateInfo>& infos, Deadline deadline) {
+  // The donors that hold every one of them alike (every donor of the snapshot, unless some differ).
+  std::vector<std::size_t> holders;
+  for (std::size_t i = 0; i < sources_.size(); ++i) {
+    if (!sources_[i]->alive) continue;
+    bool all = true;
+    for (const auto& u : infos) {
+      const auto& h = holders_[u.step];
+      all = all && std::find(h.begin(), h.end(), i) != h.end();
+    }
+    if (all) holders.push_back(i);
+  }
+  if (holders.empty()) return error(ErrorCode::kUnavailable, "no donor left holds the updates asked for");
+  std::vector<Bytes> out(infos.size());
+  std::vector<Piece> pieces;
+  for (std::size_t k = 0; k < infos.size(); ++k) {
+    const UpdateInfo& u = infos[k];
+    out[k].resize(u.total);
+    if (u.total <= u.chunk_bytes) {  // one chunk: its hash is the whole's, no manifest needed
+      if (u.total > 0) pieces.push_back(Piece{kAskUpdateChunk, u.step, 0, &out[k], 0, static_cast<std::size_t>(u.total), u.whole});
+      continue;
+    }
+    std::optional<StateManifest> manifest;
+    for (const std::size_t h : holders) {
+      if (!sources_[h]->alive) continue;
+      auto body = ask(*sources_[h]->link, kAskUpdateManifest, u.step, 0, deadline);
+      auto m = body.ok() ? StateManifest::decode(*body) : Result<StateManifest>(body.status());
+      if (m.ok() && (m->step != u.step || m->whole != u.whole || m->total != u.total)) {
+        m = error(ErrorCode::kMalformed, "its manifest of the update of step " + std::to_string(u.step) + " does not match its index");
+      }
+      if (!m.ok()) {
+        drop(h, m.status().to_string());
+        continue;
+      }
+      manifest = std::move(*m);
+      break;
+    }
+    if (!manifest) return error(ErrorCode::kUnavailable, "no donor could serve the update of step " + std::to_string(u.step));
+    add_pieces(pieces, kAskUpdateChunk, u.step, *manifest, out[k]);
+  }
+  std::vector<std::size_t> alive;
+  for (const std::size_t h : holders) {
+    if (sources_[h]->alive) alive.push_back(h);
+  }
+  if (Status st = fetch_pieces(pieces, alive, deadline); !st.ok()) return st.with_context("the updates after step " + std::to_string(infos.front().step - 1));
+  for (std::size_t k = 0; k < infos.size(); ++k) {
+    if (digest_of(out[k]) != infos[k].whole) return error(ErrorCode::kDataLoss, "the update of step " + std::to_string(infos[k].step) + " does not match its hash");
+  }
+  return out;
+}
+
+Result<FetchResult> fetch_state(transport::Transport& transport, const std::vector<Donor>& donors, std::int64_t round, Deadline deadline,
+                                Clock& clock) {
+  auto session = StateFetch::open(transport, donors, round, deadline, clock);
+  if (!session.ok()) return session.status();
+  auto bytes = (*session)->snapshot(deadline);
+  if (!bytes.ok()) return bytes.status();
+  FetchResult out;
+  out.manifest = (*session)->manifest();
+  out.bytes = std::move(*bytes);
+  out.bytes_received = (*session)->bytes_received();
+  out.donors_used = (*session)->donors_used();
+  out.donors_failed = (*session)->donors_failed();
   return out;
 }
 

@@ -1,29 +1,41 @@
-// State sync: how a newcomer gets the run's current outer state from the members, in checksummed
-// chunks, from several donors at once.
+// State sync: how a newcomer gets the run's state from the members, in checksummed chunks, from
+// several donors at once, and then catches up (docs/joining.md).
 //
-// After a round every DiLoCo member holds the same bytes: the parameters and the outer optimizer's
-// state. While a newcomer is waiting, each member keeps a Snapshot of them after each round and
-// offers it over gossip (round, the link address that serves it, the hash). The newcomer takes the
-// newest round offered, asks every donor of it for the manifest (size, chunk size, one BLAKE2b-256
-// per chunk and one for the whole), checks that they agree, then asks for the chunks spread over the
-// donors. A chunk whose hash is wrong is asked again elsewhere and its donor dropped; a donor that
-// fails or leaves mid-transfer only loses its share to the others. The result is verified whole.
+// When a newcomer asks to join, each member takes a Snapshot of the state it shares with the others
+// at a round boundary (unless it offers one still young enough), offers it over gossip (round, the
+// link address that serves it) and from then on keeps the updates it applies (update_log.h). The
+// newcomer takes the newest round offered, asks every donor of it for the manifest (size, chunk
+// size, one BLAKE2b-256 per chunk and one for the whole), keeps the donors that agree, and fetches
+// the chunks spread over them. A chunk whose hash is wrong is asked again elsewhere and its donor
+// dropped; a donor that fails or leaves mid-transfer only loses its chunks in flight to the others.
+// Then it asks the donors which updates they hold after the snapshot's step and fetches each the
+// same way (an update is an object with a manifest too), to replay them.
 //
 // Wire (on a link opened with epoch 0, see peer_links.h), little-endian through core/wire:
-//   request  (kStateRequestTag):  version u8 | kind u8 (1 manifest, 2 chunk) | round i64 | chunk u32
-//   response (kStateResponseTag): version u8 | ok u8 | body (a manifest, a chunk, or a reason str)
+//   request  (kStateRequestTag):  version u8 | kind u8 | at i64 | chunk u32
+//     kind 1 a snapshot's manifest (at: round), 2 one of its chunks,
+//          3 an update's manifest (at: its step), 4 one of its chunks,
+//          5 the index of updates after step `at` (chunk: at most this many entries)
+//   response (kStateResponseTag): version u8 | ok u8 | body (a manifest, a chunk, an index, or a reason str)
 //   manifest: round i64 | step i64 | shards u32 | total u64 | chunk bytes u32 | count u32 |
 //             whole digest [32] | count x digest [32]
-// Limits: total <= 8 GiB, chunk <= 16 MiB; anything else is refused as malformed.
+//   index:    complete_after i64 | count u32 | count x (step i64 | total u64 | chunk bytes u32 | whole digest [32])
+//             (complete_after: the log holds every update applied after that step)
+// Limits: total <= 8 GiB, chunk <= 16 MiB, index <= 1024 entries; anything else is refused as
+// malformed.
 //
 // Threading: StateServer serves each link from a thread it owns; offer() may be called from any
-// thread. fetch_state blocks the caller until done or its deadline. Errors: kUnavailable when no
-// donor could finish the transfer, kDataLoss when every copy of some chunk failed its hash.
+// thread. StateFetch's calls block the caller until done or their deadline. Errors: kUnavailable
+// when no donor could finish a transfer, kDataLoss when every copy of some chunk failed its hash,
+// kOutOfRange when no donor's log reaches back to the step asked for.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -53,7 +65,16 @@ struct StateManifest {
   [[nodiscard]] static Result<StateManifest> decode(ByteView bytes);
 };
 
-// The state of one round, ready to be served.
+// What a donor's update log holds at one step.
+struct UpdateInfo {
+  std::int64_t step = 0;
+  std::uint64_t total = 0;
+  std::uint32_t chunk_bytes = 0;  // one chunk (total <= chunk_bytes): fetched without a manifest, its hash is the whole's
+  Digest whole;
+  friend bool operator==(const UpdateInfo&, const UpdateInfo&) = default;
+};
+
+// The state of one round (or one update), ready to be served.
 struct Snapshot {
   StateManifest manifest;
   Bytes bytes;
@@ -61,28 +82,49 @@ struct Snapshot {
                                               std::uint32_t chunk_bytes = 1u << 20);
 };
 
+class UpdateLog;  // update_log.h
+
 class StateServer {
  public:
-  explicit StateServer(Clock& clock = real_clock()) : clock_(clock) {}
+  // `log`: the updates this member keeps for catch-up (none: it serves snapshots only).
+  explicit StateServer(Clock& clock = real_clock(), std::shared_ptr<const UpdateLog> log = nullptr) : clock_(clock), log_(std::move(log)) {}
   ~StateServer();  // closes the links being served and joins their threads
   StateServer(const StateServer&) = delete;
   StateServer& operator=(const StateServer&) = delete;
 
   // Serves `snapshot` from now on (the previous one stays available too, for a newcomer mid-way).
   void offer(std::shared_ptr<const Snapshot> snapshot);
+  // Drops the snapshots it offers (no newcomer needs them any more).
+  void withdraw();
+  // The round of the newest snapshot offered, if any.
+  std::optional<std::int64_t> offered_round() const;
+  // Serves at most `bytes_per_s` (all links together) from now on; 0: as fast as the links go.
+  void set_rate(double bytes_per_s);
+  double rate() const;
+  // The size of the newest snapshot offered (0: none).
+  std::uint64_t offered_bytes() const;
   // Answers the requests that arrive on `link` until it closes.
   void serve(std::shared_ptr<transport::Link> link);
   std::uint64_t bytes_served() const { return served_.load(); }
+  std::uint64_t requests() const { return requests_.load(); }  // answered so far
+  // Time spent waiting for the rate limit, in seconds (all links together).
+  double throttled_s() const;
 
  private:
   std::shared_ptr<const Snapshot> find(std::int64_t round) const;
+  Bytes answer_request(std::uint8_t kind, std::int64_t at, std::uint32_t chunk);
+  void pace(std::size_t bytes);  // waits for the rate limit's turn to send `bytes`
   Clock& clock_;
+  std::shared_ptr<const UpdateLog> log_;
   mutable std::mutex mu_;
   std::shared_ptr<const Snapshot> current_, previous_;
   std::vector<std::shared_ptr<transport::Link>> links_;
   std::vector<std::unique_ptr<ClockThread>> threads_;
   std::atomic<bool> stopping_{false};
-  std::atomic<std::uint64_t> served_{0};
+  std::atomic<std::uint64_t> served_{0}, requests_{0};
+  double rate_ = 0;            // bytes per second, 0: unlimited (under mu_)
+  Nanos next_free_{0};         // when the rate limit lets the next bytes go (under mu_)
+  Nanos throttled_{0};         // (under mu_)
 };
 
 struct Donor {
@@ -102,6 +144,70 @@ struct FetchResult {
 [[nodiscard]] Result<std::shared_ptr<transport::Link>> open_state_link(transport::Transport& transport, const std::string& address,
                                                                       Deadline deadline);
 
+// A newcomer's session with the donors of one round's snapshot: the links stay open for the updates
+// after it. Destroying it closes them.
+class StateFetch {
+ public:
+  // Opens a state link to every donor and asks each for the manifest of round `round`; keeps the
+  // donors whose manifests agree with the most others (noloco's members differ: then one donor).
+  // `wrap`, when given, makes each link what this peer uses (a shaped one, emulating distance).
+  using LinkWrap = std::function<std::shared_ptr<transport::Link>(std::shared_ptr<transport::Link>)>;
+  [[nodiscard]] static Result<std::unique_ptr<StateFetch>> open(transport::Transport& transport, const std::vector<Donor>& donors, std::int64_t round,
+                                                                Deadline deadline, Clock& clock = real_clock(), const LinkWrap& wrap = {});
+  ~StateFetch();
+  StateFetch(const StateFetch&) = delete;
+  StateFetch& operator=(const StateFetch&) = delete;
+
+  const StateManifest& manifest() const { return manifest_; }
+  // Paces what this newcomer asks for to at most `bytes_per_s` (its own link); 0: no pacing.
+  void set_rate(double bytes_per_s) { rate_ = bytes_per_s; }
+  // The snapshot, its chunks fetched from every donor at once, verified whole.
+  [[nodiscard]] Result<Bytes> snapshot(Deadline deadline);
+  // The updates the donors hold after `step`, oldest first: the donors that list another update for
+  // some step than the most others do are dropped. kOutOfRange when no donor's log reaches back to
+  // `step` (the newcomer fell too far behind: a newer snapshot is needed).
+  [[nodiscard]] Result<std::vector<UpdateInfo>> updates_after(std::int64_t step, Deadline deadline);
+  // Updates listed by updates_after(), in that order, fetched like the snapshot (the chunks of all of
+  // them at once, a few requests in flight per donor) and each verified against its hash.
+  [[nodiscard]] Result<std::vector<Bytes>> updates(const std::vector<UpdateInfo>& infos, Deadline deadline);
+
+  std::uint64_t bytes_received() const { return received_; }
+  int donors_used() const;  // donors that served something
+  int donors_failed() const { return failed_; }
+  int donors_left() const;  // still in the session
+
+ private:
+  struct Source;
+  explicit StateFetch(Clock& clock);
+  // One chunk to fetch: what to ask for, where it goes, what it must hash to.
+  struct Piece {
+    std::uint8_t kind = 0;
+    std::int64_t at = 0;
+    std::uint32_t chunk = 0;
+    Bytes* out = nullptr;
+    std::uint64_t offset = 0;
+    std::size_t size = 0;
+    Digest digest;
+  };
+  static void add_pieces(std::vector<Piece>& pieces, std::uint8_t kind, std::int64_t at, const StateManifest& manifest, Bytes& out);
+  // Fetches `pieces` from `sources` at once, up to kWindow requests in flight per donor; a donor
+  // that fails one is dropped and its pieces go to the others.
+  Status fetch_pieces(const std::vector<Piece>& pieces, const std::vector<std::size_t>& sources, Deadline deadline);
+  void drop(std::size_t source, const std::string& why);
+  void pace(std::size_t bytes);
+
+  Clock& clock_;
+  std::vector<std::unique_ptr<Source>> sources_;
+  StateManifest manifest_;
+  std::map<std::int64_t, std::vector<std::size_t>> holders_;  // update step -> sources that listed it alike
+  std::uint64_t received_ = 0;
+  int failed_ = 0;
+  double rate_ = 0;
+  Nanos next_free_{0};
+  std::mutex mu_;
+};
+
+// One snapshot from `donors` (StateFetch::open, then snapshot()).
 [[nodiscard]] Result<FetchResult> fetch_state(transport::Transport& transport, const std::vector<Donor>& donors, std::int64_t round,
                                               Deadline deadline, Clock& clock = real_clock());
 

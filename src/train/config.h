@@ -128,6 +128,13 @@ struct SparseLoCoSection {
   std::int64_t topk = 64;     // values kept per chunk (64 of 4096: 1.56%)
 };
 
+// Joining a run under way (docs/joining.md): what donors keep for newcomers and how fast they serve.
+struct JoinSection {
+  std::int64_t keep_rounds = 16;  // rounds of updates a donor keeps after its snapshot for newcomers to catch up
+  double keep_mb = 4096.0;        // at most this much memory for them (the oldest go first)
+  double serve_share = 0.5;       // share of a donor's link serving may take, where its bandwidth is known
+};
+
 // The simulator: workers, their network, their compute and what goes wrong.
 struct SimSection {
   std::int64_t workers = 4;
@@ -172,6 +179,7 @@ struct RunConfig {
   NoLoCoSection noloco;
   CO2Section co2;
   SparseLoCoSection sparseloco;
+  JoinSection join;
   SimSection sim;
 };
 

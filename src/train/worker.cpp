@@ -6,6 +6,8 @@
 
 #include "core/check.h"
 #include "model/torchscript_model.h"
+#include "optim/flat_params.h"
+#include "optim/updates.h"
 #include "train/device.h"
 #include "train/schedule.h"
 
@@ -164,6 +166,35 @@ StepResult Worker::step(const GradientHook& before_update) {
   r.seconds = watch.elapsed_seconds();
   r.sync = std::move(sync);
   return r;
+}
+
+Status Worker::replay_gradients(std::int64_t step, const at::Tensor& flat) {
+  auto& s = *impl_;
+  if (step != s.step + 1) {
+    return error(ErrorCode::kMalformed, "gradients of step " + std::to_string(step) + " given to a worker at step " + std::to_string(s.step));
+  }
+  std::int64_t numel = 0;
+  for (const auto& p : s.params) numel += p.numel();
+  if (Status st = optim::check_update(flat, numel, "ddp", step); !st.ok()) return st;
+  std::vector<at::Tensor> grads;
+  for (auto& p : s.params) {
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    grads.push_back(p.grad());
+  }
+  optim::write_flat(grads, flat);
+  if (s.config.train.grad_clip > 0.0) torch::nn::utils::clip_grad_norm_(s.params, s.config.train.grad_clip);
+  const double lr = learning_rate(s.schedule, s.step);
+  for (auto& group : s.optimizer->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  s.optimizer->step();
+  s.step += 1;
+  s.next_batch += 1;
+  return Status();
+}
+
+void Worker::move_to(std::int64_t step) {
+  GOSSAMER_CHECK(step >= 0, "Worker::move_to: a negative step");
+  impl_->step = step;
+  impl_->next_batch = step;
 }
 
 double Worker::evaluate() {

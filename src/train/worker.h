@@ -58,6 +58,14 @@ class Worker {
 
   // One inner step on the next batch of this worker's shard.
   StepResult step(const GradientHook& before_update = {});
+  // Catch-up for ddp (optim/updates.h): step `step` (the next one) made with the members' averaged
+  // gradients `flat` instead of its own, as step() makes it after the hook: clipped, then the inner
+  // optimizer's update at that step's learning rate. No data is read and no token counted. The
+  // gradients are untrusted: another step, another size or non-finite values are kMalformed.
+  [[nodiscard]] Status replay_gradients(std::int64_t step, const at::Tensor& flat);
+  // A newcomer that replayed the outer updates up to `step` goes on from there: its step count and
+  // data position move to `step` (the model and optimizer are left as they are).
+  void move_to(std::int64_t step);
   // Mean validation loss (nats per token) over the fixed evaluation set.
   double evaluate();
 

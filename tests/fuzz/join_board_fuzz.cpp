@@ -72,6 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const transport::PeerId id{r.u64()};
     std::int64_t round = 0;
     std::string address;
+    if (kind == 1 && r.remaining() == 8) (void)r.u64();  // the newcomer's link speed (optional)
     if (kind == 2) {
       round = r.i64();
       address = r.str(256);

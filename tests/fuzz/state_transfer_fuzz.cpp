@@ -1,8 +1,8 @@
 // libFuzzer target: both ends of a state transfer (src/run/state_sync.h) on arbitrary bytes, over
 // in-process links. The first byte picks the end; the rest is a sequence of records (records.h):
-//   0  the donor: a StateServer serving two snapshots reads the records as requests. Each well-formed
-//      request gets exactly the answer the layout in the header says (the manifest, the chunk, or a
-//      refusal); the first malformed one closes the link unanswered.
+//   0  the donor: a StateServer serving two snapshots (and keeping no updates) reads the records as
+//      requests. Each well-formed request gets exactly the answer the layout in the header says (the
+//      manifest, the chunk, or a refusal); the first malformed one closes the link unanswered.
 //   1  the newcomer: fetch_state from one donor that sends the true manifest, and the records as its
 //      chunk answers. What it accepts must be exactly the state.
 //   2  the newcomer: the first record is the donor's manifest answer, the others its chunk answers.
@@ -207,14 +207,15 @@ void fuzz_donor(const std::vector<fuzz::Record>& records) {
     const std::int64_t round = r.i64();
     const std::uint32_t chunk = r.u32();
     r.expect_end();
-    if (!r.ok() || version != kVersion || (kind != 1 && kind != 2)) {
+    if (!r.ok() || version != kVersion || kind < 1 || kind > 5) {
       malformed = true;
       break;
     }
     if (expected >= answers.size()) __builtin_trap();
     const Bytes& got = answers[expected++];
     const auto s = round == 3 ? current() : round == 2 ? previous() : nullptr;
-    if (s == nullptr || (kind == 2 && chunk >= s->manifest.chunks.size())) {
+    // Kinds 3 to 5 ask for updates, which this donor keeps none of: refused.
+    if (kind >= 3 || s == nullptr || (kind == 2 && chunk >= s->manifest.chunks.size())) {
       Reader refusal(got);
       const std::uint8_t v = refusal.u8(), ok = refusal.u8();
       (void)refusal.str(1024);

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <limits>
+
 #include "optim/flat_params.h"
 #include "optim/outer_optimizer.h"
 #include "optim/ranks.h"
@@ -250,5 +252,83 @@ TEST_CASE("outer state on the training device runs the same rounds as in host me
       if (device.is_cpu()) CHECK((again == host.states[0]));
       CHECK(again.size() == host.states[0].size());
     }
+  }
+}
+
+TEST_CASE("catch-up: a newcomer given a member's state of an earlier round and the updates since ends bit-identical to it") {
+  for (const std::string method : {"diloco", "streaming_diloco", "noloco", "co2", "sparseloco"}) {
+    CAPTURE(method);
+    OuterConfig cfg = config(method);
+    if (method == "noloco") cfg.noloco.outer_lr_gamma = 0.4;  // beta != gamma: both means travel and are replayed
+    auto groups = mesh(2);
+    std::vector<std::pair<std::int64_t, at::Tensor>> updates;  // rank 0's
+    Bytes snapshot, final_state;
+    at::Tensor final_params;
+    constexpr std::int64_t kSnapshotStep = 4, kSteps = 12;
+    on_ranks(2, [&](int r) {
+      auto blocks = toy(1.0f);  // every member starts from the same model
+      auto setup = make_outer_optimizer(cfg, blocks, groups[static_cast<std::size_t>(r)]);
+      REQUIRE(setup.ok());
+      if (r == 0) setup->outer->record_updates([&](std::int64_t step, const at::Tensor& u) { updates.emplace_back(step, u.clone()); });
+      for (std::int64_t s = 1; s <= kSteps; ++s) {
+        for (auto& b : blocks) {
+          for (auto& t : b.tensors) t.add_(torch::linspace(0.01, 0.05, t.numel()) * static_cast<float>((r + 1) * s));  // "training"
+        }
+        auto done = setup->outer->step(s, in(10s));
+        REQUIRE(done.ok());
+        if (r == 0 && s == kSnapshotStep) {
+          REQUIRE(setup->outer->settle(in(10s)).ok());
+          snapshot = setup->outer->save();
+        }
+      }
+      REQUIRE(setup->outer->settle(in(10s)).ok());
+      if (r == 0) {
+        final_state = setup->outer->save();
+        std::vector<at::Tensor> ts;
+        for (auto& b : blocks) ts.insert(ts.end(), b.tensors.begin(), b.tensors.end());
+        final_params = optim::flatten(ts);
+      }
+    });
+    REQUIRE_FALSE(updates.empty());
+
+    auto blocks = toy(9.0f);  // a newcomer's own model, before it takes the state
+    auto solo = mesh(1);
+    auto newcomer = make_outer_optimizer(cfg, blocks, solo[0]);
+    REQUIRE(newcomer.ok());
+    REQUIRE(newcomer->outer->load(snapshot).ok());
+    newcomer->outer->drop_replica_state();
+    newcomer->outer->take_shared_weights();
+    int replayed = 0;
+    for (const auto& [step, u] : updates) {
+      if (step <= kSnapshotStep) continue;
+      REQUIRE(newcomer->outer->replay(step, u).ok());
+      ++replayed;
+    }
+    CHECK(replayed >= 2);
+    Bytes caught_up = newcomer->outer->save();
+    if (method == "sparseloco") {
+      // The accumulator is the donor's own and stays behind: the donor's state without it.
+      auto donor_blocks = toy(0.0f);
+      auto donor = make_outer_optimizer(cfg, donor_blocks, mesh(1)[0]);
+      REQUIRE(donor.ok());
+      REQUIRE(donor->outer->load(final_state).ok());
+      donor->outer->drop_replica_state();
+      CHECK((caught_up == donor->outer->save()));
+    } else {
+      CHECK((caught_up == final_state));
+    }
+    std::vector<at::Tensor> ts;
+    for (auto& b : blocks) ts.insert(ts.end(), b.tensors.begin(), b.tensors.end());
+    if (method != "streaming_diloco") CHECK(torch::equal(optim::flatten(ts), final_params));  // the model holds the shared weights
+
+    // Updates are untrusted: another size, non-finite values or a step that is no round change nothing.
+    const Bytes before = newcomer->outer->save();
+    const auto& [step, u] = updates.back();
+    CHECK(newcomer->outer->replay(step + 2 * 4, u.slice(0, 1)).code() == ErrorCode::kMalformed);
+    at::Tensor nan = u.clone();
+    nan[0] = std::numeric_limits<float>::quiet_NaN();
+    CHECK(newcomer->outer->replay(step + 2 * 4, nan).code() == ErrorCode::kMalformed);
+    CHECK(newcomer->outer->replay(step + 1, u).code() == ErrorCode::kMalformed);
+    CHECK((newcomer->outer->save() == before));
   }
 }

@@ -255,6 +255,7 @@ TEST_CASE("mutated JOIN and OFFER messages are dropped, or taken as exactly what
     const std::uint8_t version = r.u8(), kind = r.u8();
     const transport::PeerId id{r.u64()};
     std::int64_t round = 0;
+    if (kind == 1 && r.remaining() == 8) (void)r.u64();  // the newcomer's link speed (optional)
     if (kind == 2) {
       round = r.i64();
       (void)r.str(256);

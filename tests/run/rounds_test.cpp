@@ -64,7 +64,7 @@ TEST_CASE("shared state: parameters and outer state round-trip, and wrong sizes 
   alone.peers.resize(1);
   auto setup = optim::make_outer_optimizer(*outer_config, blocks, alone);
   REQUIRE(setup.ok());
-  const Bytes encoded = encode_shared_state(params, *setup->outer, ByteView());
+  const Bytes encoded = encode_shared_state(params, *setup->outer, ByteView(), true);
 
   std::vector<at::Tensor> into = {torch::zeros({2, 3}), torch::zeros({4})};
   auto inner = load_shared_state(encoded, into, *setup->outer);
@@ -76,7 +76,7 @@ TEST_CASE("shared state: parameters and outer state round-trip, and wrong sizes 
   std::vector<at::Tensor> smaller = {torch::zeros({2, 3})};
   CHECK_FALSE(load_shared_state(encoded, smaller, *setup->outer).ok());  // more parameters than this model has
   std::vector<at::Tensor> bad = {torch::full({2, 3}, std::numeric_limits<float>::quiet_NaN()), torch::zeros({4})};
-  const Bytes nan_state = encode_shared_state(bad, *setup->outer, ByteView());
+  const Bytes nan_state = encode_shared_state(bad, *setup->outer, ByteView(), true);
   CHECK(load_shared_state(nan_state, into, *setup->outer).status().code() == ErrorCode::kMalformed);
   Bytes cut(encoded.begin(), encoded.begin() + static_cast<std::ptrdiff_t>(encoded.size() / 2));
   CHECK_FALSE(load_shared_state(cut, into, *setup->outer).ok());

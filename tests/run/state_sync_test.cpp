@@ -11,6 +11,7 @@
 #include "core/wire.h"
 #include "run/peer_links.h"
 #include "run/state_sync.h"
+#include "run/update_log.h"
 #include "transport/tcp_transport.h"
 
 using namespace gossamer;
@@ -37,7 +38,8 @@ Bytes random_bytes(std::size_t n, unsigned seed) {
 // A member serving state: its transport, the links' acceptor handing state links to its server.
 struct DonorPeer {
   std::unique_ptr<transport::Transport> transport = tcp();
-  std::unique_ptr<StateServer> server = std::make_unique<StateServer>();
+  std::shared_ptr<UpdateLog> log = std::make_shared<UpdateLog>(100, 1u << 30);
+  std::unique_ptr<StateServer> server = std::make_unique<StateServer>(real_clock(), log);
   std::unique_ptr<PeerLinks> links = std::make_unique<PeerLinks>(*transport, [this](std::shared_ptr<transport::Link> l) { server->serve(std::move(l)); });
   Donor donor() const { return Donor{transport->address(), transport->self().to_string()}; }
   void leave() {  // the acceptor first (it hands links to the server), then the server
@@ -156,4 +158,89 @@ TEST_CASE("malformed manifests are refused") {
   z.u32(0);
   z.u32(0);
   CHECK(!StateManifest::decode(std::move(z).take()).ok());
+}
+
+TEST_CASE("catch-up: the updates donors keep after a snapshot are listed, fetched from all of them and verified; a donor that differs is dropped") {
+  const Bytes state = random_bytes(300'000, 5);
+  auto [donors, list] = serving(3, Snapshot::make(4, 40, 2, state, 64 * 1024));
+  // Every donor keeps the updates after step 40: one small (one chunk), one of several chunks.
+  const Bytes small = random_bytes(1000, 6), large = random_bytes(3'500'000, 7);
+  for (auto& d : donors) {
+    d->log->start(40);
+    d->log->add(40, 4, 2, random_bytes(10, 1));  // at the snapshot's step: not kept
+    d->log->add(50, 5, 2, small);
+    d->log->add(60, 6, 2, large);
+  }
+  // The third donor diverged: another update at step 60.
+  Bytes other = large;
+  other[7] ^= std::byte{1};
+  donors[2]->log->stop();
+  donors[2]->log->start(40);
+  donors[2]->log->add(50, 5, 2, small);
+  donors[2]->log->add(60, 6, 2, other);
+  auto newcomer = tcp();
+  auto session = StateFetch::open(*newcomer, list, 4, in(30s));
+  REQUIRE(session.ok());
+  auto snap = (*session)->snapshot(in(30s));
+  REQUIRE(snap.ok());
+  CHECK((*snap == state));
+  auto index = (*session)->updates_after(40, in(30s));
+  REQUIRE(index.ok());
+  REQUIRE(index->size() == 2);
+  CHECK((*index)[0].step == 50);
+  CHECK((*index)[1].step == 60);
+  CHECK((*session)->donors_left() == 2);  // the one that differs on step 60 is dropped
+  auto got = (*session)->updates(*index, in(30s));
+  REQUIRE(got.ok());
+  CHECK(((*got)[0] == small));
+  CHECK(((*got)[1] == large));
+  // Nothing newer after the last.
+  auto none = (*session)->updates_after(60, in(30s));
+  REQUIRE(none.ok());
+  CHECK(none->empty());
+  std::uint64_t served = 0;
+  for (auto& d : donors) served += d->server->bytes_served();
+  CHECK(served == (*session)->bytes_received());
+}
+
+TEST_CASE("catch-up: a newcomer older than what the donors keep is told to fetch a newer snapshot") {
+  auto [donors, list] = serving(1, Snapshot::make(2, 20, 1, random_bytes(5000, 8), 4096));
+  UpdateLog& log = *donors[0]->log;
+  UpdateLog bounded(30, 1u << 30);  // keeps 30 steps back
+  bounded.start(20);
+  for (std::int64_t s = 30; s <= 100; s += 10) bounded.add(s, s / 10, 1, random_bytes(100, static_cast<unsigned>(s)));
+  CHECK(bounded.complete_after() == 70);  // 30, 40, 50, 60 and 70 went; 80, 90, 100 stay
+  CHECK(bounded.index(0, 10).size() == 3);
+  CHECK(bounded.dropped() == 5);
+  log.start(20);
+  for (std::int64_t s = 30; s <= 100; s += 10) log.add(s, s / 10, 1, random_bytes(100, static_cast<unsigned>(s)));
+  auto newcomer = tcp();
+  auto session = StateFetch::open(*newcomer, list, 2, in(10s));
+  REQUIRE(session.ok());
+  CHECK((*session)->updates_after(20, in(10s)).ok());  // this donor keeps 100 steps: all of them
+  log.stop();
+  log.start(90);
+  log.add(100, 10, 1, random_bytes(100, 3));
+  auto old = (*session)->updates_after(20, in(10s));
+  CHECK(old.status().code() == ErrorCode::kOutOfRange);
+  // A bound on memory drops the oldest too.
+  UpdateLog small(1000, 250);
+  small.start(0);
+  for (std::int64_t s = 1; s <= 5; ++s) small.add(s, s, 1, random_bytes(100, 9));
+  CHECK(small.bytes() <= 250);
+  CHECK(small.complete_after() == 3);
+  CHECK(small.peak_bytes() <= 300);
+}
+
+TEST_CASE("serving is paced to its rate") {
+  const Bytes state = random_bytes(400'000, 10);
+  auto [donors, list] = serving(1, Snapshot::make(1, 10, 1, state, 50'000));
+  donors[0]->server->set_rate(1e6);  // 1 MB/s: 0.4 s at least
+  auto newcomer = tcp();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto got = fetch_state(*newcomer, list, 1, in(30s));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(got.ok());
+  CHECK(took >= 0.35);  // the first chunk goes at once
+  CHECK(donors[0]->server->throttled_s() > 0.2);
 }
