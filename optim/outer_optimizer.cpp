@@ -69,6 +69,13 @@ class Adapter final : public OuterOptimizer {
   std::int64_t skipped_rounds() const override { return impl_.skipped_rounds(); }
   CommStats comm() const override { return impl_.comm(); }
   Bytes save() const override { return impl_.save(); }
+  Bytes save_shared() const override {
+    if constexpr (requires { impl_.save_shared(); }) {
+      return impl_.save_shared();
+    } else {
+      return impl_.save();
+    }
+  }
   Status load(ByteView state) override { return impl_.load(state); }
   void drop_replica_state() override {
     if constexpr (requires { impl_.drop_replica_state(); }) impl_.drop_replica_state();

@@ -46,6 +46,9 @@ class OuterOptimizer {
   virtual std::int64_t skipped_rounds() const = 0;
   virtual CommStats comm() const = 0;
   virtual Bytes save() const = 0;
+  // What of save() every member holds alike, for newcomers (load() takes it): all of it, except
+  // SparseLoCo's error accumulator, which is the replica's own (saved as zeros here).
+  virtual Bytes save_shared() const { return save(); }
   [[nodiscard]] virtual Status load(ByteView state) = 0;
   // Called after load() of another member's state (a newcomer's or a catching-up member's state
   // transfer): drops what belongs to the donor's replica alone (SparseLoCo's error accumulator, which

@@ -116,6 +116,12 @@ Result<bool> SparseLoCo::step(std::int64_t inner_steps_done, Deadline deadline) 
   return true;
 }
 
+Bytes SparseLoCo::save_shared() const {
+  OuterState shared = state_;
+  shared.momentum = torch::zeros_like(state_.momentum);
+  return shared.save("sparseloco");
+}
+
 Status SparseLoCo::replay(std::int64_t step, const at::Tensor& mean) {
   if (Status st = check_update(mean, state_.outer.numel(), "SparseLoCo", step); !st.ok()) return st;
   if (step <= 0 || step % options_.inner_steps != 0) return error(ErrorCode::kMalformed, "SparseLoCo has no round at step " + std::to_string(step));

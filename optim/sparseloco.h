@@ -65,6 +65,7 @@ class SparseLoCo {
 
   // Outer weights, the accumulator (kept in the momentum slot) and counters.
   Bytes save() const { return state_.save("sparseloco"); }
+  Bytes save_shared() const;  // the accumulator as zeros: it is this replica's own
   [[nodiscard]] Status load(ByteView bytes) { return state_.load(bytes, "sparseloco"); }
   // After taking another replica's state: its accumulator is not ours to send.
   void drop_replica_state() { state_.momentum.zero_(); }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -256,6 +257,7 @@ Result<FetchResult> Peer::fetch_newest(Deadline deadline) {
     }
     if (auto offer = board_->newest_offer(50ms)) {
       Status failed;
+      const Nanos transfer_started = clock_.now();
       auto session = StateFetch::open(*opened_.transport, offer->second, offer->first, deadline, clock_,
                                       [this](std::shared_ptr<transport::Link> l) { return shape_state_link(std::move(l)); });
       if (session.ok()) {
@@ -276,6 +278,8 @@ Result<FetchResult> Peer::fetch_newest(Deadline deadline) {
                        std::chrono::duration<double>(clock_.now() - join_started_).count(),
                        f.donors_failed > 0 ? fmt::format(", {} failed", f.donors_failed) : std::string());
           session_ = std::move(*session);
+          state_transfer_s_ = std::chrono::duration<double>(clock_.now() - transfer_started).count();
+          state_snapshot_bytes_ = f.bytes.size();
           return f;
         }
         failed = bytes.status();
@@ -328,6 +332,7 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
   std::int64_t at = worker_->steps_done();
   std::optional<std::int64_t> intended;
   std::int64_t replayed = 0;
+  std::size_t last_batch = std::numeric_limits<std::size_t>::max();  // updates listed the loop before
   for (;;) {
     if (stop_requested()) return error(ErrorCode::kAborted, "stop requested while catching up");
     if (deadline.expired(clock_)) return error(ErrorCode::kTimeout, "catching up with the members took too long");
@@ -335,6 +340,15 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
     auto index = session_->updates_after(at, deadline);
     if (!index.ok()) return index.status();
     Status failed;
+    if (!index->empty() && !intended && index->size() >= last_batch) {
+      // Not gaining on the members (its link carries a round's update no faster than a round goes):
+      // it names a round now, so that they wait for it there (its link would set their pace anyway).
+      intended = std::min(schedule_.first_round_after(index->back().step) + 1, schedule_.last_round(config_.train.steps));
+      coordinator_->intend(*intended);
+      spdlog::info("catching up gains nothing on the members ({} update(s) to fetch again): they wait for this peer at round {}", index->size(),
+                   *intended);
+    }
+    if (!index->empty()) last_batch = index->size();
     if (!index->empty()) {
       auto bytes = session_->updates(*index, deadline);
       failed = bytes.status();
@@ -504,8 +518,11 @@ void Peer::boundary(std::int64_t done_step) {
       spdlog::warn("round {}: no state offered to newcomers: {}", done, settled.to_string());
     } else if (!usable) {
       const Bytes inner = ddp_ ? worker_->checkpoint_state("").tensors : Bytes();
-      server_->offer(Snapshot::make(done, done_step, static_cast<std::uint32_t>(world_),
-                                    encode_shared_state(worker_->model().parameters(), *setup_.outer, ByteView(inner), ddp_)));
+      Bytes state = encode_shared_state(worker_->model().parameters(), *setup_.outer, ByteView(inner), ddp_);
+      // Chunks of 64 KiB to 1 MiB, at least 16 where the state allows, so that even a small state is
+      // spread over the donors (every donor cuts the same size alike: it depends on the size only).
+      const std::uint32_t chunk = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((state.size() / 16 + 4095) / 4096 * 4096, 64u << 10, 1u << 20));
+      server_->offer(Snapshot::make(done, done_step, static_cast<std::uint32_t>(world_), std::move(state), chunk));
       log_->stop();  // what it kept reaches back to an older snapshot only
       log_->start(done_step);
       snapshot_step_ = done_step;
@@ -679,6 +696,8 @@ Result<train::WorkerAccount> Peer::rounds() {
     if (joins_ > 0) {
       out["joins"] = joins_;
       out["state_fetch_s"] = state_fetch_s_;
+      out["state_transfer_s"] = state_transfer_s_;
+      out["state_snapshot_bytes"] = state_snapshot_bytes_;
       out["join_rounds_behind"] = join_rounds_behind_;
     }
     if (log_->peak_bytes() > 0) out["update_log_bytes"] = log_->bytes();
@@ -740,6 +759,8 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
   summary["solo_rounds"] = solo_rounds_;
   summary["joins"] = joins_;
   summary["state_fetch_s"] = state_fetch_s_;
+  summary["state_transfer_s"] = state_transfer_s_;
+  summary["state_snapshot_bytes"] = state_snapshot_bytes_;
   summary["join_rounds_behind"] = join_rounds_behind_;
   summary["updates_replayed"] = updates_replayed_;
   summary["update_log_peak_bytes"] = log_->peak_bytes();

@@ -208,6 +208,8 @@ class Peer {
   std::optional<std::int64_t> snapshot_step_;  // of the snapshot this member offers, if any
   std::int64_t snapshot_offered_round_ = 0;
   double state_fetch_s_ = 0;              // the last join: from asking for the state to taking part
+  double state_transfer_s_ = 0;           // the last join: the snapshot's transfer alone (manifests and chunks)
+  std::uint64_t state_snapshot_bytes_ = 0;  // the last join: the snapshot's size
   std::int64_t join_rounds_behind_ = 0;   // the last join: rounds the run went on while the state came
   std::int64_t updates_replayed_ = 0;
   int rank_ = 0, world_ = 1;

@@ -38,7 +38,7 @@ Bytes encode_shared_state(const std::vector<at::Tensor>& params, const optim::Ou
   const at::Tensor flat = with_params ? optim::flatten(params) : torch::empty({0}, torch::kFloat);
   Writer w;
   w.blob(bytes_of(flat));
-  w.blob(outer.save());
+  w.blob(outer.save_shared());
   w.blob(inner);
   return std::move(w).take();
 }

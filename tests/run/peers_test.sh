@@ -3,7 +3,7 @@
 # bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
 set -u
 G="$1"; shift
-SCENARIOS="${*:-four_peers sim_agrees methods ddp_gloo kill_one kill_leader leave late_join co2_join restart crash_rejoin shaped wrong_run wrong_key noise flood}"
+SCENARIOS="${*:-four_peers sim_agrees methods ddp_gloo kill_one kill_leader leave late_join co2_join restart crash_rejoin shaped shaped_join wrong_run wrong_key noise flood}"
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
 FAILED=0
@@ -297,6 +297,31 @@ shaped() {
   local blocked; blocked=$(sed -n 's/.*"blocked_s": \([0-9.e+-]*\).*/\1/p' "$d/p0/summary.json")
   awk -v b="$blocked" 'BEGIN { exit !(b >= 0.3) }' || fail "shaped: blocked only $blocked s on 25 ms links over 6 rounds"
   echo "shaped: 100 Mbit/s, 25 ms links: blocked $blocked s over 6 rounds"
+}
+
+# A fourth peer joins three streaming_diloco peers on links shaped like 2 Mbit/s with 10 ms one way:
+# its state crosses the shaped links too (it takes at least its bytes over the bandwidth), the run
+# goes on meanwhile, and the newcomer joins through exactly one state transfer.
+shaped_join() {
+  local d=$WORK/shaped_join
+  mkdir -p "$d"
+  local shape=(--shape 2,10 --set outer.method=streaming_diloco --set streaming_diloco.inner_steps=20 --set streaming_diloco.fragment_layers=1)
+  start_first "$d/p0" 3 --set train.steps=900 --set train.eval_every=300 "${shape[@]}"; local a; a=$(address_of "$d/p0") || { fail "shaped_join: no address"; return; }
+  start_joiner "$d/p1" "$a" --shape 2,10; start_joiner "$d/p2" "$a" --shape 2,10
+  for _ in $(seq 600); do grep -q '"step":50' "$d/p0/metrics.jsonl" 2>/dev/null && break; sleep 0.05; done
+  start_joiner "$d/p3" "$a" --shape 2,10
+  wait
+  for i in 0 1 2 3; do
+    [ -f "$d/p$i/summary.json" ] || { fail "shaped_join: peer $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
+  done
+  grep -q '"joins": 1,' "$d/p3/summary.json" || fail "shaped_join: the newcomer did not join through exactly one state transfer"
+  local bytes transfer
+  bytes=$(sed -n 's/.*"state_snapshot_bytes": \([0-9]*\).*/\1/p' "$d/p3/summary.json")
+  transfer=$(sed -n 's/.*"state_transfer_s": \([0-9.e+-]*\).*/\1/p' "$d/p3/summary.json")
+  [ -n "$bytes" ] && [ -n "$transfer" ] || { fail "shaped_join: the newcomer's summary lacks state_snapshot_bytes or state_transfer_s"; return; }
+  awk -v b="$bytes" -v t="$transfer" 'BEGIN { exit !(t >= 0.9 * b * 8 / 2e6) }' ||
+    fail "shaped_join: $bytes state bytes arrived in $transfer s, faster than 2 Mbit/s allows"
+  echo "shaped_join: a fourth peer on 2 Mbit/s links fetched $bytes state bytes in $transfer s (floor $(awk -v b="$bytes" 'BEGIN { printf "%.2f", b * 8 / 2e6 }') s) and joined once ($(grep -o 'the run went on [0-9]* round(s)' "$d/p3.log" | tail -n1))"
 }
 
 wrong_run() {

@@ -459,3 +459,25 @@ TEST_CASE("catch-up reruns bit-identically") {
   for (std::size_t i = 0; i < a.records.size(); ++i) CHECK(a.records[i].dump() == b.records[i].dump());
   CHECK(torch::equal(a.final_params[3], b.final_params[3]));
 }
+
+TEST_CASE("catch-up: a donor that dies mid-transfer costs only its chunks in flight; the newcomer still joins once") {
+  auto c = slow_join("diloco");
+  c.sim.crash_worker = 1;
+  c.sim.crash_at_step = 16;  // while the newcomer's state is on its way (it starts at step 12)
+  const auto r = run(c);
+  CHECK(r.crashed[1]);
+  const auto rec = last_with(r, 3, "joins");
+  REQUIRE(rec.has_value());
+  CHECK((*rec)["joins"] == 1);
+  CHECK(r.accounts[3].steps == 96);
+  std::uint64_t donated = 0;
+  int donors = 0;
+  for (int w = 0; w < 3; ++w) {
+    donated += r.accounts[static_cast<std::size_t>(w)].state_bytes_sent;
+    donors += r.accounts[static_cast<std::size_t>(w)].state_bytes_sent > 0 ? 1 : 0;
+  }
+  CHECK(donors >= 2);  // the state came from several donors at once
+  CHECK(donated >= r.accounts[3].state_bytes_received);  // (what the dead one sent but never delivered is lost)
+  CHECK(torch::equal(r.final_params[3], r.final_params[0]));
+  CHECK(torch::equal(r.final_params[2], r.final_params[0]));
+}
