@@ -164,38 +164,44 @@ std::optional<std::int64_t> StateServer::offered_round() const {
   return current_->manifest.round;
 }
 
-void StateServer::set_rate(double bytes_per_s) {
+void Pacer::set_rate(double bytes_per_s) {
   std::lock_guard lock(mu_);
   rate_ = bytes_per_s > 0 ? bytes_per_s : 0;
 }
 
-double StateServer::rate() const {
+double Pacer::rate() const {
   std::lock_guard lock(mu_);
   return rate_;
 }
+
+void Pacer::wait_turn(Clock& clock, std::size_t bytes) {
+  Nanos start{0};
+  {
+    std::lock_guard lock(mu_);
+    if (rate_ <= 0) return;
+    const Nanos now = clock.now();
+    start = std::max(now, next_free_);
+    next_free_ = start + std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(static_cast<double>(bytes) / rate_));
+    waited_ += start - now;
+  }
+  clock.sleep_until(start);
+}
+
+double Pacer::waited_s() const {
+  std::lock_guard lock(mu_);
+  return std::chrono::duration<double>(waited_).count();
+}
+
+void StateServer::set_rate(double bytes_per_s) { pacer_.set_rate(bytes_per_s); }
+
+double StateServer::rate() const { return pacer_.rate(); }
 
 std::uint64_t StateServer::offered_bytes() const {
   std::lock_guard lock(mu_);
   return current_ ? current_->manifest.total : 0;
 }
 
-double StateServer::throttled_s() const {
-  std::lock_guard lock(mu_);
-  return std::chrono::duration<double>(throttled_).count();
-}
-
-void StateServer::pace(std::size_t bytes) {
-  Nanos start{0};
-  {
-    std::lock_guard lock(mu_);
-    if (rate_ <= 0) return;
-    const Nanos now = clock_.now();
-    start = std::max(now, next_free_);
-    next_free_ = start + std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(static_cast<double>(bytes) / rate_));
-    throttled_ += start - now;
-  }
-  clock_.sleep_until(start);
-}
+double StateServer::throttled_s() const { return pacer_.waited_s(); }
 
 std::shared_ptr<const Snapshot> StateServer::find(std::int64_t round) const {
   std::lock_guard lock(mu_);
@@ -225,7 +231,7 @@ Bytes StateServer::answer_request(std::uint8_t kind, std::int64_t at, std::uint3
   if (kind == kAskManifest || kind == kAskUpdateManifest) return answer(object->manifest.encode());
   if (chunk >= object->manifest.chunks.size()) return refusal("no chunk " + std::to_string(chunk));
   const auto [from, n] = chunk_range(object->bytes.size(), object->manifest.chunk_bytes, chunk);
-  pace(n);
+  pacer_.wait_turn(clock_, n);
   served_ += n;
   return answer(ByteView(object->bytes.data() + from, n));
 }
@@ -299,18 +305,6 @@ void StateFetch::drop(std::size_t source, const std::string& why) {
   ++failed_;
   spdlog::warn("state: donor {} dropped: {}", s.name, why);
   s.link->close();
-}
-
-void StateFetch::pace(std::size_t bytes) {
-  Nanos start{0};
-  {
-    std::lock_guard lock(mu_);
-    if (rate_ <= 0) return;
-    const Nanos now = clock_.now();
-    start = std::max(now, next_free_);
-    next_free_ = start + std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(static_cast<double>(bytes) / rate_));
-  }
-  clock_.sleep_until(start);
 }
 
 Result<std::unique_ptr<StateFetch>> StateFetch::open(transport::Transport& transport, const std::vector<Donor>& donors, std::int64_t round,
@@ -416,7 +410,7 @@ Status StateFetch::fetch_pieces(const std::vector<Piece>& pieces, const std::vec
             ++busy;
           }
           inflight.push_back(p);
-          pace(pieces[p].size);
+          pacer_.wait_turn(clock_, pieces[p].size);
           if (Status st = src.link->send(kStateRequestTag, request(pieces[p].kind, pieces[p].at, pieces[p].chunk), deadline); !st.ok()) {
             std::unique_lock lock(mu);
             drop(index, st.to_string());

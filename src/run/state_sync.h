@@ -84,6 +84,22 @@ struct Snapshot {
 
 class UpdateLog;  // update_log.h
 
+// A rate limit over whatever several threads send or ask for: each reserves its bytes' time in turn.
+// Thread-safe.
+class Pacer {
+ public:
+  void set_rate(double bytes_per_s);  // 0: unlimited
+  double rate() const;
+  // Waits on `clock` until `bytes` may go.
+  void wait_turn(Clock& clock, std::size_t bytes);
+  double waited_s() const;  // all waits together
+
+ private:
+  mutable std::mutex mu_;
+  double rate_ = 0;
+  Nanos next_free_{0}, waited_{0};
+};
+
 class StateServer {
  public:
   // `log`: the updates this member keeps for catch-up (none: it serves snapshots only).
@@ -113,7 +129,6 @@ class StateServer {
  private:
   std::shared_ptr<const Snapshot> find(std::int64_t round) const;
   Bytes answer_request(std::uint8_t kind, std::int64_t at, std::uint32_t chunk);
-  void pace(std::size_t bytes);  // waits for the rate limit's turn to send `bytes`
   Clock& clock_;
   std::shared_ptr<const UpdateLog> log_;
   mutable std::mutex mu_;
@@ -122,9 +137,7 @@ class StateServer {
   std::vector<std::unique_ptr<ClockThread>> threads_;
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> served_{0}, requests_{0};
-  double rate_ = 0;            // bytes per second, 0: unlimited (under mu_)
-  Nanos next_free_{0};         // when the rate limit lets the next bytes go (under mu_)
-  Nanos throttled_{0};         // (under mu_)
+  Pacer pacer_;
 };
 
 struct Donor {
@@ -160,7 +173,7 @@ class StateFetch {
 
   const StateManifest& manifest() const { return manifest_; }
   // Paces what this newcomer asks for to at most `bytes_per_s` (its own link); 0: no pacing.
-  void set_rate(double bytes_per_s) { rate_ = bytes_per_s; }
+  void set_rate(double bytes_per_s) { pacer_.set_rate(bytes_per_s); }
   // The snapshot, its chunks fetched from every donor at once, verified whole.
   [[nodiscard]] Result<Bytes> snapshot(Deadline deadline);
   // The updates the donors hold after `step`, oldest first: the donors that list another update for
@@ -194,7 +207,6 @@ class StateFetch {
   // that fails one is dropped and its pieces go to the others.
   Status fetch_pieces(const std::vector<Piece>& pieces, const std::vector<std::size_t>& sources, Deadline deadline);
   void drop(std::size_t source, const std::string& why);
-  void pace(std::size_t bytes);
 
   Clock& clock_;
   std::vector<std::unique_ptr<Source>> sources_;
@@ -202,9 +214,7 @@ class StateFetch {
   std::map<std::int64_t, std::vector<std::size_t>> holders_;  // update step -> sources that listed it alike
   std::uint64_t received_ = 0;
   int failed_ = 0;
-  double rate_ = 0;
-  Nanos next_free_{0};
-  std::mutex mu_;
+  Pacer pacer_;
 };
 
 // One snapshot from `donors` (StateFetch::open, then snapshot()).

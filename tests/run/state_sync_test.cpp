@@ -160,7 +160,7 @@ TEST_CASE("malformed manifests are refused") {
   CHECK(!StateManifest::decode(std::move(z).take()).ok());
 }
 
-TEST_CASE("catch-up: the updates donors keep after a snapshot are listed, fetched from all of them and verified; a donor that differs is dropped") {
+TEST_CASE("catch-up: the updates donors keep after a snapshot are listed, fetched from all of them and verified, and a donor that differs is dropped") {
   const Bytes state = random_bytes(300'000, 5);
   auto [donors, list] = serving(3, Snapshot::make(4, 40, 2, state, 64 * 1024));
   // Every donor keeps the updates after step 40: one small (one chunk), one of several chunks.

@@ -460,7 +460,7 @@ TEST_CASE("catch-up reruns bit-identically") {
   CHECK(torch::equal(a.final_params[3], b.final_params[3]));
 }
 
-TEST_CASE("catch-up: a donor that dies mid-transfer costs only its chunks in flight; the newcomer still joins once") {
+TEST_CASE("catch-up: a donor that dies mid-transfer costs only its chunks in flight, and the newcomer still joins once") {
   auto c = slow_join("diloco");
   c.sim.crash_worker = 1;
   c.sim.crash_at_step = 16;  // while the newcomer's state is on its way (it starts at step 12)
