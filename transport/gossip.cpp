@@ -327,6 +327,10 @@ class ZmqGossip final : public Gossip {
                                                std::abs(std::normal_distribution<double>(0.0, std::chrono::duration<double>(shape.jitter).count())(jitter_rng_))));
       auto due = uplink_free_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(extra);
       if (!delayed_.empty()) due = std::max(due, delayed_.back().first);  // in order, as a TCP stream delivers
+      if (delayed_.size() >= kMaxDelayed) {  // a link this slow drops what it cannot carry, as a full socket does
+        if (++dropped_shaped_ % 1000 == 1) spdlog::warn("gossip: the shaped link is {} messages behind: dropping ({} so far)", kMaxDelayed, dropped_shaped_);
+        continue;
+      }
       delayed_.emplace_back(due, s);
     }
     core_->run_deliveries();
@@ -512,6 +516,8 @@ class ZmqGossip final : public Gossip {
   std::deque<std::pair<std::chrono::steady_clock::time_point, GossipSend>> delayed_;  // shaped, not yet due (gossip thread)
   std::chrono::steady_clock::time_point uplink_free_{};
   std::mt19937_64 jitter_rng_{1};
+  static constexpr std::size_t kMaxDelayed = 10000;
+  std::uint64_t dropped_shaped_ = 0;
   std::unique_ptr<GossipCore> core_;  // made by start(); thread-safe
   zmq::context_t ctx_;
   std::unique_ptr<zmq::socket_t> router_;  // owned by the gossip thread after start(), as are the others

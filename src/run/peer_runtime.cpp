@@ -307,6 +307,9 @@ Status Peer::adopt(const FetchResult& f) {
   current_round_ = f.manifest.round;
   snapshot_round_ = f.manifest.round;
   ++joins_;
+  log_->stop();  // what it kept (if it offered state before) is no longer its state's history
+  server_->withdraw();
+  snapshot_step_.reset();
   return Status();
 }
 
@@ -340,7 +343,7 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
     auto index = session_->updates_after(at, deadline);
     if (!index.ok()) return index.status();
     Status failed;
-    if (!index->empty() && !intended && index->size() >= last_batch) {
+    if (!index->empty() && !intended && index->size() >= last_batch && index->size() < kMaxIndexEntries) {
       // Not gaining on the members (its link carries a round's update no faster than a round goes):
       // it names a round now, so that they wait for it there (its link would set their pace anyway).
       intended = std::min(schedule_.first_round_after(index->back().step) + 1, schedule_.last_round(config_.train.steps));
@@ -352,7 +355,7 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
     if (!index->empty()) {
       auto bytes = session_->updates(*index, deadline);
       failed = bytes.status();
-      for (std::size_t k = 0; bytes.ok() && k < index->size(); ++k) {
+      for (std::size_t k = 0; bytes.ok() && k < bytes->size(); ++k) {
         failed = replay((*index)[k].step, (*bytes)[k]);
         if (!failed.ok()) break;
         at = (*index)[k].step;
@@ -390,13 +393,21 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
   return Status();
 }
 
+namespace {
+// Catching up failed in a way a newer snapshot mends: the donors' logs no longer reach back, or
+// none of them could serve an update any more.
+bool needs_newer_snapshot(const Status& st) {
+  return st.code() == ErrorCode::kOutOfRange || st.code() == ErrorCode::kUnavailable || st.code() == ErrorCode::kDataLoss;
+}
+}  // namespace
+
 Status Peer::join(Deadline deadline) {
   for (;;) {
     auto got = fetch_newest(deadline);
     if (!got.ok()) return got.status();
     if (Status st = adopt(*got); !st.ok()) return st;
     Status st = catch_up(deadline);
-    if (st.code() != ErrorCode::kOutOfRange) return st;
+    if (!needs_newer_snapshot(st)) return st;
     spdlog::warn("{}: this peer fell more than join.keep_rounds ({}) rounds behind while the state came; fetching a newer one "
                  "(raise join.keep_rounds when the state takes this long)", st.message(), config_.join.keep_rounds);
     board_->forget(got->manifest.round);
@@ -460,7 +471,7 @@ Status Peer::join_or_start() {
   if (fetched_ && (!plan_.resumed || fetched_->manifest.step > worker_->steps_done())) {
     if (Status st = adopt(*fetched_); !st.ok()) return st;
     Status st = catch_up(after(plan_.start_timeout));
-    if (st.code() == ErrorCode::kOutOfRange) {
+    if (needs_newer_snapshot(st)) {
       spdlog::warn("{}: fetching a newer state", st.message());
       board_->forget(fetched_->manifest.round);
       session_.reset();
@@ -523,8 +534,7 @@ void Peer::boundary(std::int64_t done_step) {
       // spread over the donors (every donor cuts the same size alike: it depends on the size only).
       const std::uint32_t chunk = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((state.size() / 16 + 4095) / 4096 * 4096, 64u << 10, 1u << 20));
       server_->offer(Snapshot::make(done, done_step, static_cast<std::uint32_t>(world_), std::move(state), chunk));
-      log_->stop();  // what it kept reaches back to an older snapshot only
-      log_->start(done_step);
+      log_->start(done_step);  // (one recording already goes on, reaching back further)
       snapshot_step_ = done_step;
       snapshot_offered_round_ = done;
       fresh_snapshot = true;
@@ -536,12 +546,13 @@ void Peer::boundary(std::int64_t done_step) {
       for (transport::PeerId id : newcomers) {
         // The slower of this donor's serving and the newcomer's own link (as it says), where known.
         double rate = server_->rate() > 0 ? server_->rate() : kAssumedLinkBytesPerS;
-        if (auto theirs = board_->link_of(id)) rate = std::min(rate, *theirs);
-        const auto estimate = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(static_cast<double>(server_->offered_bytes()) / rate));
+        if (auto theirs = board_->link_of(id)) rate = std::min(rate, std::max(*theirs, 1e3));
+        const double estimate_s = static_cast<double>(server_->offered_bytes()) / rate;
         // ddp's updates (every step's gradients) outweigh its state within a round: its newcomers are
         // always awaited, however long their state takes; the others catch up instead.
-        if (2 * estimate > round_length_ && !ddp_) continue;
-        const Nanos wait = std::min<Nanos>(std::max<Nanos>(2s, 4 * estimate), round_timeout_ / 2);
+        if (2 * estimate_s > std::chrono::duration<double>(round_length_).count() && !ddp_) continue;
+        const double wait_s = std::min(std::max(2.0, 4 * estimate_s), std::chrono::duration<double>(round_timeout_).count() / 2);
+        const Nanos wait = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(wait_s));
         coordinator_->expect(schedule_.first_round_after(done_step), id, wait);
       }
     }
@@ -573,7 +584,7 @@ std::optional<optim::Group> Peer::left_out(std::int64_t round, const Status& why
   spdlog::warn("round {}: {}; catching up with the members", round, why.to_string());
   if (!session_) join_started_ = clock_.now();
   Status st = catch_up(after(round_timeout_), /*slack=*/true);
-  if (st.code() == ErrorCode::kOutOfRange) {
+  if (needs_newer_snapshot(st)) {
     session_.reset();
     join_started_ = clock_.now();
     st = join(after(round_timeout_));
@@ -623,6 +634,9 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
     }
     if (!view.ok()) {
       spdlog::warn("round {}: {}; this peer applies the round on its own", round, view.status().to_string());
+      log_->stop();  // its state leaves the members': what it kept serves no newcomer
+      server_->withdraw();
+      snapshot_step_.reset();
       ++solo_rounds_;
       agreed_round_ = round;
       epoch_ = 0;

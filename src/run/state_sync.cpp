@@ -4,6 +4,7 @@
 #include <cstring>
 #include <deque>
 #include <optional>
+#include <tuple>
 
 #include <spdlog/spdlog.h>
 
@@ -18,7 +19,6 @@ namespace {
 using namespace std::chrono_literals;
 constexpr std::uint8_t kVersion = 1;
 constexpr std::uint8_t kAskManifest = 1, kAskChunk = 2, kAskUpdateManifest = 3, kAskUpdateChunk = 4, kAskIndex = 5;
-constexpr std::uint32_t kMaxIndex = 1024;
 constexpr std::uint64_t kMaxTotal = std::uint64_t{8} << 30;
 constexpr std::uint32_t kMaxChunk = 16u << 20;
 constexpr std::uint32_t kMaxChunks = 1u << 18;  // the manifest stays under 16 MiB
@@ -214,8 +214,8 @@ Bytes StateServer::answer_request(std::uint8_t kind, std::int64_t at, std::uint3
   if (kind == kAskIndex) {
     if (!log_ || !log_->recording()) return refusal("no updates kept here");
     Writer w;
-    w.i64(log_->complete_after());
-    const auto index = log_->index(at, std::min(chunk, kMaxIndex));
+    const auto [complete_after, index] = log_->complete_index(at, std::min(chunk, kMaxIndexEntries));
+    w.i64(complete_after);
     w.u32(static_cast<std::uint32_t>(index.size()));
     for (const auto& u : index) {
       w.i64(u.step);
@@ -476,14 +476,14 @@ Result<Bytes> StateFetch::snapshot(Deadline deadline) {
 }
 
 Result<std::vector<UpdateInfo>> StateFetch::updates_after(std::int64_t step, Deadline deadline) {
-  std::map<std::int64_t, std::map<Digest, std::vector<std::size_t>>> listed;  // step -> digest -> sources
-  std::map<std::int64_t, UpdateInfo> totals;
+  // step -> (hash, size, chunk size) -> the donors that list it so
+  std::map<std::int64_t, std::map<std::tuple<Digest, std::uint64_t, std::uint32_t>, std::vector<std::size_t>>> listed;
   bool covered = false;
   std::string why;
   for (std::size_t i = 0; i < sources_.size(); ++i) {
     Source& src = *sources_[i];
     if (!src.alive) continue;
-    auto body = ask(*src.link, kAskIndex, step, kMaxIndex, deadline);
+    auto body = ask(*src.link, kAskIndex, step, kMaxIndexEntries, deadline);
     if (!body.ok()) {
       if (body.status().code() == ErrorCode::kUnavailable) {  // it keeps no updates (any more)
         why = body.status().message();
@@ -495,7 +495,7 @@ Result<std::vector<UpdateInfo>> StateFetch::updates_after(std::int64_t step, Dea
     Reader r(*body, "update index from donor " + src.name);
     const std::int64_t complete_after = r.i64();
     const std::uint32_t count = r.u32();
-    if (r.ok() && count > kMaxIndex) r.fail(ErrorCode::kMalformed, "too many entries");
+    if (r.ok() && count > kMaxIndexEntries) r.fail(ErrorCode::kMalformed, "too many entries");
     std::vector<UpdateInfo> index;
     for (std::uint32_t k = 0; r.ok() && k < count; ++k) {
       UpdateInfo u;
@@ -519,10 +519,7 @@ Result<std::vector<UpdateInfo>> StateFetch::updates_after(std::int64_t step, Dea
       continue;
     }
     covered = true;
-    for (const auto& u : index) {
-      listed[u.step][u.whole].push_back(i);
-      totals[u.step] = u;
-    }
+    for (const auto& u : index) listed[u.step][std::make_tuple(u.whole, u.total, u.chunk_bytes)].push_back(i);
   }
   if (!covered) return error(ErrorCode::kOutOfRange, "no donor keeps the updates after step " + std::to_string(step) + (why.empty() ? "" : ": " + why));
   std::vector<UpdateInfo> out;
@@ -536,30 +533,30 @@ Result<std::vector<UpdateInfo>> StateFetch::updates_after(std::int64_t step, Dea
       if (d == best->first) continue;
       for (const std::size_t h : holders) drop(h, "it lists another update of step " + std::to_string(s) + " than the most donors");
     }
-    UpdateInfo u = totals[s];
-    u.whole = best->first;
-    out.push_back(u);
+    const auto& [whole, total, chunk_bytes] = best->first;
+    out.push_back(UpdateInfo{s, total, chunk_bytes, whole});
     holders_[s] = best->second;
   }
   return out;
 }
 
 Result<std::vector<Bytes>> StateFetch::updates(const std::vector<UpdateInfo>& infos, Deadline deadline) {
-  // The donors that hold every one of them alike (every donor of the snapshot, unless some differ).
+  // The donors that hold the first ones alike (every donor of the snapshot, unless some differ or
+  // are a round behind): as many of them as some donors hold in common.
   std::vector<std::size_t> holders;
-  for (std::size_t i = 0; i < sources_.size(); ++i) {
-    if (!sources_[i]->alive) continue;
-    bool all = true;
-    for (const auto& u : infos) {
-      const auto& h = holders_[u.step];
-      all = all && std::find(h.begin(), h.end(), i) != h.end();
+  std::size_t count = 0;
+  for (; count < infos.size(); ++count) {
+    std::vector<std::size_t> common;
+    for (const std::size_t h : holders_[infos[count].step]) {
+      if (sources_[h]->alive && (count == 0 || std::find(holders.begin(), holders.end(), h) != holders.end())) common.push_back(h);
     }
-    if (all) holders.push_back(i);
+    if (common.empty()) break;
+    holders = std::move(common);
   }
-  if (holders.empty()) return error(ErrorCode::kUnavailable, "no donor left holds the updates asked for");
-  std::vector<Bytes> out(infos.size());
+  if (count == 0) return error(ErrorCode::kUnavailable, "no donor left holds the update of step " + std::to_string(infos.front().step));
+  std::vector<Bytes> out(count);
   std::vector<Piece> pieces;
-  for (std::size_t k = 0; k < infos.size(); ++k) {
+  for (std::size_t k = 0; k < count; ++k) {
     const UpdateInfo& u = infos[k];
     out[k].resize(u.total);
     if (u.total <= u.chunk_bytes) {  // one chunk: its hash is the whole's, no manifest needed
@@ -589,7 +586,7 @@ Result<std::vector<Bytes>> StateFetch::updates(const std::vector<UpdateInfo>& in
     if (sources_[h]->alive) alive.push_back(h);
   }
   if (Status st = fetch_pieces(pieces, alive, deadline); !st.ok()) return st.with_context("the updates after step " + std::to_string(infos.front().step - 1));
-  for (std::size_t k = 0; k < infos.size(); ++k) {
+  for (std::size_t k = 0; k < count; ++k) {
     if (digest_of(out[k]) != infos[k].whole) return error(ErrorCode::kDataLoss, "the update of step " + std::to_string(infos[k].step) + " does not match its hash");
   }
   return out;

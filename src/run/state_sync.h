@@ -84,6 +84,9 @@ struct Snapshot {
 
 class UpdateLog;  // update_log.h
 
+// The most entries one index answer holds.
+inline constexpr std::uint32_t kMaxIndexEntries = 1024;
+
 // A rate limit over whatever several threads send or ask for: each reserves its bytes' time in turn.
 // Thread-safe.
 class Pacer {
@@ -181,7 +184,8 @@ class StateFetch {
   // `step` (the newcomer fell too far behind: a newer snapshot is needed).
   [[nodiscard]] Result<std::vector<UpdateInfo>> updates_after(std::int64_t step, Deadline deadline);
   // Updates listed by updates_after(), in that order, fetched like the snapshot (the chunks of all of
-  // them at once, a few requests in flight per donor) and each verified against its hash.
+  // them at once, a few requests in flight per donor) and each verified against its hash: the first
+  // ones, as many as some donors hold in common (at least one, or an error).
   [[nodiscard]] Result<std::vector<Bytes>> updates(const std::vector<UpdateInfo>& infos, Deadline deadline);
 
   std::uint64_t bytes_received() const { return received_; }

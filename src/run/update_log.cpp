@@ -60,6 +60,15 @@ std::vector<UpdateInfo> UpdateLog::index(std::int64_t step, std::size_t max) con
   return out;
 }
 
+std::pair<std::int64_t, std::vector<UpdateInfo>> UpdateLog::complete_index(std::int64_t step, std::size_t max) const {
+  std::lock_guard lock(mu_);
+  std::vector<UpdateInfo> out;
+  for (auto it = updates_.upper_bound(step); it != updates_.end() && out.size() < max; ++it) {
+    out.push_back(UpdateInfo{it->first, it->second->manifest.total, it->second->manifest.chunk_bytes, it->second->manifest.whole});
+  }
+  return {complete_after_, std::move(out)};
+}
+
 std::shared_ptr<const Snapshot> UpdateLog::find(std::int64_t step) const {
   std::lock_guard lock(mu_);
   auto it = updates_.find(step);

@@ -43,6 +43,8 @@ class UpdateLog {
   std::int64_t complete_after() const;
   // What it holds after `step`, oldest first, at most `max` of them.
   std::vector<UpdateInfo> index(std::int64_t step, std::size_t max) const;
+  // complete_after() and index() read together (nothing trimmed in between).
+  std::pair<std::int64_t, std::vector<UpdateInfo>> complete_index(std::int64_t step, std::size_t max) const;
   // The update applied at `step`, or null.
   std::shared_ptr<const Snapshot> find(std::int64_t step) const;
   std::uint64_t bytes() const;       // held now
