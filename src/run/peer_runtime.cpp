@@ -394,10 +394,11 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
 }
 
 namespace {
-// Catching up failed in a way a newer snapshot mends: the donors' logs no longer reach back, or
-// none of them could serve an update any more.
+// Catching up failed in a way a newer snapshot mends: the donors' logs no longer reach back, none of
+// them could serve an update any more, or what they served does not replay (ddp: a step missing).
 bool needs_newer_snapshot(const Status& st) {
-  return st.code() == ErrorCode::kOutOfRange || st.code() == ErrorCode::kUnavailable || st.code() == ErrorCode::kDataLoss;
+  return st.code() == ErrorCode::kOutOfRange || st.code() == ErrorCode::kUnavailable || st.code() == ErrorCode::kDataLoss ||
+         st.code() == ErrorCode::kMalformed;
 }
 }  // namespace
 
