@@ -319,6 +319,10 @@ class ZmqGossip final : public Gossip {
     const LinkProfile& shape = *options_.shape;
     const auto now = std::chrono::steady_clock::now();
     for (const auto& s : sends) {
+      if (delayed_.size() >= kMaxDelayed) {  // a link this slow drops what it cannot carry, as a full socket does
+        if (++dropped_shaped_ % 1000 == 1) spdlog::warn("gossip: the shaped link is {} messages behind: dropping ({} so far)", kMaxDelayed, dropped_shaped_);
+        continue;
+      }
       const auto serialize = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
           std::chrono::duration<double>(shape.wire_bytes(s.message.size()) / shape.bandwidth_bytes_per_s));
       uplink_free_ = std::max(uplink_free_, now) + serialize;
@@ -327,10 +331,6 @@ class ZmqGossip final : public Gossip {
                                                std::abs(std::normal_distribution<double>(0.0, std::chrono::duration<double>(shape.jitter).count())(jitter_rng_))));
       auto due = uplink_free_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(extra);
       if (!delayed_.empty()) due = std::max(due, delayed_.back().first);  // in order, as a TCP stream delivers
-      if (delayed_.size() >= kMaxDelayed) {  // a link this slow drops what it cannot carry, as a full socket does
-        if (++dropped_shaped_ % 1000 == 1) spdlog::warn("gossip: the shaped link is {} messages behind: dropping ({} so far)", kMaxDelayed, dropped_shaped_);
-        continue;
-      }
       delayed_.emplace_back(due, s);
     }
     core_->run_deliveries();

@@ -208,11 +208,12 @@ std::shared_ptr<transport::Link> Peer::shape_state_link(std::shared_ptr<transpor
   return *shaped;
 }
 
-std::optional<double> Peer::own_link_bytes_per_s() const {
-  if (env_.link_bytes_per_s) return env_.link_bytes_per_s;
+std::optional<double> Peer::shaped_link_bytes_per_s() const {
   if (plan_.shape && std::isfinite(plan_.shape->bandwidth_bytes_per_s)) return plan_.shape->goodput_bytes_per_s();
   return std::nullopt;
 }
+
+std::optional<double> Peer::own_link_bytes_per_s() const { return env_.link_bytes_per_s ? env_.link_bytes_per_s : shaped_link_bytes_per_s(); }
 
 Status Peer::check_not_stranded() const {
   if (!outbound_only_) return Status();
@@ -262,18 +263,13 @@ Result<FetchResult> Peer::fetch_newest(Deadline deadline) {
                                       [this](std::shared_ptr<transport::Link> l) { return shape_state_link(std::move(l)); });
       if (session.ok()) {
         // Shaped: this peer's own link paces what it asks for, whatever number of donors serve it.
-        if (plan_.shape && std::isfinite(plan_.shape->bandwidth_bytes_per_s)) (*session)->set_rate(plan_.shape->goodput_bytes_per_s());
+        if (auto shaped = shaped_link_bytes_per_s()) (*session)->set_rate(*shaped);
         spdlog::info("fetching the state of round {} ({:.2f} MB) from {} donor(s)", offer->first, (*session)->manifest().total / 1e6,
                      (*session)->donors_left());
         auto bytes = (*session)->snapshot(deadline);
         state_received_ += (*session)->bytes_received();
         if (bytes.ok()) {
-          FetchResult f;
-          f.manifest = (*session)->manifest();
-          f.bytes = std::move(*bytes);
-          f.bytes_received = (*session)->bytes_received();
-          f.donors_used = (*session)->donors_used();
-          f.donors_failed = (*session)->donors_failed();
+          FetchResult f = (*session)->result(std::move(*bytes));
           spdlog::info("fetched the state of round {} ({:.2f} MB) from {} donor(s) in {:.1f} s{}", offer->first, f.bytes.size() / 1e6, f.donors_used,
                        std::chrono::duration<double>(clock_.now() - join_started_).count(),
                        f.donors_failed > 0 ? fmt::format(", {} failed", f.donors_failed) : std::string());
@@ -351,8 +347,8 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
       spdlog::info("catching up gains nothing on the members ({} update(s) to fetch again): they wait for this peer at round {}", index->size(),
                    *intended);
     }
-    if (!index->empty()) last_batch = index->size();
     if (!index->empty()) {
+      last_batch = index->size();
       auto bytes = session_->updates(*index, deadline);
       failed = bytes.status();
       for (std::size_t k = 0; bytes.ok() && k < bytes->size(); ++k) {
@@ -537,10 +533,9 @@ void Peer::boundary(std::int64_t done_step) {
       server_->offer(Snapshot::make(done, done_step, static_cast<std::uint32_t>(world_), std::move(state), chunk));
       log_->start(done_step);  // (one recording already goes on, reaching back further)
       snapshot_step_ = done_step;
-      snapshot_offered_round_ = done;
       fresh_snapshot = true;
     }
-    if (snapshot_step_ && !outbound_only_) board_->offer(snapshot_offered_round_, opened_.announced);  // nobody could dial it for the state
+    if (snapshot_step_ && !outbound_only_) board_->offer(schedule_.rounds_over(*snapshot_step_), opened_.announced);  // nobody could dial it for the state
     // A state that should arrive well within a round: the newcomers are awaited at the next one (as
     // leader, for a while), so they join at once. A larger one: they catch up and say when they come.
     if (fresh_snapshot && round_length_ > Nanos{0}) {

@@ -167,6 +167,8 @@ class Peer {
   Status check_not_stranded() const;
   // This peer's link speed where it is known (a simulation's access link, --shape).
   std::optional<double> own_link_bytes_per_s() const;
+  // This peer's link speed under --shape (what it paces its own downloads to).
+  std::optional<double> shaped_link_bytes_per_s() const;
   // A state link as this peer uses it: shaped like its group links under --shape.
   std::shared_ptr<transport::Link> shape_state_link(std::shared_ptr<transport::Link> link);
   std::atomic<std::uint64_t> state_links_shaped_{0};  // seeds the shapers' loss draws
@@ -206,7 +208,6 @@ class Peer {
   Nanos join_started_{0};
   std::int64_t snapshot_round_ = 0;            // of the snapshot this peer joined from
   std::optional<std::int64_t> snapshot_step_;  // of the snapshot this member offers, if any
-  std::int64_t snapshot_offered_round_ = 0;
   double state_fetch_s_ = 0;              // the last join: from asking for the state to taking part
   double state_transfer_s_ = 0;           // the last join: the snapshot's transfer alone (manifests and chunks)
   std::uint64_t state_snapshot_bytes_ = 0;  // the last join: the snapshot's size

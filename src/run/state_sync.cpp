@@ -158,12 +158,6 @@ void StateServer::withdraw() {
   current_.reset();
 }
 
-std::optional<std::int64_t> StateServer::offered_round() const {
-  std::lock_guard lock(mu_);
-  if (!current_) return std::nullopt;
-  return current_->manifest.round;
-}
-
 void Pacer::set_rate(double bytes_per_s) {
   std::lock_guard lock(mu_);
   rate_ = bytes_per_s > 0 ? bytes_per_s : 0;
@@ -598,12 +592,16 @@ Result<FetchResult> fetch_state(transport::Transport& transport, const std::vect
   if (!session.ok()) return session.status();
   auto bytes = (*session)->snapshot(deadline);
   if (!bytes.ok()) return bytes.status();
+  return (*session)->result(std::move(*bytes));
+}
+
+FetchResult StateFetch::result(Bytes snapshot) const {
   FetchResult out;
-  out.manifest = (*session)->manifest();
-  out.bytes = std::move(*bytes);
-  out.bytes_received = (*session)->bytes_received();
-  out.donors_used = (*session)->donors_used();
-  out.donors_failed = (*session)->donors_failed();
+  out.manifest = manifest_;
+  out.bytes = std::move(snapshot);
+  out.bytes_received = received_;
+  out.donors_used = donors_used();
+  out.donors_failed = failed_;
   return out;
 }
 

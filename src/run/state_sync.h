@@ -115,8 +115,6 @@ class StateServer {
   void offer(std::shared_ptr<const Snapshot> snapshot);
   // Drops the snapshots it offers (no newcomer needs them any more).
   void withdraw();
-  // The round of the newest snapshot offered, if any.
-  std::optional<std::int64_t> offered_round() const;
   // Serves at most `bytes_per_s` (all links together) from now on; 0: as fast as the links go.
   void set_rate(double bytes_per_s);
   double rate() const;
@@ -188,6 +186,8 @@ class StateFetch {
   // ones, as many as some donors hold in common (at least one, or an error).
   [[nodiscard]] Result<std::vector<Bytes>> updates(const std::vector<UpdateInfo>& infos, Deadline deadline);
 
+  // What a transfer of the snapshot gave, as fetch_state reports it.
+  FetchResult result(Bytes snapshot) const;
   std::uint64_t bytes_received() const { return received_; }
   int donors_used() const;  // donors that served something
   int donors_failed() const { return failed_; }

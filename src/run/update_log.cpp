@@ -51,14 +51,7 @@ std::int64_t UpdateLog::complete_after() const {
   return complete_after_;
 }
 
-std::vector<UpdateInfo> UpdateLog::index(std::int64_t step, std::size_t max) const {
-  std::lock_guard lock(mu_);
-  std::vector<UpdateInfo> out;
-  for (auto it = updates_.upper_bound(step); it != updates_.end() && out.size() < max; ++it) {
-    out.push_back(UpdateInfo{it->first, it->second->manifest.total, it->second->manifest.chunk_bytes, it->second->manifest.whole});
-  }
-  return out;
-}
+std::vector<UpdateInfo> UpdateLog::index(std::int64_t step, std::size_t max) const { return complete_index(step, max).second; }
 
 std::pair<std::int64_t, std::vector<UpdateInfo>> UpdateLog::complete_index(std::int64_t step, std::size_t max) const {
   std::lock_guard lock(mu_);
