@@ -119,10 +119,13 @@ Status CO2::replay(std::int64_t step, const at::Tensor& average) {
   if (Status st = check_update(average, outer_.numel(), "CO2", step); !st.ok()) return st;
   if (step <= 0 || step % options_.inner_steps != 0) return error(ErrorCode::kMalformed, "CO2 has no round at step " + std::to_string(step));
   const std::int64_t round = step / options_.inner_steps;
-  // As step() for `round` on a settled state, with `average` as the one it launched.
+  // As step() for `round` on a settled state, with `average` as the one it launched. A gap (no update
+  // of the round before, while this state holds an earlier average) is either a round the members
+  // skipped (they dropped that average) or an average they lost after applying the one before (they
+  // applied it): the two differ, and the updates do not tell which, so a newer snapshot is needed.
   if (pending_ && pending_round_ != round - 1) {
-    lost(pending_round_);
-    pending_.reset();
+    return error(ErrorCode::kDataLoss, "CO2 round " + std::to_string(round) + ": no update of round " + std::to_string(round - 1) +
+                                           " (its average was lost or its round skipped): the state must come from a newer snapshot");
   }
   if (!pending_ && round > 1) lost(round - 1);
   const at::Tensor current_outer = outer_;

@@ -9,7 +9,11 @@ taking part, the wait for the next round boundary included), the rounds the run 
 the donors' slowdown while serving (virtual time of the last round before the newcomer took part,
 against a run without a newcomer) and the most memory the kept updates took.
 
-Usage: scripts/bench_join.py GOSSAMER [WIDTH ...]
+With --killed, instead: the newcomer is killed half-way through its snapshot's transfer and starts
+again 5 s later (sim.crash_worker = sim.join_worker); it prints what it kept of the snapshot, what it
+fetched again, and its join against the same join uninterrupted.
+
+Usage: scripts/bench_join.py GOSSAMER [--killed] [WIDTH ...]
 """
 import json
 import os
@@ -18,11 +22,12 @@ import sys
 import tempfile
 
 gossamer = sys.argv[1]
-widths = [int(w) for w in sys.argv[2:]] or [128, 256, 512]
+killed = "--killed" in sys.argv[2:]
+widths = [int(w) for w in sys.argv[2:] if w != "--killed"] or [128, 256, 512]
 links = [10, 100, 1000]
 
 
-def run(width, link, join):
+def run(width, link, join, kill_at=None):
     out = tempfile.mkdtemp(prefix="bench-join-")
     sets = {
         "outer.method": "diloco", "sim.workers": 4, "train.steps": 120, "diloco.inner_steps": 10,
@@ -32,6 +37,8 @@ def run(width, link, join):
     }
     if join:
         sets.update({"sim.join_worker": 3, "sim.join_at_step": 7, "sim.slow_link_workers": 1, "sim.slow_link_mbit": link})
+    if kill_at is not None:
+        sets.update({"sim.crash_worker": 3, "sim.crash_at_step": kill_at, "sim.crash_restart_s": 5})
     cmd = [gossamer, "sim", "--out", out]
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
@@ -44,6 +51,28 @@ def last(records, worker, key):
     found = [r for r in records if r.get("worker") == worker and key in r]
     return found[-1] if found else None
 
+
+if killed:
+    # The snapshot's transfer starts at the boundary after step 7 (step 10, t = 10 s): killed when the
+    # run reaches the step half-way through it.
+    print(f"{'width':>5} {'link Mbit/s':>11} {'state MB':>9} {'kept MB':>8} {'fetched again MB':>16} {'transfer s':>10} "
+          f"{'uninterrupted s':>15} {'joins':>5}")
+    for width in widths:
+        for link in [10, 100]:
+            whole = last(run(width, link, True), 3, "joins")
+            if whole is None:
+                print(f"{width:>5} {link:>11}  the newcomer did not take part before the run ended")
+                continue
+            half = 10 + int(whole["state_transfer_s"] / 2) + 1
+            joined = last(run(width, link, True, kill_at=half), 3, "joins")
+            if joined is None:
+                print(f"{width:>5} {link:>11}  killed at step {half}: the newcomer did not take part before the run ended")
+                continue
+            state = joined["state_snapshot_bytes"]
+            kept = joined["state_resumed_bytes"]
+            print(f"{width:>5} {link:>11} {state / 1e6:>9.2f} {kept / 1e6:>8.2f} {(state - kept) / 1e6:>16.2f} "
+                  f"{joined['state_transfer_s']:>10.2f} {whole['state_transfer_s']:>15.2f} {joined['joins']:>5}")
+    sys.exit(0)
 
 print(f"{'width':>5} {'link Mbit/s':>11} {'state MB':>9} {'floor s':>8} {'transfer s':>10} {'transfer/floor':>14} {'join s':>7} "
       f"{'behind':>6} {'updates MB':>10} {'donor slowdown':>14} {'kept MB':>8}")

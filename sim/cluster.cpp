@@ -1,6 +1,7 @@
 #include "sim/cluster.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <mutex>
 #include <optional>
@@ -11,6 +12,7 @@
 
 #include "optim/flat_params.h"
 #include "run/peer_runtime.h"
+#include "run/state_store.h"
 #include "sim/gossip_fabric.h"
 #include "sim/transport_fabric.h"
 #include "train/worker.h"
@@ -176,7 +178,9 @@ class PeerCluster {
         reached_(scheduler_.make_signal()),
         saved_(static_cast<std::size_t>(m_)),
         churn_(static_cast<std::size_t>(m_)),
-        downtime_(static_cast<std::size_t>(m_)) {
+        downtime_(static_cast<std::size_t>(m_)),
+        killed_(static_cast<std::size_t>(m_)) {
+    for (int r = 0; r < m_; ++r) stores_.push_back(run::make_memory_store());
     result_.accounts.resize(static_cast<std::size_t>(m_));
     result_.final_params.resize(static_cast<std::size_t>(m_));
     while (m_ > 1 && (evaluator_ == config.sim.crash_worker || evaluator_ == joiner_)) ++evaluator_;
@@ -258,8 +262,9 @@ class PeerCluster {
         reached_->notify_all();
       }
     }
+    if (joiner_ >= 0 && r != joiner_ && joiner_ == config_.sim.crash_worker && next - 1 >= config_.sim.crash_at_step) kill_newcomer();
     auto& churn = churn_[static_cast<std::size_t>(r)];
-    const bool scripted = r == config_.sim.crash_worker && next == config_.sim.crash_at_step;
+    const bool scripted = r == config_.sim.crash_worker && r != joiner_ && next == config_.sim.crash_at_step;
     bool churned = false;
     while (!churn.empty() && churn.front() <= next) {  // (a restart may land past a planned step)
       churned = churned || churn.front() == next;
@@ -274,6 +279,22 @@ class PeerCluster {
     gossip_fabric_.crash(gossip_address(r));
     net_.crash(r);
     return false;
+  }
+
+  // The newcomer is killed (sim.crash_worker = sim.join_worker) once the run reaches
+  // sim.crash_at_step, wherever it is: typically with its state still on its way. Its links and
+  // gossip are cut at once, as for any crash; it then stops at the next point it looks (its own
+  // store of the state, like a disk, outlives it).
+  void kill_newcomer() {
+    bool expected = false;
+    if (!newcomer_killed_.compare_exchange_strong(expected, true)) return;
+    const int r = joiner_;
+    downtime_[static_cast<std::size_t>(r)].reset();
+    if (config_.sim.crash_restart_s >= 0) downtime_[static_cast<std::size_t>(r)] = config_.sim.crash_restart_s;
+    spdlog::info("sim: newcomer {} is killed (the run reached step {}, t = {:.1f} s)", r, config_.sim.crash_at_step, seconds_now());
+    gossip_fabric_.crash(gossip_address(r));
+    net_.crash(r);
+    killed_[static_cast<std::size_t>(r)] = true;
   }
 
   run::PeerEnvironment environment(int r, transport::PeerId id) {
@@ -310,7 +331,8 @@ class PeerCluster {
       scheduler_.sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(s)));
       return s;
     };
-    env.alive = [this, r](std::int64_t next) { return alive(r, next); };
+    env.alive = [this, r](std::int64_t next) { return alive(r, next) && !killed_[static_cast<std::size_t>(r)]; };
+    env.snapshot_store = stores_[static_cast<std::size_t>(r)];
     if (auto spec = network_spec(config_); spec.ok() && static_cast<std::size_t>(r) < spec->nodes.size()) {
       const double goodput = spec->nodes[static_cast<std::size_t>(r)].link.goodput_bytes_per_s();
       if (std::isfinite(goodput)) env.link_bytes_per_s = goodput;
@@ -352,10 +374,19 @@ class PeerCluster {
       plan.resumed = saved_[static_cast<std::size_t>(r)];
       plan.resumed_from = "worker " + std::to_string(r) + "'s last checkpoint";
     }
+    killed_[static_cast<std::size_t>(r)] = false;
+    plan.stop = &killed_[static_cast<std::size_t>(r)];  // a killed newcomer stops where it looks next
     run::PeerEnvironment env = environment(r, go.self);
     env.gossip = gossip->get();
     run::Peer peer(std::move(plan), std::move(env));
     auto out = peer.run();
+    if (killed_[static_cast<std::size_t>(r)]) {
+      if (out.ok()) {  // it finished before it saw it was killed
+        add_life(result_.accounts[static_cast<std::size_t>(r)], out->account);
+        result_.final_params[static_cast<std::size_t>(r)] = out->final_params;
+      }
+      return true;  // died: it restarts after its downtime
+    }
     if (!out.ok()) {
       // A newcomer (or a restarted worker) that cannot get in: the run goes on without it.
       if (r == joiner_ || life > 0) {
@@ -421,6 +452,9 @@ class PeerCluster {
   std::vector<std::optional<train::CheckpointState>> saved_;  // each worker's last checkpoint (churn)
   std::vector<std::vector<std::int64_t>> churn_;              // each worker's planned crash steps
   std::vector<std::optional<double>> downtime_;               // after its last crash: how long it stays down (virtual s); none: for good
+  std::vector<std::atomic<bool>> killed_;                     // stopped by a kill (the newcomer's); reset at each life
+  std::atomic<bool> newcomer_killed_{false};
+  std::vector<std::shared_ptr<run::SnapshotStore>> stores_;   // each worker's store of a state on its way (outlives a crash)
   ClusterResult result_;
   Status failure_;
   double compute_wall_ = 0;

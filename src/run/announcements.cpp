@@ -244,10 +244,12 @@ std::vector<transport::PeerId> JoinBoard::waiting() const {
 }
 
 std::optional<std::pair<std::int64_t, std::vector<Donor>>> JoinBoard::newest_offer(Nanos settle) const {
+  std::size_t others = 0;  // peers alive beside this one: once each of them offers a round, waiting longer gains nothing
+  for (const auto& m : gossip_.members()) others += m.id != gossip_.self() && m.state == transport::MemberState::kAlive ? 1 : 0;
   std::lock_guard lock(mu_);
   const Nanos now = clock_.now();
   for (auto it = offers_.rbegin(); it != offers_.rend(); ++it) {
-    if (now < first_seen_.at(it->first) + settle) continue;
+    if (now < first_seen_.at(it->first) + settle && it->second.size() < others) continue;
     std::vector<Donor> out;
     for (const auto& [id, address] : it->second) out.push_back(Donor{reachable_address(gossip_, id, address), id.to_string()});
     return std::make_pair(it->first, out);

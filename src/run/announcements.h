@@ -116,7 +116,8 @@ class JoinBoard {
   std::vector<transport::PeerId> waiting() const;
   // The link speed newcomer `id` gave when it asked (bytes/s), if it gave one.
   std::optional<double> link_of(transport::PeerId id) const;
-  // The newest round offered for at least `settle` (so most donors of it are known), with its donors.
+  // The newest round offered for at least `settle` (so most donors of it are known), or by every peer
+  // alive, with its donors.
   std::optional<std::pair<std::int64_t, std::vector<Donor>>> newest_offer(Nanos settle) const;
   // Drops the offers of `round` and older (they failed, so older ones are gone too).
   void forget(std::int64_t round);

@@ -10,6 +10,7 @@
 #include "core/file.h"
 #include "core/hash.h"
 #include "run/peer_runtime.h"
+#include "run/state_store.h"
 #include "train/checkpoint.h"
 #include "train/memory.h"
 #include "train/metrics.h"
@@ -266,6 +267,9 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   env.write_summary = [&](const nlohmann::json& summary) {
     return write_file_atomic(req.out_dir / "summary.json", as_bytes(summary.dump(2) + "\n"));
   };
+  // A newcomer's state goes to the run folder as it arrives: bounded by the disk, and resumed by the
+  // same command started again after a kill.
+  env.snapshot_store = make_file_store(req.out_dir);
   if (req.crash_at_step > 0) {
     env.alive = [at = req.crash_at_step](std::int64_t next) {
       if (next < at) return true;

@@ -13,6 +13,7 @@
 
 #include "core/signal.h"
 #include "optim/flat_params.h"
+#include "run/state_store.h"
 #include "train/memory.h"
 #include "transport/shaped_link.h"
 
@@ -143,7 +144,9 @@ Status Peer::link_up() {
     outer_config_.gloo.store_host = outer_config_.gloo.interface_host = opened_.bound.substr(0, c);
     outer_config_.gloo.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(std::min(round_timeout_, kLinkTimeout));
   }
-  log_ = std::make_shared<UpdateLog>(config_.join.keep_rounds * schedule_.period, static_cast<std::uint64_t>(config_.join.keep_mb * 1e6));
+  // join.keep_rounds counts outer rounds: Streaming DiLoCo's take all its fragments' (H inner steps).
+  const std::int64_t outer_period = outer_config_.method == optim::Method::kStreamingDiLoCo ? config_.streaming_diloco.inner_steps : schedule_.period;
+  log_ = std::make_shared<UpdateLog>(config_.join.keep_rounds * std::max<std::int64_t>(outer_period, 1), static_cast<std::uint64_t>(config_.join.keep_mb * 1e6));
   server_ = std::make_unique<StateServer>(clock_, log_);
   if (auto link = own_link_bytes_per_s()) server_->set_rate(*link * config_.join.serve_share);
   links_ = std::make_unique<PeerLinks>(
@@ -256,29 +259,51 @@ Result<FetchResult> Peer::fetch_newest(Deadline deadline) {
       board_->ask_to_join(own_link_bytes_per_s().value_or(0));
       last_ask = clock_.now();
     }
-    if (auto offer = board_->newest_offer(50ms)) {
+    if (auto offer = board_->newest_offer(500ms)) {  // (the members reach their boundary, and offer, a little apart)
       Status failed;
       const Nanos transfer_started = clock_.now();
+      std::int64_t round_at_start = -1;  // where the run was (as announced): the rounds it goes on during the transfer tell a round's length
+      {
+        std::lock_guard lock(heard_->mu);
+        round_at_start = heard_->latest_round;
+      }
       auto session = StateFetch::open(*opened_.transport, offer->second, offer->first, deadline, clock_,
                                       [this](std::shared_ptr<transport::Link> l) { return shape_state_link(std::move(l)); });
       if (session.ok()) {
-        // Shaped: this peer's own link paces what it asks for, whatever number of donors serve it.
-        if (auto shaped = shaped_link_bytes_per_s()) (*session)->set_rate(*shaped);
+        // This peer's own link, where known (--shape, a simulated link), paces what it asks for,
+        // whatever number of donors serve it: chunks then arrive one after another (each one kept
+        // is one a restart need not fetch) instead of all at once at the end.
+        if (auto own = own_link_bytes_per_s()) (*session)->set_rate(*own);
+        (*session)->set_stop(plan_.stop);
+        // Asking to join again every second until it takes part: the donors keep the snapshot and
+        // the updates while it asks (its requests alone may come rounds apart over a slow link).
+        (*session)->keep_alive([board = board_, rate = own_link_bytes_per_s().value_or(0)] { board->ask_to_join(rate); }, 1s);
         spdlog::info("fetching the state of round {} ({:.2f} MB) from {} donor(s)", offer->first, (*session)->manifest().total / 1e6,
                      (*session)->donors_left());
-        auto bytes = (*session)->snapshot(deadline);
+        // Into the run folder as it arrives (a simulated worker: memory that outlives its crash), so
+        // that a newcomer killed mid-way resumes from what it verified.
+        if (!env_.snapshot_store) env_.snapshot_store = make_memory_store();
+        failed = (*session)->snapshot(*env_.snapshot_store, deadline);
         state_received_ += (*session)->bytes_received();
-        if (bytes.ok()) {
-          FetchResult f = (*session)->result(std::move(*bytes));
-          spdlog::info("fetched the state of round {} ({:.2f} MB) from {} donor(s) in {:.1f} s{}", offer->first, f.bytes.size() / 1e6, f.donors_used,
+        auto got = failed.ok() ? (*session)->result(env_.snapshot_store) : Result<FetchResult>(failed);
+        if (got.ok()) {
+          FetchResult& f = *got;
+          spdlog::info("fetched the state of round {} ({:.2f} MB) from {} donor(s) in {:.1f} s{}{}", offer->first, f.bytes.size() / 1e6, f.donors_used,
                        std::chrono::duration<double>(clock_.now() - join_started_).count(),
+                       f.bytes_resumed > 0 ? fmt::format(", {:.2f} MB of it kept from before", f.bytes_resumed / 1e6) : std::string(),
                        f.donors_failed > 0 ? fmt::format(", {} failed", f.donors_failed) : std::string());
           session_ = std::move(*session);
           state_transfer_s_ = std::chrono::duration<double>(clock_.now() - transfer_started).count();
+          transfer_started_ = transfer_started;
+          round_at_transfer_ = round_at_start;
+          transfer_rate_ = state_transfer_s_ > 0 ? static_cast<double>(f.bytes_received) / state_transfer_s_ : 0;
           state_snapshot_bytes_ = f.bytes.size();
-          return f;
+          state_resumed_bytes_ += f.bytes_resumed;
+          return std::move(f);
         }
-        failed = bytes.status();
+        failed = got.status();
+        if (failed.code() == ErrorCode::kAborted) return error(ErrorCode::kAborted, "stop requested while fetching the state (what arrived is kept for a restart)");
+        if (failed.code() == ErrorCode::kResourceExhausted || failed.code() == ErrorCode::kIoError) return failed;  // no other snapshot fits better
       } else {
         failed = session.status();
       }
@@ -328,6 +353,9 @@ void Peer::record(std::int64_t step, const at::Tensor& update) {
 
 Status Peer::catch_up(Deadline deadline, bool slack) {
   if (!session_) return error(ErrorCode::kOutOfRange, "no donors to catch up from");
+  // No method's update holds more than two values per parameter (noloco's pair means): larger ones
+  // are refused before anything is set aside for them.
+  session_->set_update_limit(static_cast<std::uint64_t>(worker_->model().num_parameters()) * 8);
   std::int64_t at = worker_->steps_done();
   std::optional<std::int64_t> intended;
   std::int64_t replayed = 0;
@@ -339,9 +367,23 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
     auto index = session_->updates_after(at, deadline);
     if (!index.ok()) return index.status();
     Status failed;
-    if (!index->empty() && !intended && index->size() >= last_batch && index->size() < kMaxIndexEntries) {
-      // Not gaining on the members (its link carries a round's update no faster than a round goes):
-      // it names a round now, so that they wait for it there (its link would set their pace anyway).
+    // Not gaining on the members (its link carries a round's update no faster than a round goes): it
+    // names a round now, so that they wait for it there (its link would set their pace anyway). Seen
+    // when the list did not shrink over the last batch, or foreseen before the first one from the
+    // pace its snapshot came at and the rounds the run went on meanwhile (over a slow link even the
+    // first updates may outlast the run).
+    bool foreseen = false;
+    if (!index->empty() && last_batch == std::numeric_limits<std::size_t>::max() && transfer_rate_ > 0 && round_at_transfer_ >= 0) {
+      const std::int64_t advanced = schedule_.rounds_over(index->back().step) - round_at_transfer_;
+      const double elapsed_s = std::chrono::duration<double>(clock_.now() - transfer_started_).count();
+      double mean_bytes = 0;
+      for (const auto& u : *index) mean_bytes += static_cast<double>(u.total) / static_cast<double>(index->size());
+      foreseen = advanced >= 2 && mean_bytes / transfer_rate_ >= 0.8 * elapsed_s / static_cast<double>(advanced);
+    }
+    // The members went past the round it named (it was named too late, or the updates since came
+    // slower than the rounds): it names a later one.
+    const bool passed = intended && !index->empty() && schedule_.rounds_over(index->back().step) >= *intended;
+    if (!index->empty() && (passed || (!intended && (foreseen || index->size() >= last_batch))) && index->size() < kMaxIndexEntries) {
       intended = std::min(schedule_.first_round_after(index->back().step) + 1, schedule_.last_round(config_.train.steps));
       coordinator_->intend(*intended);
       spdlog::info("catching up gains nothing on the members ({} update(s) to fetch again): they wait for this peer at round {}", index->size(),
@@ -404,6 +446,7 @@ Status Peer::join(Deadline deadline) {
     if (!got.ok()) return got.status();
     if (Status st = adopt(*got); !st.ok()) return st;
     Status st = catch_up(deadline);
+    if (st.ok() && env_.snapshot_store) env_.snapshot_store->clear();
     if (!needs_newer_snapshot(st)) return st;
     spdlog::warn("{}: this peer fell more than join.keep_rounds ({}) rounds behind while the state came; fetching a newer one "
                  "(raise join.keep_rounds when the state takes this long)", st.message(), config_.join.keep_rounds);
@@ -465,8 +508,16 @@ Status Peer::join_or_start() {
     agreed_round_ = schedule_.first_round_after(worker_->steps_done()) - 1;
     spdlog::info("resumed from {} at step {}", plan_.resumed_from, worker_->steps_done());
   }
-  if (fetched_ && (!plan_.resumed || fetched_->manifest.step > worker_->steps_done())) {
-    if (Status st = adopt(*fetched_); !st.ok()) return st;
+  if (fetched_) {
+    // The snapshot, unless this peer resumed from a checkpoint newer than it: then the updates the
+    // donors keep since its own step bring it to the members (its checkpoint is the state they
+    // shared at that step). A newer snapshot where they do not reach back.
+    if (!plan_.resumed || fetched_->manifest.step > worker_->steps_done()) {
+      if (Status st = adopt(*fetched_); !st.ok()) return st;
+    } else {
+      current_round_ = agreed_round_;
+      snapshot_round_ = schedule_.rounds_over(worker_->steps_done());
+    }
     Status st = catch_up(after(plan_.start_timeout));
     if (needs_newer_snapshot(st)) {
       spdlog::warn("{}: fetching a newer state", st.message());
@@ -475,6 +526,9 @@ Status Peer::join_or_start() {
       st = join(after(plan_.start_timeout));
     }
     if (!st.ok()) return st.with_context("joining the run");
+    // Taken: a later start of this peer resumes from its checkpoints, not from this transfer.
+    if (env_.snapshot_store) env_.snapshot_store->clear();
+    fetched_.reset();
   } else {
     current_round_ = agreed_round_;
   }
@@ -497,7 +551,9 @@ Status Peer::save_checkpoint() {
 // with the other members (a new one only when the updates it keeps no longer reach back to the one
 // it offers) and keeps the updates it applies from then on, so that a newcomer whose state takes
 // rounds to arrive catches up instead of fetching again; once no newcomer has asked for anything for
-// three rounds it drops both. The checkpoint is written when due.
+// three rounds it drops both (a newcomer paces its requests to its link where it knows it, and over
+// TCP a donor answers the next request only once the last answer is on its way, so a transfer under
+// way keeps asking). The checkpoint is written when due.
 void Peer::boundary(std::int64_t done_step) {
   const std::int64_t done = schedule_.rounds_over(done_step);
   const auto newcomers = board_->waiting();
@@ -529,7 +585,7 @@ void Peer::boundary(std::int64_t done_step) {
       Bytes state = encode_shared_state(worker_->model().parameters(), *setup_.outer, ByteView(inner), ddp_);
       // Chunks of 64 KiB to 1 MiB, at least 16 where the state allows, so that even a small state is
       // spread over the donors (every donor cuts the same size alike: it depends on the size only).
-      const std::uint32_t chunk = static_cast<std::uint32_t>(std::clamp<std::uint64_t>((state.size() / 16 + 4095) / 4096 * 4096, 64u << 10, 1u << 20));
+      const std::uint32_t chunk = snapshot_chunk_bytes(state.size());
       server_->offer(Snapshot::make(done, done_step, static_cast<std::uint32_t>(world_), std::move(state), chunk));
       log_->start(done_step);  // (one recording already goes on, reaching back further)
       snapshot_step_ = done_step;
@@ -603,6 +659,13 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
     if (!due || *due <= agreed_round_) return std::nullopt;
     round = *due;
   }
+  if (!retry && epoch_ > 0 && coordinator_->superseded(agreed_round_, epoch_)) {
+    // The round before was agreed again without this peer after its collective went through here
+    // (a peer died mid-way: the others failed and retried it among themselves): its state is not
+    // theirs any more, so it catches up with them as a peer left out does.
+    return left_out(round, error(ErrorCode::kAborted, "round " + std::to_string(agreed_round_) +
+                                                          " went through here but was retried without this peer"));
+  }
   if (Status st = check_not_stranded(); !st.ok()) {
     if (Status saved = save_checkpoint(); !saved.ok()) spdlog::warn("no checkpoint: {}", saved.to_string());
     failure_ = st;
@@ -634,6 +697,7 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
       server_->withdraw();
       snapshot_step_.reset();
       ++solo_rounds_;
+      session_.reset();  // its state is its own now: the members' updates no longer replay onto it
       agreed_round_ = round;
       epoch_ = 0;
       return solo_group(clock_);
@@ -708,6 +772,7 @@ Result<train::WorkerAccount> Peer::rounds() {
       out["state_fetch_s"] = state_fetch_s_;
       out["state_transfer_s"] = state_transfer_s_;
       out["state_snapshot_bytes"] = state_snapshot_bytes_;
+      out["state_resumed_bytes"] = state_resumed_bytes_;
       out["join_rounds_behind"] = join_rounds_behind_;
     }
     if (log_->peak_bytes() > 0) out["update_log_bytes"] = log_->bytes();
@@ -771,6 +836,7 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
   summary["state_fetch_s"] = state_fetch_s_;
   summary["state_transfer_s"] = state_transfer_s_;
   summary["state_snapshot_bytes"] = state_snapshot_bytes_;
+  summary["state_resumed_bytes"] = state_resumed_bytes_;
   summary["join_rounds_behind"] = join_rounds_behind_;
   summary["updates_replayed"] = updates_replayed_;
   summary["update_log_peak_bytes"] = log_->peak_bytes();

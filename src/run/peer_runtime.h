@@ -107,6 +107,9 @@ struct PeerEnvironment {
   // The bandwidth of this peer's link (bytes/s) where the environment knows it (a simulation's access
   // link): serving newcomers takes at most join.serve_share of it. A real peer knows it from --shape.
   std::optional<double> link_bytes_per_s;
+  // Where a newcomer keeps the run's state as it arrives (state_store.h): a real peer's run folder, a
+  // simulated worker's memory that outlives its crash. Absent: memory of this Peer's own.
+  std::shared_ptr<SnapshotStore> snapshot_store;
   bool evaluate = true;     // at eval_every and the end (a simulation lets one peer do it)
   bool set_threads = true;  // apply train.threads to LibTorch (the process's setting)
 };
@@ -213,6 +216,10 @@ class Peer {
   std::uint64_t state_snapshot_bytes_ = 0;  // the last join: the snapshot's size
   std::int64_t join_rounds_behind_ = 0;   // the last join: rounds the run went on while the state came
   std::int64_t updates_replayed_ = 0;
+  std::uint64_t state_resumed_bytes_ = 0;  // of snapshots, kept from a transfer cut short
+  Nanos transfer_started_{0};              // the last snapshot's transfer: when it began,
+  std::int64_t round_at_transfer_ = -1;    // the run's round then (as announced),
+  double transfer_rate_ = 0;               // and the bytes/s it came at
   int rank_ = 0, world_ = 1;
   std::unique_ptr<train::Worker> worker_;
   optim::OuterSetup setup_;

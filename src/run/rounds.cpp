@@ -36,10 +36,14 @@ ByteView bytes_of(const at::Tensor& flat) {
 
 Bytes encode_shared_state(const std::vector<at::Tensor>& params, const optim::OuterOptimizer& outer, ByteView inner, bool with_params) {
   const at::Tensor flat = with_params ? optim::flatten(params) : torch::empty({0}, torch::kFloat);
-  Writer w;
-  w.blob(bytes_of(flat));
-  w.blob(outer.save_shared());
-  w.blob(inner);
+  // Lengths as u64: a model's parameters alone pass 4 GiB at a billion of them.
+  const ByteView params_bytes = bytes_of(flat);
+  const Bytes outer_bytes = outer.save_shared();
+  Writer w(params_bytes.size() + outer_bytes.size() + inner.size() + 24);
+  for (const ByteView part : {params_bytes, ByteView(outer_bytes), inner}) {
+    w.u64(part.size());
+    w.raw(part);
+  }
   return std::move(w).take();
 }
 
@@ -47,9 +51,16 @@ Result<ByteView> load_shared_state(ByteView bytes, std::vector<at::Tensor> param
   Reader r(bytes, "shared state");
   std::int64_t numel = 0;
   for (const auto& p : params) numel += p.numel();
-  const ByteView flat = r.blob(static_cast<std::size_t>(numel) * 4);
-  const ByteView outer_state = r.blob(std::size_t{8} << 30);
-  const ByteView inner = r.blob(std::size_t{8} << 30);
+  const auto part = [&r](std::uint64_t max) -> ByteView {
+    const std::uint64_t n = r.u64();
+    if (r.ok() && (n > max || n > r.remaining())) {
+      r.fail(ErrorCode::kMalformed, "a part of " + std::to_string(n) + " bytes, more than " + (n > max ? "allowed" : "what follows"));
+    }
+    return r.ok() ? r.raw(static_cast<std::size_t>(n)) : ByteView();
+  };
+  const ByteView flat = part(static_cast<std::uint64_t>(numel) * 4);
+  const ByteView outer_state = part(bytes.size());
+  const ByteView inner = part(bytes.size());
   r.expect_end();
   if (!r.ok()) return r.status();
   if (flat.empty()) {  // the outer weights stand for the parameters

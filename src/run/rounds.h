@@ -53,7 +53,7 @@ ByteView bytes_of(const at::Tensor& flat);
 
 // The state members share after a round: the outer optimizer's state and, for ddp, whose members
 // hold identical parameters and inner optimizers, the parameters (fp32) and the inner state too (a
-// LibTorch archive of model and AdamW): blob params | blob outer | blob inner, the first and the last
+// LibTorch archive of model and AdamW): u64 length + params | u64 length + outer | u64 length + inner, the first and the last
 // empty for the other methods (a newcomer's model takes the outer weights, OuterOptimizer::
 // take_shared_weights, and its inner optimizer is its own). So every member offers the same bytes,
 // Streaming DiLoCo's too, whose members' own weights differ.

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/wire.h"
+#include "run/state_store.h"
 #include "run/update_log.h"
 #include "transport/tags.h"
 
@@ -17,9 +18,13 @@ namespace gossamer::run {
 namespace {
 
 using namespace std::chrono_literals;
-constexpr std::uint8_t kVersion = 1;
+// 2: the shared state's parts have u64 lengths (rounds.h), snapshots may pass 8 GiB.
+constexpr std::uint8_t kVersion = 2;
 constexpr std::uint8_t kAskManifest = 1, kAskChunk = 2, kAskUpdateManifest = 3, kAskUpdateChunk = 4, kAskIndex = 5;
-constexpr std::uint64_t kMaxTotal = std::uint64_t{8} << 30;
+// A snapshot goes to a SnapshotStore (on disk for a real peer), so its bound is only a sanity check;
+// an update is held in memory.
+constexpr std::uint64_t kMaxTotal = std::uint64_t{1} << 40;
+constexpr std::uint64_t kMaxUpdate = std::uint64_t{8} << 30;
 constexpr std::uint32_t kMaxChunk = 16u << 20;
 constexpr std::uint32_t kMaxChunks = 1u << 18;  // the manifest stays under 16 MiB
 
@@ -85,6 +90,16 @@ Result<Bytes> ask(transport::Link& link, std::uint8_t kind, std::int64_t round, 
 }
 
 }  // namespace
+
+std::uint32_t snapshot_chunk_bytes(std::uint64_t total) {
+  const std::uint64_t round_up = 4096;
+  const std::uint64_t spread = (total / 16 + round_up - 1) / round_up * round_up;
+  const std::uint64_t fits = (total + kMaxChunks - 1) / kMaxChunks;  // the fewest bytes per chunk the manifest allows
+  const std::uint64_t chunk = std::max(std::clamp<std::uint64_t>(spread, 64u << 10, 1u << 20), (fits + round_up - 1) / round_up * round_up);
+  return static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, kMaxChunk));
+}
+
+std::pair<std::uint64_t, std::size_t> StateManifest::range(std::size_t i) const { return chunk_range(total, chunk_bytes, i); }
 
 Bytes StateManifest::encode() const {
   Writer w;
@@ -168,17 +183,27 @@ double Pacer::rate() const {
   return rate_;
 }
 
-void Pacer::wait_turn(Clock& clock, std::size_t bytes) {
+bool Pacer::wait_turn(Clock& clock, std::size_t bytes, const std::atomic<bool>* stop) {
   Nanos start{0};
   {
     std::lock_guard lock(mu_);
-    if (rate_ <= 0) return;
+    if (rate_ <= 0) return true;
     const Nanos now = clock.now();
     start = std::max(now, next_free_);
     next_free_ = start + std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(static_cast<double>(bytes) / rate_));
     waited_ += start - now;
   }
-  clock.sleep_until(start);
+  // In slices, so that a stop is heard at once (a turn far ahead over a slow link may be seconds away).
+  while (clock.now() < start) {
+    if (stop && stop->load()) return false;
+    clock.sleep_until(std::min(start, clock.now() + Nanos(100ms)));
+  }
+  return true;
+}
+
+bool Pacer::would_wait(Clock& clock) const {
+  std::lock_guard lock(mu_);
+  return rate_ > 0 && next_free_ > clock.now();
 }
 
 double Pacer::waited_s() const {
@@ -225,7 +250,7 @@ Bytes StateServer::answer_request(std::uint8_t kind, std::int64_t at, std::uint3
   if (kind == kAskManifest || kind == kAskUpdateManifest) return answer(object->manifest.encode());
   if (chunk >= object->manifest.chunks.size()) return refusal("no chunk " + std::to_string(chunk));
   const auto [from, n] = chunk_range(object->bytes.size(), object->manifest.chunk_bytes, chunk);
-  pacer_.wait_turn(clock_, n);
+  if (!pacer_.wait_turn(clock_, n, &stopping_)) return refusal("this peer is stopping");
   served_ += n;
   return answer(ByteView(object->bytes.data() + from, n));
 }
@@ -277,7 +302,23 @@ struct StateFetch::Source {
 StateFetch::StateFetch(Clock& clock) : clock_(clock) {}
 
 StateFetch::~StateFetch() {
+  closing_ = true;
+  if (keepalive_) keepalive_->join();
   for (auto& s : sources_) s->link->close();
+}
+
+void StateFetch::keep_alive(std::function<void()> ping, Nanos every) {
+  if (keepalive_) return;
+  keepalive_ = clock_.start_thread([this, ping = std::move(ping), every] {
+    Nanos next = clock_.now() + every;
+    while (!closing_) {
+      if (clock_.now() >= next) {
+        ping();
+        next = clock_.now() + every;
+      }
+      clock_.sleep_for(std::min<Nanos>(every, 100ms));
+    }
+  });
 }
 
 int StateFetch::donors_used() const {
@@ -365,7 +406,17 @@ Result<std::unique_ptr<StateFetch>> StateFetch::open(transport::Transport& trans
 void StateFetch::add_pieces(std::vector<Piece>& pieces, std::uint8_t kind, std::int64_t at, const StateManifest& manifest, Bytes& out) {
   for (std::uint32_t i = 0; i < manifest.chunks.size(); ++i) {
     const auto [from, n] = chunk_range(manifest.total, manifest.chunk_bytes, i);
-    pieces.push_back(Piece{kind, at, i, &out, from, n, manifest.chunks[i]});
+    pieces.push_back(Piece{kind, at, i, &out, nullptr, from, n, manifest.chunks[i]});
+  }
+}
+
+Result<Bytes> StateFetch::read_answer_or_stop(transport::Link& link, Deadline deadline) {
+  if (!stop_) return read_answer(link, deadline);
+  for (;;) {
+    if (stopped()) return error(ErrorCode::kAborted, "stop requested");
+    const bool last = deadline.remaining(clock_) <= Nanos(200ms);
+    auto body = read_answer(link, last ? deadline : Deadline::after(clock_, 200ms));
+    if (last || body.ok() || body.status().code() != ErrorCode::kTimeout) return body;
   }
 }
 
@@ -379,6 +430,7 @@ Status StateFetch::fetch_pieces(const std::vector<Piece>& pieces, const std::vec
   std::vector<int> bad_copies(pieces.size(), 0);
   std::size_t busy = 0, done = 0;
   std::uint64_t got = 0;
+  Status io_failure;
   auto changed = clock_.make_signal();
   std::vector<std::unique_ptr<ClockThread>> threads;
   const int copies = static_cast<int>(sources.size());
@@ -393,8 +445,8 @@ Status StateFetch::fetch_pieces(const std::vector<Piece>& pieces, const std::vec
         changed->notify_all();
       };
       for (;;) {
-        // Fill the window.
-        while (inflight.size() < kWindow) {
+        // Fill the window, but take the answers that are in before waiting for the pace.
+        while (inflight.size() < kWindow && (inflight.empty() || !pacer_.would_wait(clock_))) {
           std::size_t p;
           {
             std::lock_guard lock(mu);
@@ -404,7 +456,11 @@ Status StateFetch::fetch_pieces(const std::vector<Piece>& pieces, const std::vec
             ++busy;
           }
           inflight.push_back(p);
-          pacer_.wait_turn(clock_, pieces[p].size);
+          if (!pacer_.wait_turn(clock_, pieces[p].size, stop_)) {
+            std::unique_lock lock(mu);
+            give_back(lock);
+            return;
+          }
           if (Status st = src.link->send(kStateRequestTag, request(pieces[p].kind, pieces[p].at, pieces[p].chunk), deadline); !st.ok()) {
             std::unique_lock lock(mu);
             drop(index, st.to_string());
@@ -421,12 +477,26 @@ Status StateFetch::fetch_pieces(const std::vector<Piece>& pieces, const std::vec
         const std::size_t p = inflight.front();
         inflight.pop_front();
         const Piece& piece = pieces[p];
-        auto body = read_answer(*src.link, deadline);
+        auto body = read_answer_or_stop(*src.link, deadline);
+        if (!body.ok() && body.status().code() == ErrorCode::kAborted) {
+          std::unique_lock lock(mu);
+          inflight.push_front(p);
+          give_back(lock);
+          return;
+        }
         const bool good = body.ok() && body->size() == piece.size && digest_of(*body) == piece.digest;
+        Status stored;
+        if (good && piece.store) stored = piece.store->write(piece.offset, *body);
         std::unique_lock lock(mu);
+        if (!stored.ok()) {  // the disk refused: nobody can go on
+          if (io_failure.ok()) io_failure = stored;
+          give_back(lock);
+          todo.clear();
+          return;
+        }
         --busy;
         if (good) {
-          if (piece.size > 0) std::memcpy(piece.out->data() + piece.offset, body->data(), piece.size);
+          if (piece.out && piece.size > 0) std::memcpy(piece.out->data() + piece.offset, body->data(), piece.size);
           got += piece.size;
           ++done;
           src.served = true;
@@ -446,6 +516,8 @@ Status StateFetch::fetch_pieces(const std::vector<Piece>& pieces, const std::vec
   }
   for (auto& t : threads) t->join();
   received_ += got;
+  if (!io_failure.ok()) return io_failure;
+  if (stopped()) return error(ErrorCode::kAborted, "stop requested during the transfer");
   if (done != pieces.size()) {
     for (const std::size_t p : todo) {
       if (bad_copies[p] >= copies) return error(ErrorCode::kDataLoss, "every donor's copy of chunk " + std::to_string(pieces[p].chunk) + " failed its hash");
@@ -455,18 +527,36 @@ Status StateFetch::fetch_pieces(const std::vector<Piece>& pieces, const std::vec
   return Status();
 }
 
-Result<Bytes> StateFetch::snapshot(Deadline deadline) {
+Status StateFetch::snapshot(SnapshotStore& store, Deadline deadline) {
   std::vector<std::size_t> alive;
   for (std::size_t i = 0; i < sources_.size(); ++i) {
     if (sources_[i]->alive) alive.push_back(i);
   }
-  Bytes out(manifest_.total);
+  const std::string what = "the state of round " + std::to_string(manifest_.round);
+  auto held = store.prepare(manifest_);
+  if (!held.ok()) return held.status().with_context(what);
   std::vector<Piece> pieces;
-  add_pieces(pieces, kAskChunk, manifest_.round, manifest_, out);
+  resumed_ = 0;
+  for (std::size_t i = 0; i < manifest_.chunks.size(); ++i) {
+    const auto [from, n] = manifest_.range(i);
+    if ((*held)[i]) {
+      resumed_ += n;
+      continue;
+    }
+    pieces.push_back(Piece{kAskChunk, manifest_.round, static_cast<std::uint32_t>(i), nullptr, &store, from, n, manifest_.chunks[i]});
+  }
+  if (resumed_ > 0) {
+    spdlog::info("state: {:.2f} of {:.2f} MB of the state of round {} kept from an earlier transfer", resumed_ / 1e6, manifest_.total / 1e6,
+                 manifest_.round);
+  }
   Status st = fetch_pieces(pieces, alive, deadline);
-  if (st.ok() && digest_of(out) != manifest_.whole) st = error(ErrorCode::kDataLoss, "what arrived does not match its hash");
-  if (!st.ok()) return st.with_context("the state of round " + std::to_string(manifest_.round));
-  return out;
+  if (st.ok()) {
+    auto whole = store.contents();
+    if (!whole.ok()) st = whole.status();
+    else if (digest_of(*whole) != manifest_.whole) st = error(ErrorCode::kDataLoss, "what arrived does not match its hash");
+  }
+  if (!st.ok()) return st.with_context(what);
+  return Status();
 }
 
 Result<std::vector<UpdateInfo>> StateFetch::updates_after(std::int64_t step, Deadline deadline) {
@@ -497,7 +587,11 @@ Result<std::vector<UpdateInfo>> StateFetch::updates_after(std::int64_t step, Dea
       u.total = r.u64();
       u.chunk_bytes = r.u32();
       u.whole = get_digest(r);
-      if (r.ok() && (u.step <= step || u.total > kMaxTotal || u.chunk_bytes == 0 || u.chunk_bytes > kMaxChunk ||
+      if (r.ok() && u.total > update_limit_) {
+        r.fail(ErrorCode::kMalformed, "it lists an update of " + std::to_string(u.total) + " bytes at step " + std::to_string(u.step) +
+                                          ", more than this model's updates can hold (" + std::to_string(update_limit_) + ")");
+      }
+      if (r.ok() && (u.step <= step || u.total > kMaxUpdate || u.chunk_bytes == 0 || u.chunk_bytes > kMaxChunk ||
                      (u.total + u.chunk_bytes - 1) / u.chunk_bytes > kMaxChunks || (!index.empty() && u.step <= index.back().step))) {
         r.fail(ErrorCode::kMalformed, "entries out of order or out of bounds");
       }
@@ -554,7 +648,7 @@ Result<std::vector<Bytes>> StateFetch::updates(const std::vector<UpdateInfo>& in
     const UpdateInfo& u = infos[k];
     out[k].resize(u.total);
     if (u.total <= u.chunk_bytes) {  // one chunk: its hash is the whole's, no manifest needed
-      if (u.total > 0) pieces.push_back(Piece{kAskUpdateChunk, u.step, 0, &out[k], 0, static_cast<std::size_t>(u.total), u.whole});
+      if (u.total > 0) pieces.push_back(Piece{kAskUpdateChunk, u.step, 0, &out[k], nullptr, 0, static_cast<std::size_t>(u.total), u.whole});
       continue;
     }
     std::optional<StateManifest> manifest;
@@ -590,16 +684,20 @@ Result<FetchResult> fetch_state(transport::Transport& transport, const std::vect
                                 Clock& clock) {
   auto session = StateFetch::open(transport, donors, round, deadline, clock);
   if (!session.ok()) return session.status();
-  auto bytes = (*session)->snapshot(deadline);
-  if (!bytes.ok()) return bytes.status();
-  return (*session)->result(std::move(*bytes));
+  auto store = make_memory_store();
+  if (Status st = (*session)->snapshot(*store, deadline); !st.ok()) return st;
+  return (*session)->result(std::move(store));
 }
 
-FetchResult StateFetch::result(Bytes snapshot) const {
+Result<FetchResult> StateFetch::result(std::shared_ptr<SnapshotStore> store) const {
+  auto whole = store->contents();
+  if (!whole.ok()) return whole.status();
   FetchResult out;
   out.manifest = manifest_;
-  out.bytes = std::move(snapshot);
+  out.store = std::move(store);
+  out.bytes = *whole;
   out.bytes_received = received_;
+  out.bytes_resumed = resumed_;
   out.donors_used = donors_used();
   out.donors_failed = failed_;
   return out;

@@ -21,8 +21,8 @@
 //             whole digest [32] | count x digest [32]
 //   index:    complete_after i64 | count u32 | count x (step i64 | total u64 | chunk bytes u32 | whole digest [32])
 //             (complete_after: the log holds every update applied after that step)
-// Limits: total <= 8 GiB, chunk <= 16 MiB, index <= 1024 entries; anything else is refused as
-// malformed.
+// Limits: a snapshot <= 1 TiB (and what its store has room for), an update <= 8 GiB, chunk <= 16 MiB,
+// index <= 1024 entries; anything else is refused as malformed.
 //
 // Threading: StateServer serves each link from a thread it owns; offer() may be called from any
 // thread. StateFetch's calls block the caller until done or their deadline. Errors: kUnavailable
@@ -38,6 +38,7 @@
 #include <optional>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/bytes.h"
@@ -61,6 +62,8 @@ struct StateManifest {
   std::uint32_t chunk_bytes = 0;
   Digest whole;
   std::vector<Digest> chunks;
+  // Where chunk i starts, and how long it is.
+  std::pair<std::uint64_t, std::size_t> range(std::size_t i) const;
   Bytes encode() const;
   [[nodiscard]] static Result<StateManifest> decode(ByteView bytes);
 };
@@ -82,6 +85,11 @@ struct Snapshot {
                                               std::uint32_t chunk_bytes = 1u << 20);
 };
 
+// The chunk size a snapshot of `total` bytes is served in: at least 16 chunks (a few donors share
+// even a small state), 64 KiB to 1 MiB (a lost chunk costs little), larger only where a huge state
+// would otherwise exceed the manifest's 2^18 chunks.
+std::uint32_t snapshot_chunk_bytes(std::uint64_t total);
+
 class UpdateLog;  // update_log.h
 
 // The most entries one index answer holds.
@@ -93,8 +101,9 @@ class Pacer {
  public:
   void set_rate(double bytes_per_s);  // 0: unlimited
   double rate() const;
-  // Waits on `clock` until `bytes` may go.
-  void wait_turn(Clock& clock, std::size_t bytes);
+  // Waits on `clock` until `bytes` may go; false (at once) when `stop` becomes true meanwhile.
+  bool wait_turn(Clock& clock, std::size_t bytes, const std::atomic<bool>* stop = nullptr);
+  bool would_wait(Clock& clock) const;  // whether the next turn is still ahead
   double waited_s() const;  // all waits together
 
  private:
@@ -146,10 +155,14 @@ struct Donor {
   std::string name;     // for messages (its peer id)
 };
 
+class SnapshotStore;  // state_store.h
+
 struct FetchResult {
   StateManifest manifest;
-  Bytes bytes;
+  std::shared_ptr<SnapshotStore> store;  // holds the snapshot
+  ByteView bytes;                        // the snapshot, in `store`
   std::uint64_t bytes_received = 0;
+  std::uint64_t bytes_resumed = 0;  // kept from an earlier transfer of the same snapshot
   int donors_used = 0;
   int donors_failed = 0;
 };
@@ -175,8 +188,18 @@ class StateFetch {
   const StateManifest& manifest() const { return manifest_; }
   // Paces what this newcomer asks for to at most `bytes_per_s` (its own link); 0: no pacing.
   void set_rate(double bytes_per_s) { pacer_.set_rate(bytes_per_s); }
-  // The snapshot, its chunks fetched from every donor at once, verified whole.
-  [[nodiscard]] Result<Bytes> snapshot(Deadline deadline);
+  // While this session lives, `ping` is called every `every` on a thread of its own: the newcomer
+  // tells the members it still needs them (over a slow link its requests may come rounds apart).
+  void keep_alive(std::function<void()> ping, Nanos every);
+  // Updates larger than `bytes` are refused when listed (before anything is set aside for them): a
+  // donor that lists one is dropped. By default only the wire's bound (8 GiB) applies.
+  void set_update_limit(std::uint64_t bytes) { update_limit_ = bytes; }
+  // When `stop` becomes true, the transfer under way ends within a fraction of a second (kAborted),
+  // keeping what it stored (a stopped or killed newcomer resumes from it).
+  void set_stop(const std::atomic<bool>* stop) { stop_ = stop; }
+  // The snapshot into `store`, its chunks fetched from every donor at once (but those the store still
+  // holds from an earlier transfer), verified whole.
+  [[nodiscard]] Status snapshot(SnapshotStore& store, Deadline deadline);
   // The updates the donors hold after `step`, oldest first: the donors that list another update for
   // some step than the most others do are dropped. kOutOfRange when no donor's log reaches back to
   // `step` (the newcomer fell too far behind: a newer snapshot is needed).
@@ -186,8 +209,8 @@ class StateFetch {
   // ones, as many as some donors hold in common (at least one, or an error).
   [[nodiscard]] Result<std::vector<Bytes>> updates(const std::vector<UpdateInfo>& infos, Deadline deadline);
 
-  // What a transfer of the snapshot gave, as fetch_state reports it.
-  FetchResult result(Bytes snapshot) const;
+  // What a transfer of the snapshot into `store` gave, as fetch_state reports it.
+  [[nodiscard]] Result<FetchResult> result(std::shared_ptr<SnapshotStore> store) const;
   std::uint64_t bytes_received() const { return received_; }
   int donors_used() const;  // donors that served something
   int donors_failed() const { return failed_; }
@@ -201,7 +224,8 @@ class StateFetch {
     std::uint8_t kind = 0;
     std::int64_t at = 0;
     std::uint32_t chunk = 0;
-    Bytes* out = nullptr;
+    Bytes* out = nullptr;           // where it goes: memory,
+    SnapshotStore* store = nullptr;  // or a store
     std::uint64_t offset = 0;
     std::size_t size = 0;
     Digest digest;
@@ -211,17 +235,24 @@ class StateFetch {
   // that fails one is dropped and its pieces go to the others.
   Status fetch_pieces(const std::vector<Piece>& pieces, const std::vector<std::size_t>& sources, Deadline deadline);
   void drop(std::size_t source, const std::string& why);
+  bool stopped() const { return stop_ != nullptr && stop_->load(); }
+  // The next answer on `link`, read in short waits so that a stop is heard (kAborted).
+  Result<Bytes> read_answer_or_stop(transport::Link& link, Deadline deadline);
 
   Clock& clock_;
   std::vector<std::unique_ptr<Source>> sources_;
   StateManifest manifest_;
   std::map<std::int64_t, std::vector<std::size_t>> holders_;  // update step -> sources that listed it alike
-  std::uint64_t received_ = 0;
+  std::uint64_t received_ = 0, resumed_ = 0;
   int failed_ = 0;
   Pacer pacer_;
+  const std::atomic<bool>* stop_ = nullptr;
+  std::uint64_t update_limit_ = std::uint64_t{8} << 30;
+  std::atomic<bool> closing_{false};
+  std::unique_ptr<ClockThread> keepalive_;
 };
 
-// One snapshot from `donors` (StateFetch::open, then snapshot()).
+// One snapshot from `donors` (StateFetch::open, then snapshot() into memory).
 [[nodiscard]] Result<FetchResult> fetch_state(transport::Transport& transport, const std::vector<Donor>& donors, std::int64_t round,
                                               Deadline deadline, Clock& clock = real_clock());
 

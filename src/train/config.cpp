@@ -134,7 +134,7 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"sparseloco.error_decay", "beta: decay of the error-feedback accumulator (it stands in for outer momentum; 1: nothing unsent is ever dropped)", [](RunConfig& c) -> double& { return c.sparseloco.error_decay; }, 0.0, 1.0, false},
       IntKey{"sparseloco.chunk", "values per chunk of the pseudo-gradient; the top-k is taken in each", [](RunConfig& c) -> std::int64_t& { return c.sparseloco.chunk; }, 2, 1 << 20},
       IntKey{"sparseloco.topk", "values kept (and sent, 2 bits each plus the index) per chunk", [](RunConfig& c) -> std::int64_t& { return c.sparseloco.topk; }, 1, 1 << 20},
-      IntKey{"join.keep_rounds", "rounds of updates a donor keeps after the snapshot it offers, so that a newcomer whose state takes that long to arrive catches up instead of fetching again", [](RunConfig& c) -> std::int64_t& { return c.join.keep_rounds; }, 1, 1 << 20},
+      IntKey{"join.keep_rounds", "outer rounds of updates a donor keeps after the snapshot it offers (Streaming DiLoCo: rounds of all its fragments, H inner steps each), so that a newcomer whose state takes that long to arrive catches up instead of fetching again", [](RunConfig& c) -> std::int64_t& { return c.join.keep_rounds; }, 1, 1 << 20},
       FloatKey{"join.keep_mb", "memory (MB) a donor's kept updates may take at most (the oldest go first)", [](RunConfig& c) -> double& { return c.join.keep_mb; }, 1.0, 1e9, true},
       FloatKey{"join.serve_share", "share of a donor's link that serving newcomers may take, where the link's bandwidth is known (--shape, the simulator); 1: all of it", [](RunConfig& c) -> double& { return c.join.serve_share; }, 0.0, 1.0, true},
       IntKey{"sim.workers", "simulated workers", [](RunConfig& c) -> std::int64_t& { return c.sim.workers; }, 1, 4096},
@@ -154,7 +154,7 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"sim.device_tflops", "device compute: peak TFLOP/s of each worker", [](RunConfig& c) -> double& { return c.sim.device_tflops; }, 0.0, 1e6, true},
       FloatKey{"sim.device_utilization", "device compute: fraction of peak reached (MFU)", [](RunConfig& c) -> double& { return c.sim.device_utilization; }, 0.0, 1.0, true},
       IntKey{"sim.crash_worker", "worker that crashes at sim.crash_at_step; -1: none", [](RunConfig& c) -> std::int64_t& { return c.sim.crash_worker; }, -1, 4095},
-      IntKey{"sim.crash_at_step", "inner step at which sim.crash_worker crashes", [](RunConfig& c) -> std::int64_t& { return c.sim.crash_at_step; }, 0, 1LL << 40},
+      IntKey{"sim.crash_at_step", "inner step at which sim.crash_worker crashes (the newcomer, sim.join_worker: when the run reaches it, wherever it is, e.g. mid-transfer)", [](RunConfig& c) -> std::int64_t& { return c.sim.crash_at_step; }, 0, 1LL << 40},
       FloatKey{"sim.crash_restart_s", "virtual seconds after which sim.crash_worker restarts from its last checkpoint and catches up with the members; -1: it stays down", [](RunConfig& c) -> double& { return c.sim.crash_restart_s; }, -1.0, 1e9, false},
       IntKey{"sim.join_worker", "worker that joins late, at sim.join_at_step, fetching the training state from a member; -1: none", [](RunConfig& c) -> std::int64_t& { return c.sim.join_worker; }, -1, 4095},
       IntKey{"sim.join_at_step", "inner step from which sim.join_worker takes part (a round boundary joins cleanly)", [](RunConfig& c) -> std::int64_t& { return c.sim.join_at_step; }, 0, 1LL << 40},
@@ -419,7 +419,10 @@ Status validate(const RunConfig& c) {
       return bad("sim.join_worker (" + std::to_string(c.sim.join_worker) + ") must name one of the " + std::to_string(c.sim.workers) + " workers");
     }
     if (c.sim.workers < 2) return bad("sim.join_worker needs sim.workers >= 2: a newcomer joins a running group");
-    if (c.sim.join_worker == c.sim.crash_worker) return bad("sim.join_worker and sim.crash_worker must be different workers");
+    if (c.sim.join_worker == c.sim.crash_worker && c.sim.crash_at_step <= c.sim.join_at_step) {
+      return bad("sim.crash_at_step (" + std::to_string(c.sim.crash_at_step) + ") must come after sim.join_at_step (" + std::to_string(c.sim.join_at_step) +
+                 ") when the newcomer is the one killed: it is killed once the run reaches that step");
+    }
     if (c.sim.join_at_step < 2 || c.sim.join_at_step > c.train.steps) {
       return bad("sim.join_at_step (" + std::to_string(c.sim.join_at_step) + ") must lie in [2, train.steps = " + std::to_string(c.train.steps) +
                  "]: the newcomer takes the state after step sim.join_at_step - 1");

@@ -59,5 +59,9 @@ class RunFolder {
 };
 
 inline constexpr const char* kRunMarkerFile = "run.json";
+// A newcomer's state as it arrives, and its manifest (run/state_store.h): no result yet, so the same
+// command may start again in that folder and resume the transfer.
+inline constexpr const char* kJoinStateFile = "join-state.bin";
+inline constexpr const char* kJoinManifestFile = "join-state.manifest";
 
 }  // namespace gossamer::train

@@ -6,7 +6,6 @@
 
 #include "core/check.h"
 #include "model/torchscript_model.h"
-#include "optim/flat_params.h"
 #include "optim/updates.h"
 #include "train/device.h"
 #include "train/schedule.h"
@@ -176,12 +175,18 @@ Status Worker::replay_gradients(std::int64_t step, const at::Tensor& flat) {
   std::int64_t numel = 0;
   for (const auto& p : s.params) numel += p.numel();
   if (Status st = optim::check_update(flat, numel, "ddp", step); !st.ok()) return st;
-  std::vector<at::Tensor> grads;
+  std::int64_t offset = 0;
   for (auto& p : s.params) {
-    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-    grads.push_back(p.grad());
+    const at::Tensor slice = flat.slice(0, offset, offset + p.numel()).view_as(p);
+    offset += p.numel();
+    // A member averages zeros for a parameter its model gives no gradient and leaves it without one
+    // (AdamW then skips it): a parameter without a gradient here whose share is all zeros stays so.
+    if (!p.grad().defined()) {
+      if (!slice.any().item<bool>()) continue;
+      p.mutable_grad() = torch::zeros_like(p);
+    }
+    p.grad().copy_(slice.to(p.grad().device()));
   }
-  optim::write_flat(grads, flat);
   if (s.config.train.grad_clip > 0.0) torch::nn::utils::clip_grad_norm_(s.params, s.config.train.grad_clip);
   const double lr = learning_rate(s.schedule, s.step);
   for (auto& group : s.optimizer->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);

@@ -32,7 +32,7 @@ namespace {
 using namespace gossamer;
 using namespace std::chrono_literals;
 
-constexpr std::uint8_t kVersion = 1;
+constexpr std::uint8_t kVersion = 2;
 constexpr std::uint64_t kLargestFuzzedState = std::uint64_t{1} << 20;
 
 Bytes state_of(std::size_t n, unsigned seed) {
@@ -262,13 +262,13 @@ void fuzz_newcomer(const std::vector<fuzz::Record>& records, bool manifest_fuzze
     return;
   }
   if (!manifest_fuzzed) {
-    if (got->bytes != current()->bytes || got->bytes_received != current()->manifest.total) __builtin_trap();
+    if (Bytes(got->bytes.begin(), got->bytes.end()) != current()->bytes || got->bytes_received != current()->manifest.total) __builtin_trap();
     if (got->manifest.encode() != current()->manifest.encode()) __builtin_trap();
     return;
   }
   const run::StateManifest& m = got->manifest;
   if (!manifest_body || m.encode() != *manifest_body || got->bytes.size() != m.total) __builtin_trap();
-  if (run::Snapshot::make(m.round, m.step, m.shards, got->bytes, m.chunk_bytes)->manifest.encode() != *manifest_body) __builtin_trap();
+  if (run::Snapshot::make(m.round, m.step, m.shards, Bytes(got->bytes.begin(), got->bytes.end()), m.chunk_bytes)->manifest.encode() != *manifest_body) __builtin_trap();
 }
 
 }  // namespace

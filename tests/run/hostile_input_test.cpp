@@ -181,7 +181,7 @@ TEST_CASE("mutated chunk answers are refused, and the state still comes whole fr
     // The forger alone: refused, or (had every mutation changed nothing) the state itself, never other bytes.
     auto alone = fetch_state(newcomer, {Donor{"forger", "forger"}}, 3, Deadline::after(real_clock(), std::chrono::seconds(10)));
     if (alone.ok()) {
-      CHECK((alone->bytes == state));
+      CHECK((Bytes(alone->bytes.begin(), alone->bytes.end()) == state));
     } else {
       ++refused;
       CHECK(alone.status().code() == ErrorCode::kUnavailable);
@@ -190,7 +190,7 @@ TEST_CASE("mutated chunk answers are refused, and the state still comes whole fr
     auto both = fetch_state(newcomer, {Donor{"forger", "forger"}, Donor{"honest", "honest"}}, 3,
                             Deadline::after(real_clock(), std::chrono::seconds(10)));
     REQUIRE(both.ok());
-    CHECK((both->bytes == state));
+    CHECK((Bytes(both->bytes.begin(), both->bytes.end()) == state));
   }
   CHECK(refused > n * 9 / 10);
 }

@@ -3,7 +3,7 @@
 # bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
 set -u
 G="$1"; shift
-SCENARIOS="${*:-four_peers sim_agrees methods ddp_gloo kill_one kill_leader leave late_join co2_join restart crash_rejoin shaped shaped_join wrong_run wrong_key noise flood}"
+SCENARIOS="${*:-four_peers sim_agrees methods ddp_gloo kill_one kill_leader leave late_join co2_join restart crash_rejoin shaped shaped_join resumed_join wrong_run wrong_key noise flood}"
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
 FAILED=0
@@ -322,6 +322,37 @@ shaped_join() {
   awk -v b="$bytes" -v t="$transfer" 'BEGIN { exit !(t >= 0.9 * b * 8 / 2e6) }' ||
     fail "shaped_join: $bytes state bytes arrived in $transfer s, faster than 2 Mbit/s allows"
   echo "shaped_join: a fourth peer on 2 Mbit/s links fetched $bytes state bytes in $transfer s (floor $(awk -v b="$bytes" 'BEGIN { printf "%.2f", b * 8 / 2e6 }') s) and joined once ($(grep -o 'the run went on [0-9]* round(s)' "$d/p3.log" | tail -n1))"
+}
+
+# A newcomer killed (kill -9) while its state is on its way over a 1 Mbit/s link, then started again
+# with the same command and --out: it keeps the chunks it verified (the run folder holds them), fetches
+# the rest, and joins once, ending with the members' parameters.
+resumed_join() {
+  local d=$WORK/resumed_join
+  mkdir -p "$d"
+  local sets=(--set model.width=64 --set train.steps=240 --set train.eval_every=240 --set diloco.inner_steps=20 --set train.round_timeout_s=120 --shape 1,10)
+  start_first "$d/p0" 3 "${sets[@]}"; local a; a=$(address_of "$d/p0") || { fail "resumed_join: no address"; return; }
+  start_joiner "$d/p1" "$a" --shape 1,10; start_joiner "$d/p2" "$a" --shape 1,10
+  for _ in $(seq 600); do grep -q '"step":20' "$d/p0/metrics.jsonl" 2>/dev/null && break; sleep 0.05; done
+  "$G" peer --listen 127.0.0.1:0 --join "$a" --out "$d/p3" --shape 1,10 > "$d/p3.first.log" 2>&1 &
+  local first=$!
+  for _ in $(seq 400); do grep -q 'fetching the state of round' "$d/p3.first.log" && break; sleep 0.05; done
+  sleep 3
+  kill -9 "$first" 2>/dev/null; wait "$first" 2>/dev/null
+  [ -s "$d/p3/join-state.bin" ] || { fail "resumed_join: the killed newcomer left no state in its run folder"; tail -n 20 "$d/p3.first.log"; return; }
+  start_joiner "$d/p3" "$a" --shape 1,10
+  wait
+  for i in 0 1 2 3; do
+    [ -f "$d/p$i/summary.json" ] || { fail "resumed_join: peer $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
+  done
+  grep -q 'kept from an earlier transfer' "$d/p3.log" || fail "resumed_join: the restarted newcomer fetched everything again"
+  grep -q '"joins": 1,' "$d/p3/summary.json" || fail "resumed_join: the newcomer did not join through exactly one state transfer"
+  local kept
+  kept=$(sed -n 's/.*"state_resumed_bytes": \([0-9]*\).*/\1/p' "$d/p3/summary.json")
+  [ -n "$kept" ] && [ "$kept" -gt 0 ] || fail "resumed_join: state_resumed_bytes is '$kept'"
+  [ -e "$d/p3/join-state.bin" ] && fail "resumed_join: the state kept for a restart is still there after the join"
+  same_params resumed_join "$d"/p{0,1,2,3}
+  echo "resumed_join: a newcomer killed mid-transfer and started again kept $kept bytes it had verified and joined once ($(grep -o 'the run went on [0-9]* round(s)' "$d/p3.log" | tail -n1))"
 }
 
 wrong_run() {

@@ -389,8 +389,9 @@ TEST_CASE("a poisoned worker: filtered aggregation leaves it out and the run end
 
 namespace {
 
-// A run whose newcomer (worker 3) sits behind a slow link: its state takes several rounds to arrive.
-train::RunConfig slow_join(const std::string& method) {
+// A run whose newcomer (worker 3) sits behind a slow link: its state takes several rounds to arrive
+// (a round: 6 steps of 0.2 s, and the members' all-reduce over 100 Mbit/s).
+train::RunConfig slow_join(const std::string& method, double newcomer_mbit = 3) {
   auto c = tiny(method);
   c.sim.workers = 4;
   c.train.steps = 96;
@@ -400,7 +401,7 @@ train::RunConfig slow_join(const std::string& method) {
   c.sim.bandwidth_mbit = 100;
   c.sim.latency_ms = 5;
   c.sim.slow_link_workers = 1;
-  c.sim.slow_link_mbit = 3;
+  c.sim.slow_link_mbit = newcomer_mbit;
   c.sim.step_time_s = 0.2;
   c.sim.join_worker = 3;
   c.sim.join_at_step = 7;
@@ -452,12 +453,65 @@ TEST_CASE("catch-up: a newcomer whose state takes rounds to arrive joins once, r
   }
 }
 
+TEST_CASE("catch-up: a newcomer whose state takes more than 5 rounds to arrive still joins once and ends bit-identical") {
+  // At 0.3 Mbit/s the snapshot takes over 5 rounds, and an fp32 update of DiLoCo (half the state) over
+  // 2: catching up cannot gain on the members, so the newcomer names its round and they wait there.
+  for (const std::string method : {"diloco", "ddp", "streaming_diloco", "noloco", "co2", "sparseloco"}) {
+    CAPTURE(method);
+    const auto c = slow_join(method, 0.3);
+    const auto r = run(c);
+    const auto rec = last_with(r, 3, "joins");
+    REQUIRE(rec.has_value());
+    CHECK((*rec)["joins"] == 1);
+    CHECK(r.accounts[3].steps > 0);
+    const double round_s = static_cast<double>(c.ddp.round_steps) * c.sim.step_time_s;
+    const double transfer_s = (*rec)["state_transfer_s"].get<double>();
+    const std::int64_t behind = (*rec)["join_rounds_behind"].get<std::int64_t>();
+    MESSAGE("snapshot transfer " << transfer_s << " s, rounds behind " << behind);
+    CHECK(transfer_s >= 5 * round_s);
+    if (method == "ddp") {
+      CHECK(behind == 0);
+    } else {
+      CHECK(behind >= 5);  // the run went on while the state came, and the newcomer replayed it
+    }
+    if (method == "diloco" || method == "ddp" || method == "co2" || method == "sparseloco") {
+      for (int w = 1; w < 4; ++w) CHECK(torch::equal(r.final_params[static_cast<std::size_t>(w)], r.final_params[0]));
+    }
+    for (const auto& a : r.accounts) CHECK(a.skipped_rounds == 0);
+  }
+}
+
 TEST_CASE("catch-up reruns bit-identically") {
-  const auto c = slow_join("diloco");
-  const auto a = run(c), b = run(c);
-  REQUIRE(a.records.size() == b.records.size());
-  for (std::size_t i = 0; i < a.records.size(); ++i) CHECK(a.records[i].dump() == b.records[i].dump());
-  CHECK(torch::equal(a.final_params[3], b.final_params[3]));
+  for (const double mbit : {3.0, 0.3}) {  // the newcomer catches up; the members wait for it
+    CAPTURE(mbit);
+    const auto c = slow_join("diloco", mbit);
+    const auto a = run(c), b = run(c);
+    REQUIRE(a.records.size() == b.records.size());
+    for (std::size_t i = 0; i < a.records.size(); ++i) CHECK(a.records[i].dump() == b.records[i].dump());
+    CHECK(torch::equal(a.final_params[3], b.final_params[3]));
+  }
+}
+
+TEST_CASE("catch-up: a newcomer killed mid-transfer and started again resumes from the chunks it verified, and joins once") {
+  auto c = slow_join("diloco", 0.3);
+  c.sim.crash_worker = 3;  // the newcomer: killed when the run reaches step 33, its state half-way (5 chunks of 64 KiB over 0.3 Mbit/s)
+  c.sim.crash_at_step = 33;
+  c.sim.crash_restart_s = 0.5;
+  const auto r = run(c);
+  const auto rec = last_with(r, 3, "joins");
+  REQUIRE(rec.has_value());
+  CHECK((*rec)["joins"] == 1);  // the life that finished joined once
+  const auto resumed = (*rec)["state_resumed_bytes"].get<std::uint64_t>();
+  const auto snapshot = (*rec)["state_snapshot_bytes"].get<std::uint64_t>();
+  MESSAGE("resumed " << resumed << " of " << snapshot << " bytes");
+  CHECK(resumed > 0);  // what the first life verified was not fetched again
+  CHECK(resumed < snapshot);
+  CHECK(r.accounts[3].steps > 0);
+  for (int w = 1; w < 4; ++w) CHECK(torch::equal(r.final_params[static_cast<std::size_t>(w)], r.final_params[0]));
+  // The same run again: the same records.
+  const auto again = run(c);
+  REQUIRE(again.records.size() == r.records.size());
+  for (std::size_t i = 0; i < r.records.size(); ++i) CHECK(again.records[i].dump() == r.records[i].dump());
 }
 
 TEST_CASE("catch-up: a donor that dies mid-transfer costs only its chunks in flight, and the newcomer still joins once") {

@@ -34,6 +34,10 @@ TEST_CASE("run folders: a new run takes a missing or empty folder, never one wit
   }
   // Let go, holding only its start: the same kind may start there again, another kind may not.
   CHECK(RunFolder::check_new(dir, RunKind::kSim).ok());
+  // A newcomer's state on its way is part of the start: the same command resumes the transfer there.
+  touch(dir / kJoinStateFile);
+  touch(dir / kJoinManifestFile);
+  CHECK(RunFolder::check_new(dir, RunKind::kSim).ok());
   auto other = RunFolder::check_new(dir, RunKind::kTrain);
   CHECK(other.code() == ErrorCode::kInvalidArgument);
   CHECK(other.message().find("`gossamer sim` run") != std::string::npos);
