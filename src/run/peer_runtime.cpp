@@ -382,7 +382,7 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
     }
     // The members went past the round it named (it was named too late, or the updates since came
     // slower than the rounds): it names a later one.
-    const bool passed = intended && !index->empty() && schedule_.rounds_over(index->back().step) >= *intended;
+    const bool passed = intended && !index->empty() && schedule_.first_round_after(index->back().step) > *intended;
     if (!index->empty() && (passed || (!intended && (foreseen || index->size() >= last_batch))) && index->size() < kMaxIndexEntries) {
       intended = std::min(schedule_.first_round_after(index->back().step) + 1, schedule_.last_round(config_.train.steps));
       coordinator_->intend(*intended);
@@ -391,6 +391,13 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
     }
     if (!index->empty()) {
       last_batch = index->size();
+      // A few at a time (about two of the largest): over a slow link the whole list at once may
+      // outlast the run, while a small batch soon shows whether the list shrinks.
+      std::uint64_t largest = 0, taken = 0;
+      for (const auto& u : *index) largest = std::max(largest, u.total);
+      std::size_t count = 0;
+      while (count < index->size() && (count == 0 || taken + (*index)[count].total <= 2 * largest)) taken += (*index)[count++].total;
+      index->resize(count);
       auto bytes = session_->updates(*index, deadline);
       failed = bytes.status();
       for (std::size_t k = 0; bytes.ok() && k < bytes->size(); ++k) {
@@ -521,7 +528,9 @@ Status Peer::join_or_start() {
     Status st = catch_up(after(plan_.start_timeout));
     if (needs_newer_snapshot(st)) {
       spdlog::warn("{}: fetching a newer state", st.message());
-      board_->forget(fetched_->manifest.round);
+      const std::int64_t round = fetched_->manifest.round;
+      fetched_.reset();  // (a view into the store, which the next transfer reuses)
+      board_->forget(round);
       session_.reset();
       st = join(after(plan_.start_timeout));
     }

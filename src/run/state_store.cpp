@@ -116,6 +116,19 @@ class FileStore final : public SnapshotStore {
     fd_ = ::open(data_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0) return io_error("cannot open " + data_path_.string());
     if (::ftruncate(fd_, static_cast<off_t>(manifest.total)) != 0) return io_error("cannot size " + data_path_.string());
+    // The blocks themselves, reserved now (a file of that size may be sparse): the disk filling up
+    // later cannot cut the transfer short.
+    if (manifest.total > 0) {
+      const int rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(manifest.total));
+      if (rc == ENOSPC) {
+        return error(ErrorCode::kResourceExhausted, "no room for the run's state (" + std::to_string(manifest.total / 1000000) + " MB) in " +
+                                                        dir_.string() + ": free some space there or give the peer another --out");
+      }
+      if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL) {
+        errno = rc;
+        return io_error("cannot reserve room in " + data_path_.string());
+      }
+    }
     total_ = manifest.total;
     return held;
   }

@@ -25,6 +25,7 @@ constexpr std::uint8_t kAskManifest = 1, kAskChunk = 2, kAskUpdateManifest = 3, 
 // an update is held in memory.
 constexpr std::uint64_t kMaxTotal = std::uint64_t{1} << 40;
 constexpr std::uint64_t kMaxUpdate = std::uint64_t{8} << 30;
+constexpr std::uint64_t kMaxBatchBytes = std::uint64_t{2} << 30;  // updates fetched at once
 constexpr std::uint32_t kMaxChunk = 16u << 20;
 constexpr std::uint32_t kMaxChunks = 1u << 18;  // the manifest stays under 16 MiB
 
@@ -420,6 +421,11 @@ Result<Bytes> StateFetch::read_answer_or_stop(transport::Link& link, Deadline de
   }
 }
 
+Result<Bytes> StateFetch::ask_or_stop(transport::Link& link, std::uint8_t kind, std::int64_t at, std::uint32_t chunk, Deadline deadline) {
+  if (Status st = link.send(kStateRequestTag, request(kind, at, chunk), deadline); !st.ok()) return st;
+  return read_answer_or_stop(link, deadline);
+}
+
 Status StateFetch::fetch_pieces(const std::vector<Piece>& pieces, const std::vector<std::size_t>& sources, Deadline deadline) {
   // Pieces are handed out one at a time to whichever donor has room in its window; those of a failed
   // donor go back.
@@ -470,7 +476,7 @@ Status StateFetch::fetch_pieces(const std::vector<Piece>& pieces, const std::vec
         }
         if (inflight.empty()) {
           std::unique_lock lock(mu);
-          changed->wait(lock, Deadline::never(), [&] { return !todo.empty() || busy == 0; });
+          changed->wait(lock, Deadline::never(), [&] { return !todo.empty() || busy == 0 || !io_failure.ok(); });
           if (todo.empty()) return;
           continue;
         }
@@ -490,6 +496,7 @@ Status StateFetch::fetch_pieces(const std::vector<Piece>& pieces, const std::vec
         std::unique_lock lock(mu);
         if (!stored.ok()) {  // the disk refused: nobody can go on
           if (io_failure.ok()) io_failure = stored;
+          --busy;
           give_back(lock);
           todo.clear();
           return;
@@ -567,7 +574,7 @@ Result<std::vector<UpdateInfo>> StateFetch::updates_after(std::int64_t step, Dea
   for (std::size_t i = 0; i < sources_.size(); ++i) {
     Source& src = *sources_[i];
     if (!src.alive) continue;
-    auto body = ask(*src.link, kAskIndex, step, kMaxIndexEntries, deadline);
+    auto body = ask_or_stop(*src.link, kAskIndex, step, kMaxIndexEntries, deadline);
     if (!body.ok()) {
       if (body.status().code() == ErrorCode::kUnavailable) {  // it keeps no updates (any more)
         why = body.status().message();
@@ -642,6 +649,16 @@ Result<std::vector<Bytes>> StateFetch::updates(const std::vector<UpdateInfo>& in
     holders = std::move(common);
   }
   if (count == 0) return error(ErrorCode::kUnavailable, "no donor left holds the update of step " + std::to_string(infos.front().step));
+  // A batch is held in memory: at most kMaxBatchBytes of it (but one update whatever its size), so
+  // that a donor listing many large updates cannot make this peer set aside more than that.
+  std::uint64_t batch_bytes = infos.front().total;
+  for (std::size_t k = 1; k < count; ++k) {
+    if (batch_bytes + infos[k].total > kMaxBatchBytes) {
+      count = k;
+      break;
+    }
+    batch_bytes += infos[k].total;
+  }
   std::vector<Bytes> out(count);
   std::vector<Piece> pieces;
   for (std::size_t k = 0; k < count; ++k) {
@@ -654,7 +671,7 @@ Result<std::vector<Bytes>> StateFetch::updates(const std::vector<UpdateInfo>& in
     std::optional<StateManifest> manifest;
     for (const std::size_t h : holders) {
       if (!sources_[h]->alive) continue;
-      auto body = ask(*sources_[h]->link, kAskUpdateManifest, u.step, 0, deadline);
+      auto body = ask_or_stop(*sources_[h]->link, kAskUpdateManifest, u.step, 0, deadline);
       auto m = body.ok() ? StateManifest::decode(*body) : Result<StateManifest>(body.status());
       if (m.ok() && (m->step != u.step || m->whole != u.whole || m->total != u.total)) {
         m = error(ErrorCode::kMalformed, "its manifest of the update of step " + std::to_string(u.step) + " does not match its index");

@@ -194,7 +194,8 @@ class StateFetch {
   // Updates larger than `bytes` are refused when listed (before anything is set aside for them): a
   // donor that lists one is dropped. By default only the wire's bound (8 GiB) applies.
   void set_update_limit(std::uint64_t bytes) { update_limit_ = bytes; }
-  // When `stop` becomes true, the transfer under way ends within a fraction of a second (kAborted),
+  // When `stop` becomes true, a transfer of chunks, an index or an update's manifest under way ends
+  // within a fraction of a second (kAborted),
   // keeping what it stored (a stopped or killed newcomer resumes from it).
   void set_stop(const std::atomic<bool>* stop) { stop_ = stop; }
   // The snapshot into `store`, its chunks fetched from every donor at once (but those the store still
@@ -206,7 +207,8 @@ class StateFetch {
   [[nodiscard]] Result<std::vector<UpdateInfo>> updates_after(std::int64_t step, Deadline deadline);
   // Updates listed by updates_after(), in that order, fetched like the snapshot (the chunks of all of
   // them at once, a few requests in flight per donor) and each verified against its hash: the first
-  // ones, as many as some donors hold in common (at least one, or an error).
+  // ones, as many as some donors hold in common and at most 2 GiB together (at least one, or an
+  // error).
   [[nodiscard]] Result<std::vector<Bytes>> updates(const std::vector<UpdateInfo>& infos, Deadline deadline);
 
   // What a transfer of the snapshot into `store` gave, as fetch_state reports it.
@@ -238,6 +240,8 @@ class StateFetch {
   bool stopped() const { return stop_ != nullptr && stop_->load(); }
   // The next answer on `link`, read in short waits so that a stop is heard (kAborted).
   Result<Bytes> read_answer_or_stop(transport::Link& link, Deadline deadline);
+  // A request and its answer, the answer read as read_answer_or_stop does.
+  Result<Bytes> ask_or_stop(transport::Link& link, std::uint8_t kind, std::int64_t at, std::uint32_t chunk, Deadline deadline);
 
   Clock& clock_;
   std::vector<std::unique_ptr<Source>> sources_;

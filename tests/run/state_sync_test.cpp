@@ -394,3 +394,34 @@ TEST_CASE("an update larger than this model's updates can hold is refused when l
   CHECK_FALSE(index.ok());
   CHECK((*session)->donors_left() == 0);  // both listed it: both dropped
 }
+
+namespace {
+
+// A store whose disk fills up after a few chunks.
+class FillingStore final : public SnapshotStore {
+ public:
+  Result<std::vector<bool>> prepare(const StateManifest& manifest) override { return std::vector<bool>(manifest.chunks.size(), false); }
+  Status write(std::uint64_t, ByteView) override {
+    if (++writes_ > 3) return error(ErrorCode::kIoError, "no space left on the device");
+    return Status();
+  }
+  Result<ByteView> contents() override { return error(ErrorCode::kNotFound, "nothing stored"); }
+  void clear() override {}
+
+ private:
+  std::atomic<int> writes_{0};
+};
+
+}  // namespace
+
+TEST_CASE("a store that refuses a write ends the transfer at once with its error, whatever the other donors were doing") {
+  const Bytes state = random_bytes(2'000'000, 16);
+  auto [donors, list] = serving(3, Snapshot::make(8, 80, 2, state, 64 * 1024));
+  auto newcomer = tcp();
+  auto session = StateFetch::open(*newcomer, list, 8, in(30s));
+  REQUIRE(session.ok());
+  FillingStore store;
+  const Status st = (*session)->snapshot(store, in(30s));
+  CHECK(st.code() == ErrorCode::kIoError);
+  CHECK(st.message().find("no space left") != std::string::npos);
+}
