@@ -314,6 +314,8 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   const bool direct = tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
   at::Tensor out = direct ? flat : torch::empty({n}, torch::kFloat);
   float* const out_data = out.data_ptr<float>();
+  // A member keeping updates for a newcomer keeps the mean's own bytes (fp32 would gain nothing).
+  const bool tapped = !exact && g.mean_tap && g.mean_tap->enabled();
   for (int j = 0; j < m; ++j) {
     if (j == r && exact) {
       std::copy(acc.get(), acc.get() + acc_len, out_data + mine_begin);
@@ -324,8 +326,16 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
       if (Status st = quant::decode_into(part, segment(out_data, j, s)); !st.ok()) {
         return rank_context(decoded(st, j == r ? nullptr : &link(j)), "decoding the mean of", j);
       }
-      if (j != r) link(j).recycle(std::move(part));
+      if (j != r && !tapped) link(j).recycle(std::move(part));
     }
+  }
+  if (tapped) {
+    std::vector<Bytes> payloads;
+    payloads.reserve(static_cast<std::size_t>(m * segs));
+    for (auto& chunk : parts) {
+      for (auto& part : chunk) payloads.push_back(std::move(part));
+    }
+    g.mean_tap->add(n, std::move(payloads));
   }
   if (!direct) tensor.copy_(out.view(tensor.sizes()));
   std::string who;

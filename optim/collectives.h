@@ -30,6 +30,7 @@
 
 #include "core/clock.h"
 #include "core/status.h"
+#include "optim/mean_tap.h"
 #include "quant/format.h"
 #include "transport/link.h"
 #include "transport/tags.h"
@@ -52,6 +53,9 @@ struct Group {
   std::vector<std::shared_ptr<transport::Link>> peers;  // peers[rank] is unused
   Clock* clock = &real_clock();  // the time deadlines, timings and waits use (virtual in a simulation)
   std::optional<Poison> poison;  // a simulated poisoned worker's (never set in real runs)
+  // Where allreduce_mean leaves the codec's bytes of each mean while it is on (mean_tap.h): a member
+  // keeping updates for a newcomer's catch-up. Null: nothing recorded.
+  std::shared_ptr<MeanTap> mean_tap;
 };
 
 // How a chunk's owner combines the contributions (outer.aggregation).

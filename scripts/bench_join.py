@@ -13,7 +13,11 @@ With --killed, instead: the newcomer is killed half-way through its snapshot's t
 again 5 s later (sim.crash_worker = sim.join_worker); it prints what it kept of the snapshot, what it
 fetched again, and its join against the same join uninterrupted.
 
-Usage: scripts/bench_join.py GOSSAMER [--killed] [WIDTH ...]
+--codec=NAME sets diloco's codec (default fp32; with a quantized one the kept updates are the codec's
+bytes, so catching up costs less); --steps=N the run's length (default 120; a large state on a slow
+link needs more rounds to join before the run ends).
+
+Usage: scripts/bench_join.py GOSSAMER [--killed] [--codec=NAME] [--steps=N] [WIDTH ...]
 """
 import json
 import os
@@ -22,17 +26,20 @@ import sys
 import tempfile
 
 gossamer = sys.argv[1]
-killed = "--killed" in sys.argv[2:]
-widths = [int(w) for w in sys.argv[2:] if w != "--killed"] or [128, 256, 512]
+args = sys.argv[2:]
+killed = "--killed" in args
+codec = next((a.split("=", 1)[1] for a in args if a.startswith("--codec=")), "fp32")
+steps = int(next((a.split("=", 1)[1] for a in args if a.startswith("--steps=")), "120"))
+widths = [int(w) for w in args if not w.startswith("--")] or [128, 256, 512]
 links = [10, 100, 1000]
 
 
 def run(width, link, join, kill_at=None):
     out = tempfile.mkdtemp(prefix="bench-join-")
     sets = {
-        "outer.method": "diloco", "sim.workers": 4, "train.steps": 120, "diloco.inner_steps": 10,
+        "outer.method": "diloco", "sim.workers": 4, "train.steps": steps, "diloco.inner_steps": 10, "diloco.codec": codec,
         "sim.compute": "fixed", "sim.step_time_s": 1, "model.layers": 4, "model.width": width, "model.heads": 4,
-        "model.context": 32, "train.batch_size": 2, "train.eval_every": 120, "sim.network": "custom",
+        "model.context": 32, "train.batch_size": 2, "train.eval_every": steps, "sim.network": "custom",
         "sim.bandwidth_mbit": 1000, "sim.latency_ms": 20,
     }
     if join:
@@ -75,7 +82,7 @@ if killed:
     sys.exit(0)
 
 print(f"{'width':>5} {'link Mbit/s':>11} {'state MB':>9} {'floor s':>8} {'transfer s':>10} {'transfer/floor':>14} {'join s':>7} "
-      f"{'behind':>6} {'updates MB':>10} {'donor slowdown':>14} {'kept MB':>8}")
+      f"{'behind':>6} {'replayed':>8} {'updates MB':>10} {'donor slowdown':>14} {'kept MB':>8}")
 for width in widths:
     base = run(width, 0, False)
     for link in links:
@@ -94,4 +101,5 @@ for width in widths:
         kept = max((r.get("update_log_bytes", 0) for r in records if r["worker"] != 3), default=0)
         print(f"{width:>5} {link:>11} {state / 1e6:>9.2f} {floor:>8.2f} {joined['state_transfer_s']:>10.2f} "
               f"{joined['state_transfer_s'] / floor:>14.2f} {joined['state_fetch_s']:>7.2f} {joined['join_rounds_behind']:>6} "
+              f"{joined.get('updates_replayed', 0):>8} "
               f"{(joined['state_bytes_received'] - state) / 1e6:>10.2f} {t(records) / t(base):>14.3f} {kept / 1e6:>8.2f}")

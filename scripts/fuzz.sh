@@ -19,7 +19,8 @@ if [ ! -f build-fuzz/CMakeCache.txt ]; then
         -DGOSSAMER_FUZZ=ON
 fi
 targets=(quant_decode_fuzz sparse_decode_fuzz checkpoint_decode_fuzz protocol_decode_fuzz gossip_fuzz secure_channel_fuzz round_message_fuzz
-         spec_announcement_fuzz join_board_fuzz state_manifest_fuzz state_transfer_fuzz relay_request_fuzz)
+         spec_announcement_fuzz join_board_fuzz state_manifest_fuzz state_transfer_fuzz relay_request_fuzz
+         update_decode_fuzz)
 cmake --build build-fuzz --target "${targets[@]}"
 for target in "${targets[@]}"; do
   mkdir -p "build-fuzz/corpus/$target" build-fuzz/artifacts

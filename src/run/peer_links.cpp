@@ -91,6 +91,11 @@ void PeerLinks::poison(const optim::Poison& poison) {
   poison_ = poison;
 }
 
+void PeerLinks::tap_means(std::shared_ptr<optim::MeanTap> tap) {
+  std::lock_guard lock(mu_);
+  tap_ = std::move(tap);
+}
+
 Result<std::shared_ptr<transport::Link>> PeerLinks::open(const MemberInfo& m, const std::optional<MemberInfo>& relay, std::uint64_t epoch,
                                                          Deadline deadline) {
   const transport::PeerId self = transport_.self();
@@ -267,6 +272,7 @@ Result<optim::Group> PeerLinks::group(const GroupView& view, Deadline deadline, 
   g.peers.resize(view.members.size());
   std::lock_guard lock(mu_);
   g.poison = poison_;
+  g.mean_tap = tap_;
   for (std::size_t j = 0; j < view.members.size(); ++j) {
     if (view.members[j].id == self) continue;
     auto it = links_.find({view.epoch, view.members[j].id});

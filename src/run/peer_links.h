@@ -70,6 +70,9 @@ class PeerLinks {
   void shape(const transport::LinkProfile& profile);
   // From now on, group() hands out groups whose all-reduces send poisoned contributions (simulation).
   void poison(const optim::Poison& poison);
+  // From now on, group() hands out groups whose all-reduces leave their means' bytes in `tap`
+  // (optim/mean_tap.h) while it is on.
+  void tap_means(std::shared_ptr<optim::MeanTap> tap);
 
  private:
   class Dialing;  // the links this peer makes for a group, dialed side by side
@@ -106,6 +109,7 @@ class PeerLinks {
   std::uint64_t closed_through_ = 0;  // links of epochs up to this are closed on arrival
   std::optional<transport::LinkProfile> shape_;
   std::optional<optim::Poison> poison_;
+  std::shared_ptr<optim::MeanTap> tap_;
   std::uint64_t shaped_ = 0;  // seeds the shapers' loss draws
   std::unique_ptr<ClockThread> acceptor_;
 };

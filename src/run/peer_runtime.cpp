@@ -14,6 +14,7 @@
 #include "core/signal.h"
 #include "optim/flat_params.h"
 #include "run/state_store.h"
+#include "run/update_codec.h"
 #include "train/memory.h"
 #include "transport/shaped_link.h"
 
@@ -146,13 +147,15 @@ Status Peer::link_up() {
   }
   // join.keep_rounds counts outer rounds: Streaming DiLoCo's take all its fragments' (H inner steps).
   const std::int64_t outer_period = outer_config_.method == optim::Method::kStreamingDiLoCo ? config_.streaming_diloco.inner_steps : schedule_.period;
-  log_ = std::make_shared<UpdateLog>(config_.join.keep_rounds * std::max<std::int64_t>(outer_period, 1), static_cast<std::uint64_t>(config_.join.keep_mb * 1e6));
+  log_ = std::make_shared<UpdateLog>(config_.join.keep_rounds * std::max<std::int64_t>(outer_period, 1), static_cast<std::uint64_t>(config_.join.keep_mb * 1e6),
+                                     tap_);
   server_ = std::make_unique<StateServer>(clock_, log_);
   if (auto link = own_link_bytes_per_s()) server_->set_rate(*link * config_.join.serve_share);
   links_ = std::make_unique<PeerLinks>(
       *opened_.transport, [this](std::shared_ptr<transport::Link> l) { server_->serve(shape_state_link(std::move(l))); },
       [g = &gossip_](transport::PeerId id, const std::string& announced) { return reachable_address(*g, id, announced); }, clock_);
   if (plan_.poison) links_->poison(*plan_.poison);
+  links_->tap_means(tap_);
   if (plan_.shape) {
     links_->shape(*plan_.shape);
     spdlog::info("links shaped like '{}'", plan_.shape->name);
@@ -335,9 +338,13 @@ Status Peer::adopt(const FetchResult& f) {
 }
 
 Status Peer::replay(std::int64_t step, ByteView update) {
-  if (update.size() % 4 != 0) return error(ErrorCode::kMalformed, "the update of step " + std::to_string(step) + " is no whole number of floats");
-  at::Tensor t = torch::empty({static_cast<std::int64_t>(update.size() / 4)}, torch::kFloat);
-  if (!update.empty()) std::memcpy(t.data_ptr<float>(), update.data(), update.size());
+  // No method's update holds more than two values per parameter (noloco's pair means).
+  auto numel = update_values(update, worker_->model().num_parameters() * 2);
+  if (!numel.ok()) return numel.status().with_context("the update of step " + std::to_string(step));
+  at::Tensor t = torch::empty({*numel}, torch::kFloat);
+  if (Status st = decode_update(update, std::span<float>(t.data_ptr<float>(), static_cast<std::size_t>(*numel))); !st.ok()) {
+    return st.with_context("the update of step " + std::to_string(step));
+  }
   if (ddp_) {
     if (Status st = worker_->replay_gradients(step, t); !st.ok()) return st;
   }
@@ -346,16 +353,19 @@ Status Peer::replay(std::int64_t step, ByteView update) {
 
 void Peer::record(std::int64_t step, const at::Tensor& update) {
   if (!log_ || !log_->recording()) return;
-  const at::Tensor flat = update.detach().to(at::kCPU, at::kFloat).contiguous();
-  const ByteView b = bytes_of(flat);
-  log_->add(step, schedule_.rounds_over(step), static_cast<std::uint32_t>(world_), Bytes(b.begin(), b.end()));
+  const at::Tensor flat = update.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1});
+  const std::span<const float> values(flat.data_ptr<float>(), static_cast<std::size_t>(flat.numel()));
+  // In the codec's bytes the all-reduce sent when they decode to exactly this update, else in fp32.
+  auto payloads = tap_->take(values);
+  if (payloads) ++updates_kept_encoded_;
+  log_->add(step, schedule_.rounds_over(step), static_cast<std::uint32_t>(world_), encode_update(values, payloads));
 }
 
 Status Peer::catch_up(Deadline deadline, bool slack) {
   if (!session_) return error(ErrorCode::kOutOfRange, "no donors to catch up from");
   // No method's update holds more than two values per parameter (noloco's pair means): larger ones
   // are refused before anything is set aside for them.
-  session_->set_update_limit(static_cast<std::uint64_t>(worker_->model().num_parameters()) * 8);
+  session_->set_update_limit(static_cast<std::uint64_t>(worker_->model().num_parameters()) * 8 + kUpdateHeaderBytes);
   std::int64_t at = worker_->steps_done();
   std::optional<std::int64_t> intended;
   std::int64_t replayed = 0;
@@ -783,8 +793,12 @@ Result<train::WorkerAccount> Peer::rounds() {
       out["state_snapshot_bytes"] = state_snapshot_bytes_;
       out["state_resumed_bytes"] = state_resumed_bytes_;
       out["join_rounds_behind"] = join_rounds_behind_;
+      out["updates_replayed"] = updates_replayed_;
     }
-    if (log_->peak_bytes() > 0) out["update_log_bytes"] = log_->bytes();
+    if (log_->peak_bytes() > 0) {
+      out["update_log_bytes"] = log_->bytes();
+      out["updates_kept_encoded"] = updates_kept_encoded_;
+    }
     if (env_.record) {
       if (Status st = env_.record(out); !st.ok() && failure_.ok()) failure_ = st;
     }
@@ -850,6 +864,7 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
   summary["updates_replayed"] = updates_replayed_;
   summary["update_log_peak_bytes"] = log_->peak_bytes();
   summary["update_log_dropped"] = log_->dropped();
+  summary["updates_kept_encoded"] = updates_kept_encoded_;
   summary["state_bytes_served"] = server_->bytes_served();
   summary["state_serve_throttled_s"] = server_->throttled_s();
   summary["dropped_messages"] = cs.dropped + static_cast<std::int64_t>(gossip_.dropped_messages());

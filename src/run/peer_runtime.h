@@ -198,6 +198,8 @@ class Peer {
   // link_up (declared so that they go in the right order: links and server before the transport)
   OpenedLinks opened_;
   bool outbound_only_ = false;  // this peer accepts no connections: it dials, or goes through a relay
+  // The codec's bytes of the all-reduces' means while the log records (updates kept in them).
+  std::shared_ptr<optim::MeanTap> tap_ = std::make_shared<optim::MeanTap>();
   std::shared_ptr<UpdateLog> log_;
   std::unique_ptr<StateServer> server_;
   std::unique_ptr<PeerLinks> links_;
@@ -216,6 +218,7 @@ class Peer {
   std::uint64_t state_snapshot_bytes_ = 0;  // the last join: the snapshot's size
   std::int64_t join_rounds_behind_ = 0;   // the last join: rounds the run went on while the state came
   std::int64_t updates_replayed_ = 0;
+  std::int64_t updates_kept_encoded_ = 0;  // updates kept in the codec's bytes (the rest in fp32)
   std::uint64_t state_resumed_bytes_ = 0;  // of snapshots, kept from a transfer cut short
   Nanos transfer_started_{0};              // the last snapshot's transfer: when it began,
   std::int64_t round_at_transfer_ = -1;    // the run's round then (as announced),

@@ -9,6 +9,7 @@ void UpdateLog::start(std::int64_t step) {
   if (recording_) return;
   recording_ = true;
   complete_after_ = step;
+  if (tap_) tap_->enable(true);
 }
 
 void UpdateLog::stop() {
@@ -16,6 +17,7 @@ void UpdateLog::stop() {
   recording_ = false;
   updates_.clear();
   bytes_ = 0;
+  if (tap_) tap_->enable(false);
 }
 
 bool UpdateLog::recording() const {

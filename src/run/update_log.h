@@ -9,6 +9,9 @@
 // and at most `max_bytes` in all, dropping the oldest first; complete_after() is the step after which
 // it holds every update applied (a newcomer whose state is older must fetch a newer snapshot).
 //
+// While it records, it switches on the mean tap it was given (optim/mean_tap.h), so the all-reduces
+// keep the codec's bytes of their means and an update can be kept in them (update_codec.h).
+//
 // Threading: thread-safe; add() is called from the training thread, the rest from the state
 // server's threads too.
 #pragma once
@@ -21,13 +24,15 @@
 
 #include "core/bytes.h"
 #include "core/hash.h"
+#include "optim/mean_tap.h"
 #include "run/state_sync.h"
 
 namespace gossamer::run {
 
 class UpdateLog {
  public:
-  UpdateLog(std::int64_t keep_steps, std::uint64_t max_bytes) : keep_steps_(keep_steps), max_bytes_(max_bytes) {}
+  UpdateLog(std::int64_t keep_steps, std::uint64_t max_bytes, std::shared_ptr<optim::MeanTap> tap = nullptr)
+      : keep_steps_(keep_steps), max_bytes_(max_bytes), tap_(std::move(tap)) {}
 
   // Records from now on the updates after `step` (a snapshot's); a log that records already keeps
   // what it has.
@@ -55,6 +60,7 @@ class UpdateLog {
   void trim_locked(std::int64_t newest);
   const std::int64_t keep_steps_;
   const std::uint64_t max_bytes_;
+  const std::shared_ptr<optim::MeanTap> tap_;
   mutable std::mutex mu_;
   bool recording_ = false;
   std::int64_t complete_after_ = 0;

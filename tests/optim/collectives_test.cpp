@@ -308,3 +308,71 @@ TEST_CASE("robust aggregation works with quantized codecs: a scaled poisoned ran
   }
   CHECK(left_out(run) >= 3);
 }
+
+TEST_CASE("a mean tap keeps the codec's bytes of each mean, which decode bit for bit to what every rank holds") {
+  torch::manual_seed(7);
+  const int m = 3;
+  const std::int64_t n = 1000;
+  for (const auto id : {quant::CodecId::kInt8, quant::CodecId::kFp4E3M0, quant::CodecId::kFp32}) {
+    for (const std::int64_t segment : {kAllreduceSegmentValues, std::int64_t{37}}) {
+      CAPTURE(static_cast<int>(id));
+      CAPTURE(segment);
+      auto groups = mesh(m);
+      std::vector<std::shared_ptr<MeanTap>> taps;
+      for (auto& g : groups) {
+        taps.push_back(std::make_shared<MeanTap>());
+        taps.back()->enable(true);
+        g.mean_tap = taps.back();
+      }
+      std::vector<at::Tensor> t(static_cast<std::size_t>(m));
+      for (int r = 0; r < m; ++r) t[static_cast<std::size_t>(r)] = torch::randn({n}, torch::TensorOptions().dtype(torch::kFloat)) * (r + 1);
+      on_ranks(m, [&](int r) {
+        REQUIRE(allreduce_mean(groups[static_cast<std::size_t>(r)], t[static_cast<std::size_t>(r)], codec(id), 1, in(10s), nullptr, segment).ok());
+      });
+      for (int r = 0; r < m; ++r) {
+        auto& tap = *taps[static_cast<std::size_t>(r)];
+        const at::Tensor& mean = t[static_cast<std::size_t>(r)];
+        const std::span<const float> values(mean.data_ptr<float>(), static_cast<std::size_t>(n));
+        if (id == quant::CodecId::kFp32) {
+          CHECK(tap.size() == 0);  // fp32 would gain nothing: nothing kept
+          continue;
+        }
+        REQUIRE(tap.size() == 1);
+        // Another tensor of the same size is not this mean.
+        const at::Tensor other = mean + 1.0f;
+        CHECK_FALSE(tap.take(std::span<const float>(other.data_ptr<float>(), static_cast<std::size_t>(n))).has_value());
+        CHECK(tap.size() == 1);
+        auto payloads = tap.take(values);
+        REQUIRE(payloads.has_value());
+        CHECK(tap.size() == 0);
+        std::size_t bytes = 0;
+        for (const auto& p : *payloads) bytes += p.size();
+        // In whole chunks, at most half of fp32 (int8 about a quarter, plus headers); 37-value
+        // segments carry a payload header each.
+        if (segment == kAllreduceSegmentValues) CHECK(bytes < static_cast<std::size_t>(n) * 4 / 2);
+        CHECK(decodes_to(*payloads, values));
+      }
+    }
+  }
+}
+
+TEST_CASE("a mean tap that is off keeps nothing, holds at most its cap, and take() drops the older records") {
+  MeanTap tap;
+  const at::Tensor a = torch::arange(64, torch::kFloat);
+  quant::EncodeOptions o = codec(quant::CodecId::kInt8);
+  auto encoded = [&](const at::Tensor& x) { return std::vector<Bytes>{quant::encode(x, o)}; };
+  tap.add(64, encoded(a));
+  CHECK(tap.size() == 0);
+  tap.enable(true);
+  for (int k = 0; k < 12; ++k) tap.add(64, encoded(a + k));
+  CHECK(tap.size() == MeanTap::kMaxRecords);
+  // The record of a + 9 (decoded: what a rank would hold), with 8, 9 and everything older gone.
+  const at::Tensor held = *quant::decode(encoded(a + 9)[0]);
+  REQUIRE(tap.take(std::span<const float>(held.data_ptr<float>(), 64)).has_value());
+  CHECK(tap.size() == 2);
+  tap.enable(false);
+  CHECK(tap.size() == 0);
+  // Payloads that hold fewer values, or other values, do not decode to the tensor.
+  CHECK_FALSE(decodes_to({quant::encode(a.slice(0, 0, 32), o)}, std::span<const float>(held.data_ptr<float>(), 64)));
+  CHECK_FALSE(decodes_to({Bytes{std::byte{1}, std::byte{2}, std::byte{3}}}, std::span<const float>(held.data_ptr<float>(), 64)));
+}
