@@ -114,6 +114,27 @@ struct PlanArgs {
 void add_plan_command(CLI::App& app, PlanArgs& args);
 int run_plan_command(const PlanArgs& args);
 
+struct ScheduleArgs {
+  int nodes = 20;
+  int stages = 6;
+  int path_length = 4;
+  int memory = 3;
+  int mbs_per_origin = 6;
+  int mbs_per_agent = 2;
+  std::string network = "geo";
+  bool fix_nl_ldn = false;
+  double latency_ms = 50;
+  double bandwidth_mbit = 1000;
+  double forward_s = 1.76;
+  double activation_mib = 32;
+  double hop_overhead_s = 0.35;
+  std::uint64_t seed = 5;
+  int gcma_trials = 8000;
+  std::string out;
+};
+void add_schedule_command(CLI::App& app, ScheduleArgs& args);
+int run_schedule_command(const ScheduleArgs& args);
+
 struct BenchArgs {
   std::string what = "train";
   ConfigSource source;

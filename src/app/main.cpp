@@ -4,6 +4,7 @@
 //   gossamer sim     simulate one method with many workers over an emulated network
 //   gossamer compare compare methods in simulation and write a report
 //   gossamer plan    bandwidth each method needs for a target compute utilization
+//   gossamer schedule SkipPipe: stages per node and micro-batch paths, the modes side by side
 //   gossamer config  print the effective configuration, or every key with its meaning
 //   gossamer keygen  write a run key that secures every link of a run
 //   gossamer sample  generate text from a trained run's model
@@ -90,6 +91,8 @@ int main(int argc, char** argv) {
   gossamer::app::add_compare_command(app, compare_args);
   gossamer::app::PlanArgs plan_args;
   gossamer::app::add_plan_command(app, plan_args);
+  gossamer::app::ScheduleArgs schedule_args;
+  gossamer::app::add_schedule_command(app, schedule_args);
   gossamer::app::BenchArgs bench_args;
   gossamer::app::add_bench_command(app, bench_args);
   gossamer::app::SampleArgs sample_args;
@@ -132,6 +135,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("sim")) return gossamer::app::run_sim_command(sim_args);
     if (app.got_subcommand("compare")) return gossamer::app::run_compare_command(compare_args);
     if (app.got_subcommand("plan")) return gossamer::app::run_plan_command(plan_args);
+    if (app.got_subcommand("schedule")) return gossamer::app::run_schedule_command(schedule_args);
     if (app.got_subcommand("config")) return gossamer::app::run_config_command(config_args);
     if (app.got_subcommand("bench")) return gossamer::app::run_bench_command(bench_args);
     if (app.got_subcommand("keygen")) return gossamer::app::run_keygen_command(keygen_args);
