@@ -26,6 +26,10 @@ inline constexpr Tag kNoLoCo = 0x0D020000u;
 inline constexpr Tag kCO2 = 0x0D030000u;
 inline constexpr Tag kDdp = 0x0D040000u;  // | (step mod 2^16)
 inline constexpr Tag kSparseLoCo = 0x0D050000u;
+// SkipPipe pipelines: activations and their gradients between stages, and each stage's replicas
+// synchronising, both | (iteration mod 2^16).
+inline constexpr Tag kPipeline = 0x0D700000u;
+inline constexpr Tag kPipelineSync = 0x0D710000u;
 // ddp on Gloo: where rank 0 serves the rendezvous store.
 inline constexpr Tag kGlooRendezvous = 0x0D6C0000u;
 // Streaming DiLoCo: base | (fragment mod 256) << 16 | (window mod 2^16).
@@ -44,7 +48,7 @@ struct TagRange {
   bool collective;  // its tags also travel with kMeanPhase set
 };
 
-inline constexpr std::array<TagRange, 10> kRanges = {{
+inline constexpr std::array<TagRange, 12> kRanges = {{
     {"state requests (src/run/state_sync.h)", kStateRequest, kStateRequest, false},
     {"state responses (src/run/state_sync.h)", kStateResponse, kStateResponse, false},
     {"diloco rounds (optim/diloco.cpp)", kDiLoCo, kDiLoCo | 0xFFFFu, true},
@@ -53,6 +57,8 @@ inline constexpr std::array<TagRange, 10> kRanges = {{
     {"ddp steps (optim/data_parallel.cpp)", kDdp, kDdp | 0xFFFFu, true},
     {"sparseloco rounds (optim/sparseloco.cpp)", kSparseLoCo, kSparseLoCo | 0xFFFFu, false},
     {"gloo rendezvous (optim/gloo_sync.h)", kGlooRendezvous, kGlooRendezvous, false},
+    {"pipeline activations (src/train/pipeline.h)", kPipeline, kPipeline | 0xFFFFu, false},
+    {"pipeline stage sync (src/train/pipeline.h)", kPipelineSync, kPipelineSync | 0xFFFFu, true},
     {"streaming_diloco fragments (optim/streaming_diloco.cpp)", kStreaming, kStreaming | 0xFFFFFFu, true},
     {"group epochs (src/run/peer_links.h)", kEpoch, kEpoch, false},
 }};

@@ -121,16 +121,21 @@ struct GptModuleImpl : torch::nn::Module {
   }
 
   torch::Tensor forward(const torch::Tensor& tokens) {
+    auto x = embed(tokens);
+    for (auto& b : blocks) x = b->forward(x);
+    return head(x);
+  }
+  torch::Tensor embed(const torch::Tensor& tokens) {
     GOSSAMER_CHECK(tokens.dim() == 2, "Gpt::forward expects tokens of shape (B, T)");
     const auto T = tokens.size(1);
     GOSSAMER_CHECK(T <= config.context, "sequence length " + std::to_string(T) + " exceeds the model context " +
                                             std::to_string(config.context));
     auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
     auto x = wte->forward(tokens) + wpe->forward(pos);
-    x = drop(x, config.dropout, is_training(), gen);
-    for (auto& b : blocks) x = b->forward(x);
-    x = ln_f->forward(x);
-    return torch::matmul(x, wte->weight.t());  // tied head
+    return drop(x, config.dropout, is_training(), gen);
+  }
+  torch::Tensor head(const torch::Tensor& x) {
+    return torch::matmul(ln_f->forward(x), wte->weight.t());  // tied head
   }
 
   GptConfig config;
@@ -167,6 +172,13 @@ Gpt::~Gpt() = default;
 const GptConfig& Gpt::config() const { return impl_->module->config; }
 
 at::Tensor Gpt::forward(const at::Tensor& tokens) { return impl_->module->forward(tokens); }
+at::Tensor Gpt::embed(const at::Tensor& tokens) { return impl_->module->embed(tokens); }
+at::Tensor Gpt::head(const at::Tensor& x) { return impl_->module->head(x); }
+at::Tensor Gpt::block(std::int64_t index, const at::Tensor& x) {
+  auto& m = *impl_->module;
+  GOSSAMER_CHECK(index >= 0 && index < static_cast<std::int64_t>(m.blocks.size()), "Gpt::block: no block " + std::to_string(index));
+  return m.blocks[static_cast<std::size_t>(index)]->forward(x);
+}
 
 std::vector<ParameterBlock> Gpt::blocks() const {
   auto& m = *impl_->module;

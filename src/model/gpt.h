@@ -46,6 +46,11 @@ class Gpt final : public LanguageModel {
   const GptConfig& config() const;
 
   at::Tensor forward(const at::Tensor& tokens) override;
+  // The forward in pieces, for pipeline stages (docs/skippipe.md): forward(tokens) is
+  // head(block(L-1, ... block(0, embed(tokens)))), bit for bit.
+  at::Tensor embed(const at::Tensor& tokens);                // token and position embeddings (and dropout): (B, T, C)
+  at::Tensor block(std::int64_t index, const at::Tensor& x);  // transformer block `index` of 0 .. layers-1
+  at::Tensor head(const at::Tensor& x);                       // final LayerNorm and the tied output head: logits (B, T, V)
   std::vector<ParameterBlock> blocks() const override;
   std::int64_t vocab_size() const override { return config().vocab_size; }
   std::int64_t context() const override { return config().context; }

@@ -113,3 +113,23 @@ TEST_CASE("dropout draws from the model's own seeded generator") {
   a.train(false);
   CHECK(torch::equal(a.forward(tokens), a.forward(tokens)));  // no dropout in eval mode
 }
+
+TEST_CASE("the forward in pieces (embed, blocks, head) is the forward, bit for bit, and so are its gradients") {
+  GptConfig c = small();
+  c.layers = 4;
+  Gpt whole(c), pieces(c);  // the same seed: the same weights
+  auto tokens = torch::randint(0, 256, {2, 16}, torch::kLong);
+  auto targets = torch::randint(0, 256, {2, 16}, torch::kLong);
+  const auto loss_of = [&](const at::Tensor& logits) { return torch::nn::functional::cross_entropy(logits.reshape({-1, 256}), targets.reshape({-1})); };
+  auto a = loss_of(whole.forward(tokens));
+  auto x = pieces.embed(tokens);
+  for (std::int64_t i = 0; i < c.layers; ++i) x = pieces.block(i, x);
+  auto b = loss_of(pieces.head(x));
+  CHECK(torch::equal(a, b));
+  a.backward();
+  b.backward();
+  const auto pa = whole.module().parameters(), pb = pieces.module().parameters();
+  REQUIRE(pa.size() == pb.size());
+  for (std::size_t i = 0; i < pa.size(); ++i) CHECK(torch::equal(pa[i].grad(), pb[i].grad()));
+  CHECK_THROWS_AS(pieces.block(4, x), ContractError);
+}

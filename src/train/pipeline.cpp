@@ -1,0 +1,312 @@
+#include "train/pipeline.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "core/check.h"
+#include "train/pipeline_wire.h"
+#include "transport/tags.h"
+
+namespace gossamer::train {
+
+namespace {
+
+struct Route {
+  int agent = 0;
+  std::vector<int> path;  // origin, then the hops
+};
+
+// Every micro-batch's path, in the schedule's order (agents in order, each one's in turn).
+std::vector<Route> routes(const skippipe::Schedule& s) {
+  std::vector<Route> out;
+  for (std::size_t a = 0; a < s.agents.size(); ++a) {
+    std::vector<int> path{s.agents[a].origin};
+    path.insert(path.end(), s.agents[a].hops.begin(), s.agents[a].hops.end());
+    for (int k = 0; k < s.agents[a].microbatches; ++k) out.push_back(Route{static_cast<int>(a), path});
+  }
+  return out;
+}
+
+// The sender and receiver of a micro-batch's message at `hop` in each direction.
+std::pair<int, int> ends(const Route& r, bool backward, int hop) {
+  const int last = static_cast<int>(r.path.size()) - 1;
+  auto at = [&](int h) { return r.path[static_cast<std::size_t>(h)]; };
+  if (!backward) return {at(hop - 1), hop == last + 1 ? at(0) : at(hop)};
+  return {hop == last ? at(0) : at(hop + 1), at(hop)};
+}
+
+transport::Tag pipeline_tag(std::uint64_t iteration) { return transport::tags::kPipeline | static_cast<transport::Tag>(iteration & 0xFFFFu); }
+
+}  // namespace
+
+std::pair<std::int64_t, std::int64_t> stage_blocks(std::int64_t stage, std::int64_t stages, std::int64_t layers) {
+  GOSSAMER_CHECK(stages >= 1 && layers % stages == 0, "a pipeline of " + std::to_string(stages) + " stages needs model.layers divisible by it (it is " +
+                                                          std::to_string(layers) + ")");
+  GOSSAMER_CHECK(stage >= 0 && stage < stages, "no stage " + std::to_string(stage));
+  const std::int64_t per = layers / stages;
+  return {stage * per, (stage + 1) * per};
+}
+
+PipelineNode::PipelineNode(int node, skippipe::Schedule schedule, model::Gpt model, std::vector<std::shared_ptr<transport::Link>> links,
+                           quant::EncodeOptions codec, std::int64_t max_batch)
+    : node_(node), schedule_(std::move(schedule)), model_(std::move(model)), links_(std::move(links)), codec_(codec), max_batch_(max_batch) {
+  GOSSAMER_CHECK(node >= 0 && node < schedule_.nodes(), "PipelineNode: node outside the schedule");
+  GOSSAMER_CHECK(static_cast<int>(links_.size()) == schedule_.nodes(), "PipelineNode: one link slot per node");
+  stage_ = schedule_.stage_of[static_cast<std::size_t>(node)];
+  blocks_ = stage_blocks(stage_, schedule_.options.stages, model_.config().layers);
+  for (const auto& block : model_.blocks()) {
+    bool mine = false;
+    if (block.name == "embed" || block.name == "final") {
+      mine = stage_ == 0;
+    } else {
+      const std::int64_t i = std::stoll(block.name.substr(6));  // "block.i"
+      mine = i >= blocks_.first && i < blocks_.second;
+    }
+    if (mine) {
+      for (const auto& p : block.parameters) params_.push_back(p.tensor);
+    }
+  }
+  for (const auto& r : routes(schedule_)) {
+    const bool here = std::find(r.path.begin(), r.path.end(), node_) != r.path.end();
+    bool stage_here = stage_ == 0;
+    for (int v : r.path) stage_here = stage_here || schedule_.stage_of[static_cast<std::size_t>(v)] == stage_;
+    visits_ += here ? 1 : 0;
+    stage_visits_ += stage_here ? 1 : 0;
+  }
+}
+
+Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, const std::vector<MicroBatchData>& data, Deadline deadline) {
+  const auto all = routes(schedule_);
+  const int memory = schedule_.options.memory;
+  const transport::Tag tag = pipeline_tag(iteration);
+  const ActivationLimits limits{max_batch_, model_.config().context, model_.config().width};
+  // What this node launches, and how many messages each other node sends it this iteration.
+  std::vector<std::uint32_t> own;
+  std::vector<int> expected(static_cast<std::size_t>(schedule_.nodes()), 0);
+  for (std::size_t m = 0; m < all.size(); ++m) {
+    const Route& r = all[m];
+    const int last = static_cast<int>(r.path.size()) - 1;
+    if (r.path[0] == node_) own.push_back(static_cast<std::uint32_t>(m));
+    for (int hop = 1; hop <= last + 1; ++hop) {
+      const auto [from, to] = ends(r, false, hop);
+      if (to == node_) ++expected[static_cast<std::size_t>(from)];
+    }
+    for (int hop = last; hop >= 0; --hop) {
+      const auto [from, to] = ends(r, true, hop);
+      if (to == node_) ++expected[static_cast<std::size_t>(from)];
+    }
+  }
+  if (data.size() != own.size()) {
+    return error(ErrorCode::kInvalidArgument, "node " + std::to_string(node_) + " launches " + std::to_string(own.size()) + " micro-batches but was given " +
+                                                  std::to_string(data.size()));
+  }
+  for (std::size_t j = 0; j < expected.size(); ++j) {
+    GOSSAMER_CHECK(expected[j] == 0 || links_[j], "PipelineNode: no link to node " + std::to_string(j) + ", which sends to this one");
+  }
+
+  // Receiving threads, one per link with something to come; what they read waits in `inbox`.
+  struct Inbound {
+    int from;
+    Bytes bytes;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Inbound> inbox;
+  Status failed;
+  std::vector<std::thread> readers;
+  for (std::size_t j = 0; j < expected.size(); ++j) {
+    if (expected[j] == 0) continue;
+    readers.emplace_back([&, j] {
+      for (int k = 0; k < expected[j]; ++k) {
+        auto got = links_[j]->recv(tag, deadline);
+        std::lock_guard lock(mu);
+        if (!got.ok()) {
+          if (failed.ok()) failed = got.status().with_context("pipeline: receiving from node " + std::to_string(j));
+          cv.notify_all();
+          return;
+        }
+        inbox.push_back(Inbound{static_cast<int>(j), std::move(*got)});
+        cv.notify_all();
+      }
+    });
+  }
+  auto join_readers = [&] {
+    for (auto& t : readers) t.join();
+  };
+
+  IterationStats stats;
+  auto send = [&](int to, ActivationHeader h, const at::Tensor& x) -> Status {
+    h.iteration = iteration;
+    const Bytes b = encode_activation(h, x, codec_);
+    stats.messages_sent += 1;
+    stats.bytes_sent += b.size();
+    return links_[static_cast<std::size_t>(to)]->send(tag, b, deadline);
+  };
+  auto run_blocks = [&](at::Tensor x) {
+    for (std::int64_t b = blocks_.first; b < blocks_.second; ++b) x = model_.block(b, x);
+    return x;
+  };
+  struct Held {
+    at::Tensor in;   // the activations that came in (a leaf whose gradient goes back), undefined at the origin
+    at::Tensor out;  // this stage's output, with its graph
+  };
+  std::map<std::uint32_t, Held> held;  // hop nodes: activations held; origins: their micro-batches in flight
+  std::map<std::uint32_t, double> loss_of;
+  std::size_t launched = 0, finished = 0;
+  int processed = 0, total_expected = 0;
+  for (int e : expected) total_expected += e;
+  std::vector<std::pair<int, std::pair<ActivationHeader, at::Tensor>>> waiting;  // decoded forwards waiting for memory
+
+  auto process = [&](int from, ActivationHeader h, at::Tensor x) -> Status {
+    if (h.iteration != iteration || h.microbatch >= all.size()) return error(ErrorCode::kMalformed, "a message of another iteration or micro-batch");
+    const Route& r = all[h.microbatch];
+    const int last = static_cast<int>(r.path.size()) - 1;
+    const int hop = h.hop;
+    if ((h.backward && hop > last) || (!h.backward && (hop < 1 || hop > last + 1))) return error(ErrorCode::kMalformed, "a message for a hop the path has not");
+    const auto [want_from, want_to] = ends(r, h.backward, hop);
+    if (want_from != from || want_to != node_) {
+      return error(ErrorCode::kMalformed, "micro-batch " + std::to_string(h.microbatch) + " hop " + std::to_string(hop) + " came from node " + std::to_string(from) +
+                                              " to node " + std::to_string(node_) + ", not as the schedule routes it");
+    }
+    if (!h.backward && hop <= last) {  // a forward through this stage
+      at::Tensor in = x.requires_grad_(true);
+      at::Tensor out = run_blocks(in);
+      ++stats.forwards;
+      held[h.microbatch] = Held{in, out};
+      stats.peak_inflight = std::max(stats.peak_inflight, static_cast<int>(held.size()));
+      ActivationHeader next{false, 0, h.microbatch, static_cast<std::uint8_t>(hop + 1), 0, 0, 0};
+      return send(hop == last ? r.path[0] : r.path[static_cast<std::size_t>(hop + 1)], next, out);
+    }
+    if (!h.backward) {  // back at its origin: head, loss, and the backward starts
+      const auto it = std::find(own.begin(), own.end(), h.microbatch);
+      const MicroBatchData& d = data[static_cast<std::size_t>(it - own.begin())];
+      at::Tensor in = x.requires_grad_(true);
+      const at::Tensor logits = model_.head(in);
+      const at::Tensor loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), d.targets.reshape({-1}));
+      loss.backward();
+      loss_of[h.microbatch] = loss.item<double>();
+      ActivationHeader next{true, 0, h.microbatch, static_cast<std::uint8_t>(last), 0, 0, 0};
+      return send(r.path[static_cast<std::size_t>(last)], next, in.grad());
+    }
+    auto it = held.find(h.microbatch);
+    if (it == held.end()) return error(ErrorCode::kMalformed, "a gradient for micro-batch " + std::to_string(h.microbatch) + ", which this node does not hold");
+    it->second.out.backward(x);
+    ++stats.backwards;
+    if (hop == 0) {  // back at its origin: done
+      held.erase(it);
+      ++finished;
+      return Status();
+    }
+    ActivationHeader next{true, 0, h.microbatch, static_cast<std::uint8_t>(hop - 1), 0, 0, 0};
+    const at::Tensor g = it->second.in.grad();
+    held.erase(it);
+    return send(hop == 1 ? r.path[0] : r.path[static_cast<std::size_t>(hop - 1)], next, g);
+  };
+
+  Status st;
+  while (st.ok()) {
+    // An origin launches while it has room, in the schedule's order.
+    while (st.ok() && launched < own.size() && static_cast<int>(held.size()) < memory) {
+      const std::uint32_t m = own[launched];
+      const MicroBatchData& d = data[launched];
+      ++launched;
+      at::Tensor out = run_blocks(model_.embed(d.tokens));
+      ++stats.forwards;
+      held[m] = Held{at::Tensor(), out};
+      stats.peak_inflight = std::max(stats.peak_inflight, static_cast<int>(held.size()));
+      st = send(all[m].path[1], ActivationHeader{false, 0, m, 1, 0, 0, 0}, out);
+    }
+    if (!st.ok() || (processed == total_expected && waiting.empty() && finished == own.size() && launched == own.size())) break;
+    // The next message: a backward or a returning forward first (they free memory or need none),
+    // then a forward that has room.
+    std::optional<Inbound> next;
+    {
+      std::unique_lock lock(mu);
+      const bool got = cv.wait_until(lock, deadline.steady_time(),
+                                     [&] { return !inbox.empty() || !failed.ok() || (!waiting.empty() && static_cast<int>(held.size()) < memory); });
+      if (!failed.ok()) {
+        st = failed;
+        break;
+      }
+      if (!got) {
+        st = error(ErrorCode::kTimeout, "pipeline iteration " + std::to_string(iteration) + ": node " + std::to_string(node_) + " waited past its deadline");
+        break;
+      }
+      if (!inbox.empty()) {
+        next = std::move(inbox.front());
+        inbox.pop_front();
+      }
+    }
+    if (next) {
+      ++processed;
+      auto decoded = decode_activation(next->bytes, limits);
+      if (!decoded.ok()) {
+        st = decoded.status().with_context("from node " + std::to_string(next->from));
+        break;
+      }
+      auto& [h, x] = *decoded;
+      const Route* r = h.microbatch < all.size() ? &all[h.microbatch] : nullptr;
+      const bool takes_memory = !h.backward && r != nullptr && h.hop <= static_cast<int>(r->path.size()) - 1;
+      if (takes_memory && static_cast<int>(held.size()) >= memory) {
+        waiting.emplace_back(next->from, std::move(*decoded));
+        continue;
+      }
+      st = process(next->from, h, x);
+      continue;
+    }
+    if (!waiting.empty() && static_cast<int>(held.size()) < memory) {
+      auto w = std::move(waiting.front());
+      waiting.erase(waiting.begin());
+      st = process(w.first, w.second.first, w.second.second);
+    }
+  }
+  if (!st.ok()) {
+    for (auto& l : links_) {
+      if (l) l->close();  // the others learn at once instead of at their deadline
+    }
+  }
+  join_readers();
+  if (!st.ok()) return st;
+  for (std::uint32_t m : own) stats.losses.push_back(loss_of[m]);
+  return stats;
+}
+
+Status PipelineNode::sync_stage(const optim::Group& group, std::uint64_t iteration, Deadline deadline, optim::CommStats* stats) {
+  // Each replica's sum scaled by replicas / visits, then the replicas' mean: the sum over every
+  // micro-batch of the stage, over its visits.
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params_) grads.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
+  at::Tensor flat = torch::cat([&] {
+    std::vector<at::Tensor> v;
+    for (const auto& g : grads) v.push_back(g.detach().reshape({-1}).to(at::kFloat));
+    return v;
+  }());
+  if (stage_visits_ > 0) flat.mul_(static_cast<double>(group.size) / static_cast<double>(stage_visits_));
+  quant::EncodeOptions fp32;
+  if (Status st = optim::allreduce_mean(group, flat, fp32, transport::tags::kPipelineSync | static_cast<transport::Tag>(iteration & 0xFFFFu), deadline, stats);
+      !st.ok()) {
+    return st.with_context("stage " + std::to_string(stage_) + " sync");
+  }
+  std::int64_t at = 0;
+  for (auto& p : params_) {
+    const std::int64_t n = p.numel();
+    at::Tensor g = flat.slice(0, at, at + n).view(p.sizes());
+    if (p.grad().defined()) {
+      p.mutable_grad().copy_(g);
+    } else {
+      p.mutable_grad() = g.clone();
+    }
+    at += n;
+  }
+  return Status();
+}
+
+}  // namespace gossamer::train

@@ -1,0 +1,91 @@
+// A node of a SkipPipe pipeline (docs/skippipe.md): it hosts one stage of the GPT and, for each
+// iteration, runs the forwards and backwards of the micro-batches the schedule routes through it,
+// exchanging activations and their gradients with the other nodes over transport Links
+// (pipeline_wire.h). A stage-0 node (an origin) also holds its micro-batches' data: it embeds them,
+// runs stage 0's blocks, and when a micro-batch comes back computes the head and the loss and starts
+// its backward, which retraces the path.
+//
+// Stages: the model's L blocks cut into S stages of L / S consecutive blocks; stage 0 also holds the
+// embeddings, the final LayerNorm and the tied head. Every node builds the whole model from one
+// seed, so stage replicas start identical and a stage's blocks equal the single-process model's.
+//
+// Rules, those of skippipe/simulate.h: a non-zero node holds at most `memory` micro-batches'
+// activations (a forward that finds it full waits, backwards first); an origin keeps at most `memory`
+// of its micro-batches in flight, launching them in the schedule's order.
+//
+// Gradients: after run_iteration() the stage's parameters hold the sum of the gradients of the
+// micro-batches that went through this node (each micro-batch's loss is its mean token cross-
+// entropy). sync_stage() turns them into the stage's mean over every micro-batch that visited the
+// stage (any replica): each replica scales its sum by replicas / visits and the replicas all-reduce
+// the mean (optim/collectives.h), so every replica ends with bit-identical gradients.
+//
+// Threading: run_iteration() is called from one thread; it runs one receiving thread per link for
+// the iteration, and waits on the real clock (the simulator's virtual clock is the next step). Errors: a link that fails, a message that does not decode or does not belong to the
+// iteration, or the deadline: the iteration fails with the Status (the caller may drop or retry it).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "model/gpt.h"
+#include "optim/collectives.h"
+#include "quant/format.h"
+#include "skippipe/schedule.h"
+#include "transport/link.h"
+
+namespace gossamer::train {
+
+// Blocks [first, last) of stage `stage`; throws ContractError when layers % stages != 0.
+std::pair<std::int64_t, std::int64_t> stage_blocks(std::int64_t stage, std::int64_t stages, std::int64_t layers);
+
+struct MicroBatchData {
+  at::Tensor tokens;   // (B, T) int64
+  at::Tensor targets;  // (B, T) int64
+};
+
+struct IterationStats {
+  std::vector<double> losses;         // this origin's micro-batches, in launch order
+  int forwards = 0, backwards = 0;    // of this node's stage
+  int peak_inflight = 0;              // the most micro-batches' activations held at once
+  std::uint64_t messages_sent = 0, bytes_sent = 0;
+};
+
+class PipelineNode {
+ public:
+  // links[j]: a link to node j (null for this node and nodes it never talks to).
+  PipelineNode(int node, skippipe::Schedule schedule, model::Gpt model, std::vector<std::shared_ptr<transport::Link>> links,
+               quant::EncodeOptions codec = {}, std::int64_t max_batch = 1 << 16);
+
+  int stage() const { return stage_; }
+  // The parameters of this node's stage, in model order.
+  const std::vector<at::Tensor>& stage_parameters() const { return params_; }
+  // Micro-batches that visit this node, and that visit its stage (any replica), per iteration.
+  int visits() const { return visits_; }
+  int stage_visits() const { return stage_visits_; }
+
+  // One iteration: `data` holds this node's own micro-batches (an origin's, in the order of its
+  // agents and their micro-batches; empty for other nodes).
+  [[nodiscard]] Result<IterationStats> run_iteration(std::uint64_t iteration, const std::vector<MicroBatchData>& data, Deadline deadline);
+
+  // The stage's gradient mean over its replicas (group: this stage's nodes, ranks in node order).
+  [[nodiscard]] Status sync_stage(const optim::Group& group, std::uint64_t iteration, Deadline deadline, optim::CommStats* stats = nullptr);
+
+ private:
+  const int node_;
+  const skippipe::Schedule schedule_;
+  model::Gpt model_;
+  std::vector<std::shared_ptr<transport::Link>> links_;
+  const quant::EncodeOptions codec_;
+  const std::int64_t max_batch_;
+  int stage_ = 0;
+  std::pair<std::int64_t, std::int64_t> blocks_;
+  std::vector<at::Tensor> params_;
+  int visits_ = 0, stage_visits_ = 0;
+};
+
+}  // namespace gossamer::train

@@ -1,0 +1,289 @@
+// SkipPipe's stage runtime (train/pipeline.h) over in-memory links, one thread per node: the
+// gradients of a skipping path bit-identical to the same blocks run in one process, the full path
+// equal to the whole model's, a 30-micro-batch iteration of the geo schedule within 1e-6 of one
+// process with stage replicas bit-identical after their sync and step, the memory bound held, the
+// bytes on the wire as the closed form says, and malformed messages refused.
+#include <doctest/doctest.h>
+
+#include <torch/torch.h>
+
+#include <map>
+#include <random>
+#include <thread>
+
+#include "quant/codec.h"
+#include "skippipe/planner.h"
+#include "support/mutate.h"
+#include "train/pipeline.h"
+#include "train/pipeline_wire.h"
+#include "transport/memory_link.h"
+
+using namespace gossamer;
+using namespace gossamer::train;
+using namespace std::chrono_literals;
+
+namespace {
+
+model::GptConfig tiny_gpt() {
+  model::GptConfig c;
+  c.context = 8;
+  c.layers = 6;
+  c.width = 16;
+  c.heads = 2;
+  return c;
+}
+
+std::vector<std::vector<std::shared_ptr<transport::Link>>> mesh(int n) {
+  std::vector<std::vector<std::shared_ptr<transport::Link>>> links(static_cast<std::size_t>(n), std::vector<std::shared_ptr<transport::Link>>(static_cast<std::size_t>(n)));
+  for (int a = 0; a < n; ++a) {
+    for (int b = a + 1; b < n; ++b) {
+      auto [ab, ba] = transport::make_memory_link_pair(transport::PeerId{static_cast<std::uint64_t>(a + 1)}, transport::PeerId{static_cast<std::uint64_t>(b + 1)});
+      links[static_cast<std::size_t>(a)][static_cast<std::size_t>(b)] = ab;
+      links[static_cast<std::size_t>(b)][static_cast<std::size_t>(a)] = ba;
+    }
+  }
+  return links;
+}
+
+MicroBatchData batch(std::uint64_t seed) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return MicroBatchData{torch::randint(0, 256, {2, 8}, g, torch::kLong), torch::randint(0, 256, {2, 8}, g, torch::kLong)};
+}
+
+// Every node's iteration on its own thread; the stats by node.
+std::vector<IterationStats> run_all(std::vector<PipelineNode>& nodes, const std::map<int, std::vector<MicroBatchData>>& data, std::uint64_t iteration = 1) {
+  std::vector<IterationStats> stats(nodes.size());
+  std::vector<Status> st(nodes.size());
+  std::vector<std::thread> threads;
+  for (std::size_t n = 0; n < nodes.size(); ++n) {
+    threads.emplace_back([&, n] {
+      const auto it = data.find(static_cast<int>(n));
+      auto r = nodes[n].run_iteration(iteration, it == data.end() ? std::vector<MicroBatchData>{} : it->second, Deadline::after(real_clock(), 60s));
+      if (r.ok()) {
+        stats[n] = std::move(*r);
+      } else {
+        st[n] = r.status();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (std::size_t n = 0; n < nodes.size(); ++n) REQUIRE_MESSAGE(st[n].ok(), "node " << n << ": " << st[n].to_string());
+  return stats;
+}
+
+// One node per stage, one agent on `hops` (node == stage).
+skippipe::Schedule line(const std::vector<int>& hops, skippipe::Mode mode) {
+  skippipe::Schedule s;
+  s.mode = mode;
+  s.options.path_length = static_cast<int>(hops.size()) + 1;
+  s.options.mbs_per_origin = 1;
+  s.options.mbs_per_agent = 1;
+  s.options.max_swap_distance = 2;  // (3, 1, 5): a swap 2 below the highest
+  s.stage_of = {0, 1, 2, 3, 4, 5};
+  s.agents = {skippipe::Agent{0, hops, 0.0, 1}};
+  return s;
+}
+
+// The micro-batch's loss in one process, through stage 0's blocks, then the stages of `stages`, and
+// the head; its backward accumulates into `gpt`.
+double one_process(model::Gpt& gpt, const MicroBatchData& d, const std::vector<int>& stages) {
+  const auto per = gpt.config().layers / 6;
+  auto x = gpt.embed(d.tokens);
+  for (std::int64_t b = 0; b < per; ++b) x = gpt.block(b, x);
+  for (int s : stages) {
+    for (std::int64_t b = s * per; b < (s + 1) * per; ++b) x = gpt.block(b, x);
+  }
+  const auto logits = gpt.head(x);
+  const auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, 256}), d.targets.reshape({-1}));
+  loss.backward();
+  return loss.item<double>();
+}
+
+}  // namespace
+
+TEST_CASE("a skipping path's gradients are bit-identical to the same blocks run in one process, and the full path's to the whole model's") {
+  for (const auto& hops : std::vector<std::vector<int>>{{3, 1, 5}, {1, 2, 3, 4, 5}}) {
+    CAPTURE(hops.size());
+    const auto mode = hops.size() == 5 ? skippipe::Mode::kFull : skippipe::Mode::kSkipPipe;
+    const auto s = line(hops, mode);
+    REQUIRE(skippipe::validate(s).ok());
+    auto links = mesh(6);
+    std::vector<PipelineNode> nodes;
+    for (int n = 0; n < 6; ++n) nodes.emplace_back(n, s, model::Gpt(tiny_gpt()), links[static_cast<std::size_t>(n)]);
+    const auto d = batch(7);
+    const auto stats = run_all(nodes, {{0, {d}}});
+    model::Gpt ref(tiny_gpt());
+    double ref_loss = 0;
+    if (mode == skippipe::Mode::kFull) {
+      const auto logits = ref.forward(d.tokens);
+      const auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, 256}), d.targets.reshape({-1}));
+      loss.backward();
+      ref_loss = loss.item<double>();
+    } else {
+      ref_loss = one_process(ref, d, hops);
+    }
+    REQUIRE(stats[0].losses.size() == 1);
+    CHECK(stats[0].losses[0] == ref_loss);
+    // Node n holds stage n's blocks (and node 0 the embeddings and the head's LayerNorm).
+    std::vector<at::Tensor> ref_by_order;
+    for (const auto& block : ref.blocks()) {
+      for (const auto& p : block.parameters) ref_by_order.push_back(p.tensor.grad());
+    }
+    // Walk the blocks in model order for each node: a node's stage parameters come in the same order.
+    model::Gpt shape(tiny_gpt());
+    std::size_t at = 0;
+    for (const auto& block : shape.blocks()) {
+      int stage = 0;
+      if (block.name != "embed" && block.name != "final") stage = static_cast<int>(std::stoll(block.name.substr(6)));
+      const auto& mine = nodes[static_cast<std::size_t>(stage)].stage_parameters();
+      // Index of this block's first parameter within node `stage`'s list.
+      std::size_t offset = 0;
+      if (stage == 0) {
+        offset = block.name == "embed" ? 0 : block.name == "final" ? mine.size() - block.parameters.size() : 2;
+      }
+      for (std::size_t k = 0; k < block.parameters.size(); ++k, ++at) {
+        const at::Tensor got = mine[offset + k].grad();
+        const at::Tensor& want = ref_by_order[at];
+        CAPTURE(block.name);
+        CHECK(got.defined() == want.defined());
+        if (got.defined() && want.defined()) CHECK(torch::equal(got, want));
+      }
+    }
+    for (const auto& st : stats) CHECK(st.peak_inflight <= 1);
+  }
+}
+
+TEST_CASE("a 30-micro-batch iteration of the geo schedule: within 1e-6 of one process, replicas bit-identical after sync and step, memory held, bytes as the closed form") {
+  const skippipe::Network net = skippipe::geo_network(20);
+  const skippipe::Costs costs;
+  const skippipe::Options o;
+  skippipe::GcmaOptions g;
+  g.trials = 500;
+  auto stage_of = skippipe::assign_gcma(net, costs, o, g);
+  REQUIRE(stage_of.ok());
+  auto planned = skippipe::plan(net, costs, *stage_of, o, skippipe::Mode::kSkipPipe);
+  REQUIRE(planned.ok());
+  const skippipe::Schedule& s = planned->schedule;
+  auto links = mesh(20);
+  std::vector<PipelineNode> nodes;
+  for (int n = 0; n < 20; ++n) nodes.emplace_back(n, s, model::Gpt(tiny_gpt()), links[static_cast<std::size_t>(n)]);
+  // Each origin's micro-batches, in the schedule's order; the same data in one process.
+  std::map<int, std::vector<MicroBatchData>> data;
+  model::Gpt ref(tiny_gpt());
+  std::uint64_t seed = 100;
+  std::vector<int> stage_visits(6, 0);
+  for (const auto& a : s.agents) {
+    std::vector<int> stages;
+    for (int h : a.hops) stages.push_back(s.stage_of[static_cast<std::size_t>(h)]);
+    for (int k = 0; k < a.microbatches; ++k) {
+      const auto d = batch(seed++);
+      data[a.origin].push_back(d);
+      one_process(ref, d, stages);
+      ++stage_visits[0];
+      for (int st : stages) ++stage_visits[static_cast<std::size_t>(st)];
+    }
+  }
+  const auto stats = run_all(nodes, data);
+  std::uint64_t messages = 0, bytes = 0;
+  for (std::size_t n = 0; n < 20; ++n) {
+    messages += stats[n].messages_sent;
+    bytes += stats[n].bytes_sent;
+    CHECK(stats[n].peak_inflight <= o.memory);
+  }
+  CHECK(messages == 30u * 2 * 4);
+  // Each message: the header, the payload's header (fp32, 1 dim) and B x T x C floats.
+  quant::EncodeOptions fp32;
+  const std::size_t payload = quant::encode(torch::zeros({2 * 8 * 16}), fp32).size();
+  CHECK(bytes == messages * (kActivationHeaderBytes + payload));
+
+  // Sync each stage over its replicas (their own mesh), then AdamW on every node.
+  std::map<int, std::vector<int>> replicas;
+  for (int n = 0; n < 20; ++n) replicas[s.stage_of[static_cast<std::size_t>(n)]].push_back(n);
+  std::vector<std::thread> threads;
+  std::vector<Status> st(20);
+  for (const auto& [stage, members] : replicas) {
+    auto m = mesh(static_cast<int>(members.size()));
+    for (std::size_t r = 0; r < members.size(); ++r) {
+      optim::Group grp;
+      grp.rank = static_cast<int>(r);
+      grp.size = static_cast<int>(members.size());
+      grp.peers = m[r];
+      threads.emplace_back([&, grp, n = members[r]] { st[static_cast<std::size_t>(n)] = nodes[static_cast<std::size_t>(n)].sync_stage(grp, 1, Deadline::after(real_clock(), 30s)); });
+    }
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& x : st) REQUIRE_MESSAGE(x.ok(), x.to_string());
+  // Against one process: each stage's gradient is the sum over its micro-batches over their number.
+  std::vector<at::Tensor> ref_grads;
+  {
+    std::vector<int> stage_of_param;
+    for (const auto& block : ref.blocks()) {
+      const int stage = block.name == "embed" || block.name == "final" ? 0 : static_cast<int>(std::stoll(block.name.substr(6)));
+      for (const auto& p : block.parameters) {
+        ref_grads.push_back(p.tensor.grad() / stage_visits[static_cast<std::size_t>(stage)]);
+        stage_of_param.push_back(stage);
+      }
+    }
+    for (int n = 0; n < 20; ++n) {
+      const int stage = s.stage_of[static_cast<std::size_t>(n)];
+      std::vector<at::Tensor> want;
+      for (std::size_t i = 0; i < ref_grads.size(); ++i) {
+        if (stage_of_param[i] == stage) want.push_back(ref_grads[i]);
+      }
+      const auto& mine = nodes[static_cast<std::size_t>(n)].stage_parameters();
+      REQUIRE(mine.size() == want.size());
+      // Stage 0's list is embed, its block, final; the reference's is the same order.
+      for (std::size_t i = 0; i < mine.size(); ++i) {
+        const double scale = want[i].abs().max().item<double>() + 1e-12;
+        CHECK((mine[i].grad() - want[i]).abs().max().item<double>() <= 1e-6 * scale);
+      }
+    }
+  }
+  for (auto& node : nodes) {
+    torch::optim::AdamW adam(node.stage_parameters(), torch::optim::AdamWOptions(1e-3));
+    adam.step();
+  }
+  for (const auto& [stage, members] : replicas) {
+    for (std::size_t r = 1; r < members.size(); ++r) {
+      const auto& a = nodes[static_cast<std::size_t>(members[0])].stage_parameters();
+      const auto& b = nodes[static_cast<std::size_t>(members[r])].stage_parameters();
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        CHECK(torch::equal(a[i].grad(), b[i].grad()));
+        CHECK(torch::equal(a[i], b[i]));
+      }
+    }
+  }
+}
+
+TEST_CASE("pipeline messages: a round trip, and malformed or oversized ones refused before allocating") {
+  const auto x = torch::randn({2, 8, 16});
+  ActivationHeader h;
+  h.iteration = 9;
+  h.microbatch = 4;
+  h.hop = 2;
+  const Bytes b = encode_activation(h, x, quant::EncodeOptions{});
+  const ActivationLimits limits{2, 8, 16};
+  auto back = decode_activation(b, limits);
+  REQUIRE(back.ok());
+  CHECK(back->first.microbatch == 4);
+  CHECK(back->first.hop == 2);
+  CHECK(torch::equal(back->second, x));
+  CHECK(decode_activation(b, ActivationLimits{1, 8, 16}).status().code() == ErrorCode::kOutOfRange);  // a larger batch than this node takes
+  CHECK(decode_activation(b, ActivationLimits{2, 8, 32}).status().code() == ErrorCode::kOutOfRange);  // another width
+  Bytes bad = b;
+  bad[4] = std::byte{2};
+  CHECK(decode_activation(bad, limits).status().code() == ErrorCode::kVersionMismatch);
+  std::mt19937_64 rng(33);
+  int refused = 0;
+  for (int k = 0; k < 3000; ++k) {
+    const Bytes m = testing::mutate(b, rng);
+    auto r = decode_activation(m, limits);
+    if (!r.ok()) {
+      ++refused;
+      continue;
+    }
+    CHECK(r->second.numel() <= 2 * 8 * 16);
+    CHECK(torch::isfinite(r->second).all().item<bool>());
+  }
+  CHECK(refused > 0);
+}
