@@ -114,6 +114,15 @@ struct PlanArgs {
 void add_plan_command(CLI::App& app, PlanArgs& args);
 int run_plan_command(const PlanArgs& args);
 
+struct PipelineArgs {
+  ConfigSource source;
+  std::string out;  // given, or dated_out("pipeline")
+  const CLI::Option* out_option = nullptr;
+  std::vector<int> omit;  // stages left out in the omission evaluation at the end
+};
+void add_pipeline_command(CLI::App& app, PipelineArgs& args);
+int run_pipeline_command(const PipelineArgs& args);
+
 struct ScheduleArgs {
   int nodes = 20;
   int stages = 6;

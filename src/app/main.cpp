@@ -4,6 +4,7 @@
 //   gossamer sim     simulate one method with many workers over an emulated network
 //   gossamer compare compare methods in simulation and write a report
 //   gossamer plan    bandwidth each method needs for a target compute utilization
+//   gossamer pipeline train the GPT as a SkipPipe pipeline, every node in this process
 //   gossamer schedule SkipPipe: stages per node and micro-batch paths, the modes side by side
 //   gossamer config  print the effective configuration, or every key with its meaning
 //   gossamer keygen  write a run key that secures every link of a run
@@ -91,6 +92,8 @@ int main(int argc, char** argv) {
   gossamer::app::add_compare_command(app, compare_args);
   gossamer::app::PlanArgs plan_args;
   gossamer::app::add_plan_command(app, plan_args);
+  gossamer::app::PipelineArgs pipeline_args;
+  gossamer::app::add_pipeline_command(app, pipeline_args);
   gossamer::app::ScheduleArgs schedule_args;
   gossamer::app::add_schedule_command(app, schedule_args);
   gossamer::app::BenchArgs bench_args;
@@ -136,6 +139,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("compare")) return gossamer::app::run_compare_command(compare_args);
     if (app.got_subcommand("plan")) return gossamer::app::run_plan_command(plan_args);
     if (app.got_subcommand("schedule")) return gossamer::app::run_schedule_command(schedule_args);
+    if (app.got_subcommand("pipeline")) return gossamer::app::run_pipeline_command(pipeline_args);
     if (app.got_subcommand("config")) return gossamer::app::run_config_command(config_args);
     if (app.got_subcommand("bench")) return gossamer::app::run_bench_command(bench_args);
     if (app.got_subcommand("keygen")) return gossamer::app::run_keygen_command(keygen_args);

@@ -135,6 +135,24 @@ struct JoinSection {
   double serve_share = 0.5;       // share of a donor's link serving may take, where its bandwidth is known
 };
 
+// SkipPipe pipelines (docs/skippipe.md): the model cut into stages hosted by different nodes,
+// micro-batches whose paths skip and reorder stages (skippipe/schedule.h).
+struct PipelineSection {
+  std::string mode = "skippipe";      // full, random (cost-blind skip), noca (without TC2), skippipe
+  std::int64_t nodes = 20;
+  std::int64_t stages = 6;            // model.layers must be divisible by it
+  std::int64_t path_length = 4;       // stages each micro-batch visits, stage 0 included
+  std::int64_t memory = 3;            // micro-batches in flight per node
+  std::int64_t mbs_per_origin = 6;    // micro-batches each stage-0 node starts per iteration (train.batch_size samples each)
+  std::int64_t mbs_per_agent = 2;
+  std::string network = "geo";        // the scheduler's view of the nodes: geo (the reference's table) or uniform
+  double forward_s = 1.76;            // the scheduler's cost of one stage's forward of one micro-batch
+  double activation_mib = 32;         // and of one hop's bytes
+  std::string activation_codec = "fp32";
+  std::string stage_sync = "ddp";     // how a stage's replicas synchronise: every iteration, all-reduce
+  std::int64_t gcma_trials = 8000;
+};
+
 // The simulator: workers, their network, their compute and what goes wrong.
 struct SimSection {
   std::int64_t workers = 4;
@@ -180,6 +198,7 @@ struct RunConfig {
   CO2Section co2;
   SparseLoCoSection sparseloco;
   JoinSection join;
+  PipelineSection pipeline;
   SimSection sim;
 };
 

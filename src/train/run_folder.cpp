@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::array<std::string_view, 4> kKindNames = {"train", "peer", "sim", "compare"};
+constexpr std::array<std::string_view, 5> kKindNames = {"train", "peer", "sim", "compare", "pipeline"};
 
 // Files a run writes before it has any result: a start that failed leaves only these, and the same
 // command may start again in that folder.
@@ -32,7 +32,8 @@ std::string resume_hint(RunKind kind, const fs::path& path) {
     case RunKind::kTrain: return "continue it with `gossamer train --out " + path.string() + " --resume`";
     case RunKind::kPeer: return "restart that peer with `gossamer peer --out " + path.string() + " --resume --join ...`";
     case RunKind::kSim:
-    case RunKind::kCompare: return "its results stay there";
+    case RunKind::kCompare:
+    case RunKind::kPipeline: return "its results stay there";
   }
   return "";
 }

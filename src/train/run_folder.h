@@ -24,7 +24,7 @@
 
 namespace gossamer::train {
 
-enum class RunKind : std::uint8_t { kTrain = 0, kPeer = 1, kSim = 2, kCompare = 3 };
+enum class RunKind : std::uint8_t { kTrain = 0, kPeer = 1, kSim = 2, kCompare = 3, kPipeline = 4 };
 std::string_view to_string(RunKind kind);
 
 class RunFolder {

@@ -1,0 +1,100 @@
+// `gossamer pipeline`: trains the GPT as a SkipPipe pipeline with every node in this process
+// (train/pipeline_trainer.h): the schedule of pipeline.mode, an iteration at a time, the validation
+// loss every train.eval_every iterations, and at the end the loss with stages left out (--omit).
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "app/args.h"
+#include "app/commands.h"
+#include "app/stop.h"
+#include "train/metrics.h"
+#include "train/pipeline_trainer.h"
+#include "train/run.h"
+#include "train/run_folder.h"
+
+namespace gossamer::app {
+
+void add_pipeline_command(CLI::App& app, PipelineArgs& a) {
+  auto* cmd = app.add_subcommand("pipeline",
+                                 "Train the GPT as a SkipPipe pipeline (pipeline.* keys; docs/skippipe.md): its stages on pipeline.nodes nodes, all in "
+                                 "this process; train.steps iterations of every origin's micro-batches. Writes metrics.jsonl and summary.json");
+  add_config_source(*cmd, a.source);
+  a.out_option = cmd->add_option("--out", a.out, "output folder, new or empty (default: runs/pipeline-<time>)");
+  cmd->add_option("--omit", a.omit, "stages (not 0) to leave out in the omission evaluation at the end, e.g. --omit 2,4,5 (default: the "
+                                     "last ones, keeping stage 0 and two others)")
+      ->delimiter(',');
+}
+
+int run_pipeline_command(const PipelineArgs& a) {
+  auto config = build_config(a.source);
+  if (!config.ok()) return report_failure(config.status());
+  const auto& c = *config;
+  for (int s : a.omit) {
+    if (s <= 0 || s >= c.pipeline.stages) return report_failure(error(ErrorCode::kInvalidArgument, "--omit: stage " + std::to_string(s) + " is not one of 1 .. pipeline.stages - 1"));
+  }
+  std::vector<int> omit = a.omit;
+  if (omit.empty()) {
+    for (std::int64_t s = 3; s < c.pipeline.stages; ++s) omit.push_back(static_cast<int>(s));
+  }
+  const std::string out = a.out_option != nullptr && a.out_option->count() > 0 ? a.out : dated_out("pipeline");
+  auto folder = train::RunFolder::create(out, train::RunKind::kPipeline);
+  if (!folder.ok()) return report_failure(folder.status());
+  if (Status st = folder->write_text("config.toml", train::to_toml(c)); !st.ok()) return report_failure(st);
+  auto corpus = train::load_corpus(c);
+  if (!corpus.ok()) return report_failure(corpus.status());
+  spdlog::info("planning a {} pipeline: {} nodes, {} stages, paths of {}", c.pipeline.mode, c.pipeline.nodes, c.pipeline.stages, c.pipeline.path_length);
+  auto trainer = train::PipelineTrainer::make(c, corpus->dataset);
+  if (!trainer.ok()) return report_failure(trainer.status());
+  auto& t = **trainer;
+  const auto& sim = t.plan().simulation;
+  spdlog::info("schedule: {} agents, an iteration {:.1f} s over the scheduler's network (closed form {:.1f} s); {} samples per iteration",
+               t.plan().schedule.agents.size(), sim.makespan_s, t.plan().predicted_makespan_s, t.samples_per_iteration());
+  auto metrics = train::MetricsWriter::open(folder->file("metrics.jsonl"), std::nullopt);
+  if (!metrics.ok()) return report_failure(metrics.status());
+  double last_val = 0;
+  for (std::int64_t i = 0; i < c.train.steps; ++i) {
+    if (stop_requested()) {
+      spdlog::warn("interrupted at iteration {}: metrics.jsonl holds what was done", i);
+      return 130;
+    }
+    auto rec = t.step();
+    if (!rec.ok()) return report_failure(rec.status());
+    nlohmann::json j = {{"step", rec->iteration}, {"samples", rec->samples}, {"train_loss", rec->train_loss}, {"lr", rec->lr},
+                        {"grad_norm", rec->grad_norm}, {"activation_bytes", rec->activation_bytes}, {"seconds", rec->seconds},
+                        {"sim_time_s", sim.makespan_s * static_cast<double>(rec->iteration)}};
+    const bool eval = rec->iteration % c.train.eval_every == 0 || rec->iteration == c.train.steps;
+    if (eval) {
+      last_val = t.evaluate();
+      j["val_loss"] = last_val;
+    }
+    if (Status st = metrics->write(j); !st.ok()) return report_failure(st);
+    if (eval || rec->iteration % std::max<std::int64_t>(1, c.train.log_every) == 0) {
+      std::fprintf(stderr, "iteration %lld/%lld: train loss %.4f%s, %.2f s\n", static_cast<long long>(rec->iteration), static_cast<long long>(c.train.steps),
+                   rec->train_loss, eval ? (", val loss " + std::to_string(last_val)).c_str() : "", rec->seconds);
+    }
+  }
+  const double omitted = t.evaluate(omit);
+  nlohmann::json summary = {{"mode", c.pipeline.mode},
+                            {"nodes", c.pipeline.nodes},
+                            {"stages", c.pipeline.stages},
+                            {"path_length", c.pipeline.path_length},
+                            {"iterations", t.iterations_done()},
+                            {"samples", t.iterations_done() * t.samples_per_iteration()},
+                            {"final_val_loss", last_val},
+                            {"omitted_stages", omit},
+                            {"omitted_val_loss", omitted},
+                            {"omission_increase", omitted / last_val - 1},
+                            {"iteration_makespan_s", sim.makespan_s},
+                            {"predicted_makespan_s", t.plan().predicted_makespan_s},
+                            {"schedule_hash", t.plan().schedule.hash().hex()}};
+  if (Status st = folder->write_text("summary.json", summary.dump(2)); !st.ok()) return report_failure(st);
+  std::printf("%s pipeline: val loss %.4f after %lld iterations; with stages", c.pipeline.mode.c_str(), last_val, static_cast<long long>(t.iterations_done()));
+  for (int s : omit) std::printf(" %d", s);
+  std::printf(" left out %.4f (%+.1f%%); an iteration %.1f s over the scheduler's network\n", omitted, 100 * (omitted / last_val - 1), sim.makespan_s);
+  return 0;
+}
+
+}  // namespace gossamer::app

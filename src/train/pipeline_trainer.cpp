@@ -1,0 +1,241 @@
+#include "train/pipeline_trainer.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <thread>
+
+#include "quant/format.h"
+#include "train/pipeline.h"
+#include "train/schedule.h"
+#include "train/worker.h"
+#include "transport/memory_link.h"
+
+namespace gossamer::train {
+
+namespace {
+
+using Mesh = std::vector<std::vector<std::shared_ptr<transport::Link>>>;
+
+Mesh memory_mesh(int n, std::uint64_t first_id) {
+  Mesh links(static_cast<std::size_t>(n), std::vector<std::shared_ptr<transport::Link>>(static_cast<std::size_t>(n)));
+  for (int a = 0; a < n; ++a) {
+    for (int b = a + 1; b < n; ++b) {
+      auto [ab, ba] = transport::make_memory_link_pair(transport::PeerId{first_id + static_cast<std::uint64_t>(a)}, transport::PeerId{first_id + static_cast<std::uint64_t>(b)});
+      links[static_cast<std::size_t>(a)][static_cast<std::size_t>(b)] = ab;
+      links[static_cast<std::size_t>(b)][static_cast<std::size_t>(a)] = ba;
+    }
+  }
+  return links;
+}
+
+}  // namespace
+
+Result<skippipe::Mode> pipeline_mode(const std::string& name) {
+  if (name == "full") return skippipe::Mode::kFull;
+  if (name == "random") return skippipe::Mode::kCostBlind;
+  if (name == "noca") return skippipe::Mode::kNoCollision;
+  if (name == "skippipe") return skippipe::Mode::kSkipPipe;
+  return error(ErrorCode::kInvalidArgument, "pipeline.mode '" + name + "': use full, random, noca or skippipe");
+}
+
+struct PipelineTrainer::Impl {
+  RunConfig config;
+  const data::Dataset* data = nullptr;
+  skippipe::Plan plan;
+  std::vector<PipelineNode> nodes;
+  std::vector<std::unique_ptr<torch::optim::AdamW>> adam;
+  std::map<int, std::vector<int>> replicas;   // stage -> its nodes
+  std::map<int, std::vector<optim::Group>> groups;  // stage -> a group per replica
+  std::vector<int> origins;                   // stage-0 nodes in order
+  std::vector<std::unique_ptr<data::ShardSampler>> samplers;  // per origin
+  std::vector<data::Batch> eval_set;
+  std::int64_t done = 0;
+  std::int64_t samples = 0;
+};
+
+PipelineTrainer::PipelineTrainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+PipelineTrainer::~PipelineTrainer() = default;
+
+Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& c, const data::Dataset& data) {
+  auto impl = std::make_unique<Impl>();
+  impl->config = c;
+  impl->data = &data;
+  const auto& p = c.pipeline;
+  if (c.model.kind != "gpt") return error(ErrorCode::kInvalidArgument, "pipelines cut the built-in GPT into stages: set model.kind = gpt");
+  if (c.model.layers % p.stages != 0) {
+    return error(ErrorCode::kInvalidArgument, "model.layers (" + std::to_string(c.model.layers) + ") must be divisible by pipeline.stages (" + std::to_string(p.stages) + ")");
+  }
+  if (p.path_length > p.stages) return error(ErrorCode::kInvalidArgument, "pipeline.path_length must be at most pipeline.stages");
+  auto mode = pipeline_mode(p.mode);
+  if (!mode.ok()) return mode.status();
+  auto codec_id = quant::codec_from_name(p.activation_codec);
+  if (!codec_id.ok()) return codec_id.status();
+  skippipe::Options o;
+  o.stages = static_cast<int>(p.stages);
+  o.path_length = static_cast<int>(p.path_length);
+  o.memory = static_cast<int>(p.memory);
+  o.mbs_per_origin = static_cast<int>(p.mbs_per_origin);
+  o.mbs_per_agent = static_cast<int>(p.mbs_per_agent);
+  o.seed = static_cast<std::uint64_t>(c.train.seed);
+  if (Status st = o.check(); !st.ok()) return st;
+  const int n = static_cast<int>(p.nodes);
+  const skippipe::Network net = p.network == "geo" ? skippipe::geo_network(n) : skippipe::uniform_network(n, 0.05, 1e9 / 8);
+  skippipe::Costs costs;
+  costs.forward_s = p.forward_s;
+  costs.activation_bytes = p.activation_mib * 1024 * 1024;
+  skippipe::GcmaOptions g;
+  g.trials = static_cast<int>(p.gcma_trials);
+  g.seed = static_cast<std::uint64_t>(c.train.seed);
+  auto stage_of = skippipe::assign_gcma(net, costs, o, g);
+  if (!stage_of.ok()) return stage_of.status();
+  auto planned = skippipe::plan(net, costs, *stage_of, o, *mode);
+  if (!planned.ok()) return planned.status().with_context("planning the pipeline");
+  impl->plan = std::move(*planned);
+  const skippipe::Schedule& s = impl->plan.schedule;
+
+  quant::EncodeOptions codec;
+  codec.codec = *codec_id;
+  codec.block_size = static_cast<std::uint32_t>(c.outer.codec_block);
+  const Mesh links = memory_mesh(n, 1);
+  for (int v = 0; v < n; ++v) {
+    impl->nodes.emplace_back(v, s, model::Gpt(gpt_config(c, 0)), links[static_cast<std::size_t>(v)], codec, c.train.batch_size);
+    auto opts = torch::optim::AdamWOptions(c.train.lr).betas(std::make_tuple(c.train.beta1, c.train.beta2)).eps(c.train.eps).weight_decay(c.train.weight_decay);
+    impl->adam.push_back(std::make_unique<torch::optim::AdamW>(impl->nodes.back().stage_parameters(), opts));
+    impl->replicas[s.stage_of[static_cast<std::size_t>(v)]].push_back(v);
+    if (s.stage_of[static_cast<std::size_t>(v)] == 0) impl->origins.push_back(v);
+  }
+  std::uint64_t id = 1000;
+  for (const auto& [stage, members] : impl->replicas) {
+    const Mesh m = memory_mesh(static_cast<int>(members.size()), id);
+    id += members.size();
+    for (std::size_t r = 0; r < members.size(); ++r) {
+      optim::Group grp;
+      grp.rank = static_cast<int>(r);
+      grp.size = static_cast<int>(members.size());
+      grp.peers = m[r];
+      impl->groups[stage].push_back(std::move(grp));
+    }
+  }
+  const int world = static_cast<int>(impl->origins.size());
+  for (int r = 0; r < world; ++r) {
+    impl->samplers.push_back(std::make_unique<data::ShardSampler>(data.train(), r, world, c.train.batch_size, c.model.context,
+                                                                  static_cast<std::uint64_t>(c.train.seed), c.data.shard_block));
+  }
+  impl->eval_set = data::validation_batches(data.val(), c.train.batch_size, c.model.context, c.train.eval_batches);
+  return std::unique_ptr<PipelineTrainer>(new PipelineTrainer(std::move(impl)));
+}
+
+Result<PipelineRecord> PipelineTrainer::step() {
+  auto& m = *impl_;
+  const auto& c = m.config;
+  const auto start = std::chrono::steady_clock::now();
+  const std::uint64_t iteration = static_cast<std::uint64_t>(m.done) + 1;
+  // Each origin's micro-batches, in the order of its agents.
+  std::map<int, std::vector<MicroBatchData>> data;
+  for (std::size_t r = 0; r < m.origins.size(); ++r) {
+    for (std::int64_t k = 0; k < c.pipeline.mbs_per_origin; ++k) {
+      const auto b = m.samplers[r]->batch(m.done * c.pipeline.mbs_per_origin + k);
+      data[m.origins[r]].push_back(MicroBatchData{b.tokens, b.targets});
+    }
+  }
+  for (auto& node : m.nodes) {
+    for (const auto& p : node.stage_parameters()) {
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+  }
+  const Deadline deadline = Deadline::after(real_clock(), std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(c.train.round_timeout_s)));
+  const std::size_t n = m.nodes.size();
+  std::vector<Result<IterationStats>> results(n, error(ErrorCode::kInternal, "not run"));
+  std::vector<Status> synced(n);
+  {
+    std::vector<std::thread> threads;
+    for (std::size_t v = 0; v < n; ++v) {
+      threads.emplace_back([&, v] {
+        const auto it = data.find(static_cast<int>(v));
+        results[v] = m.nodes[v].run_iteration(iteration, it == data.end() ? std::vector<MicroBatchData>{} : it->second, deadline);
+        if (!results[v].ok()) return;
+        // The stage's replicas: this node's rank among them.
+        const int stage = m.nodes[v].stage();
+        const auto& members = m.replicas.at(stage);
+        const auto rank = static_cast<std::size_t>(std::find(members.begin(), members.end(), static_cast<int>(v)) - members.begin());
+        synced[v] = m.nodes[v].sync_stage(m.groups.at(stage)[rank], iteration, deadline);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  PipelineRecord rec;
+  double loss_sum = 0;
+  int losses = 0;
+  for (std::size_t v = 0; v < n; ++v) {
+    if (!results[v].ok()) return results[v].status().with_context("pipeline node " + std::to_string(v));
+    if (!synced[v].ok()) return synced[v];
+    for (double l : results[v]->losses) {
+      loss_sum += l;
+      ++losses;
+    }
+    rec.activation_bytes += results[v]->bytes_sent;
+  }
+  ScheduleOptions so;
+  so.lr = c.train.lr;
+  so.min_lr_ratio = c.train.min_lr_ratio;
+  so.warmup_steps = c.train.warmup_steps;
+  so.total_steps = c.train.steps;
+  const double lr = learning_rate(so, m.done);
+  for (std::size_t v = 0; v < n; ++v) {
+    // Clipped per stage: every replica holds the same gradients, so they clip alike.
+    const double norm = torch::nn::utils::clip_grad_norm_(m.nodes[v].stage_parameters(), c.train.grad_clip);
+    if (v == static_cast<std::size_t>(m.origins.front())) rec.grad_norm = norm;
+    for (auto& group : m.adam[v]->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    m.adam[v]->step();
+  }
+  ++m.done;
+  m.samples += static_cast<std::int64_t>(losses) * c.train.batch_size;
+  rec.iteration = m.done;
+  rec.samples = m.samples;
+  rec.train_loss = losses > 0 ? loss_sum / losses : 0;
+  rec.lr = lr;
+  rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return rec;
+}
+
+double PipelineTrainer::evaluate(const std::vector<int>& omitted) {
+  auto& m = *impl_;
+  model::Gpt model(gpt_config(m.config, 0));
+  // The stages' first replicas' parameters, into the whole model in block order.
+  std::map<int, std::size_t> taken;
+  torch::NoGradGuard no_grad;
+  for (const auto& block : model.blocks()) {
+    int stage = 0;
+    if (block.name != "embed" && block.name != "final") {
+      stage = static_cast<int>(std::stoll(block.name.substr(6)) / (m.config.model.layers / m.config.pipeline.stages));
+    }
+    const auto& src = m.nodes[static_cast<std::size_t>(m.replicas.at(stage).front())].stage_parameters();
+    for (const auto& p : block.parameters) p.tensor.copy_(src[taken[stage]++]);
+  }
+  model.train(false);
+  const std::int64_t per = m.config.model.layers / m.config.pipeline.stages;
+  double total = 0;
+  std::int64_t count = 0;
+  for (const auto& b : m.eval_set) {
+    auto x = model.embed(b.tokens);
+    for (std::int64_t s = 0; s < m.config.pipeline.stages; ++s) {
+      if (s > 0 && std::find(omitted.begin(), omitted.end(), static_cast<int>(s)) != omitted.end()) continue;
+      for (std::int64_t i = s * per; i < (s + 1) * per; ++i) x = model.block(i, x);
+    }
+    const auto logits = model.head(x);
+    total += torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), b.targets.reshape({-1})).item<double>() * static_cast<double>(b.tokens.numel());
+    count += b.tokens.numel();
+  }
+  return count > 0 ? total / static_cast<double>(count) : 0;
+}
+
+const skippipe::Plan& PipelineTrainer::plan() const { return impl_->plan; }
+std::int64_t PipelineTrainer::iterations_done() const { return impl_->done; }
+std::int64_t PipelineTrainer::samples_per_iteration() const {
+  return static_cast<std::int64_t>(impl_->origins.size()) * impl_->config.pipeline.mbs_per_origin * impl_->config.train.batch_size;
+}
+
+}  // namespace gossamer::train

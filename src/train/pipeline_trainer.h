@@ -1,0 +1,59 @@
+// PipelineTrainer: trains the GPT as a SkipPipe pipeline (docs/skippipe.md) with every node in this
+// process: one PipelineNode per node on its own thread, in-memory links between them. It plans the
+// schedule (GCMA and the pipeline.mode's paths), then per iteration each origin draws its
+// micro-batches from its shard, the nodes run them, each stage's replicas average their gradients
+// (pipeline.stage_sync = ddp), clip them per stage and take an AdamW step with the run's schedule.
+// What it learns does not depend on time, so this is where convergence is measured; the time an
+// iteration takes over a real network is the scheduler's simulation (plan().simulation).
+//
+// evaluate() assembles the model from the stages' first replicas and measures the validation loss,
+// optionally with some stages left out (the paper's omission check: a model trained with skipping
+// should lose less when stages are missing at inference).
+//
+// Threading: one caller thread; step() runs the nodes on threads of its own.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "core/status.h"
+#include "data/dataset.h"
+#include "skippipe/planner.h"
+#include "train/config.h"
+
+namespace gossamer::train {
+
+struct PipelineRecord {
+  std::int64_t iteration = 0;
+  std::int64_t samples = 0;  // in all so far
+  double train_loss = 0;     // mean over the iteration's micro-batches
+  double lr = 0;
+  double grad_norm = 0;      // stage 0's, after its sync
+  std::uint64_t activation_bytes = 0;  // sent between nodes this iteration
+  double seconds = 0;        // wall-clock of the iteration on this machine
+};
+
+class PipelineTrainer {
+ public:
+  [[nodiscard]] static Result<std::unique_ptr<PipelineTrainer>> make(const RunConfig& config, const data::Dataset& data);
+  ~PipelineTrainer();
+
+  [[nodiscard]] Result<PipelineRecord> step();
+  // Validation loss of the assembled model, stages in `omitted` left out (stage 0 cannot be).
+  double evaluate(const std::vector<int>& omitted = {});
+  const skippipe::Plan& plan() const;
+  std::int64_t iterations_done() const;
+  std::int64_t samples_per_iteration() const;
+
+ private:
+  struct Impl;
+  explicit PipelineTrainer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// pipeline.mode's name to the scheduler's mode.
+[[nodiscard]] Result<skippipe::Mode> pipeline_mode(const std::string& name);
+
+}  // namespace gossamer::train
