@@ -105,6 +105,9 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
     }
   }
   if (data.size() != own.size()) {
+    for (auto& l : links_) {
+      if (l) l->close();  // the others learn at once instead of at their deadline
+    }
     return error(ErrorCode::kInvalidArgument, "node " + std::to_string(node_) + " launches " + std::to_string(own.size()) + " micro-batches but was given " +
                                                   std::to_string(data.size()));
   }

@@ -133,11 +133,15 @@ Result<PipelineRecord> PipelineTrainer::step() {
   const auto& c = m.config;
   const auto start = std::chrono::steady_clock::now();
   const std::uint64_t iteration = static_cast<std::uint64_t>(m.done) + 1;
-  // Each origin's micro-batches, in the order of its agents.
+  // Each origin's micro-batches, as many as the schedule starts there (the full pipeline's origins
+  // carry more than mbs_per_origin, its idle stage-0 nodes none), drawn from the origin's shard.
   std::map<int, std::vector<MicroBatchData>> data;
+  std::map<int, std::int64_t> launches;
+  for (const auto& a : m.plan.schedule.agents) launches[a.origin] += a.microbatches;
   for (std::size_t r = 0; r < m.origins.size(); ++r) {
-    for (std::int64_t k = 0; k < c.pipeline.mbs_per_origin; ++k) {
-      const auto b = m.samplers[r]->batch(m.done * c.pipeline.mbs_per_origin + k);
+    const std::int64_t count = launches[m.origins[r]];
+    for (std::int64_t k = 0; k < count; ++k) {
+      const auto b = m.samplers[r]->batch(m.done * count + k);
       data[m.origins[r]].push_back(MicroBatchData{b.tokens, b.targets});
     }
   }
@@ -169,6 +173,12 @@ Result<PipelineRecord> PipelineTrainer::step() {
   PipelineRecord rec;
   double loss_sum = 0;
   int losses = 0;
+  // The first failure that is not another's consequence (a peer gone, a deadline) names the cause.
+  for (std::size_t v = 0; v < n; ++v) {
+    if (!results[v].ok() && results[v].status().code() != ErrorCode::kPeerLost && results[v].status().code() != ErrorCode::kTimeout) {
+      return results[v].status().with_context("pipeline node " + std::to_string(v));
+    }
+  }
   for (std::size_t v = 0; v < n; ++v) {
     if (!results[v].ok()) return results[v].status().with_context("pipeline node " + std::to_string(v));
     if (!synced[v].ok()) return synced[v];

@@ -291,7 +291,10 @@ TEST_CASE("pipeline messages: a round trip, and malformed or oversized ones refu
 }
 
 TEST_CASE("a pipeline trainer learns: its loss falls over iterations, and leaving stages out at inference changes the loss") {
+ for (const std::string mode : {"skippipe", "full"}) {
+  CAPTURE(mode);
   RunConfig c;
+  c.pipeline.mode = mode;
   c.model.layers = 6;
   c.model.width = 16;
   c.model.heads = 2;
@@ -331,4 +334,5 @@ TEST_CASE("a pipeline trainer learns: its loss falls over iterations, and leavin
   REQUIRE(again.ok());
   CHECK((*again)->step()->train_loss == losses[0]);
   for (int i = 1; i < 3; ++i) CHECK((*again)->step()->train_loss == doctest::Approx(losses[static_cast<std::size_t>(i)]).epsilon(1e-5));
+ }
 }
