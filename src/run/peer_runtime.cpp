@@ -326,8 +326,10 @@ Status Peer::adopt(const FetchResult& f) {
   st.step = f.manifest.step;
   st.next_batch = f.manifest.step;
   st.tokens_seen = 0;
-  if (!inner->empty()) st.tensors.assign(inner->begin(), inner->end());
   if (Status s2 = worker_->restore(st); !s2.ok()) return s2.with_context("loading the run's state");
+  if (!inner->empty()) {
+    if (Status s3 = worker_->load_optimizer_state(*inner); !s3.ok()) return s3.with_context("loading the run's state");
+  }
   current_round_ = f.manifest.round;
   snapshot_round_ = f.manifest.round;
   ++joins_;
@@ -600,7 +602,8 @@ void Peer::boundary(std::int64_t done_step) {
     if (!settled.ok()) {
       spdlog::warn("round {}: no state offered to newcomers: {}", done, settled.to_string());
     } else if (!usable) {
-      const Bytes inner = ddp_ ? worker_->checkpoint_state("").tensors : Bytes();
+      // ddp shares its inner optimizer too, in bytes every member writes alike (Worker::optimizer_state).
+      const Bytes inner = ddp_ ? worker_->optimizer_state() : Bytes();
       Bytes state = encode_shared_state(worker_->model().parameters(), *setup_.outer, ByteView(inner), ddp_);
       // Chunks of 64 KiB to 1 MiB, at least 16 where the state allows, so that even a small state is
       // spread over the donors (every donor cuts the same size alike: it depends on the size only).

@@ -2,9 +2,11 @@
 
 #include <torch/torch.h>
 
+#include <cstring>
 #include <sstream>
 
 #include "core/check.h"
+#include "core/wire.h"
 #include "model/torchscript_model.h"
 #include "optim/updates.h"
 #include "train/device.h"
@@ -280,5 +282,94 @@ Status Worker::restore(const CheckpointState& state) {
 }
 
 std::uint64_t Worker::restores() const { return impl_->restores; }
+
+namespace {
+constexpr char kAdamMagic[4] = {'G', 'S', 'A', 'W'};
+constexpr std::uint8_t kAdamVersion = 1;
+
+void write_floats(Writer& w, const at::Tensor& t) {
+  const at::Tensor c = t.detach().to(at::kCPU, at::kFloat).contiguous();
+  w.raw(ByteView(reinterpret_cast<const std::byte*>(c.data_ptr<float>()), static_cast<std::size_t>(c.numel()) * 4));
+}
+}  // namespace
+
+Bytes Worker::optimizer_state() const {
+  const auto& s = *impl_;
+  Writer w;
+  w.raw(ByteView(reinterpret_cast<const std::byte*>(kAdamMagic), 4));
+  w.u8(kAdamVersion);
+  w.u32(static_cast<std::uint32_t>(s.params.size()));
+  const auto& state = s.optimizer->state();
+  for (const auto& p : s.params) {
+    const auto it = state.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    if (it == state.end()) {
+      w.u8(0);
+      continue;
+    }
+    const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    GOSSAMER_CHECK(!st.max_exp_avg_sq().defined(), "Worker::optimizer_state: amsgrad is not used here");
+    w.u8(1);
+    w.i64(st.step());
+    w.u64(static_cast<std::uint64_t>(p.numel()));
+    write_floats(w, st.exp_avg());
+    write_floats(w, st.exp_avg_sq());
+  }
+  return std::move(w).take();
+}
+
+Status Worker::load_optimizer_state(ByteView bytes) {
+  auto& s = *impl_;
+  Reader r(bytes, "optimizer state");
+  const ByteView magic = r.raw(4);
+  const std::uint8_t version = r.u8();
+  const std::uint32_t count = r.u32();
+  if (!r.ok()) return r.status();
+  if (std::memcmp(magic.data(), kAdamMagic, 4) != 0 || version != kAdamVersion) return error(ErrorCode::kMalformed, "optimizer state: bad magic or version");
+  if (count != s.params.size()) {
+    return error(ErrorCode::kMalformed, "optimizer state: " + std::to_string(count) + " parameters, this model has " + std::to_string(s.params.size()));
+  }
+  // Read everything first: a malformed state changes nothing.
+  std::vector<std::unique_ptr<torch::optim::AdamWParamState>> loaded(s.params.size());
+  for (std::size_t i = 0; i < s.params.size(); ++i) {
+    const std::uint8_t has = r.u8();
+    if (!r.ok()) return r.status();
+    if (has == 0) continue;
+    if (has != 1) return error(ErrorCode::kMalformed, "optimizer state: bad flag for parameter " + std::to_string(i));
+    const std::int64_t step = r.i64();
+    const std::uint64_t n = r.u64();
+    if (!r.ok()) return r.status();
+    const auto& p = s.params[i];
+    if (step < 0 || n != static_cast<std::uint64_t>(p.numel()) || r.remaining() < n * 8) {
+      return error(ErrorCode::kMalformed, "optimizer state: parameter " + std::to_string(i) + " does not match this model");
+    }
+    auto moment = [&]() {
+      at::Tensor t = torch::empty(p.sizes(), torch::kFloat);
+      const ByteView v = r.raw(n * 4);
+      std::memcpy(t.data_ptr<float>(), v.data(), v.size());
+      return t.to(p.device());
+    };
+    auto st = std::make_unique<torch::optim::AdamWParamState>();
+    st->step(step);
+    st->exp_avg(moment());
+    st->exp_avg_sq(moment());
+    if (!torch::isfinite(st->exp_avg()).all().item<bool>() || !torch::isfinite(st->exp_avg_sq()).all().item<bool>() ||
+        (st->exp_avg_sq() < 0).any().item<bool>()) {
+      return error(ErrorCode::kMalformed, "optimizer state: parameter " + std::to_string(i) + " holds non-finite or negative moments");
+    }
+    loaded[i] = std::move(st);
+  }
+  r.expect_end();
+  if (!r.ok()) return r.status();
+  auto& state = s.optimizer->state();
+  for (std::size_t i = 0; i < s.params.size(); ++i) {
+    const std::string key = c10::guts::to_string(s.params[i].unsafeGetTensorImpl());
+    if (loaded[i]) {
+      state[key] = std::move(loaded[i]);
+    } else {
+      state.erase(key);
+    }
+  }
+  return Status();
+}
 
 }  // namespace gossamer::train

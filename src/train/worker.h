@@ -77,6 +77,14 @@ class Worker {
   CheckpointState checkpoint_state(const std::string& config_toml) const;
   [[nodiscard]] Status restore(const CheckpointState& state);
   std::uint64_t restores() const;  // how many restore() calls succeeded
+  // The inner optimizer's state alone (AdamW's step and moments per parameter, in model order) as
+  // plain little-endian values, so members that hold the same state hold the same bytes (a LibTorch
+  // archive names parameters by their addresses: ddp's donors could not offer one state):
+  //   magic "GSAW" | version u8 | parameters u32 | per parameter: has-state u8, then step i64,
+  //   values u64, exp_avg f32 x values, exp_avg_sq f32 x values.
+  Bytes optimizer_state() const;
+  // Loads such bytes (untrusted: counts and sizes checked against the model's parameters).
+  [[nodiscard]] Status load_optimizer_state(ByteView bytes);
 
  private:
   struct Impl;

@@ -203,3 +203,26 @@ TEST_CASE("training on the synthetic language falls toward its entropy floor") {
   CHECK(val > floor - 0.05);
   fs::remove_all(dir);
 }
+
+TEST_CASE("the inner optimizer's state in plain bytes: the same state gives the same bytes, it round-trips, and bad bytes change nothing") {
+  RunConfig config = tiny();
+  auto corpus = load_corpus(config);
+  REQUIRE(corpus.ok());
+  Worker a(config, corpus->dataset, 0, 1, real_clock()), b(config, corpus->dataset, 0, 1, real_clock());
+  for (int i = 0; i < 3; ++i) {
+    a.step();
+    b.step();
+  }
+  const Bytes state = a.optimizer_state();
+  CHECK((state == b.optimizer_state()));  // two workers, one state: one set of bytes (an archive names tensors by address)
+  Worker c(config, corpus->dataset, 0, 1, real_clock());
+  REQUIRE(c.load_optimizer_state(state).ok());
+  CHECK((c.optimizer_state() == state));
+  Bytes bad = state;
+  bad.resize(bad.size() - 1);
+  CHECK(c.load_optimizer_state(bad).code() == ErrorCode::kMalformed);  // a moment cut short
+  bad = state;
+  bad[0] = std::byte{'X'};
+  CHECK(c.load_optimizer_state(bad).code() == ErrorCode::kMalformed);
+  CHECK((c.optimizer_state() == state));  // a refused state changed nothing
+}
