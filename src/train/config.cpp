@@ -148,7 +148,7 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"pipeline.forward_s", "the scheduler's cost of one stage's forward of one micro-batch (s)", [](RunConfig& c) -> double& { return c.pipeline.forward_s; }, 0.0, 1e6, true},
       FloatKey{"pipeline.activation_mib", "the scheduler's size of one hop (MiB)", [](RunConfig& c) -> double& { return c.pipeline.activation_mib; }, 0.0, 1e6, false},
       StringKey{"pipeline.activation_codec", "codec of activations and their gradients between stages", [](RunConfig& c) -> std::string& { return c.pipeline.activation_codec; }, codec_names()},
-      StringKey{"pipeline.stage_sync", "how a stage's replicas synchronise: ddp (all-reduce every iteration)", [](RunConfig& c) -> std::string& { return c.pipeline.stage_sync; }, {"ddp"}},
+      StringKey{"pipeline.stage_sync", "how a stage's replicas synchronise: ddp (all-reduce of the gradients every iteration) or diloco (each replica steps on its own, a DiLoCo round over the stage every diloco.inner_steps iterations)", [](RunConfig& c) -> std::string& { return c.pipeline.stage_sync; }, {"ddp", "diloco"}},
       IntKey{"pipeline.gcma_trials", "children the genetic node-to-stage assignment tries", [](RunConfig& c) -> std::int64_t& { return c.pipeline.gcma_trials; }, 0, 1 << 24},
       IntKey{"sim.workers", "simulated workers", [](RunConfig& c) -> std::int64_t& { return c.sim.workers; }, 1, 4096},
       StringKey{"sim.network", "network preset of every worker's link, or custom", [](RunConfig& c) -> std::string& { return c.sim.network; }, {"custom", "loopback", "datacenter", "cross-region", "intercontinental", "home", "wan-100m-80ms"}},

@@ -71,7 +71,12 @@ PipelineNode::PipelineNode(int node, skippipe::Schedule schedule, model::Gpt mod
       mine = i >= blocks_.first && i < blocks_.second;
     }
     if (mine) {
-      for (const auto& p : block.parameters) params_.push_back(p.tensor);
+      optim::ParamBlock pb{block.name, {}};
+      for (const auto& p : block.parameters) {
+        params_.push_back(p.tensor);
+        pb.tensors.push_back(p.tensor);
+      }
+      param_blocks_.push_back(std::move(pb));
     }
   }
   for (const auto& r : routes(schedule_)) {

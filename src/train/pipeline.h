@@ -34,6 +34,7 @@
 #include "core/status.h"
 #include "model/gpt.h"
 #include "optim/collectives.h"
+#include "optim/fragments.h"
 #include "quant/format.h"
 #include "skippipe/schedule.h"
 #include "transport/link.h"
@@ -64,6 +65,8 @@ class PipelineNode {
   int stage() const { return stage_; }
   // The parameters of this node's stage, in model order.
   const std::vector<at::Tensor>& stage_parameters() const { return params_; }
+  // The same by block ("embed", "block.i", "final"), for an outer optimizer inside the stage.
+  const std::vector<optim::ParamBlock>& stage_param_blocks() const { return param_blocks_; }
   // Micro-batches that visit this node, and that visit its stage (any replica), per iteration.
   int visits() const { return visits_; }
   int stage_visits() const { return stage_visits_; }
@@ -85,6 +88,7 @@ class PipelineNode {
   int stage_ = 0;
   std::pair<std::int64_t, std::int64_t> blocks_;
   std::vector<at::Tensor> params_;
+  std::vector<optim::ParamBlock> param_blocks_;
   int visits_ = 0, stage_visits_ = 0;
 };
 

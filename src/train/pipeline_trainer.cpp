@@ -7,7 +7,9 @@
 #include <map>
 #include <thread>
 
+#include "optim/outer_optimizer.h"
 #include "quant/format.h"
+#include "train/outer.h"
 #include "train/pipeline.h"
 #include "train/schedule.h"
 #include "train/worker.h"
@@ -47,7 +49,9 @@ struct PipelineTrainer::Impl {
   skippipe::Plan plan;
   std::vector<PipelineNode> nodes;
   std::vector<std::unique_ptr<torch::optim::AdamW>> adam;
-  std::map<int, std::vector<int>> replicas;   // stage -> its nodes
+  std::map<int, std::vector<int>> replicas;   // stage -> its nodes that take part (a micro-batch visits them)
+  std::vector<optim::OuterSetup> outer;       // per node, with stage_sync = diloco (empty for idle nodes)
+  bool ddp = true;
   std::map<int, std::vector<optim::Group>> groups;  // stage -> a group per replica
   std::vector<int> origins;                   // stage-0 nodes in order
   std::vector<std::unique_ptr<data::ShardSampler>> samplers;  // per origin
@@ -104,7 +108,7 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
     impl->nodes.emplace_back(v, s, model::Gpt(gpt_config(c, 0)), links[static_cast<std::size_t>(v)], codec, c.train.batch_size);
     auto opts = torch::optim::AdamWOptions(c.train.lr).betas(std::make_tuple(c.train.beta1, c.train.beta2)).eps(c.train.eps).weight_decay(c.train.weight_decay);
     impl->adam.push_back(std::make_unique<torch::optim::AdamW>(impl->nodes.back().stage_parameters(), opts));
-    impl->replicas[s.stage_of[static_cast<std::size_t>(v)]].push_back(v);
+    if (impl->nodes.back().visits() > 0) impl->replicas[s.stage_of[static_cast<std::size_t>(v)]].push_back(v);
     if (s.stage_of[static_cast<std::size_t>(v)] == 0) impl->origins.push_back(v);
   }
   std::uint64_t id = 1000;
@@ -117,6 +121,22 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
       grp.size = static_cast<int>(members.size());
       grp.peers = m[r];
       impl->groups[stage].push_back(std::move(grp));
+    }
+  }
+  impl->ddp = p.stage_sync == "ddp";
+  if (!impl->ddp) {
+    RunConfig oc = c;
+    oc.outer.method = p.stage_sync;
+    auto ocfg = outer_config(oc);
+    if (!ocfg.ok()) return ocfg.status().with_context("pipeline.stage_sync");
+    impl->outer.resize(static_cast<std::size_t>(n));
+    for (const auto& [stage, members] : impl->replicas) {
+      for (std::size_t r = 0; r < members.size(); ++r) {
+        const int v = members[r];
+        auto setup = optim::make_outer_optimizer(*ocfg, impl->nodes[static_cast<std::size_t>(v)].stage_param_blocks(), impl->groups[stage][r]);
+        if (!setup.ok()) return setup.status().with_context("stage " + std::to_string(stage) + "'s " + p.stage_sync);
+        impl->outer[static_cast<std::size_t>(v)] = std::move(*setup);
+      }
     }
   }
   const int world = static_cast<int>(impl->origins.size());
@@ -154,18 +174,48 @@ Result<PipelineRecord> PipelineTrainer::step() {
   const std::size_t n = m.nodes.size();
   std::vector<Result<IterationStats>> results(n, error(ErrorCode::kInternal, "not run"));
   std::vector<Status> synced(n);
+  std::vector<std::uint64_t> sync_bytes(n, 0);
+  std::vector<std::int64_t> rounds(n, 0);
+  ScheduleOptions so;
+  so.lr = c.train.lr;
+  so.min_lr_ratio = c.train.min_lr_ratio;
+  so.warmup_steps = c.train.warmup_steps;
+  so.total_steps = c.train.steps;
+  const double lr = learning_rate(so, m.done);
   {
     std::vector<std::thread> threads;
     for (std::size_t v = 0; v < n; ++v) {
       threads.emplace_back([&, v] {
         const auto it = data.find(static_cast<int>(v));
         results[v] = m.nodes[v].run_iteration(iteration, it == data.end() ? std::vector<MicroBatchData>{} : it->second, deadline);
-        if (!results[v].ok()) return;
-        // The stage's replicas: this node's rank among them.
-        const int stage = m.nodes[v].stage();
-        const auto& members = m.replicas.at(stage);
-        const auto rank = static_cast<std::size_t>(std::find(members.begin(), members.end(), static_cast<int>(v)) - members.begin());
-        synced[v] = m.nodes[v].sync_stage(m.groups.at(stage)[rank], iteration, deadline);
+        if (!results[v].ok() || m.nodes[v].visits() == 0) return;
+        if (m.ddp) {
+          // The stage's replicas: this node's rank among them.
+          const int stage = m.nodes[v].stage();
+          const auto& members = m.replicas.at(stage);
+          const auto rank = static_cast<std::size_t>(std::find(members.begin(), members.end(), static_cast<int>(v)) - members.begin());
+          optim::CommStats cs;
+          synced[v] = m.nodes[v].sync_stage(m.groups.at(stage)[rank], iteration, deadline, &cs);
+          sync_bytes[v] = cs.bytes_sent;
+          return;
+        }
+        // Its own step on its own micro-batches' mean gradient, then the stage's outer round when due.
+        const auto& params = m.nodes[v].stage_parameters();
+        for (const auto& p : params) {
+          if (p.grad().defined()) p.mutable_grad().div_(static_cast<double>(m.nodes[v].visits()));
+        }
+        torch::nn::utils::clip_grad_norm_(params, c.train.grad_clip);
+        for (auto& group : m.adam[v]->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+        m.adam[v]->step();
+        auto& outer = *m.outer[v].outer;
+        const std::uint64_t before = outer.comm().bytes_sent;
+        auto stepped = outer.step(static_cast<std::int64_t>(iteration), deadline);
+        if (!stepped.ok()) {
+          synced[v] = stepped.status();
+          return;
+        }
+        rounds[v] = *stepped ? 1 : 0;
+        sync_bytes[v] = outer.comm().bytes_sent - before;
       });
     }
     for (auto& t : threads) t.join();
@@ -187,14 +237,11 @@ Result<PipelineRecord> PipelineTrainer::step() {
       ++losses;
     }
     rec.activation_bytes += results[v]->bytes_sent;
+    rec.sync_bytes += sync_bytes[v];
+    rec.sync_rounds += rounds[v];
   }
-  ScheduleOptions so;
-  so.lr = c.train.lr;
-  so.min_lr_ratio = c.train.min_lr_ratio;
-  so.warmup_steps = c.train.warmup_steps;
-  so.total_steps = c.train.steps;
-  const double lr = learning_rate(so, m.done);
-  for (std::size_t v = 0; v < n; ++v) {
+  for (std::size_t v = 0; v < n && m.ddp; ++v) {
+    if (m.nodes[v].visits() == 0) continue;
     // Clipped per stage: every replica holds the same gradients, so they clip alike.
     const double norm = torch::nn::utils::clip_grad_norm_(m.nodes[v].stage_parameters(), c.train.grad_clip);
     if (v == static_cast<std::size_t>(m.origins.front())) rec.grad_norm = norm;
@@ -222,6 +269,7 @@ double PipelineTrainer::evaluate(const std::vector<int>& omitted) {
     if (block.name != "embed" && block.name != "final") {
       stage = static_cast<int>(std::stoll(block.name.substr(6)) / (m.config.model.layers / m.config.pipeline.stages));
     }
+    // (With stage_sync = diloco: its live weights, the same on every replica just after a round.)
     const auto& src = m.nodes[static_cast<std::size_t>(m.replicas.at(stage).front())].stage_parameters();
     for (const auto& p : block.parameters) p.tensor.copy_(src[taken[stage]++]);
   }
@@ -243,6 +291,11 @@ double PipelineTrainer::evaluate(const std::vector<int>& omitted) {
 }
 
 const skippipe::Plan& PipelineTrainer::plan() const { return impl_->plan; }
+std::vector<std::vector<at::Tensor>> PipelineTrainer::stage_replicas(int stage) const {
+  std::vector<std::vector<at::Tensor>> out;
+  for (int v : impl_->replicas.at(stage)) out.push_back(impl_->nodes[static_cast<std::size_t>(v)].stage_parameters());
+  return out;
+}
 std::int64_t PipelineTrainer::iterations_done() const { return impl_->done; }
 std::int64_t PipelineTrainer::samples_per_iteration() const {
   return static_cast<std::int64_t>(impl_->origins.size()) * impl_->config.pipeline.mbs_per_origin * impl_->config.train.batch_size;

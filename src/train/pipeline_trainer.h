@@ -1,8 +1,13 @@
 // PipelineTrainer: trains the GPT as a SkipPipe pipeline (docs/skippipe.md) with every node in this
 // process: one PipelineNode per node on its own thread, in-memory links between them. It plans the
 // schedule (GCMA and the pipeline.mode's paths), then per iteration each origin draws its
-// micro-batches from its shard, the nodes run them, each stage's replicas average their gradients
-// (pipeline.stage_sync = ddp), clip them per stage and take an AdamW step with the run's schedule.
+// micro-batches from its shard, the nodes run them, and each stage's replicas synchronise:
+//   - pipeline.stage_sync = ddp: they average their gradients every iteration (over the stage's
+//     visits), clip them per stage and take the same AdamW step;
+//   - pipeline.stage_sync = diloco: each replica takes its own AdamW step on its own micro-batches'
+//     mean gradient, and every diloco.inner_steps iterations the replicas of a stage run a DiLoCo
+//     round (optim/diloco.h) over the stage's group: an outer optimizer inside a stage.
+// Nodes that the schedule gives no micro-batch (the full pipeline's idle stage-0 nodes) take no part.
 // What it learns does not depend on time, so this is where convergence is measured; the time an
 // iteration takes over a real network is the scheduler's simulation (plan().simulation).
 //
@@ -18,6 +23,8 @@
 #include <optional>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 #include "core/status.h"
 #include "data/dataset.h"
 #include "skippipe/planner.h"
@@ -32,6 +39,8 @@ struct PipelineRecord {
   double lr = 0;
   double grad_norm = 0;      // stage 0's, after its sync
   std::uint64_t activation_bytes = 0;  // sent between nodes this iteration
+  std::uint64_t sync_bytes = 0;        // sent by the stages' replicas to synchronise, this iteration
+  std::int64_t sync_rounds = 0;        // stage_sync rounds that went through this iteration (over every stage)
   double seconds = 0;        // wall-clock of the iteration on this machine
 };
 
@@ -44,6 +53,8 @@ class PipelineTrainer {
   // Validation loss of the assembled model, stages in `omitted` left out (stage 0 cannot be).
   double evaluate(const std::vector<int>& omitted = {});
   const skippipe::Plan& plan() const;
+  // Each replica's parameters of `stage` (the nodes that take part), in node order.
+  std::vector<std::vector<at::Tensor>> stage_replicas(int stage) const;
   std::int64_t iterations_done() const;
   std::int64_t samples_per_iteration() const;
 

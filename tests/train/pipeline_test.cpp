@@ -336,3 +336,57 @@ TEST_CASE("a pipeline trainer learns: its loss falls over iterations, and leavin
   for (int i = 1; i < 3; ++i) CHECK((*again)->step()->train_loss == doctest::Approx(losses[static_cast<std::size_t>(i)]).epsilon(1e-5));
  }
 }
+
+TEST_CASE("DiLoCo inside the stages: replicas step on their own, agree after each round, sync far fewer bytes than ddp, and the loss falls") {
+  std::map<std::string, std::uint64_t> bytes;
+  for (const std::string sync : {"ddp", "diloco"}) {
+    CAPTURE(sync);
+    RunConfig c;
+    c.model.layers = 6;
+    c.model.width = 16;
+    c.model.heads = 2;
+    c.model.context = 16;
+    c.train.batch_size = 2;
+    c.train.steps = 12;
+    c.train.warmup_steps = 2;
+    c.train.lr = 1e-2;
+    c.train.eval_batches = 2;
+    c.pipeline.nodes = 8;
+    c.pipeline.stages = 3;
+    c.pipeline.path_length = 2;
+    c.pipeline.mbs_per_origin = 2;
+    c.pipeline.mbs_per_agent = 1;
+    c.pipeline.network = "uniform";
+    c.pipeline.gcma_trials = 50;
+    c.pipeline.stage_sync = sync;
+    c.diloco.inner_steps = 4;
+    auto corpus = load_corpus(c);
+    REQUIRE(corpus.ok());
+    auto t = PipelineTrainer::make(c, corpus->dataset);
+    REQUIRE_MESSAGE(t.ok(), t.status().to_string());
+    std::vector<double> losses;
+    std::int64_t rounds = 0;
+    for (int i = 1; i <= 12; ++i) {
+      auto r = (*t)->step();
+      REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+      losses.push_back(r->train_loss);
+      bytes[sync] += r->sync_bytes;
+      rounds += r->sync_rounds;
+      if (sync == "diloco") CHECK((r->sync_bytes > 0) == (i % 4 == 0));  // a round every 4 iterations
+      if (sync == "diloco" && i % 4 == 0) {
+        for (int stage = 0; stage < 3; ++stage) {
+          const auto reps = (*t)->stage_replicas(stage);
+          for (std::size_t k = 1; k < reps.size(); ++k) {
+            for (std::size_t j = 0; j < reps[0].size(); ++j) CHECK(torch::equal(reps[k][j], reps[0][j]));
+          }
+        }
+      }
+    }
+    CHECK(losses.back() < losses.front() - 0.3);
+    std::size_t taking_part = 0;
+    for (int stage = 0; stage < 3; ++stage) taking_part += (*t)->stage_replicas(stage).size();
+    if (sync == "diloco") CHECK(rounds == 3 * static_cast<std::int64_t>(taking_part));  // 3 rounds on every node that takes part
+  }
+  MESSAGE("stage sync bytes over 12 iterations: ddp " << bytes["ddp"] << ", diloco every 4 " << bytes["diloco"]);
+  CHECK(bytes["diloco"] * 3 < bytes["ddp"]);
+}
