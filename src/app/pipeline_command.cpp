@@ -55,6 +55,7 @@ int run_pipeline_command(const PipelineArgs& a) {
   auto metrics = train::MetricsWriter::open(folder->file("metrics.jsonl"), std::nullopt);
   if (!metrics.ok()) return report_failure(metrics.status());
   double last_val = 0;
+  std::uint64_t activation_bytes = 0, sync_bytes = 0;
   for (std::int64_t i = 0; i < c.train.steps; ++i) {
     if (stop_requested()) {
       spdlog::warn("interrupted at iteration {}: metrics.jsonl holds what was done", i);
@@ -62,8 +63,11 @@ int run_pipeline_command(const PipelineArgs& a) {
     }
     auto rec = t.step();
     if (!rec.ok()) return report_failure(rec.status());
+    activation_bytes += rec->activation_bytes;
+    sync_bytes += rec->sync_bytes;
     nlohmann::json j = {{"step", rec->iteration}, {"samples", rec->samples}, {"train_loss", rec->train_loss}, {"lr", rec->lr},
-                        {"grad_norm", rec->grad_norm}, {"activation_bytes", rec->activation_bytes}, {"seconds", rec->seconds},
+                        {"grad_norm", rec->grad_norm}, {"activation_bytes", rec->activation_bytes}, {"sync_bytes", rec->sync_bytes},
+                        {"sync_rounds", rec->sync_rounds}, {"seconds", rec->seconds},
                         {"sim_time_s", sim.makespan_s * static_cast<double>(rec->iteration)}};
     const bool eval = rec->iteration % c.train.eval_every == 0 || rec->iteration == c.train.steps;
     if (eval) {
@@ -87,13 +91,17 @@ int run_pipeline_command(const PipelineArgs& a) {
                             {"omitted_stages", omit},
                             {"omitted_val_loss", omitted},
                             {"omission_increase", omitted / last_val - 1},
+                            {"stage_sync", c.pipeline.stage_sync},
+                            {"activation_bytes", activation_bytes},
+                            {"stage_sync_bytes", sync_bytes},
                             {"iteration_makespan_s", sim.makespan_s},
                             {"predicted_makespan_s", t.plan().predicted_makespan_s},
                             {"schedule_hash", t.plan().schedule.hash().hex()}};
   if (Status st = folder->write_text("summary.json", summary.dump(2)); !st.ok()) return report_failure(st);
   std::printf("%s pipeline: val loss %.4f after %lld iterations; with stages", c.pipeline.mode.c_str(), last_val, static_cast<long long>(t.iterations_done()));
   for (int s : omit) std::printf(" %d", s);
-  std::printf(" left out %.4f (%+.1f%%); an iteration %.1f s over the scheduler's network\n", omitted, 100 * (omitted / last_val - 1), sim.makespan_s);
+  std::printf(" left out %.4f (%+.1f%%); an iteration %.1f s over the scheduler's network; %.1f MB of activations, %.1f MB to sync the stages (%s)\n",
+              omitted, 100 * (omitted / last_val - 1), sim.makespan_s, activation_bytes / 1e6, sync_bytes / 1e6, c.pipeline.stage_sync.c_str());
   return 0;
 }
 
