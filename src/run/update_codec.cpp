@@ -93,8 +93,9 @@ Status decode_update(ByteView bytes, std::span<float> out) {
   }
   const std::uint32_t count = r.u32();
   if (!r.ok()) return r.status();
-  // Every payload holds at least one value, and takes more than its length field.
-  if (count > h->numel || count > r.remaining() / 4) return error(ErrorCode::kMalformed, "update: " + std::to_string(count) + " payloads do not fit");
+  // Every payload takes more than its length field (a chunk's segment may hold no value: an
+  // all-reduce of fewer values than segments leaves some empty).
+  if (count > r.remaining() / 4) return error(ErrorCode::kMalformed, "update: " + std::to_string(count) + " payloads do not fit");
   std::size_t at = 0;
   for (std::uint32_t k = 0; k < count; ++k) {
     const ByteView p = r.blob(r.remaining());
@@ -102,11 +103,12 @@ Status decode_update(ByteView bytes, std::span<float> out) {
     const auto left = static_cast<std::int64_t>(out.size() - at);
     auto info = quant::inspect(p, left);
     if (!info.ok()) return info.status().with_context("update: payload " + std::to_string(k));
-    if (info->numel <= 0 || info->numel > left) {
+    if (info->numel < 0 || info->numel > left) {
       return error(ErrorCode::kMalformed, "update: payload " + std::to_string(k) + " holds " + std::to_string(info->numel) + " values, " +
                                               std::to_string(left) + " remain");
     }
     const auto n = static_cast<std::size_t>(info->numel);
+    if (n == 0) continue;
     if (Status st = quant::decode_into(p, out.subspan(at, n)); !st.ok()) return st.with_context("update: payload " + std::to_string(k));
     at += n;
   }

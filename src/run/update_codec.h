@@ -12,7 +12,8 @@
 //   numel    u64  values of the update
 //   kFp32:   numel x f32
 //   kPayloads: count u32, then count x (u32 length, quantized tensor: quant/codec.h), whose values
-//            follow one another and add up to numel
+//            follow one another and add up to numel (a payload may hold none: an all-reduce's
+//            empty segment)
 //
 // Decoding is a hostile-input boundary (the bytes come from a donor): never throws, refuses more
 // than the caller's `max_values` before allocating, and refuses non-finite values.

@@ -18,6 +18,8 @@ namespace gossamer::skippipe {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+// Orders of stages a path may visit, at most: past this the low-level search would be too slow.
+constexpr std::size_t kMaxOrders = 200000;
 using Mask = std::uint64_t;  // a set of stages (kMaxStages <= 64)
 
 // A draw in [0, 1) from a seeded generator, the same on every platform.
@@ -145,6 +147,7 @@ class LowLevel {
  private:
   double edge(int a, int b) const { return edge_[static_cast<std::size_t>(a * n_ + b)]; }
   void enumerate(std::vector<int>& prefix, Mask used) {
+    if (orders_.size() > kMaxOrders) return;  // too many to search: plan() refuses
     if (static_cast<int>(prefix.size()) == o_.path_length - 1) {
       orders_.push_back(prefix);
       return;
@@ -254,6 +257,7 @@ class Search {
     }
   }
   int expansions() const { return expansions_; }
+  const LowLevel& low() const { return low_; }
 
  private:
   struct Entry {
@@ -309,9 +313,6 @@ class Search {
     return k;
   }
 
-
- public:
-  const LowLevel& low() const { return low_; }
 
  private:
   const LowLevel& low_;
@@ -573,6 +574,10 @@ Result<Plan> plan(const Network& net, const Costs& costs, const std::vector<int>
   if (Status st = check_assignment(net, costs, stage_of, o); !st.ok()) return st;
   const LowLevel low(net, costs, stage_of, o, mode == Mode::kCostBlind);
   if (low.orders() == 0) return error(ErrorCode::kInvalidArgument, "no order of stages keeps the reorder bounds at this path length");
+  if (low.orders() > kMaxOrders) {
+    return error(ErrorCode::kInvalidArgument, "more than " + std::to_string(kMaxOrders) + " orders of stages are possible paths at " + std::to_string(o.stages) +
+                                                  " stages and paths of " + std::to_string(o.path_length) + ": use fewer stages or a path length nearer either end");
+  }
   std::vector<AgentSpec> specs;
   for (int n = 0; n < net.nodes; ++n) {
     if (stage_of[static_cast<std::size_t>(n)] != 0) continue;
@@ -640,7 +645,7 @@ Result<Plan> plan(const Network& net, const Costs& costs, const std::vector<int>
         for (std::size_t c = 0; c < best.plans.size() && out.simulations < limits.max_simulations; ++c) {
           if (c == ai) continue;
           const auto& hc = best.plans[c].hops;
-          for (std::size_t kc = 0; kc < hc.size(); ++kc) {
+          for (std::size_t kc = 0; kc < hc.size() && out.simulations < limits.max_simulations; ++kc) {
             const int other = hc[kc];
             if (other == node || stage_of[static_cast<std::size_t>(other)] != stage_of[static_cast<std::size_t>(node)]) continue;
             if (std::find(ha.begin(), ha.end(), other) != ha.end() || std::find(hc.begin(), hc.end(), node) != hc.end()) continue;
@@ -738,6 +743,7 @@ Result<Plan> plan_full(const Network& net, const Costs& costs, const std::vector
         }
       }
     }
+    if (chain.empty()) return error(ErrorCode::kInvalidArgument, "no full pipeline can be chained: some hop costs no finite time (a bandwidth too small?)");
     for (int v : chain) used[static_cast<std::size_t>(v)] = 1;
     const int mbs = total / static_cast<int>(pipelines) + (static_cast<int>(p) < total % static_cast<int>(pipelines) ? 1 : 0);
     s.agents.push_back(Agent{chain[0], std::vector<int>(chain.begin() + 1, chain.end()), 0.0, mbs});

@@ -20,8 +20,8 @@
 //     (simulate.h); for the longest waits where an agent found a node busy with another's work,
 //     children either swap that visit with another agent's visit of the same stage (loads kept) or
 //     forbid the node to either agent and search again; the child whose simulated makespan is
-//     shortest is kept while it is shorter, up to `max_simulations`. The result carries the simulated timetable,
-//     which runtimes follow.
+//     shortest is kept while it is shorter, up to `max_simulations`. The result carries the
+//     simulated timetable, for runtimes to follow (the stage runtime does not enforce it yet).
 //   - plan_full: DT-FM's pipelines, as many as the smallest non-zero stage has nodes, each chained
 //     through the cheapest unused node of every stage in order, carrying the micro-batches evenly.
 // Every agent of an origin starts one forward (of the origin) after the one before (the reference's

@@ -39,7 +39,8 @@ Status Options::check() const {
   if (stages < 2 || stages > kMaxStages) return bad("pipeline.stages must lie in [2, " + std::to_string(kMaxStages) + "]");
   if (path_length < 2 || path_length > stages) return bad("pipeline.path_length must lie in [2, pipeline.stages]");
   if (memory < 1) return bad("pipeline.memory must be >= 1");
-  if (mbs_per_origin < 1 || mbs_per_agent < 1) return bad("micro-batches per origin and per agent must be >= 1");
+  if (memory > 1024) return bad("pipeline.memory must be at most 1024");
+  if (mbs_per_origin < 1 || mbs_per_agent < 1 || mbs_per_origin > (1 << 16)) return bad("micro-batches per origin must lie in [1, 65536], per agent >= 1");
   if (mbs_per_origin % mbs_per_agent != 0) return bad("micro-batches per origin must be a multiple of those per agent");
   if (max_swaps < 0 || max_swap_distance < 0 || max_swap_total < 0 || max_jump < 1) return bad("reorder bounds must be >= 0 (jump >= 1)");
   return Status();
@@ -47,8 +48,8 @@ Status Options::check() const {
 
 int Schedule::origins() const { return static_cast<int>(std::count(stage_of.begin(), stage_of.end(), 0)); }
 
-int Schedule::microbatches() const {
-  int n = 0;
+std::int64_t Schedule::microbatches() const {
+  std::int64_t n = 0;
   for (const auto& a : agents) n += a.microbatches;
   return n;
 }
@@ -137,7 +138,7 @@ Status validate(const Schedule& s, const Network* net, const Costs* costs) {
       }
     }
   }
-  if (s.microbatches() != s.origins() * s.options.mbs_per_origin) {
+  if (s.microbatches() != static_cast<std::int64_t>(s.origins()) * s.options.mbs_per_origin) {
     return broken("R6 count", "the agents carry " + std::to_string(s.microbatches()) + " micro-batches, not " + std::to_string(s.origins() * s.options.mbs_per_origin));
   }
   if (s.timetable.empty()) return Status();
@@ -151,7 +152,7 @@ Status validate(const Schedule& s, const Network* net, const Costs* costs) {
     }
     if (!at.emplace(std::make_tuple(e.agent, e.microbatch, e.hop), &e).second) return broken("R7 timetable", "an entry is there twice");
   }
-  if (static_cast<int>(at.size()) != s.microbatches() * (hops + 1)) return broken("R7 timetable", "entries are missing");
+  if (static_cast<std::int64_t>(at.size()) != s.microbatches() * (hops + 1)) return broken("R7 timetable", "entries are missing");
   const bool timed = net != nullptr && costs != nullptr;
   std::vector<std::vector<std::pair<double, double>>> busy(static_cast<std::size_t>(n));
   for (std::size_t a = 0; a < s.agents.size(); ++a) {
@@ -159,7 +160,14 @@ Status validate(const Schedule& s, const Network* net, const Costs* costs) {
     std::vector<int> path{ag.origin};
     path.insert(path.end(), ag.hops.begin(), ag.hops.end());
     for (int mb = 0; mb < ag.microbatches; ++mb) {
-      auto entry = [&](int hop) { return at.at({static_cast<int>(a), mb, hop}); };
+      // Every (agent, micro-batch, hop) has its entry: the count matched and none is there twice.
+      auto entry = [&](int hop) {
+        const auto it = at.find({static_cast<int>(a), mb, hop});
+        return it == at.end() ? nullptr : it->second;
+      };
+      for (int h = 0; h <= hops; ++h) {
+        if (entry(h) == nullptr) return broken("R7 timetable", "entries are missing");
+      }
       const std::string who = agent_name(a) + " micro-batch " + std::to_string(mb);
       if (entry(0)->forward_start + kSlack < ag.start_s) return broken("R7 timetable", who + " leaves before its agent starts");
       double ready = 0;  // when the next computation may start at the earliest
@@ -187,7 +195,7 @@ Status validate(const Schedule& s, const Network* net, const Costs* costs) {
       }
     }
   }
-  if (!timed) return Status();
+  if (!timed) return Status();  // without durations, overlaps cannot be told
   for (int node = 0; node < n; ++node) {
     auto& b = busy[static_cast<std::size_t>(node)];
     std::sort(b.begin(), b.end());
@@ -290,6 +298,7 @@ Result<Schedule> Schedule::decode(ByteView bytes) {
   }
   r.expect_end();
   if (!r.ok()) return r.status();
+  if (s.microbatches() > kMaxMicrobatches) return error(ErrorCode::kOutOfRange, "schedule: " + std::to_string(s.microbatches()) + " micro-batches");
   if (Status st = validate(s); !st.ok()) return error(ErrorCode::kMalformed, "schedule: " + st.message());
   return s;
 }

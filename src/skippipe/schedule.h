@@ -17,7 +17,8 @@
 //   R6 count:     the agents carry every micro-batch: stage-0 nodes x mbs_per_origin in all;
 //   R7 timetable: when the schedule carries one, each micro-batch's compute follows its path in
 //                 order, each hop no sooner than it can arrive, and no two computations overlap on a
-//                 node (TC2: what the collision-aware scheduler plans, and what runtimes follow).
+//                 node (TC2: what the collision-aware scheduler plans, for runtimes to follow; the
+//                 stage runtime does not enforce it yet).
 //
 // Wire form (version 1, little-endian, core/wire.h): magic "GSKP", version u8, mode u8, then the
 // options (i32 each: stages, path_length, memory, mbs_per_origin, mbs_per_agent, max_swaps,
@@ -44,6 +45,7 @@ inline constexpr std::uint8_t kScheduleVersion = 1;
 inline constexpr int kMaxNodes = 4096;
 inline constexpr int kMaxStages = 64;
 inline constexpr int kMaxAgents = 1 << 16;
+inline constexpr std::int64_t kMaxMicrobatches = 1 << 20;  // per iteration, in a decoded schedule
 
 // How the paths were chosen (the rows of compare's pipeline table).
 enum class Mode : std::uint8_t {
@@ -98,7 +100,7 @@ struct Schedule {
 
   int nodes() const { return static_cast<int>(stage_of.size()); }
   int origins() const;       // stage-0 nodes
-  int microbatches() const;  // in all
+  std::int64_t microbatches() const;  // in all
   // Agents that may visit one non-zero stage: every agent's visits spread evenly, rounded up.
   int stage_capacity() const;
   // Stages a micro-batch visits, stage 0 included.
@@ -110,7 +112,8 @@ struct Schedule {
 };
 
 // The first rule the schedule breaks, named (R1 ... R7), or ok. `costs` (forward and hop times)
-// and the network are needed for R7 only; without them R7 checks order and overlaps alone.
+// and the network are needed for R7 only; without them R7 checks each micro-batch's order alone
+// (overlaps need the durations).
 struct Network;
 struct Costs;
 [[nodiscard]] Status validate(const Schedule& s, const Network* net = nullptr, const Costs* costs = nullptr);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -146,9 +147,21 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
       }
     });
   }
-  auto join_readers = [&] {
+  // However the iteration ends (an error, an exception from a tensor a peer shaped), the readers
+  // are joined before what they write into goes away; on a failure every link is closed first, so
+  // the others learn at once instead of at their deadline, and the readers return.
+  bool finished_ok = false;
+  struct Finally {
+    std::function<void()> f;
+    ~Finally() { f(); }
+  } finally{[&] {
+    if (!finished_ok) {
+      for (auto& l : links_) {
+        if (l) l->close();
+      }
+    }
     for (auto& t : readers) t.join();
-  };
+  }};
 
   IterationStats stats;
   auto send = [&](int to, ActivationHeader h, const at::Tensor& x) -> Status {
@@ -196,6 +209,9 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
     if (!h.backward) {  // back at its origin: head, loss, and the backward starts
       const auto it = std::find(own.begin(), own.end(), h.microbatch);
       const MicroBatchData& d = data[static_cast<std::size_t>(it - own.begin())];
+      if (x.size(0) != d.targets.size(0) || x.size(1) != d.targets.size(1)) {
+        return error(ErrorCode::kMalformed, "micro-batch " + std::to_string(h.microbatch) + " came back in another shape than it left");
+      }
       at::Tensor in = x.requires_grad_(true);
       const at::Tensor logits = model_.head(in);
       const at::Tensor loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), d.targets.reshape({-1}));
@@ -206,6 +222,7 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
     }
     auto it = held.find(h.microbatch);
     if (it == held.end()) return error(ErrorCode::kMalformed, "a gradient for micro-batch " + std::to_string(h.microbatch) + ", which this node does not hold");
+    if (x.sizes() != it->second.out.sizes()) return error(ErrorCode::kMalformed, "a gradient for micro-batch " + std::to_string(h.microbatch) + " of another shape");
     it->second.out.backward(x);
     ++stats.backwards;
     if (hop == 0) {  // back at its origin: done
@@ -220,6 +237,16 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
   };
 
   Status st;
+  // A forward that needs room waits behind those already waiting, in arrival order.
+  auto drain = [&]() -> Status {
+    while (!waiting.empty() && static_cast<int>(held.size()) < memory) {
+      auto w = std::move(waiting.front());
+      waiting.erase(waiting.begin());
+      if (Status s2 = process(w.first, w.second.first, w.second.second); !s2.ok()) return s2;
+    }
+    return Status();
+  };
+  try {
   while (st.ok()) {
     // An origin launches while it has room, in the schedule's order.
     while (st.ok() && launched < own.size() && static_cast<int>(held.size()) < memory) {
@@ -263,26 +290,22 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
       auto& [h, x] = *decoded;
       const Route* r = h.microbatch < all.size() ? &all[h.microbatch] : nullptr;
       const bool takes_memory = !h.backward && r != nullptr && h.hop <= static_cast<int>(r->path.size()) - 1;
-      if (takes_memory && static_cast<int>(held.size()) >= memory) {
+      if (takes_memory && (static_cast<int>(held.size()) >= memory || !waiting.empty())) {
         waiting.emplace_back(next->from, std::move(*decoded));
-        continue;
+      } else {
+        st = process(next->from, h, x);
       }
-      st = process(next->from, h, x);
+      if (st.ok()) st = drain();
       continue;
     }
-    if (!waiting.empty() && static_cast<int>(held.size()) < memory) {
-      auto w = std::move(waiting.front());
-      waiting.erase(waiting.begin());
-      st = process(w.first, w.second.first, w.second.second);
-    }
+    st = drain();
   }
-  if (!st.ok()) {
-    for (auto& l : links_) {
-      if (l) l->close();  // the others learn at once instead of at their deadline
-    }
+  } catch (const std::exception& e) {
+    // A tensor of a shape the stage cannot take (a peer's message passed its header's checks).
+    st = error(ErrorCode::kMalformed, std::string("pipeline iteration ") + std::to_string(iteration) + ": node " + std::to_string(node_) + ": " + e.what());
   }
-  join_readers();
-  if (!st.ok()) return st;
+  if (!st.ok()) return st;  // (Finally closes the links and joins the readers)
+  finished_ok = true;
   for (std::uint32_t m : own) stats.losses.push_back(loss_of[m]);
   return stats;
 }

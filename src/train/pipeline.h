@@ -21,7 +21,8 @@
 //
 // Threading: run_iteration() is called from one thread; it runs one receiving thread per link for
 // the iteration, and waits on the real clock (the simulator's virtual clock is the next step). Errors: a link that fails, a message that does not decode or does not belong to the
-// iteration, or the deadline: the iteration fails with the Status (the caller may drop or retry it).
+// iteration, or the deadline: the iteration fails with the Status, and this node closes its links (the others then fail
+// at once too): a failed iteration ends the pipeline's run.
 #pragma once
 
 #include <cstdint>

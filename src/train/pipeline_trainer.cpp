@@ -58,6 +58,16 @@ struct PipelineTrainer::Impl {
   std::vector<data::Batch> eval_set;
   std::int64_t done = 0;
   std::int64_t samples = 0;
+
+  // The node whose weights stand for `stage`: its first replica that takes part, or (a stage no
+  // micro-batch visits) any node hosting it, which holds the initial weights.
+  int representative(int stage) const {
+    if (const auto it = replicas.find(stage); it != replicas.end() && !it->second.empty()) return it->second.front();
+    for (std::size_t v = 0; v < nodes.size(); ++v) {
+      if (nodes[v].stage() == stage) return static_cast<int>(v);
+    }
+    return 0;  // every stage has a node (the planner checks)
+  }
 };
 
 PipelineTrainer::PipelineTrainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -244,7 +254,7 @@ Result<PipelineRecord> PipelineTrainer::step() {
     if (m.nodes[v].visits() == 0) continue;
     // Clipped per stage: every replica holds the same gradients, so they clip alike.
     const double norm = torch::nn::utils::clip_grad_norm_(m.nodes[v].stage_parameters(), c.train.grad_clip);
-    if (v == static_cast<std::size_t>(m.origins.front())) rec.grad_norm = norm;
+    if (m.nodes[v].stage() == 0 && rec.grad_norm == 0) rec.grad_norm = norm;  // the first origin that takes part
     for (auto& group : m.adam[v]->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     m.adam[v]->step();
   }
@@ -270,7 +280,7 @@ double PipelineTrainer::evaluate(const std::vector<int>& omitted) {
       stage = static_cast<int>(std::stoll(block.name.substr(6)) / (m.config.model.layers / m.config.pipeline.stages));
     }
     // (With stage_sync = diloco: its live weights, the same on every replica just after a round.)
-    const auto& src = m.nodes[static_cast<std::size_t>(m.replicas.at(stage).front())].stage_parameters();
+    const auto& src = m.nodes[static_cast<std::size_t>(m.representative(stage))].stage_parameters();
     for (const auto& p : block.parameters) p.tensor.copy_(src[taken[stage]++]);
   }
   model.train(false);
@@ -293,7 +303,9 @@ double PipelineTrainer::evaluate(const std::vector<int>& omitted) {
 const skippipe::Plan& PipelineTrainer::plan() const { return impl_->plan; }
 std::vector<std::vector<at::Tensor>> PipelineTrainer::stage_replicas(int stage) const {
   std::vector<std::vector<at::Tensor>> out;
-  for (int v : impl_->replicas.at(stage)) out.push_back(impl_->nodes[static_cast<std::size_t>(v)].stage_parameters());
+  const auto it = impl_->replicas.find(stage);
+  if (it == impl_->replicas.end()) return out;
+  for (int v : it->second) out.push_back(impl_->nodes[static_cast<std::size_t>(v)].stage_parameters());
   return out;
 }
 std::int64_t PipelineTrainer::iterations_done() const { return impl_->done; }

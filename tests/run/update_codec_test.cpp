@@ -170,3 +170,16 @@ TEST_CASE("seeded mutations of updates are refused or taken within bounds, never
   CHECK(refused > 0);
   MESSAGE("mutations accepted " << accepted << ", refused " << refused);
 }
+
+TEST_CASE("an all-reduce's empty segment (a payload of no values) is part of a valid update") {
+  const auto v = values(10);
+  quant::EncodeOptions o;
+  o.codec = quant::CodecId::kInt8;
+  o.block_size = 32;
+  const std::vector<Bytes> payloads{quant::encode_view(std::span<const float>(v.data(), 10), o).head,
+                                    quant::encode_view(std::span<const float>(v.data(), std::size_t{0}), o).head};
+  const auto held = decoded(payloads);
+  std::vector<float> out;
+  REQUIRE(decode(encode_update(held, payloads), out).ok());
+  CHECK(std::memcmp(out.data(), held.data(), held.size() * 4) == 0);
+}

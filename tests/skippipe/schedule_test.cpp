@@ -288,3 +288,19 @@ TEST_CASE("the scheduler's own speed: 20 nodes well under 5 s, 100 nodes under 6
     CHECK(validate(p->schedule, &net, &costs).ok());
   }
 }
+
+TEST_CASE("decoding refuses schedules whose counts would overflow or exceed the caps, before building anything") {
+  Schedule s = planned(Mode::kNoCollision).schedule;
+  s.timetable.clear();
+  // Agents that carry 2^20 micro-batches each: more than a decoded schedule may hold.
+  for (auto& a : s.agents) a.microbatches = 1 << 20;
+  auto d = Schedule::decode(s.encode());
+  CHECK_FALSE(d.ok());
+  CHECK(d.status().code() == ErrorCode::kOutOfRange);
+  Options o;
+  o.mbs_per_origin = (1 << 16) + 2;
+  CHECK_FALSE(o.check().ok());
+  o = Options{};
+  o.memory = 5000;
+  CHECK_FALSE(o.check().ok());
+}

@@ -19,6 +19,7 @@
 #include "train/run.h"
 #include "train/pipeline_wire.h"
 #include "transport/memory_link.h"
+#include "transport/tags.h"
 
 using namespace gossamer;
 using namespace gossamer::train;
@@ -389,4 +390,40 @@ TEST_CASE("DiLoCo inside the stages: replicas step on their own, agree after eac
   }
   MESSAGE("stage sync bytes over 12 iterations: ddp " << bytes["ddp"] << ", diloco every 4 " << bytes["diloco"]);
   CHECK(bytes["diloco"] * 3 < bytes["ddp"]);
+}
+
+TEST_CASE("a gradient of the wrong shape from a peer fails the node's iteration with an error, not a crash") {
+  // Two stages on two nodes: the test plays the origin (node 0) by hand over its link to node 1.
+  skippipe::Schedule s;
+  s.mode = skippipe::Mode::kSkipPipe;
+  s.options.stages = 2;
+  s.options.path_length = 2;
+  s.options.mbs_per_origin = 1;
+  s.options.mbs_per_agent = 1;
+  s.stage_of = {0, 1};
+  s.agents = {skippipe::Agent{0, {1}, 0.0, 1}};
+  REQUIRE(skippipe::validate(s).ok());
+  model::GptConfig g = tiny_gpt();
+  g.layers = 2;
+  auto links = mesh(2);
+  PipelineNode node(1, s, model::Gpt(g), links[1]);
+  Result<IterationStats> result = error(ErrorCode::kInternal, "not run");
+  std::thread t([&] { result = node.run_iteration(1, {}, Deadline::after(real_clock(), 20s)); });
+  const transport::Tag tag = transport::tags::kPipeline | 1u;
+  ActivationHeader fwd;
+  fwd.iteration = 1;
+  fwd.microbatch = 0;
+  fwd.hop = 1;
+  REQUIRE(links[0][1]->send(tag, encode_activation(fwd, torch::randn({2, 8, 16}), quant::EncodeOptions{}), Deadline::after(real_clock(), 5s)).ok());
+  auto back = links[0][1]->recv(tag, Deadline::after(real_clock(), 10s));  // its output, on to the origin
+  REQUIRE(back.ok());
+  ActivationHeader bwd;
+  bwd.backward = true;
+  bwd.iteration = 1;
+  bwd.microbatch = 0;
+  bwd.hop = 1;
+  REQUIRE(links[0][1]->send(tag, encode_activation(bwd, torch::randn({2, 4, 16}), quant::EncodeOptions{}), Deadline::after(real_clock(), 5s)).ok());
+  t.join();
+  REQUIRE_FALSE(result.ok());
+  CHECK(result.status().code() == ErrorCode::kMalformed);
 }
