@@ -134,4 +134,25 @@ run 0 "$G" plan --params 1e8 --layers 12 --workers 8 --inner-steps 100
 says "streaming_diloco"
 run 2 "$G" plan --codec fp7
 
+# SkipPipe: the scheduler's modes side by side, and a pipeline trained in one process.
+run 0 "$G" schedule --help
+says "--path-length"
+run 0 "$G" schedule --gcma-trials 200
+says "skippipe-noca"; says "pipeline-full"; says "hash"
+run 2 "$G" schedule --nodes 4 --stages 6
+says "--nodes must be at least --stages"
+run 0 "$G" pipeline --help
+says "--omit"
+PIPETINY=(--set model.layers=3 --set model.width=16 --set model.heads=2 --set model.context=16 --set data.synthetic.bytes=40000
+          --set train.batch_size=2 --set train.steps=3 --set train.warmup_steps=1 --set train.eval_every=3 --set train.eval_batches=2
+          --set pipeline.nodes=8 --set pipeline.stages=3 --set pipeline.path_length=2 --set pipeline.mbs_per_origin=2
+          --set pipeline.mbs_per_agent=1 --set pipeline.gcma_trials=50)
+run 0 "$G" pipeline "${PIPETINY[@]}" --omit 2 --out "$tmp/pipe"
+says "left out"
+grep -q '"omitted_val_loss"' "$tmp/pipe/summary.json" || fail "pipeline: summary.json lacks omitted_val_loss"
+run 2 "$G" pipeline "${PIPETINY[@]}" --omit 0 --out "$tmp/pipebad"
+says "--omit"
+run 2 "$G" pipeline "${PIPETINY[@]}" --set model.layers=4 --out "$tmp/pipebad2"
+says "divisible by pipeline.stages"
+
 echo "cli: all checks passed"
