@@ -598,7 +598,9 @@ Result<Plan> plan(const Network& net, const Costs& costs, const std::vector<int>
     // the capacities allow any.
     auto plans = prioritized(low, specs, stage_of, o, capacity);
     if (!plans) return solved.status();
-    HNode h = search.root(no_stages, no_nodes);
+    HNode h;
+    h.forbid_stage = no_stages;
+    h.forbid_node = no_nodes;
     h.plans = std::move(*plans);
     search.score(h);
     solved = std::move(h);

@@ -204,7 +204,7 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
       held[h.microbatch] = Held{in, out};
       stats.peak_inflight = std::max(stats.peak_inflight, static_cast<int>(held.size()));
       ActivationHeader next{false, 0, h.microbatch, static_cast<std::uint8_t>(hop + 1), 0, 0, 0};
-      return send(hop == last ? r.path[0] : r.path[static_cast<std::size_t>(hop + 1)], next, out);
+      return send(r.path[static_cast<std::size_t>(hop == last ? 0 : hop + 1)], next, out);
     }
     if (!h.backward) {  // back at its origin: head, loss, and the backward starts
       const auto it = std::find(own.begin(), own.end(), h.microbatch);
@@ -233,7 +233,7 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
     ActivationHeader next{true, 0, h.microbatch, static_cast<std::uint8_t>(hop - 1), 0, 0, 0};
     const at::Tensor g = it->second.in.grad();
     held.erase(it);
-    return send(hop == 1 ? r.path[0] : r.path[static_cast<std::size_t>(hop - 1)], next, g);
+    return send(r.path[static_cast<std::size_t>(hop - 1)], next, g);  // hop 0 is the origin
   };
 
   Status st;

@@ -102,6 +102,29 @@ double one_process(model::Gpt& gpt, const MicroBatchData& d, const std::vector<i
   return loss.item<double>();
 }
 
+// A pipeline small enough to train a dozen iterations in a test: 6 blocks in 3 stages on 8 nodes,
+// paths of 2 stages.
+RunConfig small_pipeline_run() {
+  RunConfig c;
+  c.model.layers = 6;
+  c.model.width = 16;
+  c.model.heads = 2;
+  c.model.context = 16;
+  c.train.batch_size = 2;
+  c.train.steps = 12;
+  c.train.warmup_steps = 2;
+  c.train.lr = 1e-2;
+  c.train.eval_batches = 2;
+  c.pipeline.nodes = 8;
+  c.pipeline.stages = 3;
+  c.pipeline.path_length = 2;
+  c.pipeline.mbs_per_origin = 2;
+  c.pipeline.mbs_per_agent = 1;
+  c.pipeline.network = "uniform";
+  c.pipeline.gcma_trials = 50;
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("a skipping path's gradients are bit-identical to the same blocks run in one process, and the full path's to the whole model's") {
@@ -294,24 +317,8 @@ TEST_CASE("pipeline messages: a round trip, and malformed or oversized ones refu
 TEST_CASE("a pipeline trainer learns: its loss falls over iterations, and leaving stages out at inference changes the loss") {
  for (const std::string mode : {"skippipe", "full"}) {
   CAPTURE(mode);
-  RunConfig c;
+  RunConfig c = small_pipeline_run();
   c.pipeline.mode = mode;
-  c.model.layers = 6;
-  c.model.width = 16;
-  c.model.heads = 2;
-  c.model.context = 16;
-  c.train.batch_size = 2;
-  c.train.steps = 12;
-  c.train.warmup_steps = 2;
-  c.train.lr = 1e-2;
-  c.train.eval_batches = 2;
-  c.pipeline.nodes = 8;
-  c.pipeline.stages = 3;
-  c.pipeline.path_length = 2;
-  c.pipeline.mbs_per_origin = 2;
-  c.pipeline.mbs_per_agent = 1;
-  c.pipeline.network = "uniform";
-  c.pipeline.gcma_trials = 50;
   auto corpus = load_corpus(c);
   REQUIRE(corpus.ok());
   auto t = PipelineTrainer::make(c, corpus->dataset);
@@ -342,23 +349,7 @@ TEST_CASE("DiLoCo inside the stages: replicas step on their own, agree after eac
   std::map<std::string, std::uint64_t> bytes;
   for (const std::string sync : {"ddp", "diloco"}) {
     CAPTURE(sync);
-    RunConfig c;
-    c.model.layers = 6;
-    c.model.width = 16;
-    c.model.heads = 2;
-    c.model.context = 16;
-    c.train.batch_size = 2;
-    c.train.steps = 12;
-    c.train.warmup_steps = 2;
-    c.train.lr = 1e-2;
-    c.train.eval_batches = 2;
-    c.pipeline.nodes = 8;
-    c.pipeline.stages = 3;
-    c.pipeline.path_length = 2;
-    c.pipeline.mbs_per_origin = 2;
-    c.pipeline.mbs_per_agent = 1;
-    c.pipeline.network = "uniform";
-    c.pipeline.gcma_trials = 50;
+    RunConfig c = small_pipeline_run();
     c.pipeline.stage_sync = sync;
     c.diloco.inner_steps = 4;
     auto corpus = load_corpus(c);
