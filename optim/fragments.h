@@ -35,10 +35,12 @@ struct Fragment {
   std::int64_t numel = 0;
 };
 
-// How many fragments make_fragments cuts: `fragments`, plus the edges' two of their own.
+// How many fragments make_fragments cuts from a whole model: `fragments`, plus the edges' two of their own.
 inline int fragment_count(const FragmentOptions& o) { return o.fragments + (o.edges == EdgePlacement::kOwnFragments ? 2 : 0); }
 
-// blocks: [embedding, transformer blocks..., final]; at least one transformer block.
+// blocks: [embedding, transformer blocks..., final]; at least one transformer block. A pipeline
+// stage's blocks may lack the embedding (named "embed") or the final block (named "final"), or both:
+// then only the transformer blocks are cut, and no edge fragment of its own is made for what is absent.
 std::vector<Fragment> make_fragments(const std::vector<ParamBlock>& blocks, const FragmentOptions& options);
 
 }  // namespace gossamer::optim

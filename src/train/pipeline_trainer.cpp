@@ -137,6 +137,7 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   if (!impl->ddp) {
     RunConfig oc = c;
     oc.outer.method = p.stage_sync;
+    oc.model.layers = c.model.layers / p.stages;  // what a stage holds: streaming_diloco cuts its fragments from these
     auto ocfg = outer_config(oc);
     if (!ocfg.ok()) return ocfg.status().with_context("pipeline.stage_sync");
     impl->outer.resize(static_cast<std::size_t>(n));

@@ -4,9 +4,10 @@
 // micro-batches from its shard, the nodes run them, and each stage's replicas synchronise:
 //   - pipeline.stage_sync = ddp: they average their gradients every iteration (over the stage's
 //     visits), clip them per stage and take the same AdamW step;
-//   - pipeline.stage_sync = diloco: each replica takes its own AdamW step on its own micro-batches'
-//     mean gradient, and every diloco.inner_steps iterations the replicas of a stage run a DiLoCo
-//     round (optim/diloco.h) over the stage's group: an outer optimizer inside a stage.
+//   - pipeline.stage_sync = diloco, streaming_diloco, noloco or co2: each replica takes its own AdamW
+//     step on its own micro-batches' mean gradient, and the stage's replicas run that outer optimizer
+//     (optim/) over the stage's group, on its own section's keys (diloco.inner_steps, ...): an outer
+//     optimizer inside a stage. streaming_diloco cuts its fragments from the stage's own blocks.
 // Nodes that the schedule gives no micro-batch (the full pipeline's idle stage-0 nodes) take no part.
 // What it learns does not depend on time, so this is where convergence is measured; the time an
 // iteration takes over a real network is the scheduler's simulation (plan().simulation).

@@ -53,6 +53,27 @@ TEST_CASE("fragments: strided, sequential, and the embedding and final block pla
   CHECK_THROWS_AS(make_fragments(b, o), ContractError);
 }
 
+TEST_CASE("fragments of a pipeline stage's blocks: without the embedding or the final block, only the transformer blocks are cut") {
+  const auto whole = blocks(4);
+  const std::vector<ParamBlock> middle(whole.begin() + 1, whole.end() - 1);  // a stage past stage 0
+  FragmentOptions o;
+  o.fragments = 2;
+  auto f = make_fragments(middle, o);
+  REQUIRE(f.size() == 2);
+  CHECK(names(f[0]) == std::vector<std::string>{"block.0", "block.2"});
+  CHECK(names(f[1]) == std::vector<std::string>{"block.1", "block.3"});
+  o.edges = EdgePlacement::kOwnFragments;
+  CHECK(make_fragments(middle, o).size() == 2);  // no edge fragments for edges the stage has not
+  const std::vector<ParamBlock> first(whole.begin(), whole.end() - 1);  // the embedding, no final block
+  auto own = make_fragments(first, o);
+  REQUIRE(own.size() == 3);
+  CHECK(names(own.front()) == std::vector<std::string>{"embed"});
+  CHECK(names(own.back()) == std::vector<std::string>{"block.1", "block.3"});
+  o.fragments = 5;
+  CHECK_THROWS_AS(make_fragments(middle, o), ContractError);
+  CHECK_THROWS_AS(make_fragments(std::vector<ParamBlock>{whole.front(), whole.back()}, FragmentOptions{}), ContractError);
+}
+
 TEST_CASE("Streaming DiLoCo with P = 1, tau = 0, alpha = 0 equals DiLoCo bit for bit") {
   const int m = 2;
   auto g_plain = mesh(m), g_stream = mesh(m);
