@@ -3,16 +3,15 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 
 #include "core/check.h"
+#include "core/signal.h"
 #include "train/pipeline_wire.h"
 #include "transport/tags.h"
 
@@ -57,8 +56,9 @@ std::pair<std::int64_t, std::int64_t> stage_blocks(std::int64_t stage, std::int6
 }
 
 PipelineNode::PipelineNode(int node, skippipe::Schedule schedule, model::Gpt model, std::vector<std::shared_ptr<transport::Link>> links,
-                           quant::EncodeOptions codec, std::int64_t max_batch)
-    : node_(node), schedule_(std::move(schedule)), model_(std::move(model)), links_(std::move(links)), codec_(codec), max_batch_(max_batch) {
+                           PipelineNodeOptions options)
+    : node_(node), schedule_(std::move(schedule)), model_(std::move(model)), links_(std::move(links)), options_(options) {
+  GOSSAMER_CHECK(options_.clock != nullptr, "PipelineNode: no clock");
   GOSSAMER_CHECK(node >= 0 && node < schedule_.nodes(), "PipelineNode: node outside the schedule");
   GOSSAMER_CHECK(static_cast<int>(links_.size()) == schedule_.nodes(), "PipelineNode: one link slot per node");
   stage_ = schedule_.stage_of[static_cast<std::size_t>(node)];
@@ -93,10 +93,14 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
   const auto all = routes(schedule_);
   const int memory = schedule_.options.memory;
   const transport::Tag tag = pipeline_tag(iteration);
-  const ActivationLimits limits{max_batch_, model_.config().context, model_.config().width};
+  const ActivationLimits limits{options_.max_batch, model_.config().context, model_.config().width};
   // What this node launches, and how many messages each other node sends it this iteration.
   std::vector<std::uint32_t> own;
   std::vector<int> expected(static_cast<std::size_t>(schedule_.nodes()), 0);
+  std::vector<int> outgoing(expected.size(), 0);
+  Clock& clock = *options_.clock;
+  const Nanos t0 = clock.now();
+  auto since = [&] { return std::chrono::duration<double>(clock.now() - t0).count(); };
   for (std::size_t m = 0; m < all.size(); ++m) {
     const Route& r = all[m];
     const int last = static_cast<int>(r.path.size()) - 1;
@@ -104,10 +108,12 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
     for (int hop = 1; hop <= last + 1; ++hop) {
       const auto [from, to] = ends(r, false, hop);
       if (to == node_) ++expected[static_cast<std::size_t>(from)];
+      if (from == node_) ++outgoing[static_cast<std::size_t>(to)];
     }
     for (int hop = last; hop >= 0; --hop) {
       const auto [from, to] = ends(r, true, hop);
       if (to == node_) ++expected[static_cast<std::size_t>(from)];
+      if (from == node_) ++outgoing[static_cast<std::size_t>(to)];
     }
   }
   if (data.size() != own.size()) {
@@ -119,57 +125,105 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
   }
   for (std::size_t j = 0; j < expected.size(); ++j) {
     GOSSAMER_CHECK(expected[j] == 0 || links_[j], "PipelineNode: no link to node " + std::to_string(j) + ", which sends to this one");
+    GOSSAMER_CHECK(outgoing[j] == 0 || links_[j], "PipelineNode: no link to node " + std::to_string(j) + ", which this one sends to");
   }
 
   // Receiving threads, one per link with something to come; what they read waits in `inbox`.
+  // Sending threads, one per link with something to go, take what waits in its outbox in order.
   struct Inbound {
     int from;
     Bytes bytes;
   };
   std::mutex mu;
-  std::condition_variable cv;
+  const std::unique_ptr<Signal> signal = clock.make_signal();
   std::deque<Inbound> inbox;
+  std::vector<std::deque<Bytes>> outbox(expected.size());
+  bool stopping = false;
   Status failed;
-  std::vector<std::thread> readers;
+  std::vector<std::unique_ptr<ClockThread>> threads;
+  auto fail = [&](Status st) {  // with mu held
+    if (failed.ok()) failed = std::move(st);
+    signal->notify_all();
+  };
   for (std::size_t j = 0; j < expected.size(); ++j) {
     if (expected[j] == 0) continue;
-    readers.emplace_back([&, j] {
+    threads.push_back(clock.start_thread([&, j] {
       for (int k = 0; k < expected[j]; ++k) {
         auto got = links_[j]->recv(tag, deadline);
         std::lock_guard lock(mu);
         if (!got.ok()) {
-          if (failed.ok()) failed = got.status().with_context("pipeline: receiving from node " + std::to_string(j));
-          cv.notify_all();
+          fail(got.status().with_context("pipeline: receiving from node " + std::to_string(j)));
           return;
         }
         inbox.push_back(Inbound{static_cast<int>(j), std::move(*got)});
-        cv.notify_all();
+        signal->notify_all();
       }
-    });
+    }));
   }
-  // However the iteration ends (an error, an exception from a tensor a peer shaped), the readers
-  // are joined before what they write into goes away; on a failure every link is closed first, so
-  // the others learn at once instead of at their deadline, and the readers return.
+  for (std::size_t j = 0; j < outgoing.size(); ++j) {
+    if (outgoing[j] == 0) continue;
+    threads.push_back(clock.start_thread([&, j] {
+      for (int k = 0; k < outgoing[j]; ++k) {
+        Bytes b;
+        {
+          std::unique_lock lock(mu);
+          signal->wait(lock, Deadline::never(), [&] { return !outbox[j].empty() || stopping; });
+          if (outbox[j].empty()) return;
+          b = std::move(outbox[j].front());
+          outbox[j].pop_front();
+        }
+        const Status st = links_[j]->send(tag, b, deadline);
+        if (!st.ok()) {
+          std::lock_guard lock(mu);
+          fail(st.with_context("pipeline: sending to node " + std::to_string(j)));
+          return;
+        }
+      }
+    }));
+  }
+  // However the iteration ends (an error, an exception from a tensor a peer shaped), the threads
+  // are joined before what they use goes away; on a failure every link is closed first, so the
+  // others learn at once instead of at their deadline, and the threads return.
   bool finished_ok = false;
   struct Finally {
     std::function<void()> f;
     ~Finally() { f(); }
   } finally{[&] {
     if (!finished_ok) {
+      {
+        std::lock_guard lock(mu);
+        stopping = true;
+        signal->notify_all();
+      }
       for (auto& l : links_) {
         if (l) l->close();
       }
     }
-    for (auto& t : readers) t.join();
+    for (auto& t : threads) t->join();
+    threads.clear();
   }};
 
   IterationStats stats;
+  // A message goes to its link's sending thread: the node computes on while it is on the wire.
   auto send = [&](int to, ActivationHeader h, const at::Tensor& x) -> Status {
     h.iteration = iteration;
-    const Bytes b = encode_activation(h, x, codec_);
+    Bytes b = encode_activation(h, x, options_.codec);
     stats.messages_sent += 1;
     stats.bytes_sent += b.size();
-    return links_[static_cast<std::size_t>(to)]->send(tag, b, deadline);
+    std::lock_guard lock(mu);
+    if (!failed.ok()) return failed;
+    outbox[static_cast<std::size_t>(to)].push_back(std::move(b));
+    signal->notify_all();
+    return Status();
+  };
+  // The compute just done (real compute takes no virtual time): charged to the clock, and logged.
+  const StageCompute& cost = options_.compute;
+  auto charge = [&](std::uint32_t mb, WorkKind kind, double start) {
+    const double factor = kind == WorkKind::kForward ? 1.0 : kind == WorkKind::kBackward ? cost.backward_factor : cost.head_factor;
+    if (cost.forward_s > 0) clock.sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(cost.forward_s * factor)));
+    const double end = since();
+    stats.work.push_back(WorkSpan{mb, kind, start, end});
+    stats.busy_s += end - start;
   };
   auto run_blocks = [&](at::Tensor x) {
     for (std::int64_t b = blocks_.first; b < blocks_.second; ++b) x = model_.block(b, x);
@@ -197,9 +251,11 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
       return error(ErrorCode::kMalformed, "micro-batch " + std::to_string(h.microbatch) + " hop " + std::to_string(hop) + " came from node " + std::to_string(from) +
                                               " to node " + std::to_string(node_) + ", not as the schedule routes it");
     }
+    const double start = since();
     if (!h.backward && hop <= last) {  // a forward through this stage
       at::Tensor in = x.requires_grad_(true);
       at::Tensor out = run_blocks(in);
+      charge(h.microbatch, WorkKind::kForward, start);
       ++stats.forwards;
       held[h.microbatch] = Held{in, out};
       stats.peak_inflight = std::max(stats.peak_inflight, static_cast<int>(held.size()));
@@ -217,6 +273,7 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
       const at::Tensor loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), d.targets.reshape({-1}));
       loss.backward();
       loss_of[h.microbatch] = loss.item<double>();
+      charge(h.microbatch, WorkKind::kHead, start);
       ActivationHeader next{true, 0, h.microbatch, static_cast<std::uint8_t>(last), 0, 0, 0};
       return send(r.path[static_cast<std::size_t>(last)], next, in.grad());
     }
@@ -224,6 +281,7 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
     if (it == held.end()) return error(ErrorCode::kMalformed, "a gradient for micro-batch " + std::to_string(h.microbatch) + ", which this node does not hold");
     if (x.sizes() != it->second.out.sizes()) return error(ErrorCode::kMalformed, "a gradient for micro-batch " + std::to_string(h.microbatch) + " of another shape");
     it->second.out.backward(x);
+    charge(h.microbatch, WorkKind::kBackward, start);
     ++stats.backwards;
     if (hop == 0) {  // back at its origin: done
       held.erase(it);
@@ -253,7 +311,9 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
       const std::uint32_t m = own[launched];
       const MicroBatchData& d = data[launched];
       ++launched;
+      const double start = since();
       at::Tensor out = run_blocks(model_.embed(d.tokens));
+      charge(m, WorkKind::kForward, start);
       ++stats.forwards;
       held[m] = Held{at::Tensor(), out};
       stats.peak_inflight = std::max(stats.peak_inflight, static_cast<int>(held.size()));
@@ -265,8 +325,7 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
     std::optional<Inbound> next;
     {
       std::unique_lock lock(mu);
-      const bool got = cv.wait_until(lock, deadline.steady_time(),
-                                     [&] { return !inbox.empty() || !failed.ok() || (!waiting.empty() && static_cast<int>(held.size()) < memory); });
+      const bool got = signal->wait(lock, deadline, [&] { return !inbox.empty() || !failed.ok() || (!waiting.empty() && static_cast<int>(held.size()) < memory); });
       if (!failed.ok()) {
         st = failed;
         break;
@@ -304,8 +363,16 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
     // A tensor of a shape the stage cannot take (a peer's message passed its header's checks).
     st = error(ErrorCode::kMalformed, std::string("pipeline iteration ") + std::to_string(iteration) + ": node " + std::to_string(node_) + ": " + e.what());
   }
-  if (!st.ok()) return st;  // (Finally closes the links and joins the readers)
+  if (!st.ok()) return st;  // (Finally closes the links and joins the threads)
+  // Done once the last message has left: the sending threads end after their last.
+  for (auto& t : threads) t->join();
+  threads.clear();
+  {
+    std::lock_guard lock(mu);
+    if (!failed.ok()) return failed;
+  }
   finished_ok = true;
+  stats.finished_s = since();
   for (std::uint32_t m : own) stats.losses.push_back(loss_of[m]);
   return stats;
 }

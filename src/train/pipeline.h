@@ -19,8 +19,15 @@
 // stage (any replica): each replica scales its sum by replicas / visits and the replicas all-reduce
 // the mean (optim/collectives.h), so every replica ends with bit-identical gradients.
 //
-// Threading: run_iteration() is called from one thread; it runs one receiving thread per link for
-// the iteration, and waits on the real clock (the simulator's virtual clock is the next step). Errors: a link that fails, a message that does not decode or does not belong to the
+// Time: everything waits through the node's Clock (core/clock.h): the real one, or the simulator's
+// virtual one, under which the node charges its compute to the clock (StageCompute: a forward, 1.5
+// forwards per backward, a quarter for the head and loss) and the emulated links charge the
+// transfers, so an iteration's virtual makespan is the runtime's own, not a model of it.
+//
+// Threading: run_iteration() is called from one thread (of the clock's); for the iteration it runs
+// one receiving thread per link with something to come and one sending thread per link with
+// something to go (a node computes while its activations are on the wire), all through the Clock.
+// Errors: a link that fails, a message that does not decode or does not belong to the
 // iteration, or the deadline: the iteration fails with the Status, and this node closes its links (the others then fail
 // at once too): a failed iteration ends the pipeline's run.
 #pragma once
@@ -50,18 +57,44 @@ struct MicroBatchData {
   at::Tensor targets;  // (B, T) int64
 };
 
+// Compute a node charges to its clock per micro-batch: a simulation's compute model. Zero (the
+// default) charges nothing: on real hardware the compute takes its own time.
+struct StageCompute {
+  double forward_s = 0;          // one stage's forward of one micro-batch
+  double backward_factor = 1.5;  // a backward costs this many forwards
+  double head_factor = 0.25;     // the head and loss at the origin, in forwards
+};
+
+// One piece of a node's compute, in its clock's seconds since the iteration started.
+enum class WorkKind : std::uint8_t { kForward = 0, kBackward = 1, kHead = 2 };
+struct WorkSpan {
+  std::uint32_t microbatch = 0;  // the schedule's numbering (agents in order, each one's micro-batches in turn)
+  WorkKind kind = WorkKind::kForward;
+  double start_s = 0, end_s = 0;
+};
+
 struct IterationStats {
   std::vector<double> losses;         // this origin's micro-batches, in launch order
   int forwards = 0, backwards = 0;    // of this node's stage
   int peak_inflight = 0;              // the most micro-batches' activations held at once
   std::uint64_t messages_sent = 0, bytes_sent = 0;
+  std::vector<WorkSpan> work;         // in the order it was done
+  double busy_s = 0;                  // the spans' total
+  double finished_s = 0;              // when the node's part ended (its last message had left)
+};
+
+struct PipelineNodeOptions {
+  quant::EncodeOptions codec;              // activations and their gradients (fp32 by default)
+  std::int64_t max_batch = 1 << 16;        // the largest batch a message may carry
+  Clock* clock = &real_clock();            // outlives the node
+  StageCompute compute;
 };
 
 class PipelineNode {
  public:
   // links[j]: a link to node j (null for this node and nodes it never talks to).
   PipelineNode(int node, skippipe::Schedule schedule, model::Gpt model, std::vector<std::shared_ptr<transport::Link>> links,
-               quant::EncodeOptions codec = {}, std::int64_t max_batch = 1 << 16);
+               PipelineNodeOptions options = {});
 
   int stage() const { return stage_; }
   // The parameters of this node's stage, in model order.
@@ -84,8 +117,7 @@ class PipelineNode {
   const skippipe::Schedule schedule_;
   model::Gpt model_;
   std::vector<std::shared_ptr<transport::Link>> links_;
-  const quant::EncodeOptions codec_;
-  const std::int64_t max_batch_;
+  const PipelineNodeOptions options_;
   int stage_ = 0;
   std::pair<std::int64_t, std::int64_t> blocks_;
   std::vector<at::Tensor> params_;

@@ -5,8 +5,10 @@
 #include <chrono>
 #include <cmath>
 #include <map>
-#include <thread>
+#include <array>
 
+#include "core/check.h"
+#include "core/signal.h"
 #include "optim/outer_optimizer.h"
 #include "quant/format.h"
 #include "train/outer.h"
@@ -45,6 +47,7 @@ Result<skippipe::Mode> pipeline_mode(const std::string& name) {
 
 struct PipelineTrainer::Impl {
   RunConfig config;
+  PipelineEnvironment env;
   const data::Dataset* data = nullptr;
   skippipe::Plan plan;
   std::vector<PipelineNode> nodes;
@@ -73,9 +76,16 @@ struct PipelineTrainer::Impl {
 PipelineTrainer::PipelineTrainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 PipelineTrainer::~PipelineTrainer() = default;
 
-Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& c, const data::Dataset& data) {
+Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& c, const data::Dataset& data, PipelineEnvironment env) {
   auto impl = std::make_unique<Impl>();
   impl->config = c;
+  GOSSAMER_CHECK(env.clock != nullptr, "PipelineTrainer: no clock");
+  if (!env.link) {
+    auto meshes = std::make_shared<std::array<Mesh, 2>>(std::array<Mesh, 2>{memory_mesh(static_cast<int>(c.pipeline.nodes), 1),
+                                                                             memory_mesh(static_cast<int>(c.pipeline.nodes), 1)});
+    env.link = [meshes](int from, int to, int channel) { return (*meshes)[static_cast<std::size_t>(channel)][static_cast<std::size_t>(from)][static_cast<std::size_t>(to)]; };
+  }
+  impl->env = env;
   impl->data = &data;
   const auto& p = c.pipeline;
   if (c.model.kind != "gpt") return error(ErrorCode::kInvalidArgument, "pipelines cut the built-in GPT into stages: set model.kind = gpt");
@@ -113,23 +123,32 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   quant::EncodeOptions codec;
   codec.codec = *codec_id;
   codec.block_size = static_cast<std::uint32_t>(c.outer.codec_block);
-  const Mesh links = memory_mesh(n, 1);
+  PipelineNodeOptions node_options;
+  node_options.codec = codec;
+  node_options.max_batch = c.train.batch_size;
+  node_options.clock = env.clock;
+  node_options.compute = env.compute;
   for (int v = 0; v < n; ++v) {
-    impl->nodes.emplace_back(v, s, model::Gpt(gpt_config(c, 0)), links[static_cast<std::size_t>(v)], codec, c.train.batch_size);
+    std::vector<std::shared_ptr<transport::Link>> links(static_cast<std::size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      if (j != v) links[static_cast<std::size_t>(j)] = env.link(v, j, 0);
+    }
+    impl->nodes.emplace_back(v, s, model::Gpt(gpt_config(c, 0)), std::move(links), node_options);
     auto opts = torch::optim::AdamWOptions(c.train.lr).betas(std::make_tuple(c.train.beta1, c.train.beta2)).eps(c.train.eps).weight_decay(c.train.weight_decay);
     impl->adam.push_back(std::make_unique<torch::optim::AdamW>(impl->nodes.back().stage_parameters(), opts));
     if (impl->nodes.back().visits() > 0) impl->replicas[s.stage_of[static_cast<std::size_t>(v)]].push_back(v);
     if (s.stage_of[static_cast<std::size_t>(v)] == 0) impl->origins.push_back(v);
   }
-  std::uint64_t id = 1000;
   for (const auto& [stage, members] : impl->replicas) {
-    const Mesh m = memory_mesh(static_cast<int>(members.size()), id);
-    id += members.size();
     for (std::size_t r = 0; r < members.size(); ++r) {
       optim::Group grp;
       grp.rank = static_cast<int>(r);
       grp.size = static_cast<int>(members.size());
-      grp.peers = m[r];
+      grp.clock = env.clock;
+      grp.peers.resize(members.size());
+      for (std::size_t k = 0; k < members.size(); ++k) {
+        if (k != r) grp.peers[k] = env.link(members[r], members[k], 1);
+      }
       impl->groups[stage].push_back(std::move(grp));
     }
   }
@@ -181,7 +200,9 @@ Result<PipelineRecord> PipelineTrainer::step() {
       if (p.grad().defined()) p.mutable_grad().zero_();
     }
   }
-  const Deadline deadline = Deadline::after(real_clock(), std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(c.train.round_timeout_s)));
+  Clock& clock = *m.env.clock;
+  const Nanos t0 = clock.now();
+  const Deadline deadline = Deadline::after(clock, std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(c.train.round_timeout_s)));
   const std::size_t n = m.nodes.size();
   std::vector<Result<IterationStats>> results(n, error(ErrorCode::kInternal, "not run"));
   std::vector<Status> synced(n);
@@ -194,9 +215,9 @@ Result<PipelineRecord> PipelineTrainer::step() {
   so.total_steps = c.train.steps;
   const double lr = learning_rate(so, m.done);
   {
-    std::vector<std::thread> threads;
+    std::vector<std::unique_ptr<ClockThread>> threads;
     for (std::size_t v = 0; v < n; ++v) {
-      threads.emplace_back([&, v] {
+      threads.push_back(clock.start_thread([&, v] {
         const auto it = data.find(static_cast<int>(v));
         results[v] = m.nodes[v].run_iteration(iteration, it == data.end() ? std::vector<MicroBatchData>{} : it->second, deadline);
         if (!results[v].ok() || m.nodes[v].visits() == 0) return;
@@ -227,9 +248,9 @@ Result<PipelineRecord> PipelineTrainer::step() {
         }
         rounds[v] = *stepped ? 1 : 0;
         sync_bytes[v] = outer.comm().bytes_sent - before;
-      });
+      }));
     }
-    for (auto& t : threads) t.join();
+    for (auto& t : threads) t->join();
   }
   PipelineRecord rec;
   double loss_sum = 0;
@@ -248,6 +269,11 @@ Result<PipelineRecord> PipelineTrainer::step() {
       ++losses;
     }
     rec.activation_bytes += results[v]->bytes_sent;
+    rec.makespan_s = std::max(rec.makespan_s, results[v]->finished_s);
+    rec.node_busy_s.push_back(results[v]->busy_s);
+    rec.node_peak_inflight.push_back(results[v]->peak_inflight);
+    rec.node_bytes_sent.push_back(results[v]->bytes_sent);
+    rec.timeline.push_back(std::move(results[v]->work));
     rec.sync_bytes += sync_bytes[v];
     rec.sync_rounds += rounds[v];
   }
@@ -266,6 +292,7 @@ Result<PipelineRecord> PipelineTrainer::step() {
   rec.train_loss = losses > 0 ? loss_sum / losses : 0;
   rec.lr = lr;
   rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  rec.sync_s = std::max(0.0, std::chrono::duration<double>(clock.now() - t0).count() - rec.makespan_s);
   return rec;
 }
 

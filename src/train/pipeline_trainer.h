@@ -16,10 +16,16 @@
 // optionally with some stages left out (the paper's omission check: a model trained with skipping
 // should lose less when stages are missing at inference).
 //
-// Threading: one caller thread; step() runs the nodes on threads of its own.
+// Where it runs (PipelineEnvironment): by default on the real clock over in-memory links; the
+// simulator (sim/pipeline_cluster.h) gives its virtual clock, its emulated network's links and a
+// compute model, and the same trainer then measures the iteration's makespan in virtual time.
+//
+// Threading: one caller thread (of the environment's clock); step() runs the nodes on threads that
+// the clock starts.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -30,8 +36,17 @@
 #include "data/dataset.h"
 #include "skippipe/planner.h"
 #include "train/config.h"
+#include "train/pipeline.h"
 
 namespace gossamer::train {
+
+struct PipelineEnvironment {
+  Clock* clock = &real_clock();  // outlives the trainer
+  // The link node `from` uses to reach node `to` (channel 0: activations; 1: the stage sync).
+  // Null: in-memory links.
+  std::function<std::shared_ptr<transport::Link>(int from, int to, int channel)> link;
+  StageCompute compute;          // charged to the clock by every node
+};
 
 struct PipelineRecord {
   std::int64_t iteration = 0;
@@ -43,11 +58,19 @@ struct PipelineRecord {
   std::uint64_t sync_bytes = 0;        // sent by the stages' replicas to synchronise, this iteration
   std::int64_t sync_rounds = 0;        // stage_sync rounds that went through this iteration (over every stage)
   double seconds = 0;        // wall-clock of the iteration on this machine
+  // In the environment's clock (virtual in a simulation):
+  double makespan_s = 0;     // from the iteration's start until every node's part had ended
+  double sync_s = 0;         // from then until every stage had synchronised and stepped
+  std::vector<double> node_busy_s;       // per node: its compute this iteration
+  std::vector<int> node_peak_inflight;   // per node
+  std::vector<std::uint64_t> node_bytes_sent;  // per node: activations and gradients
+  std::vector<std::vector<WorkSpan>> timeline;  // per node: its compute, in seconds since the iteration's start
 };
 
 class PipelineTrainer {
  public:
-  [[nodiscard]] static Result<std::unique_ptr<PipelineTrainer>> make(const RunConfig& config, const data::Dataset& data);
+  [[nodiscard]] static Result<std::unique_ptr<PipelineTrainer>> make(const RunConfig& config, const data::Dataset& data,
+                                                                     PipelineEnvironment environment = {});
   ~PipelineTrainer();
 
   [[nodiscard]] Result<PipelineRecord> step();
