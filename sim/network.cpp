@@ -161,7 +161,8 @@ void Network::post(int from, int to, Bytes message, std::function<void(Bytes)> o
   const auto& a = im.spec.nodes[static_cast<std::size_t>(from)].link;
   const auto& b = im.spec.nodes[static_cast<std::size_t>(to)].link;
   const double wire = a.wire_bytes(message.size() + transport::kFrameHeaderBytes);
-  const double rate = std::min(a.bandwidth_bytes_per_s, b.bandwidth_bytes_per_s);
+  double rate = std::min(a.bandwidth_bytes_per_s, b.bandwidth_bytes_per_s);
+  if (im.pairs >= 0) rate = std::min(rate, im.spec.pairs[im.pair(from, to)].bandwidth_bytes_per_s);
   const Nanos serialization = std::isinf(rate) ? Nanos{0} : Nanos(static_cast<std::int64_t>(std::ceil(wire / rate * 1e9)));
   const Nanos at = im.sched.now() + im.draw_delay(from, to, message.size(), /*datagram=*/true) + serialization;
   im.traffic[static_cast<std::size_t>(from)].datagram_bytes_sent += static_cast<std::uint64_t>(wire);

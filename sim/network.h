@@ -2,7 +2,8 @@
 //
 // Each node reaches the others through its access link (a LinkProfile: bandwidth, one-way latency,
 // jitter, loss), and optionally through its site's shared uplink and downlink (workers behind one
-// uplink) and a hub whose one link every message crosses (hub and spokes). Messages
+// uplink), a hub whose one link every message crosses (hub and spokes), and a link of each pair's
+// own (PairSpec: a geo table's latency and bandwidth between two places). Messages
 // are fluid flows: every flow in progress gets a max-min fair share of each link it crosses
 // (uplink of the sender, site links when it leaves or enters a site, the hub, downlink of the
 // receiver), so
@@ -22,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,10 +46,19 @@ struct NodeSpec {
   int site = -1;                // index into NetworkSpec::sites, or -1
 };
 
+// The path from one node to another, beside their access links (a geo-distributed table: each pair
+// of places its own latency and bandwidth). Every message from `from` to `to` crosses it.
+struct PairSpec {
+  double bandwidth_bytes_per_s = std::numeric_limits<double>::infinity();  // shared by the pair's flows, one direction
+  Nanos latency{0};                                                         // added one way
+};
+
 struct NetworkSpec {
   std::vector<NodeSpec> nodes;
   std::vector<SiteSpec> sites;
   double hub_bytes_per_s = 0;  // > 0: a hub whose one link every message crosses (hub and spokes)
+  // Empty, or nodes x nodes row-major by (from, to): each directed pair's own link (the diagonal unused).
+  std::vector<PairSpec> pairs;
   std::uint64_t seed = 1;
 };
 

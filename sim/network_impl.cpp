@@ -36,6 +36,16 @@ Network::Impl::Impl(Scheduler& s, NetworkSpec sp) : sched(s), spec(std::move(sp)
   hub = spec.hub_bytes_per_s > 0 ? static_cast<int>(capacity.size()) : -1;
   if (hub >= 0) capacity.push_back(spec.hub_bytes_per_s);
   const auto nn = static_cast<std::size_t>(n);
+  if (!spec.pairs.empty()) {
+    GOSSAMER_CHECK(spec.pairs.size() == nn * nn, "Network: pairs must hold nodes x nodes entries");
+    pairs = static_cast<int>(capacity.size());
+    for (std::size_t i = 0; i < nn * nn; ++i) {
+      const PairSpec& pr = spec.pairs[i];
+      GOSSAMER_CHECK(i % (nn + 1) == 0 || (pr.bandwidth_bytes_per_s > 0 && pr.latency >= Nanos{0}),
+                     "Network: a pair link needs a positive bandwidth and a latency >= 0");
+      capacity.push_back(pr.bandwidth_bytes_per_s);
+    }
+  }
   last_delivery.assign(nn * nn, Nanos{0});
   rngs.resize(nn * nn);
   for (std::size_t i = 0; i < nn * nn; ++i) rngs[i].seed(spec.seed * 0x9E3779B97F4A7C15ull + i);
@@ -64,6 +74,7 @@ Path Network::Impl::path(int from, int to) const {
     if (st >= 0) p.push_back(2 * n + 2 * st + 1);
   }
   if (hub >= 0) p.push_back(hub);
+  if (pairs >= 0) p.push_back(pairs + static_cast<int>(pair(from, to)));
   p.push_back(2 * to + 1);
   return p;
 }
@@ -76,6 +87,7 @@ Nanos Network::Impl::latency(int from, int to) const {
     if (a.site >= 0) l += spec.sites[static_cast<std::size_t>(a.site)].latency;
     if (b.site >= 0) l += spec.sites[static_cast<std::size_t>(b.site)].latency;
   }
+  if (pairs >= 0) l += spec.pairs[pair(from, to)].latency;
   return l;
 }
 

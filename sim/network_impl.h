@@ -51,9 +51,10 @@ struct Mailbox {
 };
 
 // The links a message crosses (resource indices): the sender's uplink, its site's uplink, the
-// receiver's site's downlink, the hub, the receiver's downlink; at most five, kept inline.
+// receiver's site's downlink, the hub, the pair's own link, the receiver's downlink; at most six,
+// kept inline.
 struct Path {
-  std::array<int, 5> r{};
+  std::array<int, 6> r{};
   int size = 0;
   void push_back(int x) { r[static_cast<std::size_t>(size++)] = x; }
   const int* begin() const { return r.data(); }
@@ -147,6 +148,7 @@ struct Network::Impl {
   NetworkSpec spec;
   int n = 0;
   int hub = -1;  // resource index of the hub's link, or -1
+  int pairs = -1;  // resource index of pair (0, 0)'s link, or -1 (no pair links)
   std::vector<double> capacity;
   std::vector<network_detail::Flow*> flows;
   Nanos last_update{0};

@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
+
 #include "optim/collectives.h"
 #include "sim/network.h"
 #include "transport/protocol.h"
@@ -95,6 +98,51 @@ TEST_CASE("two flows through one uplink share it, flows on separate links do not
     CHECK(std::chrono::duration<double>(maxmin[static_cast<std::size_t>(i)] - 10ms).count() == doctest::Approx(3 * one).epsilon(1e-6));
   }
   CHECK(std::chrono::duration<double>(maxmin[3] - 10ms).count() == doctest::Approx(1.5 * one).epsilon(1e-6));
+}
+
+TEST_CASE("pair links: each pair its own latency and bandwidth, shared by its own flows only, the slower of access and pair link ruling") {
+  // Access links unlimited and instant: the pairs alone set the times (the SkipPipe geo table).
+  const auto access = profile(std::numeric_limits<double>::infinity(), 0ms);
+  const std::size_t payload = 1'000'000;
+  const double wire = access.wire_bytes(payload + transport::kFrameHeaderBytes);
+  auto run = [&](const std::vector<std::pair<int, int>>& flows, double access_bytes_per_s) {
+    Scheduler s;
+    NetworkSpec spec = uniform(4, profile(access_bytes_per_s, 0ms));
+    spec.pairs.resize(16);
+    for (int a = 0; a < 4; ++a) {
+      for (int b = 0; b < 4; ++b) {
+        if (a == b) continue;
+        // Pair (a, b): (a + b) x 10 ms, (1 + |a - b|) x 1e7 bytes/s.
+        spec.pairs[static_cast<std::size_t>(a * 4 + b)] = PairSpec{(1.0 + std::abs(a - b)) * 1e7, Nanos(std::chrono::milliseconds(10 * (a + b)))};
+      }
+    }
+    Network net(s, spec);
+    std::vector<double> arrivals(flows.size());
+    std::vector<std::unique_ptr<ClockThread>> threads;
+    for (std::size_t i = 0; i < flows.size(); ++i) {
+      auto [from, to] = flows[i];
+      threads.push_back(s.start_thread([&, from, to] { REQUIRE(net.link(from, to)->send(1, Bytes(payload), Deadline::never()).ok()); }));
+      threads.push_back(s.start_thread([&, from, to, i] {
+        REQUIRE(net.link(to, from)->recv(1, Deadline::never()).ok());
+        arrivals[i] = std::chrono::duration<double>(s.now()).count();
+      }));
+    }
+    REQUIRE(s.run().ok());
+    CHECK(net.path_latency(0, 3) == 30ms);
+    return arrivals;
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  const auto alone = run({{0, 1}}, inf);
+  CHECK(alone[0] == doctest::Approx(0.010 + wire / 2e7).epsilon(1e-6));
+  const auto far = run({{0, 3}}, inf);
+  CHECK(far[0] == doctest::Approx(0.030 + wire / 4e7).epsilon(1e-6));
+  const auto shared = run({{0, 1}, {0, 1}}, inf);  // one pair, two flows: half each
+  for (double t : shared) CHECK(t == doctest::Approx(0.010 + 2 * wire / 2e7).epsilon(1e-6));
+  const auto apart = run({{0, 1}, {0, 2}}, inf);  // two pairs from one node with an unlimited uplink: no sharing
+  CHECK(apart[0] == doctest::Approx(0.010 + wire / 2e7).epsilon(1e-6));
+  CHECK(apart[1] == doctest::Approx(0.020 + wire / 3e7).epsilon(1e-6));
+  const auto slow_access = run({{0, 3}}, 1e7);  // the access link is the slower one
+  CHECK(slow_access[0] == doctest::Approx(0.030 + wire / 1e7).epsilon(1e-3));
 }
 
 TEST_CASE("workers behind one site uplink share it when they talk to the outside") {
