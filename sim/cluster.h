@@ -56,6 +56,7 @@ struct ClusterResult {
   double compute_wall_s = 0;                    // real time spent in model compute (inner steps, evaluation)
   std::int64_t parameters = 0;
   std::vector<at::Tensor> final_params;         // each worker's parameters at its end, flattened
+  nlohmann::json pipeline;                      // a pipeline's run: makespans, per-node time, timeline (sim/pipeline_cluster.h); null otherwise
 };
 
 using ClusterProgress = std::function<void(int worker, std::int64_t step, std::int64_t steps)>;

@@ -45,6 +45,18 @@ Result<skippipe::Mode> pipeline_mode(const std::string& name) {
   return error(ErrorCode::kInvalidArgument, "pipeline.mode '" + name + "': use full, random, noca or skippipe");
 }
 
+skippipe::Network pipeline_network(const RunConfig& c) {
+  const int n = static_cast<int>(c.pipeline.nodes);
+  return c.pipeline.network == "geo" ? skippipe::geo_network(n) : skippipe::uniform_network(n, 0.05, 1e9 / 8);
+}
+
+skippipe::Costs pipeline_costs(const RunConfig& c) {
+  skippipe::Costs costs;
+  costs.forward_s = c.pipeline.forward_s;
+  costs.activation_bytes = c.pipeline.activation_mib * 1024 * 1024;
+  return costs;
+}
+
 struct PipelineTrainer::Impl {
   RunConfig config;
   PipelineEnvironment env;
@@ -106,10 +118,8 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   o.seed = static_cast<std::uint64_t>(c.train.seed);
   if (Status st = o.check(); !st.ok()) return st;
   const int n = static_cast<int>(p.nodes);
-  const skippipe::Network net = p.network == "geo" ? skippipe::geo_network(n) : skippipe::uniform_network(n, 0.05, 1e9 / 8);
-  skippipe::Costs costs;
-  costs.forward_s = p.forward_s;
-  costs.activation_bytes = p.activation_mib * 1024 * 1024;
+  const skippipe::Network net = pipeline_network(c);
+  const skippipe::Costs costs = pipeline_costs(c);
   skippipe::GcmaOptions g;
   g.trials = static_cast<int>(p.gcma_trials);
   g.seed = static_cast<std::uint64_t>(c.train.seed);

@@ -88,6 +88,11 @@ class PipelineTrainer {
   std::unique_ptr<Impl> impl_;
 };
 
+// What the scheduler assumes of the nodes' links (pipeline.network: the geo table or a uniform one)
+// and of the work (pipeline.forward_s, pipeline.activation_mib, the reference's per-hop overhead).
+skippipe::Network pipeline_network(const RunConfig& config);
+skippipe::Costs pipeline_costs(const RunConfig& config);
+
 // pipeline.mode's name to the scheduler's mode.
 [[nodiscard]] Result<skippipe::Mode> pipeline_mode(const std::string& name);
 
