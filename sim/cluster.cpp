@@ -15,6 +15,7 @@
 #include "run/state_store.h"
 #include "sim/gossip_fabric.h"
 #include "sim/transport_fabric.h"
+#include "skippipe/topology.h"
 #include "train/worker.h"
 
 namespace gossamer::sim {
@@ -25,7 +26,22 @@ double mbit_to_bytes_per_s(double mbit) { return mbit * 1e6 / 8; }
 
 Result<NetworkSpec> network_spec(const train::RunConfig& c) {
   transport::LinkProfile link;
-  if (c.sim.network == "custom") {
+  std::vector<PairSpec> pairs;
+  if (c.sim.network == "skippipe-geo") {
+    // Access links unlimited: the table's pairs are the network (sim/network.h).
+    link.name = "skippipe-geo";
+    const int n = static_cast<int>(c.sim.workers);
+    const skippipe::Network geo = skippipe::geo_network(n);
+    pairs.resize(static_cast<std::size_t>(n) * static_cast<std::size_t>(n));
+    for (int a = 0; a < n; ++a) {
+      for (int b = 0; b < n; ++b) {
+        if (a != b) {
+          pairs[static_cast<std::size_t>(a * n + b)] =
+              PairSpec{geo.bandwidth(a, b), std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(geo.latency(a, b)))};
+        }
+      }
+    }
+  } else if (c.sim.network == "custom") {
     link.name = "custom";
     link.bandwidth_bytes_per_s = mbit_to_bytes_per_s(c.sim.bandwidth_mbit);
     link.latency = std::chrono::duration_cast<Nanos>(std::chrono::duration<double, std::milli>(c.sim.latency_ms));
@@ -38,6 +54,7 @@ Result<NetworkSpec> network_spec(const train::RunConfig& c) {
   }
   if (Status st = link.validate(); !st.ok()) return error(ErrorCode::kInvalidArgument, "sim.network: " + st.message());
   NetworkSpec spec;
+  spec.pairs = std::move(pairs);
   spec.seed = static_cast<std::uint64_t>(c.sim.seed);
   spec.hub_bytes_per_s = mbit_to_bytes_per_s(c.sim.shared_uplink_mbit);
   for (std::int64_t k = 0; k < c.sim.sites; ++k) {

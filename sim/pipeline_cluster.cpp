@@ -36,6 +36,39 @@ NetworkSpec pipeline_network_spec(const train::RunConfig& c, double hop_bytes) {
 
 namespace {
 
+const std::vector<std::pair<std::string, std::string>>& pipeline_methods() {
+  static const std::vector<std::pair<std::string, std::string>> m = {
+      {"pipeline-full", "full"}, {"skippipe-random", "random"}, {"skippipe-noca", "noca"}, {"skippipe-cbs", "skippipe"}};
+  return m;
+}
+
+}  // namespace
+
+const std::vector<std::string>& pipeline_method_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& [name, mode] : pipeline_methods()) v.push_back(name);
+    return v;
+  }();
+  return names;
+}
+
+std::optional<std::string> pipeline_method_mode(const std::string& name) {
+  for (const auto& [n, mode] : pipeline_methods()) {
+    if (n == name) return mode;
+  }
+  return std::nullopt;
+}
+
+std::string pipeline_method_name(const std::string& mode) {
+  for (const auto& [n, m] : pipeline_methods()) {
+    if (m == mode) return n;
+  }
+  return "pipeline-" + mode;
+}
+
+namespace {
+
 nlohmann::json timeline_json(const train::PipelineRecord& rec, const skippipe::Schedule& s) {
   nlohmann::json nodes = nlohmann::json::array();
   for (std::size_t v = 0; v < rec.timeline.size(); ++v) {

@@ -27,6 +27,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "sim/cluster.h"
@@ -39,6 +42,14 @@ namespace gossamer::sim {
 // The pipeline's emulated network: pair links from pipeline.network, scaled for `hop_bytes` (the
 // real model's fp32 hop) against pipeline.activation_mib, with the per-hop overhead as latency.
 NetworkSpec pipeline_network_spec(const train::RunConfig& config, double hop_bytes);
+
+// The pipeline variants as `gossamer compare` names them, and the pipeline.mode each runs:
+// pipeline-full (full), skippipe-random (random: cost-blind skipping), skippipe-noca (noca: without
+// TC2), skippipe-cbs (skippipe: CBS with TC2).
+const std::vector<std::string>& pipeline_method_names();
+// The mode of a pipeline method's name; nullopt for any other name.
+std::optional<std::string> pipeline_method_mode(const std::string& name);
+std::string pipeline_method_name(const std::string& mode);
 
 using PipelineProgress = std::function<void(std::int64_t iteration, std::int64_t iterations)>;
 

@@ -193,6 +193,11 @@ nlohmann::json method_summary(const MethodRun& run, double target_loss) {
                       {"evaluated_worker", evaluator},
                       {"wall_s", r.wall_s},
                       {"target_loss", target_loss}};
+  if (r.pipeline.is_object()) {
+    nlohmann::json p = r.pipeline;
+    p.erase("timeline");  // in the report's chart; too long for a summary
+    s["pipeline"] = std::move(p);
+  }
   s["final_val_loss"] = curve.empty() ? nlohmann::json(nullptr) : nlohmann::json(curve.back().loss);
   s["time_to_target_s"] = nullptr;
   for (const auto& p : curve) {
@@ -219,6 +224,10 @@ namespace {
 
 // One sentence per method on what shapes its curve, for the report's readers (docs/methods.md).
 std::string method_note(const std::string& name) {
+  if (name == "pipeline-full") return "the full pipeline (DT-FM): every micro-batch visits every stage in order, along fixed chains of nodes.";
+  if (name == "skippipe-random") return "skips stages, with paths planned without looking at the links' costs (the reference's cost-blind baseline).";
+  if (name == "skippipe-noca") return "skips stages, with paths planned on the links' costs but not on collisions between micro-batches (no TC2).";
+  if (name == "skippipe-cbs") return "SkipPipe: paths planned on the links' costs by conflict-based search, collisions resolved in simulation (TC2).";
   if (name == "ddp") return "averages gradients every step: the loss to beat, at the most bytes.";
   if (name == "diloco") return "averages the pseudo-gradient once per round and applies it at once with Nesterov momentum.";
   if (name == "streaming_diloco") {
@@ -237,6 +246,57 @@ std::string method_note(const std::string& name) {
   }
   if (name == "local") return "never synchronizes: each worker trains alone (a floor for the others).";
   return "";
+}
+
+// A pipeline iteration's timeline as inline SVG: a row per node (grouped by stage), a bar per
+// piece of compute: solid for a forward, pale for a backward, grey for the head and loss, each
+// micro-batch its own hue.
+std::string svg_timeline(const std::string& title, const nlohmann::json& timeline, std::int64_t microbatches) {
+  struct Row {
+    int node, stage;
+    const nlohmann::json* spans;
+  };
+  std::vector<Row> rows;
+  double end = 0;
+  for (const auto& n : timeline) {
+    rows.push_back(Row{n["node"].get<int>(), n["stage"].get<int>(), &n["spans"]});
+    for (const auto& sp : n["spans"]) end = std::max(end, sp[3].get<double>());
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.stage < b.stage; });
+  constexpr double W = 1100, L = 120, R = 16, T = 30, B = 40, RowH = 14;
+  const double H = T + B + RowH * static_cast<double>(rows.size());
+  std::ostringstream o;
+  o << fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {} {}" width="{}" height="{}" role="img" aria-label="{}">)", W, H, W, H,
+                   escape(title));
+  o << fmt::format(R"(<text x="{}" y="18" text-anchor="middle" class="t">{}</text>)", W / 2, escape(title));
+  if (rows.empty() || !(end > 0)) {
+    o << fmt::format(R"(<text x="{}" y="{}" text-anchor="middle">no data</text></svg>)", W / 2, H / 2);
+    return o.str();
+  }
+  auto px = [&](double t) { return L + t / end * (W - L - R); };
+  for (double v : nice_ticks(0, end)) {
+    o << fmt::format(R"(<line x1="{:.1f}" x2="{:.1f}" y1="{}" y2="{}" stroke="#eee"/><text x="{:.1f}" y="{}" text-anchor="middle" class="k">{}</text>)", px(v),
+                     px(v), T, H - B, px(v), H - B + 14, escape(human_seconds(v)));
+  }
+  o << fmt::format(R"(<text x="{}" y="{}" text-anchor="middle" class="a">simulated time since the iteration started</text>)", L + (W - L - R) / 2, H - 8);
+  const double mbs = static_cast<double>(std::max<std::int64_t>(1, microbatches));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const double y = T + RowH * static_cast<double>(i);
+    o << fmt::format(R"(<text x="{}" y="{:.1f}" text-anchor="end" class="k">node {} (stage {})</text>)", L - 6, y + RowH - 3, rows[i].node, rows[i].stage);
+    o << fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#f2f2f2"/>)", L, W - R, y + RowH, y + RowH);
+    for (const auto& sp : *rows[i].spans) {
+      const auto mb = sp[0].get<std::int64_t>();
+      const std::string kind = sp[1].get<std::string>();
+      const double a = sp[2].get<double>(), b = sp[3].get<double>();
+      const std::string fill = kind == "H" ? "#555" : fmt::format("hsl({:.0f},70%,{}%)", std::fmod(static_cast<double>(mb) * 360.0 / mbs * 7.0, 360.0),
+                                                                   kind == "F" ? 45 : 78);
+      o << fmt::format(R"(<rect x="{:.2f}" y="{:.1f}" width="{:.2f}" height="{}" fill="{}"><title>node {}: micro-batch {} {} {:.2f}-{:.2f} s</title></rect>)", px(a),
+                       y + 1, std::max(0.5, px(b) - px(a)), RowH - 2, fill, rows[i].node, mb,
+                       kind == "F" ? "forward" : kind == "B" ? "backward" : "head and loss", a, b);
+    }
+  }
+  o << "</svg>";
+  return o.str();
 }
 
 }  // namespace
@@ -266,7 +326,10 @@ std::string report_html(const std::vector<MethodRun>& runs, const nlohmann::json
   o << "<h1>" << escape(ctx.title) << "</h1>\n<p class=\"note\">Data: " << escape(ctx.data_description) << "<br>Network: "
     << escape(ctx.network_description) << "<br>Validation loss of one worker per method, in nats per byte; bytes are those one worker sent "
     << "(payloads and frame headers). Time is simulated wall-clock.</p>\n<div class=\"charts\">\n";
-  o << svg_chart("Validation loss vs inner steps", "inner steps", by_step, false, [](double v) { return fmt::format("{:.0f}", v); }, ctx.entropy_floor,
+  bool all_pipelines = !runs.empty();
+  for (const auto& run : runs) all_pipelines = all_pipelines && run.result.pipeline.is_object();
+  const std::string steps = all_pipelines ? "iterations" : "inner steps";
+  o << svg_chart("Validation loss vs " + steps, steps, by_step, false, [](double v) { return fmt::format("{:.0f}", v); }, ctx.entropy_floor,
                  floor_label);
   o << svg_chart("Validation loss vs bytes sent per worker", "bytes sent per worker (log scale)", by_bytes, true, human_bytes, ctx.entropy_floor,
                  floor_label);
@@ -289,7 +352,39 @@ std::string report_html(const std::vector<MethodRun>& runs, const nlohmann::json
       << (m["time_to_target_s"].is_null() ? std::string("not reached") : human_seconds(m["time_to_target_s"].get<double>())) << "</td><td>"
       << m["rounds"].get<std::int64_t>() << "</td><td>" << m["skipped_rounds"].get<std::int64_t>() << "</td></tr>\n";
   }
-  o << "</table>\n<ul class=\"note\">\n";
+  o << "</table>\n";
+  bool pipelines = false;
+  for (const auto& run : runs) pipelines = pipelines || run.result.pipeline.is_object();
+  if (pipelines) {
+    o << "<h2>Pipeline iterations</h2>\n<p class=\"note\">An iteration's makespan as the runtime took it over the emulated links, beside "
+      << "the scheduler's prediction (its event simulation of the schedule) and its closed form (collisions and memory waits left out); then "
+      << "the stages' sync. Busy: the nodes' mean share of the pipeline's time spent computing.</p>\n<table><tr><th>variant</th><th>mode</th>"
+      << "<th>iteration (simulated)</th><th>predicted</th><th>closed form</th><th>stage sync</th><th>busy</th><th>peak in flight</th>"
+      << "<th>activations</th><th>stage sync bytes</th></tr>\n";
+    for (const auto& run : runs) {
+      const auto& p = run.result.pipeline;
+      if (!p.is_object()) continue;
+      double busy = 0, idle = 0;
+      int peak = 0;
+      for (const auto& b : p["node_busy_s"]) busy += b.get<double>();
+      for (const auto& b : p["node_idle_s"]) idle += b.get<double>();
+      for (const auto& k : p["node_peak_inflight"]) peak = std::max(peak, k.get<int>());
+      o << "<tr><td>" << escape(run.name) << "</td><td>" << escape(p["mode"].get<std::string>()) << "</td><td>" << human_seconds(p["makespan_s"].get<double>())
+        << "</td><td>" << human_seconds(p["predicted_makespan_s"].get<double>()) << "</td><td>" << human_seconds(p["closed_form_makespan_s"].get<double>())
+        << "</td><td>" << human_seconds(p["sync_s"].get<double>()) << "</td><td>" << fmt::format("{:.1f}%", busy + idle > 0 ? 100 * busy / (busy + idle) : 0.0)
+        << "</td><td>" << peak << "</td><td>" << human_bytes(p["activation_bytes"].get<double>()) << "</td><td>"
+        << human_bytes(p["sync_bytes"].get<double>()) << "</td></tr>\n";
+    }
+    o << "</table>\n<p class=\"note\">Which node computes which micro-batch when, in the first iteration: solid bars are forwards, pale "
+      << "ones backwards, grey ones the head and loss at the micro-batch's origin; each micro-batch has its own hue. Hover a bar for its "
+      << "times.</p>\n";
+    for (const auto& run : runs) {
+      const auto& p = run.result.pipeline;
+      if (!p.is_object()) continue;
+      o << svg_timeline(run.name + ": the first iteration", p["timeline"], p["microbatches"].get<std::int64_t>()) << "\n";
+    }
+  }
+  o << "<ul class=\"note\">\n";
   for (const auto& run : runs) {
     const std::string note = method_note(run.name);
     if (!note.empty()) o << "<li><b>" << escape(run.name) << "</b> " << escape(note) << "</li>\n";

@@ -77,6 +77,7 @@ struct SimArgs {
   std::string out;  // given, or dated_out("sim")
   const CLI::Option* out_option = nullptr;
   double target_loss = 0;  // 0: the default target
+  bool pipeline = false;   // simulate the [pipeline] config instead of outer.method
 };
 void add_sim_command(CLI::App& app, SimArgs& args);
 int run_sim_command(const SimArgs& args);

@@ -15,6 +15,7 @@
 #include "app/commands.h"
 #include "optim/method.h"
 #include "sim/cluster.h"
+#include "sim/pipeline_cluster.h"
 #include "sim/report.h"
 #include "train/memory.h"
 #include "train/outer.h"
@@ -26,7 +27,9 @@ namespace {
 
 std::string network_text(const train::RunConfig& c) {
   std::string s;
-  if (c.sim.network == "custom") {
+  if (c.sim.network == "skippipe-geo") {
+    s = fmt::format("{} workers at the SkipPipe reference's 12 places (worker i at place i mod 12), each pair its latency and bandwidth from the reference's table", c.sim.workers);
+  } else if (c.sim.network == "custom") {
     s = fmt::format("{} workers, each on a {:g} Mbit/s link, {:g} ms one way", c.sim.workers, c.sim.bandwidth_mbit, c.sim.latency_ms);
     if (c.sim.jitter_ms > 0) s += fmt::format(", jitter {:g} ms", c.sim.jitter_ms);
     if (c.sim.loss > 0) s += fmt::format(", loss {:g}", c.sim.loss);
@@ -54,6 +57,25 @@ std::string network_text(const train::RunConfig& c) {
   }
   return s;
 }
+
+std::string pipeline_network_text(const train::RunConfig& c) {
+  const auto& p = c.pipeline;
+  std::string s = p.network == "uniform" ? fmt::format("{} pipeline nodes, every pair 50 ms and 1 Gbit/s apart", p.nodes)
+                                          : fmt::format("{} pipeline nodes at the reference's 12 places (the SkipPipe geo table{}, node i at place i mod 12)", p.nodes,
+                                                        p.network == "geo-fixed" ? " with NL-LDN fixed" : "");
+  s += fmt::format("; {} stages, paths of {}, memory {}, {} micro-batches per stage-0 node", p.stages, p.path_length, p.memory, p.mbs_per_origin);
+  s += fmt::format("; each hop sized as {:g} MiB (pair bandwidths scaled to the model's real hop) plus 0.35 s, compute {:g} s per stage forward, 1.5x per backward",
+                   p.activation_mib, p.forward_s);
+  s += fmt::format("; stage sync: {}", p.stage_sync);
+  return s;
+}
+
+// One simulation to run: a data-parallel method (outer.method) or a pipeline (pipeline.mode).
+struct Job {
+  std::string name;
+  train::RunConfig config;
+  bool pipeline = false;
+};
 
 // Progress of one method's simulation: a bar on a terminal, a log line per quarter otherwise.
 class MethodProgress {
@@ -85,7 +107,19 @@ class MethodProgress {
   int last_pct_ = -1;
 };
 
-Result<sim::MethodRun> simulate(const train::RunConfig& config, const train::Corpus& corpus) {
+Result<sim::MethodRun> simulate(const Job& job, const train::Corpus& corpus) {
+  const train::RunConfig& config = job.config;
+  if (job.pipeline) {
+    MethodProgress bar(job.name, 1, config.train.steps);
+    std::int64_t seen = 0;
+    auto result = sim::run_pipeline_cluster(config, corpus, [&](std::int64_t iteration, std::int64_t) {
+      bar.update(iteration - seen);
+      seen = iteration;
+    });
+    bar.finish();
+    if (!result.ok()) return result.status().with_context(job.name);
+    return sim::MethodRun{job.name, config, std::move(*result)};
+  }
   MethodProgress bar(config.outer.method, config.sim.workers, config.train.steps);
   std::vector<std::int64_t> seen(static_cast<std::size_t>(config.sim.workers), 0);
   auto result = sim::run_cluster(config, corpus, [&](int worker, std::int64_t step, std::int64_t) {
@@ -105,6 +139,26 @@ void print_summary(const nlohmann::json& summary) {
   for (const auto& m : summary["methods"]) {
     if (m["name"] == "ddp") ddp_bytes = m["bytes_sent_per_worker"].get<double>();
   }
+  bool pipelines = false;
+  for (const auto& m : summary["methods"]) pipelines = pipelines || m.contains("pipeline");
+  if (pipelines) {
+    double full = 0;
+    for (const auto& m : summary["methods"]) {
+      if (m["name"] == "pipeline-full") full = m["pipeline"]["makespan_s"].get<double>();
+    }
+    std::printf("%-18s %10s %12s %12s %10s %12s %9s %14s %12s\n", "method", "val loss", "iteration", "predicted", "vs full", "stage sync", "busy",
+                "activations", "stage sync");
+    for (const auto& m : summary["methods"]) {
+      const auto& p = m["pipeline"];
+      const double makespan = p["makespan_s"].get<double>();
+      const std::string loss = m["final_val_loss"].is_null() ? "-" : fmt::format("{:.4f}", m["final_val_loss"].get<double>());
+      const std::string vs = full > 0 && m["name"] != "pipeline-full" ? fmt::format("{:.3f}", makespan / full) : "";
+      std::printf("%-18s %10s %10.1f s %10.1f s %10s %10.1f s %8.1f%% %11.2f MB %9.2f MB\n", m["name"].get<std::string>().c_str(), loss.c_str(), makespan,
+                  p["predicted_makespan_s"].get<double>(), vs.c_str(), p["sync_s"].get<double>(), 100 * m["compute_utilization"].get<double>(),
+                  p["activation_bytes"].get<double>() / 1e6, p["sync_bytes"].get<double>() / 1e6);
+    }
+    return;
+  }
   std::printf("%-18s %10s %14s %10s %12s %11s %14s\n", "method", "val loss", "sent/worker", "vs ddp", "sim time", "compute", "to target");
   for (const auto& m : summary["methods"]) {
     const double bytes = m["bytes_sent_per_worker"].get<double>();
@@ -116,33 +170,39 @@ void print_summary(const nlohmann::json& summary) {
   }
 }
 
-int run_and_report(const std::vector<train::RunConfig>& configs, const std::string& out, double target, const std::string& title,
-                   train::RunKind kind) {
+int run_and_report(const std::vector<Job>& jobs, const std::string& out, double target, const std::string& title, train::RunKind kind) {
   if (Status st = train::RunFolder::check_new(out, kind); !st.ok()) return report_failure(st);
-  for (const auto& c : configs) {
-    if (Status st = train::check_resources(c, c.sim.workers); !st.ok()) return report_failure(st);
+  for (const auto& j : jobs) {
+    // A pipeline's every node builds the whole model (it keeps only its stage's part training).
+    if (Status st = train::check_resources(j.config, j.pipeline ? j.config.pipeline.nodes : j.config.sim.workers); !st.ok()) return report_failure(st);
   }
-  auto corpus = train::load_corpus(configs.front());
+  const train::RunConfig& first = jobs.front().config;
+  const std::string network = jobs.front().pipeline ? pipeline_network_text(first) : network_text(first);
+  auto corpus = train::load_corpus(first);
   if (!corpus.ok()) return report_failure(corpus.status());
   // Claimed before simulating: a second command given the same --out is refused at once.
   auto folder = train::RunFolder::create(out, kind);  // held until the report is written
   if (!folder.ok()) return report_failure(folder.status());
   spdlog::info("data: {}", corpus->description);
-  spdlog::info("network: {}", network_text(configs.front()));
+  spdlog::info("network: {}", network);
   std::vector<sim::MethodRun> runs;
-  for (const auto& c : configs) {
-    auto run = simulate(c, *corpus);
+  for (const auto& j : jobs) {
+    auto run = simulate(j, *corpus);
     if (!run.ok()) return report_failure(run.status());
     const auto& r = run->result;
     const double overhead = r.wall_s > 0 ? 1.0 - r.compute_wall_s / r.wall_s : 0.0;
-    spdlog::info("{}: {:.1f} s simulated in {:.1f} s (simulator overhead {:.1f}%: time outside model compute)", c.outer.method, r.sim_time_s, r.wall_s,
+    spdlog::info("{}: {:.1f} s simulated in {:.1f} s (simulator overhead {:.1f}%: time outside model compute)", j.name, r.sim_time_s, r.wall_s,
                  100 * overhead);
+    if (j.pipeline) {
+      spdlog::info("{}: an iteration takes {:.1f} s simulated against {:.1f} s predicted by the scheduler, then {:.1f} s of stage sync", j.name,
+                   r.pipeline["makespan_s"].get<double>(), r.pipeline["predicted_makespan_s"].get<double>(), r.pipeline["sync_s"].get<double>());
+    }
     runs.push_back(std::move(*run));
   }
   sim::ReportContext ctx;
   ctx.title = title;
   ctx.data_description = corpus->description;
-  ctx.network_description = network_text(configs.front());
+  ctx.network_description = network;
   ctx.entropy_floor = corpus->entropy_floor;
   ctx.target_loss = target > 0 ? target : sim::default_target_loss(runs);
   auto summary = sim::write_comparison(out, runs, ctx);
@@ -166,6 +226,24 @@ std::string dated_out(const std::string& command) {
   std::error_code ec;
   for (int i = 2; std::filesystem::exists(out, ec); ++i) out = base + "-" + std::to_string(i);
   return out;
+}
+
+train::RunConfig pipeline_compare_defaults() {
+  // The reference's geo setting (20 nodes, 6 stages, paths of 4, memory 3, 30 micro-batches of an
+  // iteration) on a 6-block GPT small enough that every variant's 40 iterations take about a minute
+  // on two cores; hops and compute are charged at the reference's full size (pipeline.*).
+  train::RunConfig c;
+  c.model.layers = 6;
+  c.model.width = 32;
+  c.model.heads = 2;
+  c.model.context = 32;
+  c.train.batch_size = 4;
+  c.train.steps = 40;
+  c.train.warmup_steps = 4;
+  c.train.lr = 3e-3;
+  c.train.eval_every = 10;
+  c.train.eval_batches = 4;
+  return c;
 }
 
 train::RunConfig compare_defaults() {
@@ -228,15 +306,24 @@ void add_sim_command(CLI::App& app, SimArgs& args) {
   args.out_option = cmd->add_option("--out", args.out, "output folder, new or empty: metrics.jsonl, summary.json, report.html (default: runs/sim-<time>)");
   cmd->add_option("--target-loss", args.target_loss, "validation loss whose first crossing is time_to_target_s (default: final loss + 10%)")
       ->check(positive_number());
+  cmd->add_flag("--pipeline", args.pipeline,
+                "simulate a SkipPipe pipeline (the [pipeline] keys: pipeline.mode, nodes, stages, ...) instead of outer.method's data-parallel workers");
 }
 
 int run_sim_command(const SimArgs& args) {
   auto config = build_config(args.source);
   if (!config.ok()) return report_failure(config.status());
-  if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
+  if (!args.pipeline) {
+    if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
+  }
   for (const auto& w : train::config_warnings(*config)) spdlog::warn("{}", w);
   const std::string out = args.out_option != nullptr && args.out_option->count() > 0 ? args.out : dated_out("sim");
-  return run_and_report({*config}, out, args.target_loss, "Gossamer simulation: " + config->outer.method, train::RunKind::kSim);
+  if (args.pipeline) {
+    const std::string name = sim::pipeline_method_name(config->pipeline.mode);
+    return run_and_report({Job{name, *config, true}}, out, args.target_loss, "Gossamer simulation: " + name, train::RunKind::kSim);
+  }
+  return run_and_report({Job{config->outer.method, *config, false}}, out, args.target_loss, "Gossamer simulation: " + config->outer.method,
+                        train::RunKind::kSim);
 }
 
 void add_compare_command(CLI::App& app, CompareArgs& args) {
@@ -246,34 +333,54 @@ void add_compare_command(CLI::App& app, CompareArgs& args) {
                                  "(`gossamer config` with --set shows any key; --config and --set change them)");
   add_config_source(*cmd, args.source);
   args.out_option = cmd->add_option("--out", args.out, "output folder, new or empty: summary.json, report.html, <method>/metrics.jsonl (default: runs/compare-<time>)");
-  cmd->add_option("--methods", args.methods, "methods to run, comma-separated")->delimiter(',')->capture_default_str()
-      ->check(CLI::IsMember(optim::method_names()));
+  std::vector<std::string> names = optim::method_names();
+  for (const auto& n : sim::pipeline_method_names()) names.push_back(n);
+  cmd->add_option("--methods", args.methods,
+                  "methods to run, comma-separated: data-parallel methods, or SkipPipe pipeline variants (pipeline-full, skippipe-random, "
+                  "skippipe-noca, skippipe-cbs) on the [pipeline] keys, whose built-in defaults are the reference's geo setting")
+      ->delimiter(',')->capture_default_str()->check(CLI::IsMember(names));
   cmd->add_option("--target-loss", args.target_loss, "validation loss for time_to_target_s (default: ddp's final loss + 10%)")
       ->check(positive_number());
 }
 
 int run_compare_command(const CompareArgs& args) {
-  std::vector<train::RunConfig> configs;
   std::set<std::string> named;
   for (const auto& m : args.methods) {
     if (!named.insert(m).second) {
       return report_failure(error(ErrorCode::kInvalidArgument, "--methods names " + m + " twice: each method runs once (its metrics go to <out>/" + m + "/)"));
     }
   }
+  std::size_t pipelines = 0;
+  for (const auto& m : args.methods) pipelines += sim::pipeline_method_mode(m) ? 1 : 0;
+  if (pipelines > 0 && pipelines < args.methods.size()) {
+    return report_failure(error(ErrorCode::kInvalidArgument,
+                                "--methods mixes pipeline variants with data-parallel methods: they run different clusters (pipeline nodes "
+                                "against sim.workers); compare them in two runs"));
+  }
+  std::vector<Job> jobs;
   for (const auto& m : args.methods) {
-    train::RunConfig base = compare_defaults();
-    base.outer.method = m;
+    const auto mode = sim::pipeline_method_mode(m);
+    train::RunConfig base = mode ? pipeline_compare_defaults() : compare_defaults();
+    if (!mode) base.outer.method = m;
     auto config = build_config(args.source, base);
     if (!config.ok()) return report_failure(config.status());
-    config->outer.method = m;  // --methods wins over a method named in --config
-    if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
+    if (mode) {
+      config->pipeline.mode = *mode;  // --methods wins over a mode named in --config
+    } else {
+      config->outer.method = m;  // --methods wins over a method named in --config
+      if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
+    }
     for (const auto& w : train::config_warnings(*config)) spdlog::warn("{}", w);
-    configs.push_back(*config);
+    jobs.push_back(Job{m, *config, mode.has_value()});
   }
-  if (configs.empty()) return report_failure(error(ErrorCode::kInvalidArgument, "--methods names no method"));
-  spdlog::info("compare: {} methods, {} workers, {} inner steps each", configs.size(), configs.front().sim.workers, configs.front().train.steps);
+  if (jobs.empty()) return report_failure(error(ErrorCode::kInvalidArgument, "--methods names no method"));
+  if (pipelines > 0) {
+    spdlog::info("compare: {} pipeline variants, {} nodes, {} iterations each", jobs.size(), jobs.front().config.pipeline.nodes, jobs.front().config.train.steps);
+  } else {
+    spdlog::info("compare: {} methods, {} workers, {} inner steps each", jobs.size(), jobs.front().config.sim.workers, jobs.front().config.train.steps);
+  }
   const std::string out = args.out_option != nullptr && args.out_option->count() > 0 ? args.out : dated_out("compare");
-  return run_and_report(configs, out, args.target_loss, "Gossamer comparison", train::RunKind::kCompare);
+  return run_and_report(jobs, out, args.target_loss, pipelines > 0 ? "Gossamer comparison: SkipPipe pipelines" : "Gossamer comparison", train::RunKind::kCompare);
 }
 
 }  // namespace gossamer::app

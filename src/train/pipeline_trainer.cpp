@@ -47,7 +47,8 @@ Result<skippipe::Mode> pipeline_mode(const std::string& name) {
 
 skippipe::Network pipeline_network(const RunConfig& c) {
   const int n = static_cast<int>(c.pipeline.nodes);
-  return c.pipeline.network == "geo" ? skippipe::geo_network(n) : skippipe::uniform_network(n, 0.05, 1e9 / 8);
+  if (c.pipeline.network == "geo" || c.pipeline.network == "geo-fixed") return skippipe::geo_network(n, c.pipeline.network == "geo-fixed");
+  return skippipe::uniform_network(n, 0.05, 1e9 / 8);
 }
 
 skippipe::Costs pipeline_costs(const RunConfig& c) {
@@ -212,7 +213,12 @@ Result<PipelineRecord> PipelineTrainer::step() {
   }
   Clock& clock = *m.env.clock;
   const Nanos t0 = clock.now();
-  const Deadline deadline = Deadline::after(clock, std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(c.train.round_timeout_s)));
+  // The pipeline's part may take as long as the scheduler expects it to, four times over, plus
+  // train.round_timeout_s; the sync has train.round_timeout_s more (a replica that finished early
+  // waits there for the others).
+  const Nanos timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(c.train.round_timeout_s));
+  const Deadline deadline = Deadline::after(clock, timeout + std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(4 * m.plan.simulation.makespan_s)));
+  const Deadline sync_deadline = Deadline::at(deadline.time() + timeout);
   const std::size_t n = m.nodes.size();
   std::vector<Result<IterationStats>> results(n, error(ErrorCode::kInternal, "not run"));
   std::vector<Status> synced(n);
@@ -237,7 +243,7 @@ Result<PipelineRecord> PipelineTrainer::step() {
           const auto& members = m.replicas.at(stage);
           const auto rank = static_cast<std::size_t>(std::find(members.begin(), members.end(), static_cast<int>(v)) - members.begin());
           optim::CommStats cs;
-          synced[v] = m.nodes[v].sync_stage(m.groups.at(stage)[rank], iteration, deadline, &cs);
+          synced[v] = m.nodes[v].sync_stage(m.groups.at(stage)[rank], iteration, sync_deadline, &cs);
           sync_bytes[v] = cs.bytes_sent;
           return;
         }
@@ -251,7 +257,7 @@ Result<PipelineRecord> PipelineTrainer::step() {
         m.adam[v]->step();
         auto& outer = *m.outer[v].outer;
         const std::uint64_t before = outer.comm().bytes_sent;
-        auto stepped = outer.step(static_cast<std::int64_t>(iteration), deadline);
+        auto stepped = outer.step(static_cast<std::int64_t>(iteration), sync_deadline);
         if (!stepped.ok()) {
           synced[v] = stepped.status();
           return;

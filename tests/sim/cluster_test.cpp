@@ -171,6 +171,25 @@ TEST_CASE("heterogeneous links: a slow worker's link stretches the synchronous r
   CHECK(slow.accounts[0].gossip_bytes_sent > 0);
 }
 
+TEST_CASE("the skippipe-geo network: workers at the reference's places, each pair its own latency and bandwidth") {
+  auto c = tiny("diloco");
+  c.sim.workers = 3;
+  c.sim.network = "skippipe-geo";
+  auto spec = network_spec(c);
+  REQUIRE(spec.ok());
+  REQUIRE(spec->pairs.size() == 9);
+  // Worker 0 in Australia, 1 in Belgium, 2 in Canada: AU-BE 129 ms and 0.00983 GiB/s.
+  CHECK(spec->pairs[1].latency == std::chrono::microseconds(129000));
+  CHECK(spec->pairs[1].bandwidth_bytes_per_s == doctest::Approx(0.00983 * 1024.0 * 1024 * 1024));
+  CHECK(spec->pairs[5].latency == std::chrono::microseconds(41000));  // BE-CA
+  CHECK(std::isinf(spec->nodes[0].link.bandwidth_bytes_per_s));
+  const auto geo = run(c);
+  c.sim.network = "datacenter";
+  const auto near = run(c);
+  CHECK(geo.accounts[0].blocked_s > 2 * near.accounts[0].blocked_s);  // rounds across continents wait longer
+  CHECK(link_bytes(geo.accounts[0]) == link_bytes(near.accounts[0]));
+}
+
 TEST_CASE("sites: workers in contiguous blocks behind a shared link that slows their rounds") {
   auto c = tiny("diloco");
   c.sim.workers = 4;

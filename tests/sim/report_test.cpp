@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "core/file.h"
+#include "sim/pipeline_cluster.h"
 #include "sim/report.h"
 #include "tiny.h"
 
@@ -99,5 +100,59 @@ TEST_CASE("summary.json holds every field, consistent with the metrics, report.h
   CHECK(html->find("<li><b>co2</b>") == std::string::npos);                                  // and none on those not run
   CHECK(html->find("<script") == std::string::npos);
   CHECK(html->find("src=\"http") == std::string::npos);  // nothing fetched from elsewhere
+  std::filesystem::remove_all(out);
+}
+
+TEST_CASE("a pipeline comparison's report: makespans predicted and simulated, per-node time, and each variant's timeline") {
+  std::vector<MethodRun> runs;
+  for (const char* mode : {"full", "skippipe"}) {
+    train::RunConfig c;
+    c.model.layers = 3;
+    c.model.width = 16;
+    c.model.heads = 2;
+    c.model.context = 8;
+    c.data.synthetic.bytes = 40'000;
+    c.train.batch_size = 2;
+    c.train.steps = 2;
+    c.train.eval_batches = 1;
+    c.pipeline.nodes = 6;
+    c.pipeline.stages = 3;
+    c.pipeline.path_length = 2;
+    c.pipeline.mbs_per_origin = 2;
+    c.pipeline.mbs_per_agent = 1;
+    c.pipeline.gcma_trials = 20;
+    c.pipeline.mode = mode;
+    auto corpus = train::load_corpus(c);
+    REQUIRE(corpus.ok());
+    auto r = run_pipeline_cluster(c, *corpus);
+    REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+    runs.push_back(MethodRun{pipeline_method_name(mode), c, std::move(*r)});
+  }
+  const auto out = std::filesystem::temp_directory_path() / ("gossamer-pipeline-report-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(out);
+  ReportContext ctx;
+  ctx.title = "pipelines";
+  ctx.target_loss = default_target_loss(runs);
+  REQUIRE(write_comparison(out, runs, ctx).ok());
+  const auto summary = read_json(out / "summary.json");
+  REQUIRE(summary["methods"].size() == 2);
+  for (const auto& m : summary["methods"]) {
+    REQUIRE(m.contains("pipeline"));
+    const auto& p = m["pipeline"];
+    CHECK(p["makespan_s"].get<double>() > 0);
+    CHECK(p["predicted_makespan_s"].get<double>() > 0);
+    CHECK(p["node_busy_s"].size() == 6);
+    CHECK(p["node_idle_s"].size() == 6);
+    CHECK_FALSE(p.contains("timeline"));  // in the report, not the summary
+    CHECK(m["final_val_loss"].is_number());
+  }
+  CHECK(summary["methods"][0]["name"] == "pipeline-full");
+  auto html = read_text_file(out / "report.html", 1 << 24);
+  REQUIRE(html.ok());
+  CHECK(html->find("Pipeline iterations") != std::string::npos);
+  CHECK(html->find("pipeline-full: the first iteration") != std::string::npos);
+  CHECK(html->find("skippipe-cbs: the first iteration") != std::string::npos);
+  CHECK(html->find("micro-batch 0 forward") != std::string::npos);
+  CHECK(html->find("head and loss") != std::string::npos);
   std::filesystem::remove_all(out);
 }
