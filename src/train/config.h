@@ -151,6 +151,7 @@ struct PipelineSection {
   std::string activation_codec = "fp32";
   std::string stage_sync = "ddp";     // how a stage's replicas synchronise: ddp (every iteration) or an outer method (diloco, streaming_diloco, noloco, co2)
   std::int64_t gcma_trials = 8000;
+  std::string order = "timetable";    // a node's work: in the planned timetable's order (deterministic) or as messages arrive
 };
 
 // The simulator: workers, their network, their compute and what goes wrong.

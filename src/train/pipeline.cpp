@@ -80,6 +80,33 @@ PipelineNode::PipelineNode(int node, skippipe::Schedule schedule, model::Gpt mod
       param_blocks_.push_back(std::move(pb));
     }
   }
+  if (!schedule_.timetable.empty()) {
+    // This node's work from the timetable, by start time (ties, which a timetable of positive costs
+    // does not have, by micro-batch).
+    std::vector<std::uint32_t> first(schedule_.agents.size(), 0);  // each agent's first micro-batch
+    for (std::size_t a = 1; a < schedule_.agents.size(); ++a) first[a] = first[a - 1] + static_cast<std::uint32_t>(schedule_.agents[a - 1].microbatches);
+    std::vector<std::pair<double, OrderItem>> items;
+    for (const auto& e : schedule_.timetable) {
+      GOSSAMER_CHECK(e.agent >= 0 && static_cast<std::size_t>(e.agent) < schedule_.agents.size(), "PipelineNode: a timetable entry of no agent");
+      const auto& agent = schedule_.agents[static_cast<std::size_t>(e.agent)];
+      GOSSAMER_CHECK(e.hop >= 0 && e.hop <= static_cast<int>(agent.hops.size()) && e.microbatch >= 0 && e.microbatch < agent.microbatches,
+                     "PipelineNode: a timetable entry off its agent's path");
+      const int at = e.hop == 0 ? agent.origin : agent.hops[static_cast<std::size_t>(e.hop - 1)];
+      if (at != node_) continue;
+      const std::uint32_t mb = first[static_cast<std::size_t>(e.agent)] + static_cast<std::uint32_t>(e.microbatch);
+      if (e.hop == 0) {
+        items.push_back({e.forward_start, OrderItem{mb, Step::kLaunch, 0}});
+        items.push_back({e.head_start, OrderItem{mb, Step::kHead, 0}});
+      } else {
+        items.push_back({e.forward_start, OrderItem{mb, Step::kForward, e.hop}});
+      }
+      items.push_back({e.backward_start, OrderItem{mb, Step::kBackward, e.hop}});
+    }
+    std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first < b.first : a.second.microbatch < b.second.microbatch;
+    });
+    for (const auto& [t, item] : items) order_.push_back(item);
+  }
   for (const auto& r : routes(schedule_)) {
     const bool here = std::find(r.path.begin(), r.path.end(), node_) != r.path.end();
     bool stage_here = stage_ == 0;
@@ -240,7 +267,9 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
   for (int e : expected) total_expected += e;
   std::vector<std::pair<int, std::pair<ActivationHeader, at::Tensor>>> waiting;  // decoded forwards waiting for memory
 
-  auto process = [&](int from, ActivationHeader h, at::Tensor x) -> Status {
+  // Whether a message belongs here: this iteration, a micro-batch and hop of the schedule, from the
+  // node the schedule routes it from.
+  auto check = [&](int from, const ActivationHeader& h) -> Status {
     if (h.iteration != iteration || h.microbatch >= all.size()) return error(ErrorCode::kMalformed, "a message of another iteration or micro-batch");
     const Route& r = all[h.microbatch];
     const int last = static_cast<int>(r.path.size()) - 1;
@@ -251,6 +280,13 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
       return error(ErrorCode::kMalformed, "micro-batch " + std::to_string(h.microbatch) + " hop " + std::to_string(hop) + " came from node " + std::to_string(from) +
                                               " to node " + std::to_string(node_) + ", not as the schedule routes it");
     }
+    return Status();
+  };
+  // The work a checked message calls for.
+  auto compute = [&](ActivationHeader h, at::Tensor x) -> Status {
+    const Route& r = all[h.microbatch];
+    const int last = static_cast<int>(r.path.size()) - 1;
+    const int hop = h.hop;
     const double start = since();
     if (!h.backward && hop <= last) {  // a forward through this stage
       at::Tensor in = x.requires_grad_(true);
@@ -293,6 +329,36 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
     held.erase(it);
     return send(r.path[static_cast<std::size_t>(hop - 1)], next, g);  // hop 0 is the origin
   };
+  auto process = [&](int from, ActivationHeader h, at::Tensor x) -> Status {
+    if (Status c = check(from, h); !c.ok()) return c;
+    return compute(h, std::move(x));
+  };
+  auto launch = [&](std::size_t k) -> Status {  // own[k], the k-th micro-batch this origin starts
+    const std::uint32_t m = own[k];
+    const double start = since();
+    at::Tensor out = run_blocks(model_.embed(data[k].tokens));
+    charge(m, WorkKind::kForward, start);
+    ++stats.forwards;
+    held[m] = Held{at::Tensor(), out};
+    stats.peak_inflight = std::max(stats.peak_inflight, static_cast<int>(held.size()));
+    return send(all[m].path[1], ActivationHeader{false, 0, m, 1, 0, 0, 0}, out);
+  };
+  // The next message off the links, decoded; an error when a link failed or the deadline passed.
+  auto receive = [&]() -> Result<std::pair<int, std::pair<ActivationHeader, at::Tensor>>> {
+    Inbound next;
+    {
+      std::unique_lock lock(mu);
+      const bool got = signal->wait(lock, deadline, [&] { return !inbox.empty() || !failed.ok(); });
+      if (!failed.ok()) return failed;
+      if (!got) return error(ErrorCode::kTimeout, "pipeline iteration " + std::to_string(iteration) + ": node " + std::to_string(node_) + " waited past its deadline");
+      next = std::move(inbox.front());
+      inbox.pop_front();
+    }
+    ++processed;
+    auto decoded = decode_activation(next.bytes, limits);
+    if (!decoded.ok()) return decoded.status().with_context("from node " + std::to_string(next.from));
+    return std::make_pair(next.from, std::move(*decoded));
+  };
 
   Status st;
   // A forward that needs room waits behind those already waiting, in arrival order.
@@ -305,19 +371,49 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
     return Status();
   };
   try {
-  while (st.ok()) {
+  if (!order_.empty()) {
+    // The timetable's order: each piece of work when its turn comes, its message taken from those
+    // that arrived (one that came early waits here).
+    std::map<std::tuple<std::uint32_t, bool, int>, std::pair<ActivationHeader, at::Tensor>> arrived;  // by (micro-batch, backward, hop)
+    std::size_t k = 0;
+    while (st.ok() && k < order_.size()) {
+      const OrderItem& w = order_[k];
+      if (w.step == Step::kLaunch) {
+        const auto it = std::find(own.begin(), own.end(), w.microbatch);
+        GOSSAMER_CHECK(it != own.end(), "PipelineNode: the timetable launches a micro-batch of another origin");
+        st = launch(static_cast<std::size_t>(it - own.begin()));
+        ++launched;
+        ++k;
+        continue;
+      }
+      const int last = static_cast<int>(all[w.microbatch].path.size()) - 1;
+      const auto key = std::make_tuple(w.microbatch, w.step == Step::kBackward, w.step == Step::kHead ? last + 1 : w.hop);
+      if (auto it = arrived.find(key); it != arrived.end()) {
+        st = compute(it->second.first, it->second.second);
+        arrived.erase(it);
+        ++k;
+        continue;
+      }
+      auto got = receive();
+      if (!got.ok()) {
+        st = got.status();
+        break;
+      }
+      auto& [from, msg] = *got;
+      st = check(from, msg.first);
+      const auto at = std::make_tuple(msg.first.microbatch, msg.first.backward, static_cast<int>(msg.first.hop));
+      if (st.ok() && arrived.count(at) > 0) st = error(ErrorCode::kMalformed, "micro-batch " + std::to_string(msg.first.microbatch) + "'s message came twice");
+      if (st.ok()) arrived.emplace(at, std::move(msg));
+    }
+    if (st.ok() && (!arrived.empty() || processed != total_expected)) {
+      st = error(ErrorCode::kMalformed, "node " + std::to_string(node_) + " got messages its timetable has no work for");
+    }
+  }
+  while (st.ok() && order_.empty()) {
     // An origin launches while it has room, in the schedule's order.
     while (st.ok() && launched < own.size() && static_cast<int>(held.size()) < memory) {
-      const std::uint32_t m = own[launched];
-      const MicroBatchData& d = data[launched];
+      st = launch(launched);
       ++launched;
-      const double start = since();
-      at::Tensor out = run_blocks(model_.embed(d.tokens));
-      charge(m, WorkKind::kForward, start);
-      ++stats.forwards;
-      held[m] = Held{at::Tensor(), out};
-      stats.peak_inflight = std::max(stats.peak_inflight, static_cast<int>(held.size()));
-      st = send(all[m].path[1], ActivationHeader{false, 0, m, 1, 0, 0, 0}, out);
     }
     if (!st.ok() || (processed == total_expected && waiting.empty() && finished == own.size() && launched == own.size())) break;
     // The next message: a backward or a returning forward first (they free memory or need none),

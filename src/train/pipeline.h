@@ -9,9 +9,14 @@
 // embeddings, the final LayerNorm and the tied head. Every node builds the whole model from one
 // seed, so stage replicas start identical and a stage's blocks equal the single-process model's.
 //
-// Rules, those of skippipe/simulate.h: a non-zero node holds at most `memory` micro-batches'
-// activations (a forward that finds it full waits, backwards first); an origin keeps at most `memory`
-// of its micro-batches in flight, launching them in the schedule's order.
+// Order: when the schedule carries a timetable (skippipe/schedule.h), a node does its work in the
+// timetable's order, whatever order the messages arrive in (one that arrives early waits for its
+// turn): its gradients then add up in the same order on every run, so a run is deterministic,
+// bit for bit, on any clock and any network, and the memory bound holds because it held in the
+// timetable. Without one, the rules of skippipe/simulate.h, first come first served: a non-zero
+// node holds at most `memory` micro-batches' activations (a forward that finds it full waits,
+// backwards first); an origin keeps at most `memory` of its micro-batches in flight, launching
+// them in the schedule's order.
 //
 // Gradients: after run_iteration() the stage's parameters hold the sum of the gradients of the
 // micro-batches that went through this node (each micro-batch's loss is its mean token cross-
@@ -123,6 +128,14 @@ class PipelineNode {
   std::vector<at::Tensor> params_;
   std::vector<optim::ParamBlock> param_blocks_;
   int visits_ = 0, stage_visits_ = 0;
+  // With a timetable: this node's work in the order the schedule's simulation did it.
+  enum class Step : std::uint8_t { kLaunch, kForward, kHead, kBackward };
+  struct OrderItem {
+    std::uint32_t microbatch = 0;
+    Step step = Step::kLaunch;
+    int hop = 0;
+  };
+  std::vector<OrderItem> order_;
 };
 
 }  // namespace gossamer::train

@@ -129,6 +129,10 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   auto planned = skippipe::plan(net, costs, *stage_of, o, *mode);
   if (!planned.ok()) return planned.status().with_context("planning the pipeline");
   impl->plan = std::move(*planned);
+  // Every mode's nodes follow the planned iteration's timetable (pipeline.order), which the
+  // skippipe mode's schedule already carries; the others get their simulation's.
+  if (p.order == "timetable" && impl->plan.schedule.timetable.empty()) impl->plan.schedule.timetable = impl->plan.simulation.timetable;
+  if (p.order == "arrival") impl->plan.schedule.timetable.clear();
   const skippipe::Schedule& s = impl->plan.schedule;
 
   quant::EncodeOptions codec;
