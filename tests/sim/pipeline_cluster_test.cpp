@@ -61,8 +61,9 @@ TEST_CASE("a simulated pipeline: each node's busy time adds up to the work's clo
     double busy = 0;
     for (double b : p["node_busy_s"]) busy += b;
     CHECK(busy == doctest::Approx(2.0 * 30 * (2.5 * length + 0.25) * c.pipeline.forward_s).epsilon(1e-9));
-    // The runtime over the emulated links takes the time the scheduler's event simulation predicts.
-    CHECK(simulated == doctest::Approx(predicted).epsilon(0.05));
+    // The runtime over the emulated links, following the timetable, takes the time the scheduler's
+    // event simulation predicts (92.96 s and 174.61 s, equal to the printed digits).
+    CHECK(simulated == doctest::Approx(predicted).epsilon(1e-3));
     CHECK(p["first_makespan_s"].get<double>() == doctest::Approx(simulated).epsilon(1e-9));  // the same work every iteration
     for (int peak : p["node_peak_inflight"]) CHECK(peak <= 3);
     makespan[mode] = simulated;
