@@ -47,6 +47,19 @@ transport::Tag pipeline_tag(std::uint64_t iteration) { return transport::tags::k
 
 }  // namespace
 
+std::vector<int> node_visits(const skippipe::Schedule& s) {
+  std::vector<int> v(static_cast<std::size_t>(s.nodes()), 0);
+  for (const auto& r : routes(s)) {
+    std::vector<int> seen = r.path;
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int node : seen) {
+      if (node >= 0 && node < s.nodes()) ++v[static_cast<std::size_t>(node)];
+    }
+  }
+  return v;
+}
+
 std::pair<std::int64_t, std::int64_t> stage_blocks(std::int64_t stage, std::int64_t stages, std::int64_t layers) {
   GOSSAMER_CHECK(stages >= 1 && layers % stages == 0, "a pipeline of " + std::to_string(stages) + " stages needs model.layers divisible by it (it is " +
                                                           std::to_string(layers) + ")");

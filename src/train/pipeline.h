@@ -54,6 +54,9 @@
 
 namespace gossamer::train {
 
+// Micro-batches that visit each node per iteration (an origin counts its own).
+std::vector<int> node_visits(const skippipe::Schedule& schedule);
+
 // Blocks [first, last) of stage `stage`; throws ContractError when layers % stages != 0.
 std::pair<std::int64_t, std::int64_t> stage_blocks(std::int64_t stage, std::int64_t stages, std::int64_t layers);
 

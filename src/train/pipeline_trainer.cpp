@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <algorithm>
 #include <array>
 
 #include "core/check.h"
@@ -63,8 +64,9 @@ struct PipelineTrainer::Impl {
   PipelineEnvironment env;
   const data::Dataset* data = nullptr;
   skippipe::Plan plan;
-  std::vector<PipelineNode> nodes;
-  std::vector<std::unique_ptr<torch::optim::AdamW>> adam;
+  std::vector<std::unique_ptr<PipelineNode>> nodes;         // per node; null for those another process hosts
+  std::vector<std::unique_ptr<torch::optim::AdamW>> adam;   // the same
+  std::vector<int> local;                                   // the nodes hosted here, in order
   std::map<int, std::vector<int>> replicas;   // stage -> its nodes that take part (a micro-batch visits them)
   std::vector<optim::OuterSetup> outer;       // per node, with stage_sync = diloco (empty for idle nodes)
   bool ddp = true;
@@ -73,16 +75,19 @@ struct PipelineTrainer::Impl {
   std::vector<std::unique_ptr<data::ShardSampler>> samplers;  // per origin
   std::vector<data::Batch> eval_set;
   std::int64_t done = 0;
-  std::int64_t samples = 0;
 
-  // The node whose weights stand for `stage`: its first replica that takes part, or (a stage no
-  // micro-batch visits) any node hosting it, which holds the initial weights.
+  // The node hosted here whose weights stand for `stage`: its first replica that takes part, or (a
+  // stage no micro-batch visits) any node hosting it, which holds the initial weights; -1: none here.
   int representative(int stage) const {
-    if (const auto it = replicas.find(stage); it != replicas.end() && !it->second.empty()) return it->second.front();
-    for (std::size_t v = 0; v < nodes.size(); ++v) {
-      if (nodes[v].stage() == stage) return static_cast<int>(v);
+    if (const auto it = replicas.find(stage); it != replicas.end()) {
+      for (int v : it->second) {
+        if (nodes[static_cast<std::size_t>(v)]) return v;
+      }
     }
-    return 0;  // every stage has a node (the planner checks)
+    for (std::size_t v = 0; v < nodes.size(); ++v) {
+      if (nodes[v] && nodes[v]->stage() == stage) return static_cast<int>(v);
+    }
+    return -1;
   }
 };
 
@@ -143,19 +148,37 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   node_options.max_batch = c.train.batch_size;
   node_options.clock = env.clock;
   node_options.compute = env.compute;
+  if (env.local.empty()) {
+    for (int v = 0; v < n; ++v) env.local.push_back(v);
+  }
+  for (int v : env.local) {
+    if (v < 0 || v >= n) return error(ErrorCode::kInvalidArgument, "no pipeline node " + std::to_string(v) + " to host (pipeline.nodes = " + std::to_string(n) + ")");
+  }
+  std::sort(env.local.begin(), env.local.end());
+  env.local.erase(std::unique(env.local.begin(), env.local.end()), env.local.end());
+  impl->local = env.local;
+  impl->env.local = env.local;
+  impl->nodes.resize(static_cast<std::size_t>(n));
+  impl->adam.resize(static_cast<std::size_t>(n));
+  const std::vector<int> visits = node_visits(s);
   for (int v = 0; v < n; ++v) {
+    if (visits[static_cast<std::size_t>(v)] > 0) impl->replicas[s.stage_of[static_cast<std::size_t>(v)]].push_back(v);
+    if (s.stage_of[static_cast<std::size_t>(v)] == 0) impl->origins.push_back(v);
+  }
+  for (int v : impl->local) {
     std::vector<std::shared_ptr<transport::Link>> links(static_cast<std::size_t>(n));
     for (int j = 0; j < n; ++j) {
       if (j != v) links[static_cast<std::size_t>(j)] = env.link(v, j, 0);
     }
-    impl->nodes.emplace_back(v, s, model::Gpt(gpt_config(c, 0)), std::move(links), node_options);
+    auto& node = impl->nodes[static_cast<std::size_t>(v)];
+    node = std::make_unique<PipelineNode>(v, s, model::Gpt(gpt_config(c, 0)), std::move(links), node_options);
     auto opts = torch::optim::AdamWOptions(c.train.lr).betas(std::make_tuple(c.train.beta1, c.train.beta2)).eps(c.train.eps).weight_decay(c.train.weight_decay);
-    impl->adam.push_back(std::make_unique<torch::optim::AdamW>(impl->nodes.back().stage_parameters(), opts));
-    if (impl->nodes.back().visits() > 0) impl->replicas[s.stage_of[static_cast<std::size_t>(v)]].push_back(v);
-    if (s.stage_of[static_cast<std::size_t>(v)] == 0) impl->origins.push_back(v);
+    impl->adam[static_cast<std::size_t>(v)] = std::make_unique<torch::optim::AdamW>(node->stage_parameters(), opts);
   }
   for (const auto& [stage, members] : impl->replicas) {
+    impl->groups[stage].resize(members.size());
     for (std::size_t r = 0; r < members.size(); ++r) {
+      if (!impl->nodes[static_cast<std::size_t>(members[r])]) continue;  // another process's
       optim::Group grp;
       grp.rank = static_cast<int>(r);
       grp.size = static_cast<int>(members.size());
@@ -164,7 +187,7 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
       for (std::size_t k = 0; k < members.size(); ++k) {
         if (k != r) grp.peers[k] = env.link(members[r], members[k], 1);
       }
-      impl->groups[stage].push_back(std::move(grp));
+      impl->groups[stage][r] = std::move(grp);
     }
   }
   impl->ddp = p.stage_sync == "ddp";
@@ -178,7 +201,8 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
     for (const auto& [stage, members] : impl->replicas) {
       for (std::size_t r = 0; r < members.size(); ++r) {
         const int v = members[r];
-        auto setup = optim::make_outer_optimizer(*ocfg, impl->nodes[static_cast<std::size_t>(v)].stage_param_blocks(), impl->groups[stage][r]);
+        if (!impl->nodes[static_cast<std::size_t>(v)]) continue;
+        auto setup = optim::make_outer_optimizer(*ocfg, impl->nodes[static_cast<std::size_t>(v)]->stage_param_blocks(), impl->groups[stage][r]);
         if (!setup.ok()) return setup.status().with_context("stage " + std::to_string(stage) + "'s " + p.stage_sync);
         impl->outer[static_cast<std::size_t>(v)] = std::move(*setup);
       }
@@ -204,14 +228,15 @@ Result<PipelineRecord> PipelineTrainer::step() {
   std::map<int, std::int64_t> launches;
   for (const auto& a : m.plan.schedule.agents) launches[a.origin] += a.microbatches;
   for (std::size_t r = 0; r < m.origins.size(); ++r) {
+    if (!m.nodes[static_cast<std::size_t>(m.origins[r])]) continue;  // another process's
     const std::int64_t count = launches[m.origins[r]];
     for (std::int64_t k = 0; k < count; ++k) {
       const auto b = m.samplers[r]->batch(m.done * count + k);
       data[m.origins[r]].push_back(MicroBatchData{b.tokens, b.targets});
     }
   }
-  for (auto& node : m.nodes) {
-    for (const auto& p : node.stage_parameters()) {
+  for (int v : m.local) {
+    for (const auto& p : m.nodes[static_cast<std::size_t>(v)]->stage_parameters()) {
       if (p.grad().defined()) p.mutable_grad().zero_();
     }
   }
@@ -236,25 +261,27 @@ Result<PipelineRecord> PipelineTrainer::step() {
   const double lr = learning_rate(so, m.done);
   {
     std::vector<std::unique_ptr<ClockThread>> threads;
-    for (std::size_t v = 0; v < n; ++v) {
+    for (int local : m.local) {
+      const auto v = static_cast<std::size_t>(local);
       threads.push_back(clock.start_thread([&, v] {
         const auto it = data.find(static_cast<int>(v));
-        results[v] = m.nodes[v].run_iteration(iteration, it == data.end() ? std::vector<MicroBatchData>{} : it->second, deadline);
-        if (!results[v].ok() || m.nodes[v].visits() == 0) return;
+        PipelineNode& node = *m.nodes[v];
+        results[v] = node.run_iteration(iteration, it == data.end() ? std::vector<MicroBatchData>{} : it->second, deadline);
+        if (!results[v].ok() || node.visits() == 0) return;
         if (m.ddp) {
           // The stage's replicas: this node's rank among them.
-          const int stage = m.nodes[v].stage();
+          const int stage = node.stage();
           const auto& members = m.replicas.at(stage);
           const auto rank = static_cast<std::size_t>(std::find(members.begin(), members.end(), static_cast<int>(v)) - members.begin());
           optim::CommStats cs;
-          synced[v] = m.nodes[v].sync_stage(m.groups.at(stage)[rank], iteration, sync_deadline, &cs);
+          synced[v] = node.sync_stage(m.groups.at(stage)[rank], iteration, sync_deadline, &cs);
           sync_bytes[v] = cs.bytes_sent;
           return;
         }
         // Its own step on its own micro-batches' mean gradient, then the stage's outer round when due.
-        const auto& params = m.nodes[v].stage_parameters();
+        const auto& params = node.stage_parameters();
         for (const auto& p : params) {
-          if (p.grad().defined()) p.mutable_grad().div_(static_cast<double>(m.nodes[v].visits()));
+          if (p.grad().defined()) p.mutable_grad().div_(static_cast<double>(node.visits()));
         }
         torch::nn::utils::clip_grad_norm_(params, c.train.grad_clip);
         for (auto& group : m.adam[v]->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
@@ -276,12 +303,19 @@ Result<PipelineRecord> PipelineTrainer::step() {
   double loss_sum = 0;
   int losses = 0;
   // The first failure that is not another's consequence (a peer gone, a deadline) names the cause.
-  for (std::size_t v = 0; v < n; ++v) {
-    if (!results[v].ok() && results[v].status().code() != ErrorCode::kPeerLost && results[v].status().code() != ErrorCode::kTimeout) {
-      return results[v].status().with_context("pipeline node " + std::to_string(v));
+  for (int v : m.local) {
+    const auto& r = results[static_cast<std::size_t>(v)];
+    if (!r.ok() && r.status().code() != ErrorCode::kPeerLost && r.status().code() != ErrorCode::kTimeout) {
+      return r.status().with_context("pipeline node " + std::to_string(v));
     }
   }
-  for (std::size_t v = 0; v < n; ++v) {
+  // Per node, indexed by node (zero for the nodes another process hosts).
+  rec.node_busy_s.assign(n, 0.0);
+  rec.node_peak_inflight.assign(n, 0);
+  rec.node_bytes_sent.assign(n, 0);
+  rec.timeline.resize(n);
+  for (int local : m.local) {
+    const auto v = static_cast<std::size_t>(local);
     if (!results[v].ok()) return results[v].status().with_context("pipeline node " + std::to_string(v));
     if (!synced[v].ok()) return synced[v];
     for (double l : results[v]->losses) {
@@ -290,26 +324,28 @@ Result<PipelineRecord> PipelineTrainer::step() {
     }
     rec.activation_bytes += results[v]->bytes_sent;
     rec.makespan_s = std::max(rec.makespan_s, results[v]->finished_s);
-    rec.node_busy_s.push_back(results[v]->busy_s);
-    rec.node_peak_inflight.push_back(results[v]->peak_inflight);
-    rec.node_bytes_sent.push_back(results[v]->bytes_sent);
-    rec.timeline.push_back(std::move(results[v]->work));
+    rec.node_busy_s[v] = results[v]->busy_s;
+    rec.node_peak_inflight[v] = results[v]->peak_inflight;
+    rec.node_bytes_sent[v] = results[v]->bytes_sent;
+    rec.timeline[v] = std::move(results[v]->work);
     rec.sync_bytes += sync_bytes[v];
     rec.sync_rounds += rounds[v];
   }
-  for (std::size_t v = 0; v < n && m.ddp; ++v) {
-    if (m.nodes[v].visits() == 0) continue;
+  for (int local : m.local) {
+    const auto v = static_cast<std::size_t>(local);
+    PipelineNode& node = *m.nodes[v];
+    if (!m.ddp || node.visits() == 0) continue;
     // Clipped per stage: every replica holds the same gradients, so they clip alike.
-    const double norm = torch::nn::utils::clip_grad_norm_(m.nodes[v].stage_parameters(), c.train.grad_clip);
-    if (m.nodes[v].stage() == 0 && rec.grad_norm == 0) rec.grad_norm = norm;  // the first origin that takes part
+    const double norm = torch::nn::utils::clip_grad_norm_(node.stage_parameters(), c.train.grad_clip);
+    if (node.stage() == 0 && rec.grad_norm == 0) rec.grad_norm = norm;  // the first origin that takes part
     for (auto& group : m.adam[v]->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     m.adam[v]->step();
   }
   ++m.done;
-  m.samples += static_cast<std::int64_t>(losses) * c.train.batch_size;
   rec.iteration = m.done;
-  rec.samples = m.samples;
+  rec.samples = m.done * m.plan.schedule.microbatches() * c.train.batch_size;  // every origin's, wherever hosted
   rec.train_loss = losses > 0 ? loss_sum / losses : 0;
+  rec.losses = losses;
   rec.lr = lr;
   rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   rec.sync_s = std::max(0.0, std::chrono::duration<double>(clock.now() - t0).count() - rec.makespan_s);
@@ -328,7 +364,9 @@ double PipelineTrainer::evaluate(const std::vector<int>& omitted) {
       stage = static_cast<int>(std::stoll(block.name.substr(6)) / (m.config.model.layers / m.config.pipeline.stages));
     }
     // (With stage_sync = diloco: its live weights, the same on every replica just after a round.)
-    const auto& src = m.nodes[static_cast<std::size_t>(m.representative(stage))].stage_parameters();
+    const int rep = m.representative(stage);
+    GOSSAMER_CHECK(rep >= 0, "PipelineTrainer::evaluate: stage " + std::to_string(stage) + " has no node in this process");
+    const auto& src = m.nodes[static_cast<std::size_t>(rep)]->stage_parameters();
     for (const auto& p : block.parameters) p.tensor.copy_(src[taken[stage]++]);
   }
   model.train(false);
@@ -348,17 +386,26 @@ double PipelineTrainer::evaluate(const std::vector<int>& omitted) {
   return count > 0 ? total / static_cast<double>(count) : 0;
 }
 
+bool PipelineTrainer::can_evaluate() const {
+  for (int stage = 0; stage < impl_->config.pipeline.stages; ++stage) {
+    if (impl_->representative(stage) < 0) return false;
+  }
+  return true;
+}
+
 const skippipe::Plan& PipelineTrainer::plan() const { return impl_->plan; }
 std::vector<std::vector<at::Tensor>> PipelineTrainer::stage_replicas(int stage) const {
   std::vector<std::vector<at::Tensor>> out;
   const auto it = impl_->replicas.find(stage);
   if (it == impl_->replicas.end()) return out;
-  for (int v : it->second) out.push_back(impl_->nodes[static_cast<std::size_t>(v)].stage_parameters());
+  for (int v : it->second) {
+    if (impl_->nodes[static_cast<std::size_t>(v)]) out.push_back(impl_->nodes[static_cast<std::size_t>(v)]->stage_parameters());
+  }
   return out;
 }
 std::int64_t PipelineTrainer::iterations_done() const { return impl_->done; }
 std::int64_t PipelineTrainer::samples_per_iteration() const {
-  return static_cast<std::int64_t>(impl_->origins.size()) * impl_->config.pipeline.mbs_per_origin * impl_->config.train.batch_size;
+  return impl_->plan.schedule.microbatches() * impl_->config.train.batch_size;
 }
 
 }  // namespace gossamer::train

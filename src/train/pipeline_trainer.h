@@ -46,12 +46,16 @@ struct PipelineEnvironment {
   // Null: in-memory links.
   std::function<std::shared_ptr<transport::Link>(int from, int to, int channel)> link;
   StageCompute compute;          // charged to the clock by every node
+  // The nodes this process hosts (empty: every node). The others are reached over `link`: each
+  // process of a pipeline plans the same schedule from the same config and hosts its share.
+  std::vector<int> local;
 };
 
 struct PipelineRecord {
   std::int64_t iteration = 0;
   std::int64_t samples = 0;  // in all so far
-  double train_loss = 0;     // mean over the iteration's micro-batches
+  double train_loss = 0;     // mean over the iteration's micro-batches (those of this process's origins)
+  std::int64_t losses = 0;   // how many micro-batches train_loss is the mean of
   double lr = 0;
   double grad_norm = 0;      // stage 0's, after its sync
   std::uint64_t activation_bytes = 0;  // sent between nodes this iteration
@@ -75,9 +79,12 @@ class PipelineTrainer {
 
   [[nodiscard]] Result<PipelineRecord> step();
   // Validation loss of the assembled model, stages in `omitted` left out (stage 0 cannot be).
+  // Each stage's weights are those of its first replica hosted here that takes part; a process
+  // hosting no node of some stage cannot evaluate (ContractError; can_evaluate() says).
   double evaluate(const std::vector<int>& omitted = {});
+  bool can_evaluate() const;
   const skippipe::Plan& plan() const;
-  // Each replica's parameters of `stage` (the nodes that take part), in node order.
+  // Each replica's parameters of `stage` (the nodes hosted here that take part), in node order.
   std::vector<std::vector<at::Tensor>> stage_replicas(int stage) const;
   std::int64_t iterations_done() const;
   std::int64_t samples_per_iteration() const;

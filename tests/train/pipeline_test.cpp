@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 
+#include <array>
 #include <map>
 #include <random>
 #include <thread>
@@ -395,6 +396,55 @@ TEST_CASE("outer methods inside the stages: replicas step on their own, DiLoCo's
     CAPTURE(sync);
     CHECK(bytes[sync] > 0);
     CHECK(bytes[sync] * 3 < bytes["ddp"]);
+  }
+}
+
+TEST_CASE("a pipeline split over two trainers (as over two processes), each hosting half the nodes, trains bit for bit as one trainer hosting all") {
+  RunConfig c = small_pipeline_run();
+  auto corpus = load_corpus(c);
+  REQUIRE(corpus.ok());
+  auto whole = PipelineTrainer::make(c, corpus->dataset);
+  REQUIRE(whole.ok());
+  const int n = static_cast<int>(c.pipeline.nodes);
+  auto activations = mesh(n), sync = mesh(n);
+  std::array<std::unique_ptr<PipelineTrainer>, 2> halves;
+  for (int h = 0; h < 2; ++h) {
+    PipelineEnvironment env;
+    env.link = [&activations, &sync](int from, int to, int channel) {
+      return (channel == 0 ? activations : sync)[static_cast<std::size_t>(from)][static_cast<std::size_t>(to)];
+    };
+    for (int v = h; v < n; v += 2) env.local.push_back(v);
+    auto t = PipelineTrainer::make(c, corpus->dataset, env);
+    REQUIRE_MESSAGE(t.ok(), t.status().to_string());
+    halves[static_cast<std::size_t>(h)] = std::move(*t);
+  }
+  CHECK((*whole)->can_evaluate());
+  for (int i = 0; i < 4; ++i) {
+    auto one = (*whole)->step();
+    REQUIRE(one.ok());
+    std::array<Result<PipelineRecord>, 2> rec{error(ErrorCode::kInternal, ""), error(ErrorCode::kInternal, "")};
+    std::thread other([&] { rec[1] = halves[1]->step(); });
+    rec[0] = halves[0]->step();
+    other.join();
+    REQUIRE_MESSAGE(rec[0].ok(), rec[0].status().to_string());
+    REQUIRE_MESSAGE(rec[1].ok(), rec[1].status().to_string());
+    CHECK(rec[0]->losses + rec[1]->losses == one->losses);
+    CHECK((rec[0]->train_loss * rec[0]->losses + rec[1]->train_loss * rec[1]->losses) / one->losses == doctest::Approx(one->train_loss).epsilon(1e-12));
+    CHECK(rec[0]->activation_bytes + rec[1]->activation_bytes == one->activation_bytes);
+    CHECK(rec[0]->samples == one->samples);
+    // Every replica, wherever hosted, holds the weights the single trainer's replicas hold.
+    for (int stage = 0; stage < 3; ++stage) {
+      const auto ref = (*whole)->stage_replicas(stage);
+      REQUIRE_FALSE(ref.empty());
+      std::size_t seen = 0;
+      for (const auto& half : halves) {
+        for (const auto& replica : half->stage_replicas(stage)) {
+          ++seen;
+          for (std::size_t j = 0; j < replica.size(); ++j) CHECK(torch::equal(replica[j], ref[0][j]));
+        }
+      }
+      CHECK(seen == ref.size());
+    }
   }
 }
 
