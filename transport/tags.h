@@ -30,6 +30,10 @@ inline constexpr Tag kSparseLoCo = 0x0D050000u;
 // synchronising, both | (iteration mod 2^16).
 inline constexpr Tag kPipeline = 0x0D700000u;
 inline constexpr Tag kPipelineSync = 0x0D710000u;
+// Pipelines across processes (src/run/pipeline_process.h): the schedule's hash each node sends every
+// other once, and a stage's weights sent for evaluation, | (iteration mod 2^16).
+inline constexpr Tag kPipelineHello = 0x0D720000u;
+inline constexpr Tag kPipelineEval = 0x0D730000u;
 // ddp on Gloo: where rank 0 serves the rendezvous store.
 inline constexpr Tag kGlooRendezvous = 0x0D6C0000u;
 // Streaming DiLoCo: base | (fragment mod 256) << 16 | (window mod 2^16).
@@ -48,7 +52,7 @@ struct TagRange {
   bool collective;  // its tags also travel with kMeanPhase set
 };
 
-inline constexpr std::array<TagRange, 12> kRanges = {{
+inline constexpr std::array<TagRange, 14> kRanges = {{
     {"state requests (src/run/state_sync.h)", kStateRequest, kStateRequest, false},
     {"state responses (src/run/state_sync.h)", kStateResponse, kStateResponse, false},
     {"diloco rounds (optim/diloco.cpp)", kDiLoCo, kDiLoCo | 0xFFFFu, true},
@@ -59,6 +63,8 @@ inline constexpr std::array<TagRange, 12> kRanges = {{
     {"gloo rendezvous (optim/gloo_sync.h)", kGlooRendezvous, kGlooRendezvous, false},
     {"pipeline activations (src/train/pipeline.h)", kPipeline, kPipeline | 0xFFFFu, false},
     {"pipeline stage sync (src/train/pipeline.h)", kPipelineSync, kPipelineSync | 0xFFFFu, true},
+    {"pipeline schedule hashes (src/run/pipeline_process.h)", kPipelineHello, kPipelineHello, false},
+    {"pipeline evaluation weights (src/run/pipeline_process.h)", kPipelineEval, kPipelineEval | 0xFFFFu, false},
     {"streaming_diloco fragments (optim/streaming_diloco.cpp)", kStreaming, kStreaming | 0xFFFFFFu, true},
     {"group epochs (src/run/peer_links.h)", kEpoch, kEpoch, false},
 }};

@@ -354,8 +354,20 @@ Result<PipelineRecord> PipelineTrainer::step() {
 
 double PipelineTrainer::evaluate(const std::vector<int>& omitted) {
   auto& m = *impl_;
+  std::map<int, std::vector<at::Tensor>> stages;
+  for (int stage = 0; stage < m.config.pipeline.stages; ++stage) {
+    // (With stage_sync = diloco: its live weights, the same on every replica just after a round.)
+    const int rep = m.representative(stage);
+    GOSSAMER_CHECK(rep >= 0, "PipelineTrainer::evaluate: stage " + std::to_string(stage) + " has no node in this process");
+    stages[stage] = m.nodes[static_cast<std::size_t>(rep)]->stage_parameters();
+  }
+  return evaluate_with(stages, omitted);
+}
+
+double PipelineTrainer::evaluate_with(const std::map<int, std::vector<at::Tensor>>& stages, const std::vector<int>& omitted) {
+  auto& m = *impl_;
   model::Gpt model(gpt_config(m.config, 0));
-  // The stages' first replicas' parameters, into the whole model in block order.
+  // The stages' parameters, into the whole model in block order.
   std::map<int, std::size_t> taken;
   torch::NoGradGuard no_grad;
   for (const auto& block : model.blocks()) {
@@ -363,11 +375,13 @@ double PipelineTrainer::evaluate(const std::vector<int>& omitted) {
     if (block.name != "embed" && block.name != "final") {
       stage = static_cast<int>(std::stoll(block.name.substr(6)) / (m.config.model.layers / m.config.pipeline.stages));
     }
-    // (With stage_sync = diloco: its live weights, the same on every replica just after a round.)
-    const int rep = m.representative(stage);
-    GOSSAMER_CHECK(rep >= 0, "PipelineTrainer::evaluate: stage " + std::to_string(stage) + " has no node in this process");
-    const auto& src = m.nodes[static_cast<std::size_t>(rep)]->stage_parameters();
-    for (const auto& p : block.parameters) p.tensor.copy_(src[taken[stage]++]);
+    const auto it = stages.find(stage);
+    GOSSAMER_CHECK(it != stages.end(), "PipelineTrainer::evaluate_with: no parameters for stage " + std::to_string(stage));
+    for (const auto& p : block.parameters) {
+      const std::size_t k = taken[stage]++;
+      GOSSAMER_CHECK(k < it->second.size() && it->second[k].sizes() == p.tensor.sizes(), "PipelineTrainer::evaluate_with: stage " + std::to_string(stage) + "'s parameters do not fit");
+      p.tensor.copy_(it->second[k]);
+    }
   }
   model.train(false);
   const std::int64_t per = m.config.model.layers / m.config.pipeline.stages;
@@ -384,6 +398,26 @@ double PipelineTrainer::evaluate(const std::vector<int>& omitted) {
     count += b.tokens.numel();
   }
   return count > 0 ? total / static_cast<double>(count) : 0;
+}
+
+std::vector<int> PipelineTrainer::stage_holders() const {
+  const auto& m = *impl_;
+  std::vector<int> out;
+  for (int stage = 0; stage < m.config.pipeline.stages; ++stage) {
+    int holder = -1;
+    if (const auto it = m.replicas.find(stage); it != m.replicas.end() && !it->second.empty()) holder = it->second.front();
+    for (std::size_t v = 0; v < m.plan.schedule.stage_of.size() && holder < 0; ++v) {
+      if (m.plan.schedule.stage_of[v] == stage) holder = static_cast<int>(v);
+    }
+    out.push_back(holder);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> PipelineTrainer::node_parameters(int node) const {
+  GOSSAMER_CHECK(node >= 0 && static_cast<std::size_t>(node) < impl_->nodes.size() && impl_->nodes[static_cast<std::size_t>(node)],
+                 "PipelineTrainer::node_parameters: node " + std::to_string(node) + " is not hosted here");
+  return impl_->nodes[static_cast<std::size_t>(node)]->stage_parameters();
 }
 
 bool PipelineTrainer::can_evaluate() const {

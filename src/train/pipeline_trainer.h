@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -83,6 +84,14 @@ class PipelineTrainer {
   // hosting no node of some stage cannot evaluate (ContractError; can_evaluate() says).
   double evaluate(const std::vector<int>& omitted = {});
   bool can_evaluate() const;
+  // The same with each stage's parameters given (stage -> its parameters in model order): a process
+  // hosting only some stages evaluates with the others' sent to it.
+  double evaluate_with(const std::map<int, std::vector<at::Tensor>>& stages, const std::vector<int>& omitted = {});
+  // The node whose weights stand for each stage, the same in every process: the stage's first replica
+  // that takes part, else its first node. evaluate() uses these when every stage is hosted here.
+  std::vector<int> stage_holders() const;
+  // The parameters of a node hosted here (its stage's, in model order).
+  std::vector<at::Tensor> node_parameters(int node) const;
   const skippipe::Plan& plan() const;
   // Each replica's parameters of `stage` (the nodes hosted here that take part), in node order.
   std::vector<std::vector<at::Tensor>> stage_replicas(int stage) const;

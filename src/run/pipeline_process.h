@@ -1,0 +1,65 @@
+// A SkipPipe pipeline across processes: each process hosts one pipeline node (train/pipeline_trainer.h
+// with PipelineEnvironment::local), over TCP links to every other node. What `gossamer pipeline
+// --node K --addresses A0,A1,...` runs.
+//
+// Membership is fixed: node k listens at addresses[k]; it dials every node below it and accepts a
+// link from every node above it, each link's peer checked (node j is peer id j + 1) and the run id
+// the config's hash, so processes of another config are refused at the handshake. Every process
+// plans the same schedule from the same config (the planner is deterministic) and the nodes confirm
+// it: each sends its schedule's hash to every other and refuses to train on a different one. Nodes
+// follow the planned timetable (pipeline.order), so the run's losses are those of the same config in
+// one process (`gossamer pipeline`) and in the simulator, bit for bit.
+//
+// Evaluation (every train.eval_every iterations and at the end): each stage's holder (the node whose
+// weights stand for it, PipelineTrainer::stage_holders) sends its stage's weights to stage 0's
+// holder, which evaluates the assembled model; the others report no validation loss.
+//
+// Threading: run_pipeline_process blocks until the run ends, fails, or `stop` becomes true (checked
+// between iterations: the node then closes its links, and the others fail their iteration at once
+// with kPeerLost instead of at a deadline). Errors: a node that cannot be reached within
+// connect_timeout (kUnavailable, naming it), another schedule (kInvalidArgument), a failed iteration
+// (the node that failed first, and why).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "data/dataset.h"
+#include "train/config.h"
+#include "train/pipeline_trainer.h"
+#include "transport/transport.h"
+
+namespace gossamer::run {
+
+struct PipelineProcessRequest {
+  train::RunConfig config;
+  int node = 0;                        // the node this process hosts
+  std::vector<std::string> addresses;  // every node's links' host:port, in node order (pipeline.nodes of them)
+  Nanos connect_timeout = std::chrono::minutes(2);
+  const std::atomic<bool>* stop = nullptr;
+  // After each iteration: its record, and the validation loss when this node evaluated.
+  std::function<void(const train::PipelineRecord&, std::optional<double>)> on_iteration;
+};
+
+struct PipelineProcessOutcome {
+  int stage = 0;
+  std::int64_t iterations = 0;
+  std::optional<double> final_val_loss;  // stage 0's holder only
+  std::string schedule_hash;             // hex
+  bool stopped = false;                  // `stop` ended it
+};
+
+// The run id of a config's processes: the first 16 bytes of the BLAKE2b-256 of its TOML.
+transport::RunId pipeline_run_id(const train::RunConfig& config);
+
+// `transport` listens at request.addresses[request.node] with id node + 1 and run pipeline_run_id().
+[[nodiscard]] Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest& request, transport::Transport& transport,
+                                                                  const data::Dataset& data);
+
+}  // namespace gossamer::run

@@ -1,0 +1,195 @@
+// A SkipPipe pipeline across "processes" (run/pipeline_process.h): each node with its own TCP
+// transport on loopback, its own trainer hosting only that node, all in threads of this test. The
+// losses and the final validation loss are those of the same config in one trainer, bit for bit; a
+// process of another config is refused at the handshake; a node that stops makes the others fail at
+// once instead of hanging.
+#include <doctest/doctest.h>
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <thread>
+
+#include "run/pipeline_process.h"
+#include "train/run.h"
+#include "transport/tcp_transport.h"
+
+using namespace gossamer;
+using namespace gossamer::run;
+
+namespace {
+
+train::RunConfig small_pipeline() {
+  train::RunConfig c;
+  c.model.layers = 6;
+  c.model.width = 16;
+  c.model.heads = 2;
+  c.model.context = 16;
+  c.data.synthetic.bytes = 60'000;
+  c.train.batch_size = 2;
+  c.train.steps = 4;
+  c.train.warmup_steps = 1;
+  c.train.lr = 1e-2;
+  c.train.eval_every = 2;
+  c.train.eval_batches = 2;
+  c.train.round_timeout_s = 60;
+  c.pipeline.nodes = 8;
+  c.pipeline.stages = 3;
+  c.pipeline.path_length = 2;
+  c.pipeline.mbs_per_origin = 2;
+  c.pipeline.mbs_per_agent = 1;
+  c.pipeline.network = "uniform";
+  c.pipeline.gcma_trials = 50;
+  return c;
+}
+
+struct Node {
+  std::unique_ptr<transport::Transport> transport;
+  Result<PipelineProcessOutcome> outcome = error(ErrorCode::kInternal, "not run");
+  std::vector<train::PipelineRecord> records;
+  std::vector<std::optional<double>> vals;
+};
+
+std::vector<Node> start_transports(const train::RunConfig& c, std::vector<std::string>& addresses) {
+  std::vector<Node> nodes(static_cast<std::size_t>(c.pipeline.nodes));
+  for (std::size_t v = 0; v < nodes.size(); ++v) {
+    transport::TcpOptions o;
+    o.self = transport::PeerId{v + 1};
+    o.run = pipeline_run_id(c);
+    auto t = transport::make_tcp_transport(o);
+    REQUIRE(t.ok());
+    addresses.push_back((*t)->address());
+    nodes[v].transport = std::move(*t);
+  }
+  return nodes;
+}
+
+}  // namespace
+
+TEST_CASE("a pipeline across processes over TCP: the same losses and validation loss as one trainer, bit for bit") {
+  const auto c = small_pipeline();
+  auto corpus = train::load_corpus(c);
+  REQUIRE(corpus.ok());
+  std::vector<std::string> addresses;
+  auto nodes = start_transports(c, addresses);
+  {
+    std::vector<std::thread> threads;
+    for (std::size_t v = 0; v < nodes.size(); ++v) {
+      threads.emplace_back([&, v] {
+        PipelineProcessRequest req;
+        req.config = c;
+        req.node = static_cast<int>(v);
+        req.addresses = addresses;
+        req.connect_timeout = std::chrono::seconds(30);
+        req.on_iteration = [&, v](const train::PipelineRecord& r, std::optional<double> val) {
+          nodes[v].records.push_back(r);
+          nodes[v].vals.push_back(val);
+        };
+        nodes[v].outcome = run_pipeline_process(req, *nodes[v].transport, corpus->dataset);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  auto whole = train::PipelineTrainer::make(c, corpus->dataset);
+  REQUIRE(whole.ok());
+  std::string hash;
+  int evaluators = 0;
+  for (auto& n : nodes) {
+    REQUIRE_MESSAGE(n.outcome.ok(), n.outcome.status().to_string());
+    CHECK(n.outcome->iterations == 4);
+    if (hash.empty()) hash = n.outcome->schedule_hash;
+    CHECK(n.outcome->schedule_hash == hash);
+  }
+  CHECK(hash == (*whole)->plan().schedule.hash().hex());
+  for (int i = 0; i < 4; ++i) {
+    auto one = (*whole)->step();
+    REQUIRE(one.ok());
+    // Each origin's losses, summed in node order as the single trainer sums them: the same value.
+    double sum = 0;
+    std::int64_t count = 0;
+    std::uint64_t bytes = 0;
+    for (auto& n : nodes) {
+      const auto& r = n.records[static_cast<std::size_t>(i)];
+      sum += r.train_loss * static_cast<double>(r.losses);
+      count += r.losses;
+      bytes += r.activation_bytes;
+    }
+    CHECK(count == one->losses);
+    CHECK(sum / static_cast<double>(count) == doctest::Approx(one->train_loss).epsilon(1e-12));
+    CHECK(bytes == one->activation_bytes);
+    if (i % 2 == 1) {
+      const double expected = (*whole)->evaluate();
+      for (auto& n : nodes) {
+        const auto& val = n.vals[static_cast<std::size_t>(i)];
+        if (!val) continue;
+        ++evaluators;
+        CHECK(*val == expected);  // the weights sent over TCP assemble the same model
+      }
+    }
+  }
+  CHECK(evaluators == 2);  // one node evaluates, at iterations 2 and 4
+}
+
+TEST_CASE("a pipeline across processes: another config is refused at the handshake, and a node that stops fails the others at once") {
+  const auto c = small_pipeline();
+  auto corpus = train::load_corpus(c);
+  REQUIRE(corpus.ok());
+  SUBCASE("another config") {
+    std::vector<std::string> addresses;
+    auto nodes = start_transports(c, addresses);
+    auto other = c;
+    other.train.lr = 2e-2;
+    transport::TcpOptions o;
+    o.self = transport::PeerId{2};
+    o.run = pipeline_run_id(other);
+    auto stranger = transport::make_tcp_transport(o);
+    REQUIRE(stranger.ok());
+    PipelineProcessRequest req;
+    req.config = other;
+    req.node = 1;
+    req.addresses = addresses;
+    req.connect_timeout = std::chrono::seconds(5);
+    auto r = run_pipeline_process(req, **stranger, corpus->dataset);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().message().find("another config") != std::string::npos);
+  }
+  SUBCASE("a node stops") {
+    std::vector<std::string> addresses;
+    auto nodes = start_transports(c, addresses);
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> threads;
+    const auto started = std::chrono::steady_clock::now();
+    for (std::size_t v = 0; v < nodes.size(); ++v) {
+      threads.emplace_back([&, v] {
+        PipelineProcessRequest req;
+        req.config = c;
+        req.config.train.steps = 1000;
+        req.node = static_cast<int>(v);
+        req.addresses = addresses;
+        req.connect_timeout = std::chrono::seconds(30);
+        if (v == 3) {
+          req.stop = &stop;
+          req.on_iteration = [&](const train::PipelineRecord& r, std::optional<double>) {
+            if (r.iteration == 2) stop = true;
+          };
+        }
+        nodes[v].outcome = run_pipeline_process(req, *nodes[v].transport, corpus->dataset);
+      });
+    }
+    for (auto& t : threads) t.join();
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    REQUIRE(nodes[3].outcome.ok());
+    CHECK(nodes[3].outcome->stopped);
+    CHECK(nodes[3].outcome->iterations == 2);
+    int failed = 0;
+    for (std::size_t v = 0; v < nodes.size(); ++v) {
+      if (v == 3) continue;
+      if (!nodes[v].outcome.ok()) {
+        ++failed;
+        CHECK(nodes[v].outcome.status().code() == ErrorCode::kPeerLost);
+      }
+    }
+    CHECK(failed == 7);  // every other node learns at once
+    CHECK(took < 50);    // well before the 60 s round timeout
+  }
+}
