@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace gossamer::app {
 
@@ -68,5 +69,25 @@ CLI::Validator host_port(transport::EndpointUse use) {
       },
       "HOST:PORT");
 }
+
+// A preset name, or "MBIT,MS".
+Result<transport::LinkProfile> parse_shape(const std::string& text) {
+  if (auto preset = transport::link_profile_preset(text); preset.ok()) return *preset;
+  const auto comma = text.find(',');
+  transport::LinkProfile p;
+  try {
+    if (comma == std::string::npos) throw std::invalid_argument("no comma");
+    const double mbit = std::stod(text.substr(0, comma)), ms = std::stod(text.substr(comma + 1));
+    p.name = text;
+    p.bandwidth_bytes_per_s = mbit * 1e6 / 8;
+    p.latency = std::chrono::duration_cast<Nanos>(std::chrono::duration<double, std::milli>(ms));
+  } catch (const std::exception&) {
+    return error(ErrorCode::kInvalidArgument, "--shape " + text + ": not a preset (" + fmt::format("{}", fmt::join(transport::link_profile_names(), ", ")) +
+                                                  ") nor MBIT,MS such as 100,25");
+  }
+  if (Status st = p.validate(); !st.ok()) return error(ErrorCode::kInvalidArgument, "--shape " + text + ": " + st.message());
+  return p;
+}
+
 
 }  // namespace gossamer::app

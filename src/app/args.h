@@ -9,7 +9,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/status.h"
 #include "transport/endpoint.h"
+#include "transport/link_profile.h"
 
 namespace gossamer::app {
 
@@ -23,5 +25,8 @@ CLI::Validator positive_number();
 CLI::Validator integer_in(std::int64_t min, std::int64_t max);
 // host:port for the given use (transport/endpoint.h).
 CLI::Validator host_port(transport::EndpointUse use);
+
+// --shape: a link profile preset, or "MBIT,MS" (bandwidth in Mbit/s, one-way latency in ms).
+[[nodiscard]] Result<transport::LinkProfile> parse_shape(const std::string& text);
 
 }  // namespace gossamer::app

@@ -120,6 +120,11 @@ struct PipelineArgs {
   std::string out;  // given, or dated_out("pipeline")
   const CLI::Option* out_option = nullptr;
   std::vector<int> omit;  // stages left out in the omission evaluation at the end
+  int node = -1;          // >= 0: host this node only, the others in other processes
+  std::vector<std::string> addresses;  // every node's host:port, with --node
+  std::string listen;     // where this node listens, when not its address in --addresses
+  std::string key;
+  std::string shape;
 };
 void add_pipeline_command(CLI::App& app, PipelineArgs& args);
 int run_pipeline_command(const PipelineArgs& args);

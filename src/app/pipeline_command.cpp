@@ -1,6 +1,8 @@
 // `gossamer pipeline`: trains the GPT as a SkipPipe pipeline with every node in this process
 // (train/pipeline_trainer.h): the schedule of pipeline.mode, an iteration at a time, the validation
 // loss every train.eval_every iterations, and at the end the loss with stages left out (--omit).
+// With --node, this process hosts one node and the others run in processes of their own
+// (run/pipeline_process.h).
 #include <cstdio>
 #include <string>
 
@@ -10,10 +12,13 @@
 #include "app/args.h"
 #include "app/commands.h"
 #include "app/stop.h"
+#include "run/pipeline_process.h"
 #include "train/metrics.h"
 #include "train/pipeline_trainer.h"
 #include "train/run.h"
 #include "train/run_folder.h"
+#include "transport/secure_channel.h"
+#include "transport/tcp_transport.h"
 
 namespace gossamer::app {
 
@@ -26,7 +31,96 @@ void add_pipeline_command(CLI::App& app, PipelineArgs& a) {
   cmd->add_option("--omit", a.omit, "stages (not 0) to leave out in the omission evaluation at the end, e.g. --omit 2,4,5 (default: the "
                                      "last ones, keeping stage 0 and two others)")
       ->delimiter(',');
+  auto* node = cmd->add_option("--node", a.node,
+                               "host only this pipeline node, the others in processes of their own (on this machine or others), linked over "
+                               "TCP: start one process per node, each with the same config and --addresses")
+                   ->check(integer_in(0, 4095));
+  cmd->add_option("--addresses", a.addresses, "with --node: every node's host:port, in node order, comma-separated (node k listens at the k-th)")
+      ->delimiter(',')
+      ->check(host_port(transport::EndpointUse::kDial))
+      ->needs(node);
+  node->needs("--addresses");
+  cmd->add_option("--listen", a.listen, "with --node: host:port this node listens on, when not its entry in --addresses (e.g. 0.0.0.0:PORT)")
+      ->check(host_port(transport::EndpointUse::kListen))
+      ->needs(node);
+  cmd->add_option("--key", a.key, "with --node: run key file (`gossamer keygen`): links are then authenticated and encrypted")->needs(node);
+  cmd->add_option("--shape", a.shape, "with --node: shape what this node sends, as a preset or MBIT,MS (processes on one machine then behave as if far apart)")
+      ->needs(node);
 }
+
+namespace {
+
+// One node of a pipeline across processes (run/pipeline_process.h).
+int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const std::string& out) {
+  run::PipelineProcessRequest req;
+  req.config = c;
+  req.node = a.node;
+  req.addresses = a.addresses;
+  req.stop = &install_graceful_stop();
+  if (!a.shape.empty()) {
+    auto profile = parse_shape(a.shape);
+    if (!profile.ok()) return report_failure(profile.status());
+    req.shape = *profile;
+  }
+  if (static_cast<std::int64_t>(a.addresses.size()) != c.pipeline.nodes) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "--addresses names " + std::to_string(a.addresses.size()) + " nodes but pipeline.nodes is " +
+                                                                 std::to_string(c.pipeline.nodes) + ": give every node's host:port, in node order"));
+  }
+  if (a.node >= c.pipeline.nodes) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "--node " + std::to_string(a.node) + ": pipeline.nodes is " + std::to_string(c.pipeline.nodes) +
+                                                                 ", so use 0 .. " + std::to_string(c.pipeline.nodes - 1)));
+  }
+  auto folder = train::RunFolder::create(out, train::RunKind::kPipeline);
+  if (!folder.ok()) return report_failure(folder.status());
+  if (Status st = folder->write_text("config.toml", train::to_toml(c)); !st.ok()) return report_failure(st);
+  auto corpus = train::load_corpus(c);
+  if (!corpus.ok()) return report_failure(corpus.status());
+  transport::TcpOptions to;
+  to.listen = a.listen.empty() ? a.addresses[static_cast<std::size_t>(a.node)] : a.listen;
+  to.self = transport::PeerId{static_cast<std::uint64_t>(a.node) + 1};
+  to.run = run::pipeline_run_id(c);
+  if (!a.key.empty()) {
+    auto key = transport::read_run_key(a.key);
+    if (!key.ok()) return report_failure(key.status());
+    to.key = *key;
+  } else {
+    spdlog::warn("no --key: links are neither authenticated nor encrypted (fine on a trusted network only)");
+  }
+  auto transport = transport::make_tcp_transport(to);
+  if (!transport.ok()) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "cannot listen on " + to.listen + " (" + transport.status().message() +
+                                                                 "): free that port, or give this node another address in --addresses on every node"));
+  }
+  auto metrics = train::MetricsWriter::open(folder->file("metrics.jsonl"), std::nullopt);
+  if (!metrics.ok()) return report_failure(metrics.status());
+  Status write_failed;
+  req.on_iteration = [&](const train::PipelineRecord& r, std::optional<double> val) {
+    nlohmann::json j = {{"node", a.node}, {"step", r.iteration}, {"samples", r.samples}, {"train_loss", r.train_loss}, {"losses", r.losses},
+                        {"lr", r.lr}, {"activation_bytes", r.activation_bytes}, {"sync_bytes", r.sync_bytes}, {"seconds", r.seconds},
+                        {"makespan_s", r.makespan_s}, {"sync_s", r.sync_s}};
+    if (val) j["val_loss"] = *val;
+    if (Status st = metrics->write(j); !st.ok() && write_failed.ok()) write_failed = st;
+    std::fprintf(stderr, "node %d, iteration %lld/%lld: %.2f s%s\n", a.node, static_cast<long long>(r.iteration), static_cast<long long>(c.train.steps),
+                 r.seconds, val ? (", val loss " + std::to_string(*val)).c_str() : "");
+  };
+  spdlog::info("pipeline node {} of {}: listening on {}, linking to the others", a.node, c.pipeline.nodes, (*transport)->address());
+  auto outcome = run::run_pipeline_process(req, **transport, corpus->dataset);
+  if (!outcome.ok()) return report_failure(outcome.status());
+  if (!write_failed.ok()) return report_failure(write_failed);
+  nlohmann::json summary = {{"node", a.node}, {"stage", outcome->stage}, {"iterations", outcome->iterations}, {"schedule_hash", outcome->schedule_hash},
+                            {"stopped", outcome->stopped}};
+  if (outcome->final_val_loss) summary["final_val_loss"] = *outcome->final_val_loss;
+  if (Status st = folder->write_text("summary.json", summary.dump(2)); !st.ok()) return report_failure(st);
+  if (outcome->stopped) {
+    spdlog::warn("interrupted after iteration {}: metrics.jsonl holds what was done", outcome->iterations);
+    return 130;
+  }
+  std::printf("pipeline node %d (stage %d): %lld iterations%s\n", a.node, outcome->stage, static_cast<long long>(outcome->iterations),
+              outcome->final_val_loss ? (", val loss " + std::to_string(*outcome->final_val_loss)).c_str() : "");
+  return 0;
+}
+
+}  // namespace
 
 int run_pipeline_command(const PipelineArgs& a) {
   auto config = build_config(a.source);
@@ -40,6 +134,7 @@ int run_pipeline_command(const PipelineArgs& a) {
     for (std::int64_t s = 3; s < c.pipeline.stages; ++s) omit.push_back(static_cast<int>(s));
   }
   const std::string out = a.out_option != nullptr && a.out_option->count() > 0 ? a.out : dated_out("pipeline");
+  if (a.node >= 0) return run_pipeline_node(a, c, out);
   auto folder = train::RunFolder::create(out, train::RunKind::kPipeline);
   if (!folder.ok()) return report_failure(folder.status());
   if (Status st = folder->write_text("config.toml", train::to_toml(c)); !st.ok()) return report_failure(st);

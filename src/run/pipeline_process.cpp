@@ -15,6 +15,7 @@
 #include "train/pipeline.h"
 #include "train/run.h"
 #include "train/worker.h"
+#include "transport/shaped_link.h"
 #include "transport/tags.h"
 
 namespace gossamer::run {
@@ -37,9 +38,14 @@ Result<Links> connect_mesh(const PipelineProcessRequest& req, transport::Transpo
   Status accepted;
   std::thread acceptor([&] {
     for (int k = self + 1; k < n; ++k) {
-      auto link = transport.accept(deadline);
+      // In short waits, so that a stop is seen at once.
+      auto link = transport.accept(Deadline::at(std::min(deadline.time(), real_clock().now() + std::chrono::milliseconds(250))));
+      if (!link.ok() && link.status().code() == ErrorCode::kTimeout && !deadline.expired(real_clock()) && !(req.stop != nullptr && req.stop->load())) {
+        --k;
+        continue;
+      }
       if (!link.ok()) {
-        accepted = link.status().with_context("waiting for the nodes above " + std::to_string(self) + " to connect");
+        accepted = link.status().with_context("waiting for the nodes above " + std::to_string(self) + " to connect (start them, with the same --addresses)");
         return;
       }
       const std::uint64_t id = (*link)->peer().value;
@@ -80,8 +86,7 @@ Result<Links> connect_mesh(const PipelineProcessRequest& req, transport::Transpo
     }
   }
   if (!dialled.ok()) {
-    // The acceptor waits for nodes that may never come; closing the links it has does not stop it,
-    // so it runs out its deadline unless they come.
+    // The acceptor waits for nodes that may never come, until its deadline or a stop.
     acceptor.join();
     close_all(links);
     return dialled;
@@ -90,6 +95,17 @@ Result<Links> connect_mesh(const PipelineProcessRequest& req, transport::Transpo
   if (!accepted.ok()) {
     close_all(links);
     return accepted;
+  }
+  if (req.shape) {
+    for (std::size_t j = 0; j < links.size(); ++j) {
+      if (!links[j]) continue;
+      auto shaped = transport::make_shaped_link(links[j], *req.shape, static_cast<std::uint64_t>(req.node) * 1000 + j + 1);
+      if (!shaped.ok()) {
+        close_all(links);
+        return shaped.status();
+      }
+      links[j] = std::move(*shaped);
+    }
   }
   return links;
 }
@@ -154,11 +170,19 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
   }
   if (req.node < 0 || req.node >= n) return error(ErrorCode::kInvalidArgument, "--node " + std::to_string(req.node) + ": use 0 .. " + std::to_string(n - 1));
   auto mesh = connect_mesh(req, transport);
+  if (!mesh.ok() && req.stop != nullptr && req.stop->load()) {
+    PipelineProcessOutcome stopped;
+    stopped.stopped = true;  // while linking
+    return stopped;
+  }
   if (!mesh.ok()) return mesh.status();
   const Links links = std::move(*mesh);
   struct Closer {
     const Links& l;
-    ~Closer() { close_all(l); }  // however the run ends, the others learn at once
+    bool done = false;
+    ~Closer() {
+      if (!done) close_all(l);  // a run that failed or stopped: the others learn at once
+    }
   } closer{links};
   spdlog::info("pipeline node {}: linked to the other {} nodes", req.node, n - 1);
 
@@ -232,6 +256,19 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
     }
     if (req.on_iteration) req.on_iteration(*rec, val);
   }
+  // Goodbye: a node that is done says so to every other and waits for theirs, so none closes a
+  // link (a shaped one drops what it still holds) while another still waits on it.
+  const Deadline bye = Deadline::after(real_clock(), std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(c.train.round_timeout_s)));
+  const transport::Tag bye_tag = transport::tags::kPipelineHello | 1u;
+  for (int j = 0; j < n; ++j) {
+    if (j == req.node) continue;
+    if (Status st = links[static_cast<std::size_t>(j)]->send(bye_tag, ByteView(), bye); !st.ok()) return st.with_context("saying goodbye to node " + std::to_string(j));
+  }
+  for (int j = 0; j < n; ++j) {
+    if (j == req.node) continue;
+    if (auto got = links[static_cast<std::size_t>(j)]->recv(bye_tag, bye); !got.ok()) return got.status().with_context("waiting for node " + std::to_string(j) + "'s goodbye");
+  }
+  closer.done = true;  // the links close gracefully as they go
   return outcome;
 }
 

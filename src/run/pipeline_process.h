@@ -33,6 +33,7 @@
 #include "data/dataset.h"
 #include "train/config.h"
 #include "train/pipeline_trainer.h"
+#include "transport/link_profile.h"
 #include "transport/transport.h"
 
 namespace gossamer::run {
@@ -42,6 +43,9 @@ struct PipelineProcessRequest {
   int node = 0;                        // the node this process hosts
   std::vector<std::string> addresses;  // every node's links' host:port, in node order (pipeline.nodes of them)
   Nanos connect_timeout = std::chrono::minutes(2);
+  // Shape what this node sends on every link (transport/shaped_link.h): processes on one machine
+  // then behave as if far apart.
+  std::optional<transport::LinkProfile> shape;
   const std::atomic<bool>* stop = nullptr;
   // After each iteration: its record, and the validation loss when this node evaluated.
   std::function<void(const train::PipelineRecord&, std::optional<double>)> on_iteration;
