@@ -116,8 +116,7 @@ Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const trai
       model::Gpt probe_model(train::gpt_config(c, 0));
       result.parameters = probe_model.num_parameters();
     }
-    std::vector<std::int64_t> launches(nodes, 0);  // micro-batches each origin starts per iteration
-    for (const auto& a : s.agents) launches[static_cast<std::size_t>(a.origin)] += a.microbatches;
+    std::vector<std::int64_t> launched(nodes, 0);  // micro-batches each origin started, in all
     std::vector<double> busy(nodes, 0.0);
     std::vector<int> peak(nodes, 0);
     double pipeline_time = 0, sync_time = 0;
@@ -125,12 +124,35 @@ Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const trai
     std::int64_t sync_rounds = 0;
     nlohmann::json timeline;
     double first_makespan = 0;
+    double lost_s = 0;           // virtual time of iterations that failed and were run again
+    std::int64_t retried = 0;
     for (std::int64_t i = 1; i <= c.train.steps; ++i) {
+      const bool crash = c.pipeline.crash_node >= 0 && i == c.pipeline.crash_at_iteration;
+      const int victim = static_cast<int>(c.pipeline.crash_node);
+      const Nanos started = scheduler.now();
+      if (crash) {
+        // Half-way through the iteration, as the scheduler expects it to go, the node's process dies.
+        const auto half = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(0.5 * t.plan().simulation.makespan_s));
+        scheduler.call_at(started + half, [&network, victim] { network.crash(victim); });
+      }
       auto rec = t.step();
+      if (!rec.ok() && crash) {
+        // The survivors saw it go (their links to it closed); they go on without it, the same
+        // iteration again over a new schedule.
+        lost_s += std::chrono::duration<double>(scheduler.now() - started).count();
+        ++retried;
+        if (Status st = t.exclude({victim}); !st.ok()) {
+          failure = st.with_context("iteration " + std::to_string(i));
+          return;
+        }
+        rec = t.step();
+      }
       if (!rec.ok()) {
         failure = rec.status().with_context("iteration " + std::to_string(i));
         return;
       }
+      if (crash) result.crashed[static_cast<std::size_t>(victim)] = true;
+      for (const auto& a : t.plan().schedule.agents) launched[static_cast<std::size_t>(a.origin)] += a.microbatches;
       compute_wall += rec->seconds;
       pipeline_time += rec->makespan_s;
       sync_time += rec->sync_s;
@@ -156,10 +178,12 @@ Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const trai
                           {"time_s", std::chrono::duration<double>(scheduler.now()).count()},
                           {"makespan_s", rec->makespan_s},
                           {"sync_s", rec->sync_s},
-                          {"predicted_makespan_s", plan.simulation.makespan_s},
+                          {"predicted_makespan_s", t.plan().simulation.makespan_s},
                           {"activation_bytes", rec->activation_bytes},
                           {"sync_bytes", rec->sync_bytes},
                           {"sync_rounds", rec->sync_rounds},
+                          {"lost_nodes", rec->lost_nodes},
+                          {"microbatches", rec->losses},
                           {"bytes_sent", sent / static_cast<double>(nodes)}};
       if ((c.train.eval_every > 0 && i % c.train.eval_every == 0) || i == c.train.steps) {
         Stopwatch eval(real_clock());
@@ -178,7 +202,7 @@ Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const trai
       auto& a = result.accounts[v];
       const NodeTraffic tr = network.traffic(static_cast<int>(v));
       a.steps = c.train.steps;
-      a.tokens = launches[v] * c.train.steps * c.train.batch_size * c.model.context;
+      a.tokens = launched[v] * c.train.batch_size * c.model.context;
       a.bytes_sent = tr.wire_bytes_sent;
       a.bytes_received = tr.wire_bytes_received;
       a.compute_s = busy[v];
@@ -205,6 +229,10 @@ Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const trai
                        {"node_bytes_sent", node_bytes},
                        {"activation_bytes", activation_bytes},
                        {"sync_bytes", sync_bytes},
+                       {"lost_nodes", t.lost_nodes()},
+                       {"retried_iterations", retried},
+                       {"retried_s", lost_s},
+                       {"final_predicted_makespan_s", t.plan().simulation.makespan_s},
                        {"hop_bytes_scale", hop_bytes / std::max(1.0, train::pipeline_costs(c).activation_bytes)},
                        {"timeline", timeline}};
   });

@@ -150,6 +150,8 @@ const std::vector<KeySpec>& schema() {
       StringKey{"pipeline.activation_codec", "codec of activations and their gradients between stages", [](RunConfig& c) -> std::string& { return c.pipeline.activation_codec; }, codec_names()},
       StringKey{"pipeline.stage_sync", "how a stage's replicas synchronise: ddp (all-reduce of the gradients every iteration) or an outer optimizer over the stage's replicas, each stepping on its own between rounds: diloco, streaming_diloco, noloco or co2 (their own sections' keys)", [](RunConfig& c) -> std::string& { return c.pipeline.stage_sync; }, {"ddp", "diloco", "streaming_diloco", "noloco", "co2"}},
       IntKey{"pipeline.gcma_trials", "children the genetic node-to-stage assignment tries", [](RunConfig& c) -> std::int64_t& { return c.pipeline.gcma_trials; }, 0, 1 << 24},
+      IntKey{"pipeline.crash_node", "simulator scenario (gossamer sim --pipeline, compare): this node crashes half-way through pipeline.crash_at_iteration, and the pipeline goes on without it; -1: none", [](RunConfig& c) -> std::int64_t& { return c.pipeline.crash_node; }, -1, 4095},
+      IntKey{"pipeline.crash_at_iteration", "the iteration during which pipeline.crash_node crashes", [](RunConfig& c) -> std::int64_t& { return c.pipeline.crash_at_iteration; }, 0, 1LL << 40},
       StringKey{"pipeline.order", "the order of a node's work: timetable (the scheduler's simulated timetable: every run adds its gradients in the same order, bit for bit the same on any network) or arrival (first come, first served: no waiting for a late message's turn, last bits vary between runs)", [](RunConfig& c) -> std::string& { return c.pipeline.order; }, {"timetable", "arrival"}},
       IntKey{"sim.workers", "simulated workers", [](RunConfig& c) -> std::int64_t& { return c.sim.workers; }, 1, 4096},
       StringKey{"sim.network", "network preset of every worker's link, or custom; skippipe-geo: worker i at the SkipPipe reference's place i mod 12, each pair of places its own latency and bandwidth from the reference's table", [](RunConfig& c) -> std::string& { return c.sim.network; }, {"custom", "loopback", "datacenter", "cross-region", "intercontinental", "home", "wan-100m-80ms", "skippipe-geo"}},
@@ -412,6 +414,9 @@ Status validate(const RunConfig& c) {
   if (c.data.synthetic.classes > c.data.synthetic.words) {
     return bad("data.synthetic.classes (" + std::to_string(c.data.synthetic.classes) + ") must not exceed data.synthetic.words (" +
                std::to_string(c.data.synthetic.words) + ")");
+  }
+  if (c.pipeline.crash_node >= c.pipeline.nodes) {
+    return bad("pipeline.crash_node (" + std::to_string(c.pipeline.crash_node) + ") must name one of the " + std::to_string(c.pipeline.nodes) + " pipeline nodes");
   }
   if (c.sim.crash_worker >= c.sim.workers) {
     return bad("sim.crash_worker (" + std::to_string(c.sim.crash_worker) + ") must name one of the " + std::to_string(c.sim.workers) + " workers");

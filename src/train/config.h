@@ -151,6 +151,8 @@ struct PipelineSection {
   std::string activation_codec = "fp32";
   std::string stage_sync = "ddp";     // how a stage's replicas synchronise: ddp (every iteration) or an outer method (diloco, streaming_diloco, noloco, co2)
   std::int64_t gcma_trials = 8000;
+  std::int64_t crash_node = -1;           // the simulator's scenario: this node crashes (-1: none) ...
+  std::int64_t crash_at_iteration = 0;    // ... half-way through this iteration (by the scheduler's prediction)
   std::string order = "timetable";    // a node's work: in the planned timetable's order (deterministic) or as messages arrive
 };
 

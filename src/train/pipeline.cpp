@@ -93,6 +93,21 @@ PipelineNode::PipelineNode(int node, skippipe::Schedule schedule, model::Gpt mod
       param_blocks_.push_back(std::move(pb));
     }
   }
+  plan_work();
+}
+
+void PipelineNode::reschedule(skippipe::Schedule schedule, std::vector<std::shared_ptr<transport::Link>> links) {
+  GOSSAMER_CHECK(schedule.nodes() == schedule_.nodes() && static_cast<int>(links.size()) == schedule.nodes(), "PipelineNode::reschedule: another number of nodes");
+  GOSSAMER_CHECK(schedule.stage_of[static_cast<std::size_t>(node_)] == stage_, "PipelineNode::reschedule: a node keeps its stage");
+  schedule_ = std::move(schedule);
+  links_ = std::move(links);
+  plan_work();
+}
+
+void PipelineNode::plan_work() {
+  order_.clear();
+  visits_ = 0;
+  stage_visits_ = 0;
   if (!schedule_.timetable.empty()) {
     // This node's work from the timetable, by start time (ties, which a timetable of positive costs
     // does not have, by micro-batch).

@@ -117,12 +117,16 @@ class PipelineNode {
   // agents and their micro-batches; empty for other nodes).
   [[nodiscard]] Result<IterationStats> run_iteration(std::uint64_t iteration, const std::vector<MicroBatchData>& data, Deadline deadline);
 
+  // Another schedule over the same nodes (this node keeping its stage) and fresh links: a pipeline
+  // rescheduled around a lost node. The stage's weights stay as they are.
+  void reschedule(skippipe::Schedule schedule, std::vector<std::shared_ptr<transport::Link>> links);
+
   // The stage's gradient mean over its replicas (group: this stage's nodes, ranks in node order).
   [[nodiscard]] Status sync_stage(const optim::Group& group, std::uint64_t iteration, Deadline deadline, optim::CommStats* stats = nullptr);
 
  private:
   const int node_;
-  const skippipe::Schedule schedule_;
+  skippipe::Schedule schedule_;
   model::Gpt model_;
   std::vector<std::shared_ptr<transport::Link>> links_;
   const PipelineNodeOptions options_;
@@ -139,6 +143,7 @@ class PipelineNode {
     int hop = 0;
   };
   std::vector<OrderItem> order_;
+  void plan_work();  // order_ and the visits, from schedule_
 };
 
 }  // namespace gossamer::train

@@ -2,11 +2,13 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <map>
-#include <algorithm>
-#include <array>
+
+#include <spdlog/spdlog.h>
 
 #include "core/check.h"
 #include "core/signal.h"
@@ -64,6 +66,16 @@ struct PipelineTrainer::Impl {
   PipelineEnvironment env;
   const data::Dataset* data = nullptr;
   skippipe::Plan plan;
+  // What the plan is made of, kept for rescheduling around lost nodes.
+  skippipe::Options options;
+  skippipe::Mode mode = skippipe::Mode::kSkipPipe;
+  skippipe::Network net;
+  skippipe::Costs costs;
+  PipelineNodeOptions node_options;
+  std::optional<optim::OuterConfig> outer_config;
+  std::vector<bool> alive;     // per node
+  int epoch = 0;               // links of epoch e are channels 2e (activations) and 2e + 1 (stage sync)
+  std::int64_t lost = 0;       // nodes the pipeline went on without
   std::vector<std::unique_ptr<PipelineNode>> nodes;         // per node; null for those another process hosts
   std::vector<std::unique_ptr<torch::optim::AdamW>> adam;   // the same
   std::vector<int> local;                                   // the nodes hosted here, in order
@@ -75,6 +87,7 @@ struct PipelineTrainer::Impl {
   std::vector<std::unique_ptr<data::ShardSampler>> samplers;  // per origin
   std::vector<data::Batch> eval_set;
   std::int64_t done = 0;
+  std::int64_t samples = 0;
 
   // The node hosted here whose weights stand for `stage`: its first replica that takes part, or (a
   // stage no micro-batch visits) any node hosting it, which holds the initial weights; -1: none here.
@@ -89,6 +102,66 @@ struct PipelineTrainer::Impl {
     }
     return -1;
   }
+
+  // Nodes, links, stage groups and outer optimizers for plan.schedule and the current epoch: made
+  // the first time, rearranged after a reschedule (weights and AdamW state kept).
+  Status arrange() {
+    const skippipe::Schedule& s = plan.schedule;
+    const int n = static_cast<int>(s.stage_of.size());
+    replicas.clear();
+    groups.clear();
+    const std::vector<int> visits = node_visits(s);
+    for (int v = 0; v < n; ++v) {
+      if (alive[static_cast<std::size_t>(v)] && visits[static_cast<std::size_t>(v)] > 0) replicas[s.stage_of[static_cast<std::size_t>(v)]].push_back(v);
+    }
+    for (int v : local) {
+      std::vector<std::shared_ptr<transport::Link>> links(static_cast<std::size_t>(n));
+      for (int j = 0; j < n; ++j) {
+        if (j != v && alive[static_cast<std::size_t>(j)]) links[static_cast<std::size_t>(j)] = env.link(v, j, 2 * epoch);
+      }
+      auto& node = nodes[static_cast<std::size_t>(v)];
+      if (node) {
+        node->reschedule(s, std::move(links));
+        continue;
+      }
+      node = std::make_unique<PipelineNode>(v, s, model::Gpt(gpt_config(config, 0)), std::move(links), node_options);
+      auto opts = torch::optim::AdamWOptions(config.train.lr)
+                      .betas(std::make_tuple(config.train.beta1, config.train.beta2))
+                      .eps(config.train.eps)
+                      .weight_decay(config.train.weight_decay);
+      adam[static_cast<std::size_t>(v)] = std::make_unique<torch::optim::AdamW>(node->stage_parameters(), opts);
+    }
+    for (const auto& [stage, members] : replicas) {
+      groups[stage].resize(members.size());
+      for (std::size_t r = 0; r < members.size(); ++r) {
+        if (!nodes[static_cast<std::size_t>(members[r])]) continue;  // another process's
+        optim::Group grp;
+        grp.rank = static_cast<int>(r);
+        grp.size = static_cast<int>(members.size());
+        grp.clock = env.clock;
+        grp.peers.resize(members.size());
+        for (std::size_t k = 0; k < members.size(); ++k) {
+          if (k != r) grp.peers[k] = env.link(members[r], members[k], 2 * epoch + 1);
+        }
+        groups[stage][r] = std::move(grp);
+      }
+    }
+    if (!ddp) {
+      // A new group is a new outer optimizer: after a reschedule its outer state starts afresh.
+      outer.clear();
+      outer.resize(static_cast<std::size_t>(n));
+      for (const auto& [stage, members] : replicas) {
+        for (std::size_t r = 0; r < members.size(); ++r) {
+          const int v = members[r];
+          if (!nodes[static_cast<std::size_t>(v)]) continue;
+          auto setup = optim::make_outer_optimizer(*outer_config, nodes[static_cast<std::size_t>(v)]->stage_param_blocks(), groups[stage][r]);
+          if (!setup.ok()) return setup.status().with_context("stage " + std::to_string(stage) + "'s " + config.pipeline.stage_sync);
+          outer[static_cast<std::size_t>(v)] = std::move(*setup);
+        }
+      }
+    }
+    return Status();
+  }
 };
 
 PipelineTrainer::PipelineTrainer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -99,9 +172,14 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   impl->config = c;
   GOSSAMER_CHECK(env.clock != nullptr, "PipelineTrainer: no clock");
   if (!env.link) {
-    auto meshes = std::make_shared<std::array<Mesh, 2>>(std::array<Mesh, 2>{memory_mesh(static_cast<int>(c.pipeline.nodes), 1),
-                                                                             memory_mesh(static_cast<int>(c.pipeline.nodes), 1)});
-    env.link = [meshes](int from, int to, int channel) { return (*meshes)[static_cast<std::size_t>(channel)][static_cast<std::size_t>(from)][static_cast<std::size_t>(to)]; };
+    // In-memory links, a mesh per channel, made when first asked for (from the caller's thread).
+    auto meshes = std::make_shared<std::map<int, Mesh>>();
+    const int n = static_cast<int>(c.pipeline.nodes);
+    env.link = [meshes, n](int from, int to, int channel) {
+      auto it = meshes->find(channel);
+      if (it == meshes->end()) it = meshes->emplace(channel, memory_mesh(n, 1)).first;
+      return it->second[static_cast<std::size_t>(from)][static_cast<std::size_t>(to)];
+    };
   }
   impl->env = env;
   impl->data = &data;
@@ -143,11 +221,14 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   quant::EncodeOptions codec;
   codec.codec = *codec_id;
   codec.block_size = static_cast<std::uint32_t>(c.outer.codec_block);
-  PipelineNodeOptions node_options;
-  node_options.codec = codec;
-  node_options.max_batch = c.train.batch_size;
-  node_options.clock = env.clock;
-  node_options.compute = env.compute;
+  impl->node_options.codec = codec;
+  impl->node_options.max_batch = c.train.batch_size;
+  impl->node_options.clock = env.clock;
+  impl->node_options.compute = env.compute;
+  impl->options = o;
+  impl->mode = *mode;
+  impl->net = net;
+  impl->costs = costs;
   if (env.local.empty()) {
     for (int v = 0; v < n; ++v) env.local.push_back(v);
   }
@@ -160,35 +241,9 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   impl->env.local = env.local;
   impl->nodes.resize(static_cast<std::size_t>(n));
   impl->adam.resize(static_cast<std::size_t>(n));
-  const std::vector<int> visits = node_visits(s);
+  impl->alive.assign(static_cast<std::size_t>(n), true);
   for (int v = 0; v < n; ++v) {
-    if (visits[static_cast<std::size_t>(v)] > 0) impl->replicas[s.stage_of[static_cast<std::size_t>(v)]].push_back(v);
     if (s.stage_of[static_cast<std::size_t>(v)] == 0) impl->origins.push_back(v);
-  }
-  for (int v : impl->local) {
-    std::vector<std::shared_ptr<transport::Link>> links(static_cast<std::size_t>(n));
-    for (int j = 0; j < n; ++j) {
-      if (j != v) links[static_cast<std::size_t>(j)] = env.link(v, j, 0);
-    }
-    auto& node = impl->nodes[static_cast<std::size_t>(v)];
-    node = std::make_unique<PipelineNode>(v, s, model::Gpt(gpt_config(c, 0)), std::move(links), node_options);
-    auto opts = torch::optim::AdamWOptions(c.train.lr).betas(std::make_tuple(c.train.beta1, c.train.beta2)).eps(c.train.eps).weight_decay(c.train.weight_decay);
-    impl->adam[static_cast<std::size_t>(v)] = std::make_unique<torch::optim::AdamW>(node->stage_parameters(), opts);
-  }
-  for (const auto& [stage, members] : impl->replicas) {
-    impl->groups[stage].resize(members.size());
-    for (std::size_t r = 0; r < members.size(); ++r) {
-      if (!impl->nodes[static_cast<std::size_t>(members[r])]) continue;  // another process's
-      optim::Group grp;
-      grp.rank = static_cast<int>(r);
-      grp.size = static_cast<int>(members.size());
-      grp.clock = env.clock;
-      grp.peers.resize(members.size());
-      for (std::size_t k = 0; k < members.size(); ++k) {
-        if (k != r) grp.peers[k] = env.link(members[r], members[k], 1);
-      }
-      impl->groups[stage][r] = std::move(grp);
-    }
   }
   impl->ddp = p.stage_sync == "ddp";
   if (!impl->ddp) {
@@ -197,17 +252,9 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
     oc.model.layers = c.model.layers / p.stages;  // what a stage holds: streaming_diloco cuts its fragments from these
     auto ocfg = outer_config(oc);
     if (!ocfg.ok()) return ocfg.status().with_context("pipeline.stage_sync");
-    impl->outer.resize(static_cast<std::size_t>(n));
-    for (const auto& [stage, members] : impl->replicas) {
-      for (std::size_t r = 0; r < members.size(); ++r) {
-        const int v = members[r];
-        if (!impl->nodes[static_cast<std::size_t>(v)]) continue;
-        auto setup = optim::make_outer_optimizer(*ocfg, impl->nodes[static_cast<std::size_t>(v)]->stage_param_blocks(), impl->groups[stage][r]);
-        if (!setup.ok()) return setup.status().with_context("stage " + std::to_string(stage) + "'s " + p.stage_sync);
-        impl->outer[static_cast<std::size_t>(v)] = std::move(*setup);
-      }
-    }
+    impl->outer_config = *ocfg;
   }
+  if (Status st = impl->arrange(); !st.ok()) return st;
   const int world = static_cast<int>(impl->origins.size());
   for (int r = 0; r < world; ++r) {
     impl->samplers.push_back(std::make_unique<data::ShardSampler>(data.train(), r, world, c.train.batch_size, c.model.context,
@@ -267,7 +314,21 @@ Result<PipelineRecord> PipelineTrainer::step() {
         const auto it = data.find(static_cast<int>(v));
         PipelineNode& node = *m.nodes[v];
         results[v] = node.run_iteration(iteration, it == data.end() ? std::vector<MicroBatchData>{} : it->second, deadline);
-        if (!results[v].ok() || node.visits() == 0) return;
+        if (!results[v].ok()) {
+          // Its stage's replicas would wait for it in their sync: they learn at once instead.
+          if (const auto g = m.groups.find(node.stage()); g != m.groups.end()) {
+            for (const auto& grp : g->second) {
+              if (grp.size == 0 || grp.peers.empty()) continue;
+              const auto& members = m.replicas.at(node.stage());
+              if (members[static_cast<std::size_t>(grp.rank)] != static_cast<int>(v)) continue;
+              for (const auto& l : grp.peers) {
+                if (l) l->close();
+              }
+            }
+          }
+          return;
+        }
+        if (node.visits() == 0) return;
         if (m.ddp) {
           // The stage's replicas: this node's rank among them.
           const int stage = node.stage();
@@ -343,9 +404,11 @@ Result<PipelineRecord> PipelineTrainer::step() {
   }
   ++m.done;
   rec.iteration = m.done;
-  rec.samples = m.done * m.plan.schedule.microbatches() * c.train.batch_size;  // every origin's, wherever hosted
+  m.samples += m.plan.schedule.microbatches() * c.train.batch_size;  // every origin's, wherever hosted
+  rec.samples = m.samples;
   rec.train_loss = losses > 0 ? loss_sum / losses : 0;
   rec.losses = losses;
+  rec.lost_nodes = m.lost;
   rec.lr = lr;
   rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   rec.sync_s = std::max(0.0, std::chrono::duration<double>(clock.now() - t0).count() - rec.makespan_s);
@@ -419,6 +482,83 @@ std::vector<at::Tensor> PipelineTrainer::node_parameters(int node) const {
                  "PipelineTrainer::node_parameters: node " + std::to_string(node) + " is not hosted here");
   return impl_->nodes[static_cast<std::size_t>(node)]->stage_parameters();
 }
+
+Status PipelineTrainer::exclude(const std::vector<int>& dead) {
+  auto& m = *impl_;
+  const int n = static_cast<int>(m.alive.size());
+  std::vector<bool> alive = m.alive;
+  for (int d : dead) {
+    if (d < 0 || d >= n) return error(ErrorCode::kInvalidArgument, "no pipeline node " + std::to_string(d));
+    alive[static_cast<std::size_t>(d)] = false;
+  }
+  const auto& stage_of = m.plan.schedule.stage_of;
+  std::vector<int> survivors;  // sub-problem index -> node
+  for (int v = 0; v < n; ++v) {
+    if (alive[static_cast<std::size_t>(v)]) survivors.push_back(v);
+  }
+  std::vector<int> per_stage(static_cast<std::size_t>(m.options.stages), 0);
+  for (int v : survivors) ++per_stage[static_cast<std::size_t>(stage_of[static_cast<std::size_t>(v)])];
+  for (int st = 0; st < m.options.stages; ++st) {
+    if (per_stage[static_cast<std::size_t>(st)] == 0) {
+      return error(ErrorCode::kUnavailable, "the pipeline cannot go on: no node of stage " + std::to_string(st) + " is left (its weights are gone)");
+    }
+  }
+  // The scheduler's problem over the survivors, their stages kept (their weights stay where they are).
+  const auto k = static_cast<int>(survivors.size());
+  skippipe::Network sub;
+  sub.nodes = k;
+  sub.latency_s.resize(static_cast<std::size_t>(k) * static_cast<std::size_t>(k));
+  sub.bandwidth_Bps.resize(sub.latency_s.size());
+  std::vector<int> sub_stage(static_cast<std::size_t>(k));
+  for (int a = 0; a < k; ++a) {
+    sub_stage[static_cast<std::size_t>(a)] = stage_of[static_cast<std::size_t>(survivors[static_cast<std::size_t>(a)])];
+    for (int b = 0; b < k; ++b) {
+      const std::size_t at = static_cast<std::size_t>(a * k + b);
+      sub.latency_s[at] = m.net.latency(survivors[static_cast<std::size_t>(a)], survivors[static_cast<std::size_t>(b)]);
+      sub.bandwidth_Bps[at] = m.net.bandwidth(survivors[static_cast<std::size_t>(a)], survivors[static_cast<std::size_t>(b)]);
+    }
+  }
+  // The survivors of a stage carry its micro-batches: each may take more agents than pipeline.memory
+  // allowed before (TC1), so memory is raised, one at a time, to the least the plan needs.
+  Result<skippipe::Plan> planned = error(ErrorCode::kUnavailable, "not planned");
+  skippipe::Options o = m.options;
+  for (int mem = m.options.memory; mem <= 4 * m.options.memory + 4; ++mem) {
+    o.memory = mem;
+    planned = m.mode == skippipe::Mode::kFull ? skippipe::plan_full(sub, m.costs, sub_stage, o) : skippipe::plan(sub, m.costs, sub_stage, o, m.mode);
+    if (planned.ok()) break;
+  }
+  if (!planned.ok()) return planned.status().with_context("rescheduling the pipeline without the lost nodes");
+  skippipe::Schedule s = planned->schedule;
+  if (m.config.pipeline.order == "timetable" && s.timetable.empty()) s.timetable = planned->simulation.timetable;
+  if (m.config.pipeline.order == "arrival") s.timetable.clear();
+  // Checked over the survivors (the lost nodes, still listed by their stage in the pipeline's
+  // numbering, would count as origins that start nothing).
+  if (Status st = skippipe::validate(s); !st.ok()) return st.with_context("the rescheduled pipeline");
+  for (auto& a : s.agents) {  // back to the pipeline's node numbers
+    a.origin = survivors[static_cast<std::size_t>(a.origin)];
+    for (int& h : a.hops) h = survivors[static_cast<std::size_t>(h)];
+  }
+  s.stage_of = stage_of;
+  m.alive = alive;
+  for (int d : dead) {
+    m.nodes[static_cast<std::size_t>(d)].reset();
+    m.adam[static_cast<std::size_t>(d)].reset();
+  }
+  m.local.erase(std::remove_if(m.local.begin(), m.local.end(), [&](int v) { return !alive[static_cast<std::size_t>(v)]; }), m.local.end());
+  m.plan.predicted_makespan_s = planned->predicted_makespan_s;
+  m.plan.simulation = planned->simulation;
+  m.plan.schedule = std::move(s);
+  m.options.memory = o.memory;
+  m.lost += static_cast<std::int64_t>(dead.size());
+  ++m.epoch;  // fresh links: nothing of the failed iteration reaches the next
+  std::string names;
+  for (int d : dead) names += (names.empty() ? "" : ", ") + std::to_string(d);
+  spdlog::warn("pipeline rescheduled without node(s) {}: {} nodes left, {} micro-batches an iteration{}", names, survivors.size(), m.plan.schedule.microbatches(),
+               o.memory > m.config.pipeline.memory ? ", memory raised to " + std::to_string(o.memory) : "");
+  return m.arrange();
+}
+
+std::int64_t PipelineTrainer::lost_nodes() const { return impl_->lost; }
 
 bool PipelineTrainer::can_evaluate() const {
   for (int stage = 0; stage < impl_->config.pipeline.stages; ++stage) {

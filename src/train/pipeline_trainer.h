@@ -43,8 +43,8 @@ namespace gossamer::train {
 
 struct PipelineEnvironment {
   Clock* clock = &real_clock();  // outlives the trainer
-  // The link node `from` uses to reach node `to` (channel 0: activations; 1: the stage sync).
-  // Null: in-memory links.
+  // The link node `from` uses to reach node `to`: channel 2e carries epoch e's activations, 2e + 1
+  // its stage sync (a new epoch after each reschedule, exclude()). Null: in-memory links.
   std::function<std::shared_ptr<transport::Link>(int from, int to, int channel)> link;
   StageCompute compute;          // charged to the clock by every node
   // The nodes this process hosts (empty: every node). The others are reached over `link`: each
@@ -57,6 +57,7 @@ struct PipelineRecord {
   std::int64_t samples = 0;  // in all so far
   double train_loss = 0;     // mean over the iteration's micro-batches (those of this process's origins)
   std::int64_t losses = 0;   // how many micro-batches train_loss is the mean of
+  std::int64_t lost_nodes = 0;  // nodes the pipeline went on without, so far (exclude())
   double lr = 0;
   double grad_norm = 0;      // stage 0's, after its sync
   std::uint64_t activation_bytes = 0;  // sent between nodes this iteration
@@ -93,6 +94,14 @@ class PipelineTrainer {
   // The parameters of a node hosted here (its stage's, in model order).
   std::vector<at::Tensor> node_parameters(int node) const;
   const skippipe::Plan& plan() const;
+  // Goes on without `dead` (nodes lost; each stage must keep one): the survivors keep their stages
+  // and weights, the scheduler plans paths over them (pipeline.memory raised to the least they can
+  // carry the micro-batches with; a lost origin's micro-batches are not started any more), and the
+  // next step() runs the new schedule over fresh links (PipelineEnvironment::link's next epoch).
+  // Every process of a pipeline must exclude the same nodes. With an outer method inside the
+  // stages, their outer optimizers start afresh over the new groups.
+  [[nodiscard]] Status exclude(const std::vector<int>& dead);
+  std::int64_t lost_nodes() const;
   // Each replica's parameters of `stage` (the nodes hosted here that take part), in node order.
   std::vector<std::vector<at::Tensor>> stage_replicas(int stage) const;
   std::int64_t iterations_done() const;

@@ -448,6 +448,69 @@ TEST_CASE("a pipeline split over two trainers (as over two processes), each host
   }
 }
 
+TEST_CASE("a pipeline goes on without lost nodes: rescheduled over the survivors, their weights kept, replicas still equal, the loss still falling") {
+  for (const std::string mode : {"skippipe", "full"}) {
+    CAPTURE(mode);
+    RunConfig c = small_pipeline_run();
+    c.pipeline.mode = mode;
+    auto corpus = load_corpus(c);
+    REQUIRE(corpus.ok());
+    auto t = PipelineTrainer::make(c, corpus->dataset);
+    REQUIRE(t.ok());
+    std::vector<double> losses;
+    for (int i = 0; i < 4; ++i) losses.push_back((*t)->step()->train_loss);
+    const auto& s = (*t)->plan().schedule;
+    // A node of stage 1 that micro-batches visit, and (skipping) an origin that starts some.
+    int hop = -1, origin = -1;
+    const auto visits = node_visits(s);
+    for (int v = 0; v < s.nodes(); ++v) {
+      if (hop < 0 && s.stage_of[static_cast<std::size_t>(v)] == 1 && visits[static_cast<std::size_t>(v)] > 0) hop = v;
+      if (origin < 0 && s.stage_of[static_cast<std::size_t>(v)] == 0 && visits[static_cast<std::size_t>(v)] > 0) origin = v;
+    }
+    REQUIRE(hop >= 0);
+    const auto before = (*t)->stage_replicas(2);
+    std::vector<at::Tensor> kept;
+    for (const auto& p : before[0]) kept.push_back(p.clone());
+    const std::vector<int> dead = mode == "skippipe" ? std::vector<int>{hop, origin} : std::vector<int>{hop};
+    const Status excluded = (*t)->exclude(dead);
+    REQUIRE_MESSAGE(excluded.ok(), excluded.to_string());
+    CHECK((*t)->lost_nodes() == static_cast<std::int64_t>(dead.size()));
+    const auto& after = (*t)->plan().schedule;
+    for (const auto& a : after.agents) {  // nobody routes through the lost nodes
+      for (int d : dead) {
+        CHECK(a.origin != d);
+        CHECK(std::find(a.hops.begin(), a.hops.end(), d) == a.hops.end());
+      }
+    }
+    // The survivors' weights are as they were.
+    const auto now = (*t)->stage_replicas(2);
+    for (std::size_t j = 0; j < kept.size(); ++j) CHECK(torch::equal(now[0][j], kept[j]));
+    for (int i = 0; i < 8; ++i) {
+      auto r = (*t)->step();
+      REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+      CHECK(r->lost_nodes == static_cast<std::int64_t>(dead.size()));
+      losses.push_back(r->train_loss);
+    }
+    CHECK(losses.back() < losses.front() - 0.3);
+    for (int stage = 0; stage < 3; ++stage) {
+      const auto reps = (*t)->stage_replicas(stage);
+      REQUIRE_FALSE(reps.empty());
+      for (std::size_t k = 1; k < reps.size(); ++k) {
+        for (std::size_t j = 0; j < reps[0].size(); ++j) CHECK(torch::equal(reps[k][j], reps[0][j]));
+      }
+    }
+    CHECK(std::isfinite((*t)->evaluate()));
+    // A stage left without any node cannot go on.
+    std::vector<int> stage2;
+    for (int v = 0; v < after.nodes(); ++v) {
+      if (after.stage_of[static_cast<std::size_t>(v)] == 2) stage2.push_back(v);
+    }
+    const Status st = (*t)->exclude(stage2);
+    CHECK(st.code() == ErrorCode::kUnavailable);
+    CHECK((*t)->step().ok());  // and the refused exclusion changed nothing
+  }
+}
+
 TEST_CASE("a gradient of the wrong shape from a peer fails the node's iteration with an error, not a crash") {
   // Two stages on two nodes: the test plays the origin (node 0) by hand over its link to node 1.
   skippipe::Schedule s;
