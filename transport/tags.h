@@ -30,9 +30,9 @@ inline constexpr Tag kSparseLoCo = 0x0D050000u;
 // synchronising, both | (iteration mod 2^16).
 inline constexpr Tag kPipeline = 0x0D700000u;
 inline constexpr Tag kPipelineSync = 0x0D710000u;
-// Pipelines across processes (src/run/pipeline_process.h): the schedule's hash each node sends every
-// other once (| 0) and its goodbye at the end (| 1), and a stage's weights sent for evaluation,
-// | (iteration mod 2^16).
+// Pipelines across processes (src/run/pipeline_process.h): the schedule's hash (| 0), the goodbye at
+// the end (| 1), an iteration's confirmation (| 2), the nodes each reaches after a failure (| 3) and
+// a new connection's epoch (| 4); and a stage's weights sent for evaluation, | (iteration mod 2^16).
 inline constexpr Tag kPipelineHello = 0x0D720000u;
 inline constexpr Tag kPipelineEval = 0x0D730000u;
 // ddp on Gloo: where rank 0 serves the rendezvous store.
@@ -64,7 +64,7 @@ inline constexpr std::array<TagRange, 14> kRanges = {{
     {"gloo rendezvous (optim/gloo_sync.h)", kGlooRendezvous, kGlooRendezvous, false},
     {"pipeline activations (src/train/pipeline.h)", kPipeline, kPipeline | 0xFFFFu, false},
     {"pipeline stage sync (src/train/pipeline.h)", kPipelineSync, kPipelineSync | 0xFFFFu, true},
-    {"pipeline schedule hashes and goodbyes (src/run/pipeline_process.h)", kPipelineHello, kPipelineHello | 1u, false},
+    {"pipeline agreement (src/run/pipeline_process.h)", kPipelineHello, kPipelineHello | 0xFu, false},
     {"pipeline evaluation weights (src/run/pipeline_process.h)", kPipelineEval, kPipelineEval | 0xFFFFu, false},
     {"streaming_diloco fragments (optim/streaming_diloco.cpp)", kStreaming, kStreaming | 0xFFFFFFu, true},
     {"group epochs (src/run/peer_links.h)", kEpoch, kEpoch, false},

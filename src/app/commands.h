@@ -125,6 +125,7 @@ struct PipelineArgs {
   std::string listen;     // where this node listens, when not its address in --addresses
   std::string key;
   std::string shape;
+  double rejoin_timeout_s = 10;
 };
 void add_pipeline_command(CLI::App& app, PipelineArgs& args);
 int run_pipeline_command(const PipelineArgs& args);

@@ -46,6 +46,11 @@ void add_pipeline_command(CLI::App& app, PipelineArgs& a) {
   cmd->add_option("--key", a.key, "with --node: run key file (`gossamer keygen`): links are then authenticated and encrypted")->needs(node);
   cmd->add_option("--shape", a.shape, "with --node: shape what this node sends, as a preset or MBIT,MS (processes on one machine then behave as if far apart)")
       ->needs(node);
+  cmd->add_option("--rejoin-timeout", a.rejoin_timeout_s,
+                  "with --node: after a failed iteration, seconds to link again with the nodes that answer before going on without the others")
+      ->capture_default_str()
+      ->check(positive_number())
+      ->needs(node);
 }
 
 namespace {
@@ -57,6 +62,7 @@ int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const st
   req.node = a.node;
   req.addresses = a.addresses;
   req.stop = &install_graceful_stop();
+  req.rejoin_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(a.rejoin_timeout_s));
   if (!a.shape.empty()) {
     auto profile = parse_shape(a.shape);
     if (!profile.ok()) return report_failure(profile.status());
@@ -97,7 +103,7 @@ int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const st
   req.on_iteration = [&](const train::PipelineRecord& r, std::optional<double> val) {
     nlohmann::json j = {{"node", a.node}, {"step", r.iteration}, {"samples", r.samples}, {"train_loss", r.train_loss}, {"losses", r.losses},
                         {"lr", r.lr}, {"activation_bytes", r.activation_bytes}, {"sync_bytes", r.sync_bytes}, {"seconds", r.seconds},
-                        {"makespan_s", r.makespan_s}, {"sync_s", r.sync_s}};
+                        {"makespan_s", r.makespan_s}, {"sync_s", r.sync_s}, {"lost_nodes", r.lost_nodes}};
     if (val) j["val_loss"] = *val;
     if (Status st = metrics->write(j); !st.ok() && write_failed.ok()) write_failed = st;
     std::fprintf(stderr, "node %d, iteration %lld/%lld: %.2f s%s\n", a.node, static_cast<long long>(r.iteration), static_cast<long long>(c.train.steps),
@@ -108,7 +114,7 @@ int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const st
   if (!outcome.ok()) return report_failure(outcome.status());
   if (!write_failed.ok()) return report_failure(write_failed);
   nlohmann::json summary = {{"node", a.node}, {"stage", outcome->stage}, {"iterations", outcome->iterations}, {"schedule_hash", outcome->schedule_hash},
-                            {"stopped", outcome->stopped}};
+                            {"stopped", outcome->stopped}, {"lost_nodes", outcome->lost_nodes}, {"retried_iterations", outcome->retried_iterations}};
   if (outcome->final_val_loss) summary["final_val_loss"] = *outcome->final_val_loss;
   if (Status st = folder->write_text("summary.json", summary.dump(2)); !st.ok()) return report_failure(st);
   if (outcome->stopped) {

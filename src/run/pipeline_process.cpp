@@ -30,76 +30,124 @@ void close_all(const Links& links) {
   }
 }
 
-// Links to every other node: dial those below, accept those above; each one's peer checked.
-Result<Links> connect_mesh(const PipelineProcessRequest& req, transport::Transport& transport) {
+constexpr transport::Tag kHashTag = transport::tags::kPipelineHello | 0u;
+constexpr transport::Tag kByeTag = transport::tags::kPipelineHello | 1u;
+constexpr transport::Tag kCommitTag = transport::tags::kPipelineHello | 2u;
+constexpr transport::Tag kViewTag = transport::tags::kPipelineHello | 3u;
+constexpr transport::Tag kEpochTag = transport::tags::kPipelineHello | 4u;
+
+// Links to the `wanted` nodes: dial those below, accept those above; each one's peer checked, and
+// the dialler's first message names the epoch (a late connection of an older one is closed). With
+// `tolerate`, a node not linked by the deadline is left out (its slot stays null); else an error.
+Result<Links> connect_mesh(const PipelineProcessRequest& req, transport::Transport& transport, const std::vector<bool>& wanted, std::uint64_t epoch,
+                           Deadline deadline, bool tolerate) {
   const int n = static_cast<int>(req.addresses.size()), self = req.node;
   Links links(static_cast<std::size_t>(n));
-  const Deadline deadline = Deadline::after(real_clock(), req.connect_timeout);
+  auto stopped = [&] { return req.stop != nullptr && req.stop->load(); };
+  int above = 0;
+  for (int j = self + 1; j < n; ++j) above += wanted[static_cast<std::size_t>(j)] ? 1 : 0;
   Status accepted;
   std::thread acceptor([&] {
-    for (int k = self + 1; k < n; ++k) {
+    for (int k = 0; k < above;) {
       // In short waits, so that a stop is seen at once.
       auto link = transport.accept(Deadline::at(std::min(deadline.time(), real_clock().now() + std::chrono::milliseconds(250))));
-      if (!link.ok() && link.status().code() == ErrorCode::kTimeout && !deadline.expired(real_clock()) && !(req.stop != nullptr && req.stop->load())) {
-        --k;
-        continue;
-      }
+      if (!link.ok() && link.status().code() == ErrorCode::kTimeout && !deadline.expired(real_clock()) && !stopped()) continue;
       if (!link.ok()) {
-        accepted = link.status().with_context("waiting for the nodes above " + std::to_string(self) + " to connect (start them, with the same --addresses)");
+        if (!tolerate || stopped()) {
+          accepted = link.status().with_context("waiting for the nodes above " + std::to_string(self) + " to connect (start them, with the same --addresses)");
+        }
         return;
       }
       const std::uint64_t id = (*link)->peer().value;
-      if (id < static_cast<std::uint64_t>(self) + 2 || id > static_cast<std::uint64_t>(n) || links[static_cast<std::size_t>(id - 1)]) {
+      const bool known = id >= static_cast<std::uint64_t>(self) + 2 && id <= static_cast<std::uint64_t>(n) && wanted[static_cast<std::size_t>(id - 1)] &&
+                         !links[static_cast<std::size_t>(id - 1)];
+      auto said = known ? (*link)->recv(kEpochTag, Deadline::after(real_clock(), std::chrono::seconds(5))) : Result<Bytes>(error(ErrorCode::kMalformed, ""));
+      Reader r(said.ok() ? ByteView(*said) : ByteView(), "pipeline epoch");
+      const std::uint64_t their = r.u64();
+      r.expect_end();
+      if (!known || !said.ok() || !r.ok() || their != epoch) {
         (*link)->close();
-        spdlog::warn("pipeline node {}: refused a link from peer {}, which is no node above this one or came twice", self, (*link)->peer().to_string());
-        --k;
+        spdlog::warn("pipeline node {}: closed a link from peer {}: not a node above this one expected in epoch {}", self, (*link)->peer().to_string(), epoch);
+        continue;
+      }
+      Writer ack;  // the dialler keeps the link only once this node said it takes part
+      ack.u64(epoch);
+      if (!(*link)->send(kEpochTag, ack.bytes(), Deadline::after(real_clock(), std::chrono::seconds(5))).ok()) {
+        (*link)->close();
         continue;
       }
       links[static_cast<std::size_t>(id - 1)] = std::move(*link);
+      ++k;
     }
   });
-  Status dialled;
-  for (int j = 0; j < self && dialled.ok(); ++j) {
-    for (;;) {
-      auto link = transport.connect(req.addresses[static_cast<std::size_t>(j)], Deadline::after(real_clock(), std::chrono::seconds(5)));
-      if (link.ok()) {
-        if ((*link)->peer().value != static_cast<std::uint64_t>(j) + 1) {
-          dialled = error(ErrorCode::kInvalidArgument, "the process at " + req.addresses[static_cast<std::size_t>(j)] + " is not pipeline node " + std::to_string(j) +
-                                                          ": check --addresses (the same list, in node order, on every node)");
-          (*link)->close();
-          break;
+  // Every node below at once: one that does not answer must not hold up the others.
+  std::vector<Status> dial_status(static_cast<std::size_t>(std::max(self, 0)));
+  std::vector<std::thread> dialers;
+  for (int j = 0; j < self; ++j) {
+    if (!wanted[static_cast<std::size_t>(j)]) continue;
+    dialers.emplace_back([&, j] {
+      Status& dialled = dial_status[static_cast<std::size_t>(j)];
+      const std::string& at = req.addresses[static_cast<std::size_t>(j)];
+      for (;;) {
+        auto link = transport.connect(at, Deadline::at(std::min(deadline.time(), real_clock().now() + std::chrono::seconds(5))));
+        if (link.ok()) {
+          if ((*link)->peer().value != static_cast<std::uint64_t>(j) + 1) {
+            dialled = error(ErrorCode::kInvalidArgument, "the process at " + at + " is not pipeline node " + std::to_string(j) +
+                                                            ": check --addresses (the same list, in node order, on every node)");
+            (*link)->close();
+            return;
+          }
+          // The epoch, and the node's answer: a process that still listens but no longer takes part
+          // (it stopped) does not answer, and is left out like one that is gone.
+          Writer w;
+          w.u64(epoch);
+          Status st = (*link)->send(kEpochTag, w.bytes(), deadline);
+          auto ack = st.ok() ? (*link)->recv(kEpochTag, deadline) : Result<Bytes>(st);
+          Reader r(ack.ok() ? ByteView(*ack) : ByteView(), "pipeline epoch");
+          const std::uint64_t their = r.u64();
+          r.expect_end();
+          if (!ack.ok() || !r.ok() || their != epoch) {
+            (*link)->close();
+            if (!tolerate) dialled = (ack.ok() ? r.status() : ack.status()).with_context("linking with pipeline node " + std::to_string(j));
+            return;
+          }
+          links[static_cast<std::size_t>(j)] = std::move(*link);
+          return;
         }
-        links[static_cast<std::size_t>(j)] = std::move(*link);
-        break;
+        if (link.status().code() == ErrorCode::kVersionMismatch || link.status().code() == ErrorCode::kUnauthenticated) {
+          dialled = link.status().with_context("pipeline node " + std::to_string(j) + " at " + at + " (another config? every node must be given the same one)");
+          return;
+        }
+        if (stopped()) {
+          dialled = error(ErrorCode::kAborted, "stopped while linking");
+          return;
+        }
+        if (deadline.expired(real_clock())) {
+          if (!tolerate) {
+            dialled = error(ErrorCode::kUnavailable, "pipeline node " + std::to_string(j) + " at " + at + " did not answer: start it, or check the address (" +
+                                                         link.status().message() + ")");
+          }
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));  // not up yet: try again
       }
-      if (link.status().code() == ErrorCode::kVersionMismatch || link.status().code() == ErrorCode::kUnauthenticated) {
-        dialled = link.status().with_context("pipeline node " + std::to_string(j) + " at " + req.addresses[static_cast<std::size_t>(j)] +
-                                             " (another config? every node must be given the same one)");
-        break;
-      }
-      if (deadline.expired(real_clock()) || (req.stop != nullptr && req.stop->load())) {
-        dialled = error(ErrorCode::kUnavailable, "pipeline node " + std::to_string(j) + " at " + req.addresses[static_cast<std::size_t>(j)] +
-                                                     " did not answer: start it, or check the address (" + link.status().message() + ")");
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // not up yet: try again
-    }
+    });
   }
+  for (auto& d : dialers) d.join();
+  Status dialled;
+  for (const auto& st : dial_status) {
+    if (dialled.ok() && !st.ok()) dialled = st;
+  }
+  acceptor.join();  // (it waits for nodes that may never come until its deadline or a stop)
+  if (dialled.ok()) dialled = accepted;
   if (!dialled.ok()) {
-    // The acceptor waits for nodes that may never come, until its deadline or a stop.
-    acceptor.join();
     close_all(links);
     return dialled;
-  }
-  acceptor.join();
-  if (!accepted.ok()) {
-    close_all(links);
-    return accepted;
   }
   if (req.shape) {
     for (std::size_t j = 0; j < links.size(); ++j) {
       if (!links[j]) continue;
-      auto shaped = transport::make_shaped_link(links[j], *req.shape, static_cast<std::uint64_t>(req.node) * 1000 + j + 1);
+      auto shaped = transport::make_shaped_link(links[j], *req.shape, epoch * 1'000'003 + static_cast<std::uint64_t>(req.node) * 1000 + j + 1);
       if (!shaped.ok()) {
         close_all(links);
         return shaped.status();
@@ -108,6 +156,22 @@ Result<Links> connect_mesh(const PipelineProcessRequest& req, transport::Transpo
     }
   }
   return links;
+}
+
+// Sends `payload` to every linked node, then takes one message of the tag from each.
+Result<std::vector<Bytes>> exchange(const Links& links, int self, transport::Tag tag, ByteView payload, Deadline deadline, const std::string& what) {
+  for (std::size_t j = 0; j < links.size(); ++j) {
+    if (!links[j] || static_cast<int>(j) == self) continue;
+    if (Status st = links[j]->send(tag, payload, deadline); !st.ok()) return st.with_context(what + ": sending to node " + std::to_string(j));
+  }
+  std::vector<Bytes> out(links.size());
+  for (std::size_t j = 0; j < links.size(); ++j) {
+    if (!links[j] || static_cast<int>(j) == self) continue;
+    auto got = links[j]->recv(tag, deadline);
+    if (!got.ok()) return got.status().with_context(what + ": waiting for node " + std::to_string(j));
+    out[j] = std::move(*got);
+  }
+  return out;
 }
 
 // A stage's weights for the evaluator: u32 count, then each tensor as an fp32 codec payload.
@@ -169,14 +233,17 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
     return error(ErrorCode::kInvalidArgument, "--addresses names " + std::to_string(n) + " nodes, pipeline.nodes is " + std::to_string(c.pipeline.nodes) + ": give one per node");
   }
   if (req.node < 0 || req.node >= n) return error(ErrorCode::kInvalidArgument, "--node " + std::to_string(req.node) + ": use 0 .. " + std::to_string(n - 1));
-  auto mesh = connect_mesh(req, transport);
-  if (!mesh.ok() && req.stop != nullptr && req.stop->load()) {
-    PipelineProcessOutcome stopped;
-    stopped.stopped = true;  // while linking
-    return stopped;
+  auto stopped = [&] { return req.stop != nullptr && req.stop->load(); };
+  PipelineProcessOutcome outcome;
+  std::vector<bool> alive(static_cast<std::size_t>(n), true);
+  std::uint64_t epoch = 0;
+  auto mesh = connect_mesh(req, transport, alive, epoch, Deadline::after(real_clock(), req.connect_timeout), false);
+  if (!mesh.ok() && stopped()) {
+    outcome.stopped = true;  // while linking
+    return outcome;
   }
   if (!mesh.ok()) return mesh.status();
-  const Links links = std::move(*mesh);
+  Links links = std::move(*mesh);
   struct Closer {
     const Links& l;
     bool done = false;
@@ -188,50 +255,126 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
 
   train::PipelineEnvironment env;
   env.local = {req.node};
-  env.link = [&links](int, int to, int) { return links[static_cast<std::size_t>(to)]; };
+  env.link = [&links](int, int to, int) { return links[static_cast<std::size_t>(to)]; };  // this epoch's
   auto made = train::PipelineTrainer::make(c, data, env);
   if (!made.ok()) return made.status();
   train::PipelineTrainer& t = **made;
-  const skippipe::Schedule& s = t.plan().schedule;
-  PipelineProcessOutcome outcome;
-  outcome.stage = s.stage_of[static_cast<std::size_t>(req.node)];
-  outcome.schedule_hash = s.hash().hex();
+  outcome.stage = t.plan().schedule.stage_of[static_cast<std::size_t>(req.node)];
+  const Nanos round_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(c.train.round_timeout_s));
 
   // One schedule: every node's hash against ours.
-  const Deadline hello_deadline = Deadline::after(real_clock(), req.connect_timeout);
-  const Digest mine = s.hash();
-  for (int j = 0; j < n; ++j) {
-    if (j == req.node) continue;
-    if (Status st = links[static_cast<std::size_t>(j)]->send(transport::tags::kPipelineHello, ByteView(reinterpret_cast<const std::byte*>(mine.bytes.data()), mine.bytes.size()), hello_deadline); !st.ok()) {
-      return st.with_context("sending the schedule's hash to node " + std::to_string(j));
+  auto agree_on_schedule = [&](Deadline deadline) -> Status {
+    outcome.schedule_hash = t.plan().schedule.hash().hex();
+    const Digest mine = t.plan().schedule.hash();
+    auto theirs = exchange(links, req.node, kHashTag, ByteView(reinterpret_cast<const std::byte*>(mine.bytes.data()), mine.bytes.size()), deadline,
+                           "agreeing on the schedule");
+    if (!theirs.ok()) return theirs.status();
+    for (std::size_t j = 0; j < theirs->size(); ++j) {
+      const Bytes& b = (*theirs)[j];
+      if (!links[j] || static_cast<int>(j) == req.node) continue;
+      if (b.size() != mine.bytes.size() || !std::equal(mine.bytes.begin(), mine.bytes.end(), reinterpret_cast<const std::uint8_t*>(b.data()))) {
+        return error(ErrorCode::kInvalidArgument, "node " + std::to_string(j) + " planned another schedule than this node (" + outcome.schedule_hash.substr(0, 16) +
+                                                      "...): every node must run the same build with the same config");
+      }
     }
-  }
-  for (int j = 0; j < n; ++j) {
-    if (j == req.node) continue;
-    auto theirs = links[static_cast<std::size_t>(j)]->recv(transport::tags::kPipelineHello, hello_deadline);
-    if (!theirs.ok()) return theirs.status().with_context("waiting for node " + std::to_string(j) + "'s schedule hash");
-    if (theirs->size() != mine.bytes.size() || !std::equal(mine.bytes.begin(), mine.bytes.end(), reinterpret_cast<const std::uint8_t*>(theirs->data()))) {
-      return error(ErrorCode::kInvalidArgument, "node " + std::to_string(j) + " planned another schedule than this node (" + outcome.schedule_hash.substr(0, 16) +
-                                                    "...): every node must run the same build with the same config");
-    }
-  }
+    return Status();
+  };
+  if (Status st = agree_on_schedule(Deadline::after(real_clock(), req.connect_timeout)); !st.ok()) return st;
   spdlog::info("pipeline node {} (stage {}): schedule {} agreed by all {} nodes", req.node, outcome.stage, outcome.schedule_hash.substr(0, 16), n);
 
-  const std::vector<int> holders = t.stage_holders();
-  const int evaluator = holders[0];
-  const auto shapes = stage_shapes(c);
+  // After a failed iteration: link again with every node that answers, agree on who they are, and
+  // go on without the others (ddp inside the stages: no weight moved in the failed iteration).
+  auto recover = [&](const Status& failure, std::int64_t iteration) -> Status {
+    if (c.pipeline.stage_sync != "ddp") return failure.with_context("(rescheduling around a lost node needs pipeline.stage_sync = ddp)");
+    close_all(links);
+    ++epoch;
+    spdlog::warn("pipeline node {}: iteration {} failed ({}); linking again with the nodes that answer", req.node, iteration, failure.message());
+    auto again = connect_mesh(req, transport, alive, epoch, Deadline::after(real_clock(), req.rejoin_timeout), true);
+    if (!again.ok()) return again.status().with_context("after: " + failure.message());
+    links = std::move(*again);
+    // Who each node reached, and how far each got: they must agree.
+    Writer w;
+    w.u64(static_cast<std::uint64_t>(t.iterations_done()));
+    for (int j = 0; j < n; ++j) w.u8(j == req.node || links[static_cast<std::size_t>(j)] ? 1 : 0);
+    auto views = exchange(links, req.node, kViewTag, w.bytes(), Deadline::after(real_clock(), req.rejoin_timeout), "agreeing on the nodes left");
+    if (!views.ok()) return views.status().with_context("after: " + failure.message());
+    std::vector<bool> left(static_cast<std::size_t>(n), false);
+    for (int j = 0; j < n; ++j) left[static_cast<std::size_t>(j)] = j == req.node || links[static_cast<std::size_t>(j)] != nullptr;
+    for (std::size_t j = 0; j < views->size(); ++j) {
+      if (!links[j] || static_cast<int>(j) == req.node) continue;
+      Reader r((*views)[j], "pipeline view");
+      const std::uint64_t done = r.u64();
+      std::vector<bool> theirs(static_cast<std::size_t>(n));
+      for (int k = 0; k < n; ++k) theirs[static_cast<std::size_t>(k)] = r.u8() != 0;
+      r.expect_end();
+      if (!r.ok()) return r.status().with_context("from node " + std::to_string(j));
+      if (done != static_cast<std::uint64_t>(t.iterations_done())) {
+        return error(ErrorCode::kAborted, "node " + std::to_string(j) + " finished " + std::to_string(done) + " iterations, this one " +
+                                              std::to_string(t.iterations_done()) + ": the nodes' weights no longer agree; restart the pipeline");
+      }
+      if (theirs != left) {
+        auto text = [](const std::vector<bool>& v) {
+          std::string out;
+          for (std::size_t k = 0; k < v.size(); ++k) {
+            if (v[k]) out += (out.empty() ? "" : ",") + std::to_string(k);
+          }
+          return out;
+        };
+        return error(ErrorCode::kAborted, "node " + std::to_string(j) + " reaches nodes " + text(theirs) + ", this one " + text(left) +
+                                              " (a network split?): the pipeline cannot agree on who is left");
+      }
+    }
+    std::vector<int> dead;
+    for (int j = 0; j < n; ++j) {
+      if (alive[static_cast<std::size_t>(j)] && !left[static_cast<std::size_t>(j)]) dead.push_back(j);
+    }
+    if (dead.empty()) return failure;  // every node answered: the failure was not a lost node
+    if (Status st = t.exclude(dead); !st.ok()) return st.with_context("after: " + failure.message());
+    alive = left;
+    return agree_on_schedule(Deadline::after(real_clock(), req.rejoin_timeout));
+  };
+
+  // Every node confirms it got through the iteration before any weight moves (ddp), so a lost node
+  // leaves every survivor's weights as they were.
+  std::int64_t committing = 0;
+  auto commit = [&]() -> Status {
+    Writer w;
+    w.u64(static_cast<std::uint64_t>(committing));
+    auto acks = exchange(links, req.node, kCommitTag, w.bytes(), Deadline::after(real_clock(), round_timeout), "confirming the iteration");
+    if (!acks.ok()) return acks.status();
+    for (std::size_t j = 0; j < acks->size(); ++j) {
+      if (!links[j] || static_cast<int>(j) == req.node) continue;
+      Reader r((*acks)[j], "pipeline commit");
+      const std::uint64_t it = r.u64();
+      r.expect_end();
+      if (!r.ok() || it != static_cast<std::uint64_t>(committing)) return error(ErrorCode::kMalformed, "node " + std::to_string(j) + " confirmed another iteration");
+    }
+    return Status();
+  };
   for (std::int64_t i = 1; i <= c.train.steps; ++i) {
-    if (req.stop != nullptr && req.stop->load()) {
+    if (stopped()) {
       outcome.stopped = true;
       return outcome;
     }
-    auto rec = t.step();
+    committing = i;
+    auto rec = t.step(commit);
+    if (!rec.ok() && (rec.status().code() == ErrorCode::kPeerLost || rec.status().code() == ErrorCode::kTimeout) && !stopped()) {
+      if (Status st = recover(rec.status(), i); !st.ok()) return st.with_context("iteration " + std::to_string(i));
+      outcome.stage = t.plan().schedule.stage_of[static_cast<std::size_t>(req.node)];
+      ++outcome.retried_iterations;
+      --i;  // the same iteration again, without the lost nodes
+      continue;
+    }
     if (!rec.ok()) return rec.status().with_context("iteration " + std::to_string(i));
     ++outcome.iterations;
+    outcome.lost_nodes = t.lost_nodes();
     std::optional<double> val;
     if ((c.train.eval_every > 0 && i % c.train.eval_every == 0) || i == c.train.steps) {
+      const std::vector<int> holders = t.stage_holders();
+      const int evaluator = holders[0];
+      const auto shapes = stage_shapes(c);
       const transport::Tag tag = transport::tags::kPipelineEval | static_cast<transport::Tag>(i & 0xFFFF);
-      const Deadline deadline = Deadline::after(real_clock(), std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(c.train.round_timeout_s)));
+      const Deadline deadline = Deadline::after(real_clock(), round_timeout);
       if (req.node == evaluator) {
         std::map<int, std::vector<at::Tensor>> stages;
         for (int stage = 0; stage < static_cast<int>(holders.size()); ++stage) {
@@ -258,16 +401,8 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
   }
   // Goodbye: a node that is done says so to every other and waits for theirs, so none closes a
   // link (a shaped one drops what it still holds) while another still waits on it.
-  const Deadline bye = Deadline::after(real_clock(), std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(c.train.round_timeout_s)));
-  const transport::Tag bye_tag = transport::tags::kPipelineHello | 1u;
-  for (int j = 0; j < n; ++j) {
-    if (j == req.node) continue;
-    if (Status st = links[static_cast<std::size_t>(j)]->send(bye_tag, ByteView(), bye); !st.ok()) return st.with_context("saying goodbye to node " + std::to_string(j));
-  }
-  for (int j = 0; j < n; ++j) {
-    if (j == req.node) continue;
-    if (auto got = links[static_cast<std::size_t>(j)]->recv(bye_tag, bye); !got.ok()) return got.status().with_context("waiting for node " + std::to_string(j) + "'s goodbye");
-  }
+  auto byes = exchange(links, req.node, kByeTag, ByteView(), Deadline::after(real_clock(), round_timeout), "saying goodbye");
+  if (!byes.ok()) return byes.status();
   closer.done = true;  // the links close gracefully as they go
   return outcome;
 }

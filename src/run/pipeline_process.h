@@ -14,9 +14,17 @@
 // weights stand for it, PipelineTrainer::stage_holders) sends its stage's weights to stage 0's
 // holder, which evaluates the assembled model; the others report no validation loss.
 //
+// A lost node (its process dies, its links close): every node's iteration fails; each then links
+// again with the nodes that answer within rejoin_timeout (a new epoch of connections), the nodes
+// check they all reach the same ones and finished the same iterations, and they go on without the
+// others: PipelineTrainer::exclude reschedules over the survivors and the iteration runs again. No
+// weight moved in the failed iteration: before any AdamW step every node confirms to every other
+// that it got through (stage_sync = ddp; with an outer method inside the stages a lost node ends
+// the run). Nodes that disagree on who is left, or on how far they got, stop with an error that says
+// so. Counted in the outcome (lost_nodes, retried_iterations) and each record's lost_nodes.
+//
 // Threading: run_pipeline_process blocks until the run ends, fails, or `stop` becomes true (checked
-// between iterations: the node then closes its links, and the others fail their iteration at once
-// with kPeerLost instead of at a deadline). Errors: a node that cannot be reached within
+// between iterations: the node then closes its links, and the others go on without it). Errors: a node that cannot be reached within
 // connect_timeout (kUnavailable, naming it), another schedule (kInvalidArgument), a failed iteration
 // (the node that failed first, and why).
 #pragma once
@@ -46,6 +54,9 @@ struct PipelineProcessRequest {
   // Shape what this node sends on every link (transport/shaped_link.h): processes on one machine
   // then behave as if far apart.
   std::optional<transport::LinkProfile> shape;
+  // After a failed iteration, how long the nodes try to link again before going on without those
+  // that did not answer.
+  Nanos rejoin_timeout = std::chrono::seconds(10);
   const std::atomic<bool>* stop = nullptr;
   // After each iteration: its record, and the validation loss when this node evaluated.
   std::function<void(const train::PipelineRecord&, std::optional<double>)> on_iteration;
@@ -55,8 +66,10 @@ struct PipelineProcessOutcome {
   int stage = 0;
   std::int64_t iterations = 0;
   std::optional<double> final_val_loss;  // stage 0's holder only
-  std::string schedule_hash;             // hex
+  std::string schedule_hash;             // hex (of the schedule in force at the end)
   bool stopped = false;                  // `stop` ended it
+  std::int64_t lost_nodes = 0;           // nodes the pipeline went on without
+  std::int64_t retried_iterations = 0;   // iterations that failed and were run again without them
 };
 
 // The run id of a config's processes: the first 16 bytes of the BLAKE2b-256 of its TOML.

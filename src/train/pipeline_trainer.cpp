@@ -264,7 +264,7 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   return std::unique_ptr<PipelineTrainer>(new PipelineTrainer(std::move(impl)));
 }
 
-Result<PipelineRecord> PipelineTrainer::step() {
+Result<PipelineRecord> PipelineTrainer::step(const std::function<Status()>& commit) {
   auto& m = *impl_;
   const auto& c = m.config;
   const auto start = std::chrono::steady_clock::now();
@@ -391,6 +391,9 @@ Result<PipelineRecord> PipelineTrainer::step() {
     rec.timeline[v] = std::move(results[v]->work);
     rec.sync_bytes += sync_bytes[v];
     rec.sync_rounds += rounds[v];
+  }
+  if (commit) {
+    if (Status st = commit(); !st.ok()) return st;
   }
   for (int local : m.local) {
     const auto v = static_cast<std::size_t>(local);

@@ -79,7 +79,10 @@ class PipelineTrainer {
                                                                      PipelineEnvironment environment = {});
   ~PipelineTrainer();
 
-  [[nodiscard]] Result<PipelineRecord> step();
+  // One iteration. `commit`, when given, runs once every local node has done its part and its
+  // stage's sync, before (with stage_sync = ddp) any AdamW step: a failure there leaves the weights
+  // as they were, so the iteration can be run again (processes agree that every node got that far).
+  [[nodiscard]] Result<PipelineRecord> step(const std::function<Status()>& commit = {});
   // Validation loss of the assembled model, stages in `omitted` left out (stage 0 cannot be).
   // Each stage's weights are those of its first replica hosted here that takes part; a process
   // hosting no node of some stage cannot evaluate (ContractError; can_evaluate() says).
