@@ -7,6 +7,8 @@
 # Usage: examples/pipeline_local.sh [CONFIG=examples/configs/pipeline_local.toml] [SHAPE] [OUT=runs/pipeline-local] [PORT=47100]
 #   SHAPE: a preset (see `gossamer peer --help`) or MBIT,MS, e.g. 100,25
 #   PORT: node K listens on 127.0.0.1:(PORT + K); the ports must be free.
+# KILL=K (environment): node K's process is killed (SIGKILL) KILL_AFTER seconds (default 3) after
+# the start; the others reschedule without it and go on (each one's summary.json counts lost_nodes).
 # Each node logs to OUT/nK.log; results in OUT/nK/ (metrics.jsonl, summary.json); the node that
 # evaluates reports the validation loss. Ctrl-C stops every node.
 set -euo pipefail
@@ -35,16 +37,22 @@ for k in $(seq 0 $((n - 1))); do
   "$gossamer" --log-level warn pipeline --config "$config" --node "$k" --addresses "$addresses" "${shape_args[@]}" --out "$out/n$k" > "$out/n$k.log" 2>&1 &
   pids+=($!)
 done
+if [ -n "${KILL:-}" ]; then
+  sleep "${KILL_AFTER:-3}"
+  echo "killing node $KILL"
+  kill -KILL "${pids[$KILL]}"
+fi
 failed=0
 for k in $(seq 0 $((n - 1))); do
+  [ "$k" = "${KILL:-}" ] && { wait "${pids[$k]}" 2>/dev/null || true; continue; }
   if ! wait "${pids[$k]}"; then
     echo "node $k failed: $(tail -n 1 "$out/n$k.log")" >&2
     failed=1
   fi
 done
 [ "$failed" = 0 ] || exit 1
-for k in $(seq 0 $((n - 1))); do tail -n 1 "$out/n$k.log"; done
-if [ "${CHECK:-0}" = 1 ]; then
+for k in $(seq 0 $((n - 1))); do [ "$k" = "${KILL:-}" ] || tail -n 1 "$out/n$k.log"; done
+if [ "${CHECK:-0}" = 1 ] && [ -z "${KILL:-}" ]; then
   "$gossamer" --log-level warn pipeline --config "$config" --out "$out/one" > "$out/one.log" 2>&1
   one=$(grep -o '"val_loss":[0-9.e+-]*' "$out/one/metrics.jsonl" | tail -n 1)
   many=$(grep -ho '"val_loss":[0-9.e+-]*' "$out"/n*/metrics.jsonl | tail -n 1)
