@@ -110,7 +110,8 @@ Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const trai
       return;
     }
     train::PipelineTrainer& t = **made;
-    const skippipe::Plan& plan = t.plan();
+    // Copies: a lost node's reschedule (exclude) replaces the trainer's plan.
+    const skippipe::Plan plan = t.plan();
     const skippipe::Schedule& s = plan.schedule;
     {
       model::Gpt probe_model(train::gpt_config(c, 0));
@@ -136,6 +137,13 @@ Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const trai
         scheduler.call_at(started + half, [&network, victim] { network.crash(victim); });
       }
       auto rec = t.step();
+      if (crash && rec.ok()) {
+        // It took no part this iteration (an idle origin): the others go on without it all the same.
+        if (Status st = t.exclude({victim}); !st.ok()) {
+          failure = st.with_context("iteration " + std::to_string(i));
+          return;
+        }
+      }
       if (!rec.ok() && crash) {
         // The survivors saw it go (their links to it closed); they go on without it, the same
         // iteration again over a new schedule.

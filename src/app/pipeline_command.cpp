@@ -114,7 +114,8 @@ int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const st
   if (!outcome.ok()) return report_failure(outcome.status());
   if (!write_failed.ok()) return report_failure(write_failed);
   nlohmann::json summary = {{"node", a.node}, {"stage", outcome->stage}, {"iterations", outcome->iterations}, {"schedule_hash", outcome->schedule_hash},
-                            {"stopped", outcome->stopped}, {"lost_nodes", outcome->lost_nodes}, {"retried_iterations", outcome->retried_iterations}};
+                            {"stopped", outcome->stopped}, {"lost_nodes", outcome->lost_nodes}, {"retried_iterations", outcome->retried_iterations},
+                            {"skipped_evaluations", outcome->skipped_evaluations}};
   if (outcome->final_val_loss) summary["final_val_loss"] = *outcome->final_val_loss;
   if (Status st = folder->write_text("summary.json", summary.dump(2)); !st.ok()) return report_failure(st);
   if (outcome->stopped) {

@@ -195,6 +195,7 @@ Result<std::vector<at::Tensor>> decode_weights(ByteView bytes, const std::vector
     if (!r.ok()) break;
     auto t = quant::decode(blob, numel);
     if (!t.ok()) return t.status().with_context("stage weights, tensor " + std::to_string(k));
+    if (t->scalar_type() != at::kFloat) return error(ErrorCode::kMalformed, "stage weights: tensor " + std::to_string(k) + " is not fp32");
     if (t->sizes().vec() != shapes[k]) return error(ErrorCode::kMalformed, "stage weights: tensor " + std::to_string(k) + " has another shape than the stage's");
     if (!torch::isfinite(*t).all().item<bool>()) return error(ErrorCode::kMalformed, "stage weights: tensor " + std::to_string(k) + " is not finite");
     out.push_back(std::move(*t));
@@ -340,7 +341,9 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
   auto commit = [&]() -> Status {
     Writer w;
     w.u64(static_cast<std::uint64_t>(committing));
-    auto acks = exchange(links, req.node, kCommitTag, w.bytes(), Deadline::after(real_clock(), round_timeout), "confirming the iteration");
+    // As long as the slowest node's iteration may take (PipelineTrainer::step's deadlines).
+    const auto expected = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(4 * t.plan().simulation.makespan_s));
+    auto acks = exchange(links, req.node, kCommitTag, w.bytes(), Deadline::after(real_clock(), 2 * round_timeout + expected), "confirming the iteration");
     if (!acks.ok()) return acks.status();
     for (std::size_t j = 0; j < acks->size(); ++j) {
       if (!links[j] || static_cast<int>(j) == req.node) continue;
@@ -359,7 +362,13 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
     committing = i;
     auto rec = t.step(commit);
     if (!rec.ok() && (rec.status().code() == ErrorCode::kPeerLost || rec.status().code() == ErrorCode::kTimeout) && !stopped()) {
-      if (Status st = recover(rec.status(), i); !st.ok()) return st.with_context("iteration " + std::to_string(i));
+      if (Status st = recover(rec.status(), i); !st.ok()) {
+        if (stopped()) {
+          outcome.stopped = true;  // Ctrl-C while linking again
+          return outcome;
+        }
+        return st.with_context("iteration " + std::to_string(i));
+      }
       outcome.stage = t.plan().schedule.stage_of[static_cast<std::size_t>(req.node)];
       ++outcome.retried_iterations;
       --i;  // the same iteration again, without the lost nodes
@@ -383,17 +392,26 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
             stages[stage] = t.node_parameters(h);
             continue;
           }
+          // A holder lost (or sending garbage) costs this evaluation, not the run: the next
+          // iteration finds out whether a node is gone.
           auto got = links[static_cast<std::size_t>(h)]->recv(tag, deadline);
-          if (!got.ok()) return got.status().with_context("waiting for stage " + std::to_string(stage) + "'s weights from node " + std::to_string(h));
-          auto w = decode_weights(*got, shapes.at(stage));
-          if (!w.ok()) return w.status().with_context("from node " + std::to_string(h));
+          auto w = got.ok() ? decode_weights(*got, shapes.at(stage)) : Result<std::vector<at::Tensor>>(got.status());
+          if (!w.ok()) {
+            spdlog::warn("pipeline node {}: evaluation at iteration {} skipped: stage {}'s weights from node {}: {}", req.node, i, stage, h, w.status().message());
+            ++outcome.skipped_evaluations;
+            stages.clear();
+            break;
+          }
           stages[stage] = std::move(*w);
         }
-        val = t.evaluate_with(stages);
-        outcome.final_val_loss = val;
+        if (!stages.empty()) {
+          val = t.evaluate_with(stages);
+          outcome.final_val_loss = val;
+        }
       } else if (holders[static_cast<std::size_t>(outcome.stage)] == req.node) {
         if (Status st = links[static_cast<std::size_t>(evaluator)]->send(tag, encode_weights(t.node_parameters(req.node)), deadline); !st.ok()) {
-          return st.with_context("sending stage " + std::to_string(outcome.stage) + "'s weights to node " + std::to_string(evaluator));
+          spdlog::warn("pipeline node {}: could not send stage {}'s weights for the evaluation at iteration {} to node {}: {}", req.node, outcome.stage, i,
+                       evaluator, st.message());
         }
       }
     }
@@ -402,7 +420,11 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
   // Goodbye: a node that is done says so to every other and waits for theirs, so none closes a
   // link (a shaped one drops what it still holds) while another still waits on it.
   auto byes = exchange(links, req.node, kByeTag, ByteView(), Deadline::after(real_clock(), round_timeout), "saying goodbye");
-  if (!byes.ok()) return byes.status();
+  if (!byes.ok()) {
+    // Training is done: a node gone now costs nothing but its goodbye.
+    spdlog::warn("pipeline node {}: {}", req.node, byes.status().message());
+    return outcome;
+  }
   closer.done = true;  // the links close gracefully as they go
   return outcome;
 }

@@ -12,7 +12,9 @@
 //
 // Evaluation (every train.eval_every iterations and at the end): each stage's holder (the node whose
 // weights stand for it, PipelineTrainer::stage_holders) sends its stage's weights to stage 0's
-// holder, which evaluates the assembled model; the others report no validation loss.
+// holder, which evaluates the assembled model; the others report no validation loss. A stage's
+// weights that do not arrive (its holder lost) skip that evaluation, logged and counted; the next
+// iteration finds out whether a node is gone.
 //
 // A lost node (its process dies, its links close): every node's iteration fails; each then links
 // again with the nodes that answer within rejoin_timeout (a new epoch of connections), the nodes
@@ -70,6 +72,7 @@ struct PipelineProcessOutcome {
   bool stopped = false;                  // `stop` ended it
   std::int64_t lost_nodes = 0;           // nodes the pipeline went on without
   std::int64_t retried_iterations = 0;   // iterations that failed and were run again without them
+  std::int64_t skipped_evaluations = 0;  // the evaluator's: a stage's weights did not arrive
 };
 
 // The run id of a config's processes: the first 16 bytes of the BLAKE2b-256 of its TOML.

@@ -415,6 +415,10 @@ Status validate(const RunConfig& c) {
     return bad("data.synthetic.classes (" + std::to_string(c.data.synthetic.classes) + ") must not exceed data.synthetic.words (" +
                std::to_string(c.data.synthetic.words) + ")");
   }
+  if (c.pipeline.crash_node >= 0 && c.pipeline.stage_sync != "ddp") {
+    return bad("pipeline.crash_node needs pipeline.stage_sync = ddp: with an outer method inside the stages, replicas step on their own before an "
+               "iteration is known to have failed, so running it again without the lost node would step them twice");
+  }
   if (c.pipeline.crash_node >= c.pipeline.nodes) {
     return bad("pipeline.crash_node (" + std::to_string(c.pipeline.crash_node) + ") must name one of the " + std::to_string(c.pipeline.nodes) + " pipeline nodes");
   }

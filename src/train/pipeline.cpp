@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "core/check.h"
@@ -403,6 +404,7 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
     // The timetable's order: each piece of work when its turn comes, its message taken from those
     // that arrived (one that came early waits here).
     std::map<std::tuple<std::uint32_t, bool, int>, std::pair<ActivationHeader, at::Tensor>> arrived;  // by (micro-batch, backward, hop)
+    std::set<std::tuple<std::uint32_t, bool, int>> consumed;  // messages whose work is done
     std::size_t k = 0;
     while (st.ok() && k < order_.size()) {
       const OrderItem& w = order_[k];
@@ -419,8 +421,14 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
       if (auto it = arrived.find(key); it != arrived.end()) {
         st = compute(it->second.first, it->second.second);
         arrived.erase(it);
+        consumed.insert(key);
         ++k;
         continue;
+      }
+      if (processed == total_expected) {  // every message is in, and not the one due: a peer sent another
+        st = error(ErrorCode::kMalformed, "node " + std::to_string(node_) + " got every message it expects but not micro-batch " + std::to_string(w.microbatch) +
+                                              "'s, which its timetable does next");
+        break;
       }
       auto got = receive();
       if (!got.ok()) {
@@ -430,7 +438,9 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
       auto& [from, msg] = *got;
       st = check(from, msg.first);
       const auto at = std::make_tuple(msg.first.microbatch, msg.first.backward, static_cast<int>(msg.first.hop));
-      if (st.ok() && arrived.count(at) > 0) st = error(ErrorCode::kMalformed, "micro-batch " + std::to_string(msg.first.microbatch) + "'s message came twice");
+      if (st.ok() && (arrived.count(at) > 0 || consumed.count(at) > 0)) {
+        st = error(ErrorCode::kMalformed, "micro-batch " + std::to_string(msg.first.microbatch) + "'s message came twice");
+      }
       if (st.ok()) arrived.emplace(at, std::move(msg));
     }
     if (st.ok() && (!arrived.empty() || processed != total_expected)) {

@@ -473,7 +473,7 @@ std::vector<int> PipelineTrainer::stage_holders() const {
     int holder = -1;
     if (const auto it = m.replicas.find(stage); it != m.replicas.end() && !it->second.empty()) holder = it->second.front();
     for (std::size_t v = 0; v < m.plan.schedule.stage_of.size() && holder < 0; ++v) {
-      if (m.plan.schedule.stage_of[v] == stage) holder = static_cast<int>(v);
+      if (m.plan.schedule.stage_of[v] == stage && m.alive[v]) holder = static_cast<int>(v);
     }
     out.push_back(holder);
   }

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "run/pipeline_process.h"
+#include "support/pipeline_config.h"
 #include "train/run.h"
 #include "transport/tcp_transport.h"
 
@@ -20,26 +21,12 @@ using namespace gossamer::run;
 namespace {
 
 train::RunConfig small_pipeline() {
-  train::RunConfig c;
-  c.model.layers = 6;
-  c.model.width = 16;
-  c.model.heads = 2;
-  c.model.context = 16;
+  train::RunConfig c = testing::small_pipeline_run();
   c.data.synthetic.bytes = 60'000;
-  c.train.batch_size = 2;
   c.train.steps = 4;
   c.train.warmup_steps = 1;
-  c.train.lr = 1e-2;
   c.train.eval_every = 2;
-  c.train.eval_batches = 2;
   c.train.round_timeout_s = 60;
-  c.pipeline.nodes = 8;
-  c.pipeline.stages = 3;
-  c.pipeline.path_length = 2;
-  c.pipeline.mbs_per_origin = 2;
-  c.pipeline.mbs_per_agent = 1;
-  c.pipeline.network = "uniform";
-  c.pipeline.gcma_trials = 50;
   return c;
 }
 

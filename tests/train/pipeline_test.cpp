@@ -15,6 +15,7 @@
 #include "quant/codec.h"
 #include "skippipe/planner.h"
 #include "support/mutate.h"
+#include "support/pipeline_config.h"
 #include "train/pipeline.h"
 #include "train/pipeline_trainer.h"
 #include "train/run.h"
@@ -105,26 +106,7 @@ double one_process(model::Gpt& gpt, const MicroBatchData& d, const std::vector<i
 
 // A pipeline small enough to train a dozen iterations in a test: 6 blocks in 3 stages on 8 nodes,
 // paths of 2 stages.
-RunConfig small_pipeline_run() {
-  RunConfig c;
-  c.model.layers = 6;
-  c.model.width = 16;
-  c.model.heads = 2;
-  c.model.context = 16;
-  c.train.batch_size = 2;
-  c.train.steps = 12;
-  c.train.warmup_steps = 2;
-  c.train.lr = 1e-2;
-  c.train.eval_batches = 2;
-  c.pipeline.nodes = 8;
-  c.pipeline.stages = 3;
-  c.pipeline.path_length = 2;
-  c.pipeline.mbs_per_origin = 2;
-  c.pipeline.mbs_per_agent = 1;
-  c.pipeline.network = "uniform";
-  c.pipeline.gcma_trials = 50;
-  return c;
-}
+using testing::small_pipeline_run;
 
 }  // namespace
 
@@ -545,4 +527,44 @@ TEST_CASE("a gradient of the wrong shape from a peer fails the node's iteration 
   t.join();
   REQUIRE_FALSE(result.ok());
   CHECK(result.status().code() == ErrorCode::kMalformed);
+}
+
+TEST_CASE("following a timetable, a message that comes twice fails the iteration at once, not at its deadline") {
+  // Two stages on two nodes, two micro-batches; the test plays the origin (node 0) by hand.
+  skippipe::Schedule s;
+  s.mode = skippipe::Mode::kSkipPipe;
+  s.options.stages = 2;
+  s.options.path_length = 2;
+  s.options.mbs_per_origin = 2;
+  s.options.mbs_per_agent = 1;
+  s.stage_of = {0, 1};
+  s.agents = {skippipe::Agent{0, {1}, 0.0, 1}, skippipe::Agent{0, {1}, 1.0, 1}};
+  skippipe::Costs costs;
+  costs.forward_s = 1.0;
+  costs.activation_bytes = 1000;
+  auto timed = skippipe::simulate(s, skippipe::uniform_network(2, 0.01, 1e9), costs);
+  REQUIRE(timed.ok());
+  s.timetable = timed->timetable;
+  REQUIRE(skippipe::validate(s).ok());
+  model::GptConfig g = tiny_gpt();
+  g.layers = 2;
+  auto links = mesh(2);
+  PipelineNode node(1, s, model::Gpt(g), links[1]);
+  Result<IterationStats> result = error(ErrorCode::kInternal, "not run");
+  const auto started = std::chrono::steady_clock::now();
+  std::thread t([&] { result = node.run_iteration(1, {}, Deadline::after(real_clock(), 60s)); });
+  const transport::Tag tag = transport::tags::kPipeline | 1u;
+  ActivationHeader fwd;
+  fwd.iteration = 1;
+  fwd.microbatch = 0;
+  fwd.hop = 1;
+  const Bytes m = encode_activation(fwd, torch::randn({2, 8, 16}), quant::EncodeOptions{});
+  REQUIRE(links[0][1]->send(tag, m, Deadline::after(real_clock(), 5s)).ok());
+  REQUIRE(links[0][1]->recv(tag, Deadline::after(real_clock(), 10s)).ok());  // its output, on to the origin
+  REQUIRE(links[0][1]->send(tag, m, Deadline::after(real_clock(), 5s)).ok());  // the same forward again
+  t.join();
+  REQUIRE_FALSE(result.ok());
+  CHECK(result.status().code() == ErrorCode::kMalformed);
+  CHECK(result.status().message().find("twice") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - started < 30s);
 }
