@@ -495,9 +495,12 @@ Status PipelineTrainer::exclude(const std::vector<int>& dead) {
     alive[static_cast<std::size_t>(d)] = false;
   }
   const auto& stage_of = m.plan.schedule.stage_of;
+  // Planned over the survivors that took part: their weights are current. A node the schedule gave
+  // nothing (the full pipeline's idle stage-0 nodes) still holds the initial weights, so it stays out.
+  const std::vector<int> took_part = node_visits(m.plan.schedule);
   std::vector<int> survivors;  // sub-problem index -> node
   for (int v = 0; v < n; ++v) {
-    if (alive[static_cast<std::size_t>(v)]) survivors.push_back(v);
+    if (alive[static_cast<std::size_t>(v)] && took_part[static_cast<std::size_t>(v)] > 0) survivors.push_back(v);
   }
   std::vector<int> per_stage(static_cast<std::size_t>(m.options.stages), 0);
   for (int v : survivors) ++per_stage[static_cast<std::size_t>(stage_of[static_cast<std::size_t>(v)])];

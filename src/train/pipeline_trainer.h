@@ -97,10 +97,12 @@ class PipelineTrainer {
   // The parameters of a node hosted here (its stage's, in model order).
   std::vector<at::Tensor> node_parameters(int node) const;
   const skippipe::Plan& plan() const;
-  // Goes on without `dead` (nodes lost; each stage must keep one): the survivors keep their stages
-  // and weights, the scheduler plans paths over them (pipeline.memory raised to the least they can
-  // carry the micro-batches with; a lost origin's micro-batches are not started any more), and the
-  // next step() runs the new schedule over fresh links (PipelineEnvironment::link's next epoch).
+  // Goes on without `dead` (nodes lost; each stage must keep one): the survivors that took part keep
+  // their stages and weights, the scheduler plans paths over them (pipeline.memory raised to the
+  // least they can carry the micro-batches with; being one number, it is every node's bound on
+  // micro-batches in flight from then on; a lost origin's micro-batches are not started any more),
+  // and the next step() runs the new schedule over fresh links (PipelineEnvironment::link's next
+  // epoch). Nodes that took no part (hold the initial weights) stay out of it.
   // Every process of a pipeline must exclude the same nodes. With an outer method inside the
   // stages, their outer optimizers start afresh over the new groups.
   [[nodiscard]] Status exclude(const std::vector<int>& dead);
