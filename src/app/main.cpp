@@ -4,7 +4,7 @@
 //   gossamer sim     simulate one method with many workers over an emulated network
 //   gossamer compare compare methods in simulation and write a report
 //   gossamer plan    bandwidth each method needs for a target compute utilization
-//   gossamer pipeline train the GPT as a SkipPipe pipeline, every node in this process
+//   gossamer pipeline train the GPT as a SkipPipe pipeline, in this process or one node per process
 //   gossamer schedule SkipPipe: stages per node and micro-batch paths, the modes side by side
 //   gossamer config  print the effective configuration, or every key with its meaning
 //   gossamer keygen  write a run key that secures every link of a run

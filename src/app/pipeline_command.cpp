@@ -25,7 +25,8 @@ namespace gossamer::app {
 void add_pipeline_command(CLI::App& app, PipelineArgs& a) {
   auto* cmd = app.add_subcommand("pipeline",
                                  "Train the GPT as a SkipPipe pipeline (pipeline.* keys; docs/skippipe.md): its stages on pipeline.nodes nodes, all in "
-                                 "this process; train.steps iterations of every origin's micro-batches. Writes metrics.jsonl and summary.json");
+                                 "this process, or with --node one node per process; train.steps iterations of every origin's micro-batches. Writes "
+                                 "metrics.jsonl and summary.json");
   add_config_source(*cmd, a.source);
   a.out_option = cmd->add_option("--out", a.out, "output folder, new or empty (default: runs/pipeline-<time>)");
   cmd->add_option("--omit", a.omit, "stages (not 0) to leave out in the omission evaluation at the end, e.g. --omit 2,4,5 (default: the "
