@@ -335,6 +335,7 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
     return agree_on_schedule(Deadline::after(real_clock(), req.rejoin_timeout));
   };
 
+  const auto shapes = stage_shapes(c);  // what a stage's weights sent for evaluation must be
   // Every node confirms it got through the iteration before any weight moves (ddp), so a lost node
   // leaves every survivor's weights as they were.
   std::int64_t committing = 0;
@@ -381,7 +382,6 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
     if ((c.train.eval_every > 0 && i % c.train.eval_every == 0) || i == c.train.steps) {
       const std::vector<int> holders = t.stage_holders();
       const int evaluator = holders[0];
-      const auto shapes = stage_shapes(c);
       const transport::Tag tag = transport::tags::kPipelineEval | static_cast<transport::Tag>(i & 0xFFFF);
       const Deadline deadline = Deadline::after(real_clock(), round_timeout);
       if (req.node == evaluator) {

@@ -7,7 +7,6 @@
 #include <functional>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <set>
 #include <string>
 
@@ -454,44 +453,22 @@ Result<IterationStats> PipelineNode::run_iteration(std::uint64_t iteration, cons
       ++launched;
     }
     if (!st.ok() || (processed == total_expected && waiting.empty() && finished == own.size() && launched == own.size())) break;
-    // The next message: a backward or a returning forward first (they free memory or need none),
-    // then a forward that has room.
-    std::optional<Inbound> next;
-    {
-      std::unique_lock lock(mu);
-      const bool got = signal->wait(lock, deadline, [&] { return !inbox.empty() || !failed.ok() || (!waiting.empty() && static_cast<int>(held.size()) < memory); });
-      if (!failed.ok()) {
-        st = failed;
-        break;
-      }
-      if (!got) {
-        st = error(ErrorCode::kTimeout, "pipeline iteration " + std::to_string(iteration) + ": node " + std::to_string(node_) + " waited past its deadline");
-        break;
-      }
-      if (!inbox.empty()) {
-        next = std::move(inbox.front());
-        inbox.pop_front();
-      }
+    // The next message (waiting forwards were given what room there is after the last one).
+    auto got = receive();
+    if (!got.ok()) {
+      st = got.status();
+      break;
     }
-    if (next) {
-      ++processed;
-      auto decoded = decode_activation(next->bytes, limits);
-      if (!decoded.ok()) {
-        st = decoded.status().with_context("from node " + std::to_string(next->from));
-        break;
-      }
-      auto& [h, x] = *decoded;
-      const Route* r = h.microbatch < all.size() ? &all[h.microbatch] : nullptr;
-      const bool takes_memory = !h.backward && r != nullptr && h.hop <= static_cast<int>(r->path.size()) - 1;
-      if (takes_memory && (static_cast<int>(held.size()) >= memory || !waiting.empty())) {
-        waiting.emplace_back(next->from, std::move(*decoded));
-      } else {
-        st = process(next->from, h, x);
-      }
-      if (st.ok()) st = drain();
-      continue;
+    auto& [from, decoded] = *got;
+    const ActivationHeader& h = decoded.first;
+    const Route* r = h.microbatch < all.size() ? &all[h.microbatch] : nullptr;
+    const bool takes_memory = !h.backward && r != nullptr && h.hop <= static_cast<int>(r->path.size()) - 1;
+    if (takes_memory && (static_cast<int>(held.size()) >= memory || !waiting.empty())) {
+      waiting.emplace_back(from, std::move(decoded));
+    } else {
+      st = process(from, h, decoded.second);
     }
-    st = drain();
+    if (st.ok()) st = drain();
   }
   } catch (const std::exception& e) {
     // A tensor of a shape the stage cannot take (a peer's message passed its header's checks).

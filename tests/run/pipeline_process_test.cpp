@@ -37,6 +37,15 @@ struct Node {
   std::vector<std::optional<double>> vals;
 };
 
+PipelineProcessRequest request(const train::RunConfig& c, int node, const std::vector<std::string>& addresses, Nanos connect_timeout) {
+  PipelineProcessRequest req;
+  req.config = c;
+  req.node = node;
+  req.addresses = addresses;
+  req.connect_timeout = connect_timeout;
+  return req;
+}
+
 std::vector<Node> start_transports(const train::RunConfig& c, std::vector<std::string>& addresses) {
   std::vector<Node> nodes(static_cast<std::size_t>(c.pipeline.nodes));
   for (std::size_t v = 0; v < nodes.size(); ++v) {
@@ -63,11 +72,7 @@ TEST_CASE("a pipeline across processes over shaped TCP links: the same losses an
     std::vector<std::thread> threads;
     for (std::size_t v = 0; v < nodes.size(); ++v) {
       threads.emplace_back([&, v] {
-        PipelineProcessRequest req;
-        req.config = c;
-        req.node = static_cast<int>(v);
-        req.addresses = addresses;
-        req.connect_timeout = std::chrono::seconds(30);
+        PipelineProcessRequest req = request(c, static_cast<int>(v), addresses, std::chrono::seconds(30));
         // Shaped links keep what is still on its way when closed abruptly: the goodbye at the end
         // lets every node finish first.
         transport::LinkProfile shape;
@@ -137,11 +142,7 @@ TEST_CASE("a pipeline across processes: another config is refused at the handsha
     o.run = pipeline_run_id(other);
     auto stranger = transport::make_tcp_transport(o);
     REQUIRE(stranger.ok());
-    PipelineProcessRequest req;
-    req.config = other;
-    req.node = 1;
-    req.addresses = addresses;
-    req.connect_timeout = std::chrono::seconds(5);
+    const PipelineProcessRequest req = request(other, 1, addresses, std::chrono::seconds(5));
     auto r = run_pipeline_process(req, **stranger, corpus->dataset);
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().message().find("another config") != std::string::npos);
@@ -150,11 +151,7 @@ TEST_CASE("a pipeline across processes: another config is refused at the handsha
     std::vector<std::string> addresses;
     auto nodes = start_transports(c, addresses);
     std::atomic<bool> stop{true};  // Ctrl-C already pressed: seen within one short accept wait
-    PipelineProcessRequest req;
-    req.config = c;
-    req.node = 0;  // waits for the 7 above it, which never start
-    req.addresses = addresses;
-    req.connect_timeout = std::chrono::minutes(5);
+    PipelineProcessRequest req = request(c, 0, addresses, std::chrono::minutes(5));  // waits for the 7 above it, which never start
     req.stop = &stop;
     const auto started = std::chrono::steady_clock::now();
     auto r = run_pipeline_process(req, *nodes[0].transport, corpus->dataset);
@@ -173,11 +170,7 @@ TEST_CASE("a pipeline across processes: another config is refused at the handsha
     std::vector<std::optional<double>> vals(nodes.size());
     for (std::size_t v = 0; v < nodes.size(); ++v) {
       threads.emplace_back([&, v] {
-        PipelineProcessRequest req;
-        req.config = run;
-        req.node = static_cast<int>(v);
-        req.addresses = addresses;
-        req.connect_timeout = std::chrono::seconds(30);
+        PipelineProcessRequest req = request(run, static_cast<int>(v), addresses, std::chrono::seconds(30));
         req.rejoin_timeout = std::chrono::seconds(3);
         req.on_iteration = [&, v](const train::PipelineRecord& r, std::optional<double> val) {
           losses[v].push_back(r.train_loss * static_cast<double>(r.losses));

@@ -108,6 +108,25 @@ double one_process(model::Gpt& gpt, const MicroBatchData& d, const std::vector<i
 // paths of 2 stages.
 using testing::small_pipeline_run;
 
+// Stage 0 on node 0, stage 1 on node 1; `mbs` agents of one micro-batch each, one forward apart.
+skippipe::Schedule two_nodes(int mbs) {
+  skippipe::Schedule s;
+  s.mode = skippipe::Mode::kSkipPipe;
+  s.options.stages = 2;
+  s.options.path_length = 2;
+  s.options.mbs_per_origin = mbs;
+  s.options.mbs_per_agent = 1;
+  s.stage_of = {0, 1};
+  for (int k = 0; k < mbs; ++k) s.agents.push_back(skippipe::Agent{0, {1}, static_cast<double>(k), 1});
+  return s;
+}
+
+model::GptConfig two_block_gpt() {
+  model::GptConfig g = tiny_gpt();
+  g.layers = 2;
+  return g;
+}
+
 }  // namespace
 
 TEST_CASE("a skipping path's gradients are bit-identical to the same blocks run in one process, and the full path's to the whole model's") {
@@ -499,19 +518,10 @@ TEST_CASE("a pipeline goes on without lost nodes: rescheduled over the survivors
 
 TEST_CASE("a gradient of the wrong shape from a peer fails the node's iteration with an error, not a crash") {
   // Two stages on two nodes: the test plays the origin (node 0) by hand over its link to node 1.
-  skippipe::Schedule s;
-  s.mode = skippipe::Mode::kSkipPipe;
-  s.options.stages = 2;
-  s.options.path_length = 2;
-  s.options.mbs_per_origin = 1;
-  s.options.mbs_per_agent = 1;
-  s.stage_of = {0, 1};
-  s.agents = {skippipe::Agent{0, {1}, 0.0, 1}};
+  const skippipe::Schedule s = two_nodes(1);
   REQUIRE(skippipe::validate(s).ok());
-  model::GptConfig g = tiny_gpt();
-  g.layers = 2;
   auto links = mesh(2);
-  PipelineNode node(1, s, model::Gpt(g), links[1]);
+  PipelineNode node(1, s, model::Gpt(two_block_gpt()), links[1]);
   Result<IterationStats> result = error(ErrorCode::kInternal, "not run");
   std::thread t([&] { result = node.run_iteration(1, {}, Deadline::after(real_clock(), 20s)); });
   const transport::Tag tag = transport::tags::kPipeline | 1u;
@@ -535,14 +545,7 @@ TEST_CASE("a gradient of the wrong shape from a peer fails the node's iteration 
 
 TEST_CASE("following a timetable, a message that comes twice fails the iteration at once, not at its deadline") {
   // Two stages on two nodes, two micro-batches; the test plays the origin (node 0) by hand.
-  skippipe::Schedule s;
-  s.mode = skippipe::Mode::kSkipPipe;
-  s.options.stages = 2;
-  s.options.path_length = 2;
-  s.options.mbs_per_origin = 2;
-  s.options.mbs_per_agent = 1;
-  s.stage_of = {0, 1};
-  s.agents = {skippipe::Agent{0, {1}, 0.0, 1}, skippipe::Agent{0, {1}, 1.0, 1}};
+  skippipe::Schedule s = two_nodes(2);
   skippipe::Costs costs;
   costs.forward_s = 1.0;
   costs.activation_bytes = 1000;
@@ -550,10 +553,8 @@ TEST_CASE("following a timetable, a message that comes twice fails the iteration
   REQUIRE(timed.ok());
   s.timetable = timed->timetable;
   REQUIRE(skippipe::validate(s).ok());
-  model::GptConfig g = tiny_gpt();
-  g.layers = 2;
   auto links = mesh(2);
-  PipelineNode node(1, s, model::Gpt(g), links[1]);
+  PipelineNode node(1, s, model::Gpt(two_block_gpt()), links[1]);
   Result<IterationStats> result = error(ErrorCode::kInternal, "not run");
   const auto started = std::chrono::steady_clock::now();
   std::thread t([&] { result = node.run_iteration(1, {}, Deadline::after(real_clock(), 60s)); });
