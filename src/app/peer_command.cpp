@@ -36,7 +36,8 @@ void add_peer_command(CLI::App& app, PeerArgs& args) {
   add_config_source(*cmd, args.source);
   cmd->add_option("--key", args.key, "run key file (`gossamer keygen`): links and gossip are then authenticated and encrypted");
   cmd->add_option("--out", args.out, "run folder: address, config.toml, metrics.jsonl, checkpoint.bin, summary.json")->capture_default_str();
-  cmd->add_option("--wait-for", args.wait_for, "peers that must be ready before training starts (the first peer's value counts)")
+  cmd->add_option("--wait-for", args.wait_for, "peers that must be ready before training starts (the first peer's value counts; a pipeline run, pipeline.enabled, "
+                  "waits for pipeline.nodes unless given, and is planned over every peer ready at its start)")
       ->check(integer_in(1, 4096))
       ->capture_default_str();
   cmd->add_option("--shape", args.shape,
@@ -73,7 +74,9 @@ int run_peer_command(const PeerArgs& args) {
     auto config = build_config(args.source);
     if (!config.ok()) return report_failure(config.status());
     // What the run would refuse later is refused before anything starts.
-    if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
+    if (!config->pipeline.enabled) {  // (a pipeline's stages sync as pipeline.stage_sync says)
+      if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
+    }
     for (const auto& w : train::config_warnings(*config)) spdlog::warn("{}", w);
     train::RunConfig here = *config;
     if (!args.device.empty()) here.train.device = args.device;
@@ -119,11 +122,12 @@ int run_peer_command(const PeerArgs& args) {
     spdlog::info("stopped while finishing: training was complete; results in {}/ (the other members' last words not awaited)", args.out);
     return 130;
   }
-  std::string line = fmt::format("done: {} steps, {} rounds ({} skipped, {} retried)", outcome->steps, outcome->rounds, outcome->skipped_rounds,
-                                 outcome->retries);
+  std::string line = outcome->pipeline ? fmt::format("done: {} pipeline iterations ({} run again without lost nodes)", outcome->steps, outcome->retries)
+                                       : fmt::format("done: {} steps, {} rounds ({} skipped, {} retried)", outcome->steps, outcome->rounds,
+                                                     outcome->skipped_rounds, outcome->retries);
   if (outcome->final_val_loss) line += fmt::format(", val loss {:.4f}", *outcome->final_val_loss);
-  spdlog::info("{}; parameters {}", line, outcome->params_digest.substr(0, 16));
-  spdlog::info("results in {}/ (metrics.jsonl, summary.json, checkpoint.bin)", args.out);
+  spdlog::info("{}; parameters {}{}", line, outcome->params_digest.substr(0, 16), outcome->pipeline ? " (this node's stage)" : "");
+  spdlog::info("results in {}/ (metrics.jsonl, summary.json{})", args.out, outcome->pipeline ? "" : ", checkpoint.bin");
   return 0;
 }
 

@@ -102,10 +102,7 @@ int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const st
   if (!metrics.ok()) return report_failure(metrics.status());
   Status write_failed;
   req.on_iteration = [&](const train::PipelineRecord& r, std::optional<double> val) {
-    nlohmann::json j = {{"node", a.node}, {"step", r.iteration}, {"samples", r.samples}, {"train_loss", r.train_loss}, {"losses", r.losses},
-                        {"lr", r.lr}, {"activation_bytes", r.activation_bytes}, {"sync_bytes", r.sync_bytes}, {"seconds", r.seconds},
-                        {"makespan_s", r.makespan_s}, {"sync_s", r.sync_s}, {"lost_nodes", r.lost_nodes}};
-    if (val) j["val_loss"] = *val;
+    const nlohmann::json j = run::pipeline_record_json(a.node, r, val);
     if (Status st = metrics->write(j); !st.ok() && write_failed.ok()) write_failed = st;
     std::fprintf(stderr, "node %d, iteration %lld/%lld: %.2f s%s\n", a.node, static_cast<long long>(r.iteration), static_cast<long long>(c.train.steps),
                  r.seconds, val ? (", val loss " + std::to_string(*val)).c_str() : "");
@@ -114,10 +111,7 @@ int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const st
   auto outcome = run::run_pipeline_process(req, **transport, corpus->dataset);
   if (!outcome.ok()) return report_failure(outcome.status());
   if (!write_failed.ok()) return report_failure(write_failed);
-  nlohmann::json summary = {{"node", a.node}, {"stage", outcome->stage}, {"iterations", outcome->iterations}, {"schedule_hash", outcome->schedule_hash},
-                            {"stopped", outcome->stopped}, {"lost_nodes", outcome->lost_nodes}, {"retried_iterations", outcome->retried_iterations},
-                            {"skipped_evaluations", outcome->skipped_evaluations}};
-  if (outcome->final_val_loss) summary["final_val_loss"] = *outcome->final_val_loss;
+  const nlohmann::json summary = run::pipeline_summary_json(a.node, *outcome);
   if (Status st = folder->write_text("summary.json", summary.dump(2)); !st.ok()) return report_failure(st);
   if (outcome->stopped) {
     spdlog::warn("interrupted after iteration {}: metrics.jsonl holds what was done", outcome->iterations);

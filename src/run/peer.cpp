@@ -58,7 +58,7 @@ Result<std::uint16_t> link_port_of(const PeerRequest& req, std::uint16_t listen_
 
 // ddp on Gloo serves its rendezvous at the host its links listen on: a wildcard cannot be reached.
 Status check_gloo_listen(const train::RunConfig& config, const std::string& listen) {
-  if (config.outer.method != optim::method_name(optim::Method::kDdp) || config.ddp.engine != "gloo" || !transport::is_wildcard_address(listen)) return Status();
+  if (config.pipeline.enabled || config.outer.method != optim::method_name(optim::Method::kDdp) || config.ddp.engine != "gloo" || !transport::is_wildcard_address(listen)) return Status();
   return error(ErrorCode::kInvalidArgument, "ddp.engine = \"gloo\" serves its rendezvous at the --listen host, which must then be an address the "
                                             "others reach: give --listen <this machine's address>:PORT instead of " + listen);
 }

@@ -78,6 +78,7 @@ struct PeerOutcome {
   std::optional<double> final_val_loss;
   std::string params_digest;  // BLAKE2b-256 of the final parameters (hex)
   bool finished = false;
+  bool pipeline = false;  // a pipeline run (pipeline.enabled): steps are iterations, the digest is this node's stage
   train::WorkerAccount account;  // what the training loop counted
   at::Tensor final_params;       // flattened
 };

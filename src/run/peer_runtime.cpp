@@ -74,6 +74,7 @@ Peer::~Peer() {
 
 Result<PeerOutcome> Peer::run() {
   if (Status st = learn_run(); !st.ok()) return st;
+  if (config_.pipeline.enabled) return run_pipeline();
   if (Status st = link_up(); !st.ok()) return st;
   if (Status st = join_or_start(); !st.ok()) return st;
   auto account = rounds();
@@ -115,20 +116,28 @@ Status Peer::learn_run() {
   if (spec_.toml.size() > kMaxSpec) return error(ErrorCode::kInvalidArgument, "the run's config is too large to announce");
   if (Status st = train::apply_toml(config_, spec_.toml, "run spec"); !st.ok()) return st;
   if (Status st = train::validate(config_); !st.ok()) return st;
+  // A pipeline of one node is none: unless told otherwise, the first peer waits for pipeline.nodes.
+  if (plan_.first && config_.pipeline.enabled && spec_.wait_for < 2) spec_.wait_for = static_cast<std::uint32_t>(config_.pipeline.nodes);
   if (plan_.device) config_.train.device = *plan_.device;  // where this machine computes is its own choice
-  auto outer = train::outer_config(config_);
-  if (!outer.ok()) return outer.status();
-  outer_config_ = std::move(*outer);
   if (env_.check_run) {
     if (Status st = env_.check_run(config_); !st.ok()) return st;
   }
-  auto schedule = round_schedule(config_, outer_config_);
-  if (!schedule.ok()) return schedule.status();
-  schedule_ = *schedule;
+  if (!config_.pipeline.enabled) {  // (a pipeline's stages sync as pipeline.stage_sync says)
+    auto outer = train::outer_config(config_);
+    if (!outer.ok()) return outer.status();
+    outer_config_ = std::move(*outer);
+    auto schedule = round_schedule(config_, outer_config_);
+    if (!schedule.ok()) return schedule.status();
+    schedule_ = *schedule;
+  }
   ddp_ = outer_config_.method == optim::Method::kDdp;
   round_timeout_ = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config_.train.round_timeout_s));
   spec_hash_ = digest_of(as_bytes(spec_.toml));
-  spdlog::info("run {} ({} on {} steps, rounds every {} steps)", spec_hash_.hex().substr(0, 16), config_.outer.method, config_.train.steps, schedule_.period);
+  if (config_.pipeline.enabled) {
+    spdlog::info("run {} (a {} pipeline of {} stages, {} iterations)", spec_hash_.hex().substr(0, 16), config_.pipeline.mode, config_.pipeline.stages, config_.train.steps);
+  } else {
+    spdlog::info("run {} ({} on {} steps, rounds every {} steps)", spec_hash_.hex().substr(0, 16), config_.outer.method, config_.train.steps, schedule_.period);
+  }
   announcer_ = std::make_unique<SpecAnnouncer>(gossip_, spec_, current_round_, clock_);
   if (env_.keep_spec) return env_.keep_spec(spec_.toml);
   return Status();
@@ -232,16 +241,22 @@ Status Peer::check_not_stranded() const {
 }
 
 // Round 0's group, or nothing when the run started without this peer.
-Result<std::optional<GroupView>> Peer::wait_for_start() {
+Result<std::optional<GroupView>> Peer::wait_for_start(const std::function<bool()>& too_late) {
   spdlog::info("waiting for {} peer(s) to start", spec_.wait_for);
   // Asked from a thread of its own, so that a stop request (Ctrl-C) ends the wait at once.
   Pending pending(clock_, 0, [c = coordinator_, d = after(plan_.start_timeout)] { return c->agree(0, 0, d); });
+  bool late = false;
   while (!pending.done()) {
     if (stop_requested()) coordinator_->stop();
+    if (!late && too_late && too_late()) {
+      late = true;
+      coordinator_->stop();
+    }
     clock_.sleep_for(100ms);
   }
   auto agreed = pending.get();
   if (stop_requested()) return error(ErrorCode::kAborted, "stop requested while waiting for the peers to start");
+  if (late && !agreed.ok()) return std::optional<GroupView>();
   if (agreed.ok()) return std::optional<GroupView>(*agreed);
   if (agreed.status().code() == ErrorCode::kUnavailable || agreed.status().code() == ErrorCode::kAborted) return std::optional<GroupView>();
   return agreed.status().with_context("starting the run");

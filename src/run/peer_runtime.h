@@ -15,6 +15,8 @@
 //                  regroup() agrees the round's group (asked ahead, retried after a failure); after a
 //                  round, boundary() offers the shared state to newcomers and checkpoints when due
 //   finish         a last agreement as a barrier, the final checkpoint, the outcome and summary
+// A pipeline run (pipeline.enabled) takes learn_run, then run_pipeline: the peers ready at the
+// start become the pipeline's nodes (run/pipeline_process.h), and nobody joins later.
 //
 // Threading: run() blocks the calling thread (a simulated thread in a simulation); everything it
 // starts runs on threads of the environment's clock and is joined before run() returns. Errors:
@@ -132,6 +134,9 @@ class Peer {
   [[nodiscard]] Status join_or_start();
   [[nodiscard]] Result<train::WorkerAccount> rounds();
   [[nodiscard]] Result<PeerOutcome> finish(const train::WorkerAccount& account);
+  // Instead of link_up .. finish when the run is a pipeline (pipeline.enabled; peer_pipeline.cpp):
+  // round 0's group is the pipeline's nodes, in id order, and run_pipeline_process trains it.
+  [[nodiscard]] Result<PeerOutcome> run_pipeline();
 
   const train::RunConfig& config() const { return config_; }        // learn_run
   const RoundSchedule& schedule() const { return schedule_; }       // learn_run
@@ -143,7 +148,8 @@ class Peer {
  private:
   class Pending;  // a group asked for from a thread of its own
 
-  [[nodiscard]] Result<std::optional<GroupView>> wait_for_start();
+  // too_late (checked while waiting): true ends the wait as if the run had started without this peer.
+  [[nodiscard]] Result<std::optional<GroupView>> wait_for_start(const std::function<bool()>& too_late = {});
   [[nodiscard]] Result<FetchResult> fetch_newest(Deadline deadline);
   [[nodiscard]] Status adopt(const FetchResult& fetched);
   // After adopt(): replays the updates the donors applied since the snapshot (catch-up), then tells

@@ -11,6 +11,8 @@
 #include "core/hash.h"
 #include "core/wire.h"
 #include "model/gpt.h"
+#include "optim/flat_params.h"
+#include "run/rounds.h"
 #include "quant/codec.h"
 #include "train/pipeline.h"
 #include "train/run.h"
@@ -43,6 +45,13 @@ Result<Links> connect_mesh(const PipelineProcessRequest& req, transport::Transpo
                            Deadline deadline, bool tolerate) {
   const int n = static_cast<int>(req.addresses.size()), self = req.node;
   Links links(static_cast<std::size_t>(n));
+  auto id_of = [&](int node) { return req.ids.empty() ? transport::PeerId{static_cast<std::uint64_t>(node) + 1} : req.ids[static_cast<std::size_t>(node)]; };
+  auto node_of = [&](transport::PeerId id) {  // -1: no node of this pipeline
+    for (int k = 0; k < n; ++k) {
+      if (id_of(k) == id) return k;
+    }
+    return -1;
+  };
   auto stopped = [&] { return req.stop != nullptr && req.stop->load(); };
   int above = 0;
   for (int j = self + 1; j < n; ++j) above += wanted[static_cast<std::size_t>(j)] ? 1 : 0;
@@ -58,9 +67,8 @@ Result<Links> connect_mesh(const PipelineProcessRequest& req, transport::Transpo
         }
         return;
       }
-      const std::uint64_t id = (*link)->peer().value;
-      const bool known = id >= static_cast<std::uint64_t>(self) + 2 && id <= static_cast<std::uint64_t>(n) && wanted[static_cast<std::size_t>(id - 1)] &&
-                         !links[static_cast<std::size_t>(id - 1)];
+      const int from = node_of((*link)->peer());
+      const bool known = from > self && wanted[static_cast<std::size_t>(from)] && !links[static_cast<std::size_t>(from)];
       auto said = known ? (*link)->recv(kEpochTag, Deadline::after(real_clock(), std::chrono::seconds(5))) : Result<Bytes>(error(ErrorCode::kMalformed, ""));
       Reader r(said.ok() ? ByteView(*said) : ByteView(), "pipeline epoch");
       const std::uint64_t their = r.u64();
@@ -76,7 +84,7 @@ Result<Links> connect_mesh(const PipelineProcessRequest& req, transport::Transpo
         (*link)->close();
         continue;
       }
-      links[static_cast<std::size_t>(id - 1)] = std::move(*link);
+      links[static_cast<std::size_t>(from)] = std::move(*link);
       ++k;
     }
   });
@@ -91,7 +99,7 @@ Result<Links> connect_mesh(const PipelineProcessRequest& req, transport::Transpo
       for (;;) {
         auto link = transport.connect(at, Deadline::at(std::min(deadline.time(), real_clock().now() + std::chrono::seconds(5))));
         if (link.ok()) {
-          if ((*link)->peer().value != static_cast<std::uint64_t>(j) + 1) {
+          if ((*link)->peer() != id_of(j)) {
             dialled = error(ErrorCode::kInvalidArgument, "the process at " + at + " is not pipeline node " + std::to_string(j) +
                                                             ": check --addresses (the same list, in node order, on every node)");
             (*link)->close();
@@ -234,6 +242,9 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
     return error(ErrorCode::kInvalidArgument, "--addresses names " + std::to_string(n) + " nodes, pipeline.nodes is " + std::to_string(c.pipeline.nodes) + ": give one per node");
   }
   if (req.node < 0 || req.node >= n) return error(ErrorCode::kInvalidArgument, "--node " + std::to_string(req.node) + ": use 0 .. " + std::to_string(n - 1));
+  if (!req.ids.empty() && req.ids.size() != req.addresses.size()) {
+    return error(ErrorCode::kInvalidArgument, "pipeline: " + std::to_string(req.ids.size()) + " peer ids for " + std::to_string(n) + " addresses");
+  }
   auto stopped = [&] { return req.stop != nullptr && req.stop->load(); };
   PipelineProcessOutcome outcome;
   std::vector<bool> alive(static_cast<std::size_t>(n), true);
@@ -317,7 +328,9 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
         auto text = [](const std::vector<bool>& v) {
           std::string out;
           for (std::size_t k = 0; k < v.size(); ++k) {
-            if (v[k]) out += (out.empty() ? "" : ",") + std::to_string(k);
+            if (!v[k]) continue;
+            if (!out.empty()) out += ',';
+            out += std::to_string(k);
           }
           return out;
         };
@@ -335,6 +348,11 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
     return agree_on_schedule(Deadline::after(real_clock(), req.rejoin_timeout));
   };
 
+  // This node's weights as they stand (what the summary names), whenever the run ends.
+  auto with_digest = [&]() -> PipelineProcessOutcome& {
+    outcome.params_digest = digest_of(bytes_of(optim::flatten(t.node_parameters(req.node)))).hex();
+    return outcome;
+  };
   const auto shapes = stage_shapes(c);  // what a stage's weights sent for evaluation must be
   // Every node confirms it got through the iteration before any weight moves (ddp), so a lost node
   // leaves every survivor's weights as they were.
@@ -358,7 +376,7 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
   for (std::int64_t i = 1; i <= c.train.steps; ++i) {
     if (stopped()) {
       outcome.stopped = true;
-      return outcome;
+      return with_digest();
     }
     committing = i;
     auto rec = t.step(commit);
@@ -366,7 +384,7 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
       if (Status st = recover(rec.status(), i); !st.ok()) {
         if (stopped()) {
           outcome.stopped = true;  // Ctrl-C while linking again
-          return outcome;
+          return with_digest();
         }
         return st.with_context("iteration " + std::to_string(i));
       }
@@ -423,10 +441,26 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
   if (!byes.ok()) {
     // Training is done: a node gone now costs nothing but its goodbye.
     spdlog::warn("pipeline node {}: {}", req.node, byes.status().message());
-    return outcome;
+    return with_digest();
   }
   closer.done = true;  // the links close gracefully as they go
-  return outcome;
+  return with_digest();
+}
+
+nlohmann::json pipeline_record_json(int node, const train::PipelineRecord& r, std::optional<double> val_loss) {
+  nlohmann::json j = {{"node", node}, {"step", r.iteration}, {"samples", r.samples}, {"train_loss", r.train_loss}, {"losses", r.losses},
+                      {"lr", r.lr}, {"activation_bytes", r.activation_bytes}, {"sync_bytes", r.sync_bytes}, {"seconds", r.seconds},
+                      {"makespan_s", r.makespan_s}, {"sync_s", r.sync_s}, {"lost_nodes", r.lost_nodes}};
+  if (val_loss) j["val_loss"] = *val_loss;
+  return j;
+}
+
+nlohmann::json pipeline_summary_json(int node, const PipelineProcessOutcome& o) {
+  nlohmann::json j = {{"node", node}, {"stage", o.stage}, {"iterations", o.iterations}, {"schedule_hash", o.schedule_hash},
+                      {"stopped", o.stopped}, {"lost_nodes", o.lost_nodes}, {"retried_iterations", o.retried_iterations},
+                      {"skipped_evaluations", o.skipped_evaluations}, {"params_digest", o.params_digest}};
+  if (o.final_val_loss) j["final_val_loss"] = *o.final_val_loss;
+  return j;
 }
 
 }  // namespace gossamer::run

@@ -3,7 +3,7 @@
 // --node K --addresses A0,A1,...` runs.
 //
 // Membership is fixed: node k listens at addresses[k]; it dials every node below it and accepts a
-// link from every node above it, each link's peer checked (node j is peer id j + 1) and the run id
+// link from every node above it, each link's peer checked (node j is ids[j], by default j + 1) and the run id
 // the config's hash, so processes of another config are refused at the handshake. Every process
 // plans the same schedule from the same config (the planner is deterministic) and the nodes confirm
 // it: each sends its schedule's hash to every other and refuses to train on a different one. Nodes
@@ -38,6 +38,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/clock.h"
 #include "core/status.h"
 #include "data/dataset.h"
@@ -52,6 +54,9 @@ struct PipelineProcessRequest {
   train::RunConfig config;
   int node = 0;                        // the node this process hosts
   std::vector<std::string> addresses;  // every node's links' host:port, in node order (pipeline.nodes of them)
+  // Every node's transport peer id, in node order; empty: node k is peer k + 1 (`gossamer pipeline
+  // --node`). `gossamer peer` gives its members' gossip ids.
+  std::vector<transport::PeerId> ids;
   Nanos connect_timeout = std::chrono::minutes(2);
   // Shape what this node sends on every link (transport/shaped_link.h): processes on one machine
   // then behave as if far apart.
@@ -73,7 +78,13 @@ struct PipelineProcessOutcome {
   std::int64_t lost_nodes = 0;           // nodes the pipeline went on without
   std::int64_t retried_iterations = 0;   // iterations that failed and were run again without them
   std::int64_t skipped_evaluations = 0;  // the evaluator's: a stage's weights did not arrive
+  std::string params_digest;             // BLAKE2b-256 (hex) of this node's weights at the end, flattened in model order
 };
+
+// A pipeline process's records, as metrics.jsonl holds them: one per iteration (with its validation
+// loss when this node evaluated), and the summary at the end.
+nlohmann::json pipeline_record_json(int node, const train::PipelineRecord& record, std::optional<double> val_loss);
+nlohmann::json pipeline_summary_json(int node, const PipelineProcessOutcome& outcome);
 
 // The run id of a config's processes: the first 16 bytes of the BLAKE2b-256 of its TOML.
 transport::RunId pipeline_run_id(const train::RunConfig& config);

@@ -38,7 +38,12 @@ struct StringKey {
   std::string& (*ref)(RunConfig&);
   std::vector<std::string> choices;  // empty: any string
 };
-using KeySpec = std::variant<IntKey, FloatKey, StringKey>;
+struct BoolKey {
+  const char* name;
+  const char* help;
+  bool& (*ref)(RunConfig&);
+};
+using KeySpec = std::variant<IntKey, FloatKey, StringKey, BoolKey>;
 
 constexpr std::int64_t kBig = std::numeric_limits<std::int32_t>::max();
 
@@ -137,8 +142,9 @@ const std::vector<KeySpec>& schema() {
       IntKey{"join.keep_rounds", "outer rounds of updates a donor keeps after the snapshot it offers (Streaming DiLoCo: rounds of all its fragments, H inner steps each), so that a newcomer whose state takes that long to arrive catches up instead of fetching again", [](RunConfig& c) -> std::int64_t& { return c.join.keep_rounds; }, 1, 1 << 20},
       FloatKey{"join.keep_mb", "memory (MB) a donor's kept updates may take at most (the oldest go first)", [](RunConfig& c) -> double& { return c.join.keep_mb; }, 1.0, 1e9, true},
       FloatKey{"join.serve_share", "share of a donor's link that serving newcomers may take, where the link's bandwidth is known (--shape, the simulator); 1: all of it", [](RunConfig& c) -> double& { return c.join.serve_share; }, 0.0, 1.0, true},
+      BoolKey{"pipeline.enabled", "true: `gossamer peer` trains the run as a SkipPipe pipeline over its peers (a node per peer; the pipeline.* keys), not data-parallel; `gossamer pipeline` and `gossamer sim --pipeline` run pipelines whatever it says", [](RunConfig& c) -> bool& { return c.pipeline.enabled; }},
       StringKey{"pipeline.mode", "SkipPipe paths: full (every stage in order), random (skipping, cost-blind), noca (cost-aware, without collision awareness), skippipe (CBS with TC2)", [](RunConfig& c) -> std::string& { return c.pipeline.mode; }, {"full", "random", "noca", "skippipe"}},
-      IntKey{"pipeline.nodes", "nodes of the pipeline", [](RunConfig& c) -> std::int64_t& { return c.pipeline.nodes; }, 2, 4096},
+      IntKey{"pipeline.nodes", "nodes of the pipeline (over peers, pipeline.enabled: the peers the first one waits for unless given --wait-for; the pipeline is planned over every peer there at its start)", [](RunConfig& c) -> std::int64_t& { return c.pipeline.nodes; }, 2, 4096},
       IntKey{"pipeline.stages", "stages the model is cut into (model.layers divisible by it)", [](RunConfig& c) -> std::int64_t& { return c.pipeline.stages; }, 2, 64},
       IntKey{"pipeline.path_length", "stages each micro-batch visits, stage 0 included (the rest are skipped)", [](RunConfig& c) -> std::int64_t& { return c.pipeline.path_length; }, 2, 64},
       IntKey{"pipeline.memory", "micro-batches in flight per node", [](RunConfig& c) -> std::int64_t& { return c.pipeline.memory; }, 1, 1024},
@@ -205,6 +211,8 @@ std::string allowed_text(const KeySpec& k) {
         if constexpr (std::is_same_v<T, IntKey>) {
           if (s.max == std::numeric_limits<std::int64_t>::max()) return "an integer >= " + std::to_string(s.min);
           return "an integer in [" + std::to_string(s.min) + ", " + std::to_string(s.max) + "]";
+        } else if constexpr (std::is_same_v<T, BoolKey>) {
+          return "true or false";
         } else if constexpr (std::is_same_v<T, FloatKey>) {
           return std::string("a number in ") + (s.min_exclusive ? "(" : "[") + format_double(s.min) + ", " + format_double(s.max) + "]";
         } else {
@@ -251,6 +259,9 @@ Status set_value(RunConfig& config, const KeySpec& spec, const toml::node& node,
           const bool below = s.min_exclusive ? !(v > s.min) : !(v >= s.min);
           if (below || !(v <= s.max)) return bad("= " + format_double(v) + " is out of range");
           s.ref(config) = v;
+        } else if constexpr (std::is_same_v<T, BoolKey>) {
+          if (!node.is_boolean()) return bad("has the wrong type (" + std::string(toml::impl::node_type_friendly_names[static_cast<int>(node.type())]) + ")");
+          s.ref(config) = node.as_boolean()->get();
         } else {
           if (!node.is_string()) return bad("has the wrong type (" + std::string(toml::impl::node_type_friendly_names[static_cast<int>(node.type())]) + ")");
           std::string v = node.as_string()->get();
@@ -510,6 +521,8 @@ std::string to_toml(const RunConfig& config_in) {
             os << s.ref(config);
           } else if constexpr (std::is_same_v<T, FloatKey>) {
             os << format_double(s.ref(config));
+          } else if constexpr (std::is_same_v<T, BoolKey>) {
+            os << (s.ref(config) ? "true" : "false");
           } else {
             os << toml::value<std::string>(s.ref(config));
           }
@@ -534,6 +547,8 @@ std::vector<std::string> config_differences(const RunConfig& a_in, const RunConf
             out.push_back(name + ": " + format_double(s.ref(a)) + " -> " + format_double(s.ref(b)));
           } else if constexpr (std::is_same_v<T, IntKey>) {
             out.push_back(name + ": " + std::to_string(s.ref(a)) + " -> " + std::to_string(s.ref(b)));
+          } else if constexpr (std::is_same_v<T, BoolKey>) {
+            out.push_back(name + ": " + (s.ref(a) ? "true" : "false") + " -> " + (s.ref(b) ? "true" : "false"));
           } else {
             out.push_back(name + ": '" + s.ref(a) + "' -> '" + s.ref(b) + "'");
           }
@@ -553,7 +568,7 @@ std::vector<KeyInfo> config_keys() {
         [&](const auto& s) {
           using T = std::decay_t<decltype(s)>;
           info.help = s.help;
-          info.type = std::is_same_v<T, IntKey> ? "integer" : std::is_same_v<T, FloatKey> ? "number" : "string";
+          info.type = std::is_same_v<T, IntKey> ? "integer" : std::is_same_v<T, FloatKey> ? "number" : std::is_same_v<T, BoolKey> ? "boolean" : "string";
         },
         spec);
     out.push_back(std::move(info));

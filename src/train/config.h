@@ -138,6 +138,7 @@ struct JoinSection {
 // SkipPipe pipelines (docs/skippipe.md): the model cut into stages hosted by different nodes,
 // micro-batches whose paths skip and reorder stages (skippipe/schedule.h).
 struct PipelineSection {
+  bool enabled = false;               // `gossamer peer` runs the run as a pipeline over its peers
   std::string mode = "skippipe";      // full, random (cost-blind skip), noca (without TC2), skippipe
   std::int64_t nodes = 20;
   std::int64_t stages = 6;            // model.layers must be divisible by it

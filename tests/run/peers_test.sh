@@ -432,5 +432,90 @@ flood() {
   echo "flood: $opened junk connections held against the first peer's ports; the run finished alike, $lines log lines"
 }
 
+# A SkipPipe pipeline over peers (pipeline.enabled): a 6-block GPT in 3 stages, the stages on
+# whichever peers are there at the start, links shaped; 8 iterations.
+PSETS=(--set pipeline.enabled=true --set model.layers=6 --set model.width=16 --set model.heads=2 --set model.context=16
+       --set train.batch_size=2 --set train.steps=8 --set train.warmup_steps=2 --set train.lr=0.01 --set train.eval_every=4
+       --set train.eval_batches=2 --set pipeline.nodes=6 --set pipeline.stages=3 --set pipeline.path_length=2
+       --set pipeline.mbs_per_origin=2 --set pipeline.mbs_per_agent=1 --set pipeline.network=uniform --set pipeline.gcma_trials=50
+       --set train.threads=1 --set train.round_timeout_s=30)
+# Starts a pipeline's first peer in $1/p0 (PSETS and the FIRST array's arguments) and $2 joiners in
+# $1/p1 .. (each with the extra arguments); the first peer's address goes to PADDR. (Not called in
+# $(...): a subshell's peers are not this shell's jobs, and `wait` would not wait for them.)
+FIRST=()
+start_pipeline() {
+  local dir=$1 joiners=$2; shift 2
+  timeout 120 "$G" peer --listen 127.0.0.1:0 --out "$dir/p0" "${PSETS[@]}" "${FIRST[@]}" "$@" > "$dir/p0.log" 2>&1 &
+  PADDR=$(address_of "$dir/p0") || return 1
+  for i in $(seq 1 "$joiners"); do timeout 120 "$G" peer --listen 127.0.0.1:0 --join "$PADDR" --out "$dir/p$i" "$@" > "$dir/p$i.log" 2>&1 & done
+}
+json_field() { sed -n "s/.*\"$2\": \"*\([^\",]*\)\"*,*$/\1/p" "$1/summary.json" 2>/dev/null; }
+
+# Six peers, shaped links: every one finishes; they hold one schedule; stage 0's holder reports the
+# validation loss `gossamer pipeline` reaches with the same config in one process, bit for bit.
+pipeline() {
+  local d=$WORK/pipeline
+  mkdir -p "$d"
+  start_pipeline "$d" 5 --shape 200,2 || { fail "pipeline: no address"; return; }
+  wait
+  local hash="" vals=0 i
+  for i in 0 1 2 3 4 5; do
+    [ -f "$d/p$i/summary.json" ] || { fail "pipeline: peer $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
+    local h; h=$(json_field "$d/p$i" schedule_hash)
+    [ -z "$hash" ] && hash=$h
+    [ "$h" = "$hash" ] || fail "pipeline: peer $i ran schedule $h, peer 0 $hash"
+    grep -q '"iterations": 8' "$d/p$i/summary.json" || fail "pipeline: peer $i did not run 8 iterations"
+    grep -q '"final_val_loss"' "$d/p$i/summary.json" && vals=$((vals + 1))
+  done
+  [ "$vals" = 1 ] || fail "pipeline: $vals peers report a validation loss, expected stage 0's holder only"
+  "$G" --log-level warn pipeline "${PSETS[@]}" --out "$d/one" > "$d/one.log" 2>&1 || { fail "pipeline: one process failed"; return; }
+  local one many
+  one=$(grep -o '"val_loss":[0-9.e+-]*' "$d/one/metrics.jsonl" | tail -n 1)
+  many=$(grep -ho '"val_loss":[0-9.e+-]*' "$d"/p*/metrics.jsonl | tail -n 1)
+  [ -n "$one" ] && [ "$one" = "$many" ] || { fail "pipeline: peers' $many, one process's $one"; return; }
+  echo "pipeline: 6 peers ran schedule ${hash:0:16} to the end; validation loss as in one process ($one)"
+}
+
+# One of eight peers (4 on stage 0, 2 on each other stage) dies, as if killed, before iteration 4:
+# the seven others reschedule without it and finish, each counting the lost node and the iteration
+# run again.
+pipeline_crash() {
+  local d=$WORK/pipeline_crash
+  mkdir -p "$d"
+  FIRST=(--set pipeline.nodes=8)
+  start_pipeline "$d" 6 || { fail "pipeline_crash: no address"; return; }
+  FIRST=()
+  timeout 120 "$G" peer --listen 127.0.0.1:0 --join "$PADDR" --out "$d/p7" --crash-at-step 4 > "$d/p7.log" 2>&1 &
+  wait
+  [ ! -f "$d/p7/summary.json" ] || { fail "pipeline_crash: the crashed peer wrote a summary"; return; }
+  local i
+  for i in 0 1 2 3 4 5 6; do
+    [ -f "$d/p$i/summary.json" ] || { fail "pipeline_crash: peer $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
+    grep -q '"iterations": 8' "$d/p$i/summary.json" || fail "pipeline_crash: peer $i did not run 8 iterations"
+    grep -q '"lost_nodes": 1' "$d/p$i/summary.json" || fail "pipeline_crash: peer $i does not count the lost node"
+    grep -q '"retried_iterations": 1' "$d/p$i/summary.json" || fail "pipeline_crash: peer $i does not count the iteration run again"
+  done
+  grep -hq '"final_val_loss"' "$d"/p[0-6]/summary.json || fail "pipeline_crash: no validation loss at the end"
+  echo "pipeline_crash: a peer died before iteration 4; the other seven rescheduled and finished 8 iterations"
+}
+
+# A peer that comes once the pipeline runs is told it is too late, and leaves; the six finish.
+pipeline_late() {
+  local d=$WORK/pipeline_late
+  mkdir -p "$d"
+  FIRST=(--set train.steps=60)
+  start_pipeline "$d" 5 || { fail "pipeline_late: no address"; return; }
+  FIRST=()
+  for _ in $(seq 600); do [ -s "$d/p0/metrics.jsonl" ] && break; sleep 0.1; done
+  local rc=0
+  timeout 60 "$G" peer --listen 127.0.0.1:0 --join "$PADDR" --out "$d/late" > "$d/late.log" 2>&1 || rc=$?
+  [ "$rc" != 0 ] && [ "$rc" != 124 ] || fail "pipeline_late: the late peer exited $rc"
+  grep -q "started without this peer" "$d/late.log" || { fail "pipeline_late: the late peer does not say it is too late"; tail -n 5 "$d/late.log"; }
+  wait
+  local i
+  for i in 0 1 2 3 4 5; do grep -q '"iterations": 60' "$d/p$i/summary.json" 2>/dev/null || fail "pipeline_late: peer $i did not finish"; done
+  echo "pipeline_late: a peer that came after the start left with: $(grep -o 'the pipeline started without this peer[^:]*' "$d/late.log" | head -n 1)"
+}
+
 for s in $SCENARIOS; do "$s"; done
 exit $FAILED

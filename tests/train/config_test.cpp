@@ -97,6 +97,24 @@ TEST_CASE("the effective config round-trips through TOML exactly") {
   CHECK(config_keys().size() > 20);
 }
 
+TEST_CASE("a true-or-false key takes TOML's booleans only, round-trips and shows in the differences") {
+  RunConfig c;
+  CHECK_FALSE(c.pipeline.enabled);
+  REQUIRE(apply_override(c, "pipeline.enabled=true").ok());
+  CHECK(c.pipeline.enabled);
+  Status st = apply_override(c, "pipeline.enabled=1");
+  CHECK(mentions(st, "pipeline.enabled"));
+  CHECK(mentions(st, "true or false"));
+  CHECK(mentions(apply(c, "[pipeline]\nenabled = \"yes\"\n"), "wrong type"));
+  CHECK(c.pipeline.enabled);  // untouched by the refused values
+  RunConfig back;
+  REQUIRE(apply_toml(back, to_toml(c), "round trip").ok());
+  CHECK(back.pipeline.enabled);
+  const auto diff = config_differences(RunConfig{}, c);
+  REQUIRE(diff.size() == 1);
+  CHECK(diff[0] == "pipeline.enabled: false -> true");
+}
+
 TEST_CASE("model.preset sets a well-known shape that the other model keys of the same file refine, and round-trips") {
   RunConfig c;
   REQUIRE(apply_override(c, "model.preset=gpt2-124m").ok());
