@@ -50,6 +50,36 @@ d0=$(digest p0)
 grep -q '"skipped_rounds": 0' p0/summary.json || { cat p0/summary.json; fail "wildcard: rounds were skipped"; }
 echo "netns: three peers on three subnets, each on 0.0.0.0:7000, trained to the end with the same parameters"
 
+# Scenario: a SkipPipe pipeline over six peers, two on each of the three hosts (0.0.0.0:7000 and
+# 0.0.0.0:7100), keyed: the nodes find each other's links through gossip and finish with the
+# validation loss of the same config in one process.
+PSETS=(--set pipeline.enabled=true --set model.layers=6 --set model.width=16 --set model.heads=2 --set model.context=16
+       --set train.batch_size=2 --set train.steps=8 --set train.warmup_steps=2 --set train.lr=0.01 --set train.eval_every=4
+       --set train.eval_batches=2 --set pipeline.nodes=6 --set pipeline.stages=3 --set pipeline.path_length=2
+       --set pipeline.mbs_per_origin=2 --set pipeline.mbs_per_agent=1 --set pipeline.network=uniform --set pipeline.gcma_trials=50
+       --set train.threads=1 --set train.round_timeout_s=30)
+mkdir -p "$WORK/pipe" && cd "$WORK/pipe"
+ip netns exec "${H[0]}" timeout 120 "$G" peer --listen 0.0.0.0:7000 "${PSETS[@]}" --key ../run.key --out q0 > q0.log 2>&1 &
+sleep 1.5
+k=1
+for i in 0 1 2; do
+  for port in 7000 7100; do
+    [ "$i/$port" = 0/7000 ] && continue
+    ip netns exec "${H[$i]}" timeout 120 "$G" peer --listen "0.0.0.0:$port" --join "${NETS[0]}.2:7000" --key ../run.key --out "q$k" > "q$k.log" 2>&1 &
+    k=$((k + 1))
+  done
+done
+wait
+for k in 0 1 2 3 4 5; do
+  grep -q '"iterations": 8' "q$k/summary.json" 2>/dev/null || { tail -n 20 "q$k.log"; fail "pipeline: peer $k did not finish"; }
+done
+"$G" --log-level warn pipeline "${PSETS[@]}" --out one > one.log 2>&1 || fail "pipeline: one process failed"
+one=$(grep -o '"val_loss":[0-9.e+-]*' one/metrics.jsonl | tail -n 1)
+many=$(grep -ho '"val_loss":[0-9.e+-]*' q*/metrics.jsonl | tail -n 1)
+[ -n "$one" ] && [ "$one" = "$many" ] || fail "pipeline: the peers' validation loss ($many) is not one process's ($one)"
+echo "netns: a pipeline over six peers on three subnets (0.0.0.0, two per host) trained to the end: $many, as in one process"
+cd "$WORK"
+
 # Scenario: a peer behind a NAT router whose port forward maps other ports (9000, 9001 outside to 7000,
 # 7001 inside): it is reachable only at the address it advertises.
 if ! command -v nft >/dev/null 2>&1; then echo "netns: port-forward scenario skipped: nft (Debian nftables) is missing"; exit 0; fi
