@@ -125,6 +125,19 @@ fwd=$(summary_num p0 relay_forwarded_bytes)
 grep -q '"skipped_rounds": 0' p1/summary.json || { cat p1/summary.json; fail "two NATs: rounds were skipped"; }
 echo "netns: two peers behind different NATs and one public peer trained to the end with the same parameters ($fwd bytes relayed by the public one)"
 
+# Scenario: a pipeline's peer behind NAT without a port forward: pipeline nodes must accept
+# connections, so it is refused, saying what to do, instead of hanging the pipeline.
+cd "$WORK" && mkdir -p pipenat && cd pipenat
+ip netns exec "${H[0]}" timeout 60 "$G" peer --listen 0.0.0.0:7000 "${PSETS[@]}" --key ../run.key --out q0 > q0.log 2>&1 &
+first=$!
+sleep 1.5
+rc=0
+ip netns exec "$P" timeout 60 "$G" peer --listen 0.0.0.0:7000 --join "${NETS[0]}.2:7000" --key ../run.key --out q1 > q1.log 2>&1 || rc=$?
+kill -INT $first 2>/dev/null; wait
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || { tail -n 20 q1.log; fail "pipeline behind NAT: the peer exited with $rc"; }
+grep -q "a pipeline node must accept connections" q1.log || { tail -n 20 q1.log; fail "pipeline behind NAT: the peer did not say why"; }
+echo "netns: a pipeline's peer behind NAT without a port forward was refused with what to do"
+
 # Scenario: the only reachable peer dies mid-run (a crash, as kill -9 leaves it). The two behind NAT
 # can reach nobody: each ends, saying why and what to do.
 LONG=("${SETS[@]}" --set train.steps=400 --set train.eval_every=200)
