@@ -312,6 +312,12 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
     if (!views.ok()) return views.status().with_context("after: " + failure.message());
     std::vector<bool> left(static_cast<std::size_t>(n), false);
     for (int j = 0; j < n; ++j) left[static_cast<std::size_t>(j)] = j == req.node || links[static_cast<std::size_t>(j)] != nullptr;
+    // A node lost while it confirmed an iteration may have confirmed it to some nodes and not to
+    // others: those that heard every confirmation applied it, the others not yet. Every survivor
+    // sent its own confirmation (the ones ahead heard it), so each holds that iteration's
+    // gradients: the ones behind by one apply it now, and all go on from there.
+    const auto mine = static_cast<std::uint64_t>(t.iterations_done());
+    std::uint64_t furthest = mine;
     for (std::size_t j = 0; j < views->size(); ++j) {
       if (!links[j] || static_cast<int>(j) == req.node) continue;
       Reader r((*views)[j], "pipeline view");
@@ -320,10 +326,11 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
       for (int k = 0; k < n; ++k) theirs[static_cast<std::size_t>(k)] = r.u8() != 0;
       r.expect_end();
       if (!r.ok()) return r.status().with_context("from node " + std::to_string(j));
-      if (done != static_cast<std::uint64_t>(t.iterations_done())) {
+      if (done + 1 < mine || done > mine + 1 || (done == mine + 1 && !t.pending())) {
         return error(ErrorCode::kAborted, "node " + std::to_string(j) + " finished " + std::to_string(done) + " iterations, this one " +
                                               std::to_string(t.iterations_done()) + ": the nodes' weights no longer agree; restart the pipeline");
       }
+      furthest = std::max(furthest, done);
       if (theirs != left) {
         auto text = [](const std::vector<bool>& v) {
           std::string out;
@@ -343,6 +350,14 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
       if (alive[static_cast<std::size_t>(j)] && !left[static_cast<std::size_t>(j)]) dead.push_back(j);
     }
     if (dead.empty()) return failure;  // every node answered: the failure was not a lost node
+    if (furthest == mine + 1) {
+      auto caught_up = t.apply_pending();
+      if (!caught_up.ok()) return caught_up.status();
+      spdlog::warn("pipeline node {}: the others applied iteration {} (a lost node confirmed it to them, not to this one): applied it too", req.node,
+                   caught_up->iteration);
+      ++outcome.iterations;
+      if (req.on_iteration) req.on_iteration(*caught_up, std::nullopt);
+    }
     if (Status st = t.exclude(dead); !st.ok()) return st.with_context("after: " + failure.message());
     alive = left;
     return agree_on_schedule(Deadline::after(real_clock(), req.rejoin_timeout));
@@ -362,6 +377,14 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
     w.u64(static_cast<std::uint64_t>(committing));
     // As long as the slowest node's iteration may take (PipelineTrainer::step's deadlines).
     const auto expected = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(4 * t.plan().simulation.makespan_s));
+    if (req.crash_while_confirming == committing) {
+      for (int j = 0; j < req.node; ++j) {
+        if (links[static_cast<std::size_t>(j)]) (void)links[static_cast<std::size_t>(j)]->send(kCommitTag, w.bytes(), Deadline::after(real_clock(), round_timeout));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));  // (what was sent leaves before the links go)
+      close_all(links);
+      return error(ErrorCode::kAborted, "fault drill: died while confirming iteration " + std::to_string(committing));
+    }
     auto acks = exchange(links, req.node, kCommitTag, w.bytes(), Deadline::after(real_clock(), 2 * round_timeout + expected), "confirming the iteration");
     if (!acks.ok()) return acks.status();
     for (std::size_t j = 0; j < acks->size(); ++j) {
@@ -390,7 +413,8 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
       }
       outcome.stage = t.plan().schedule.stage_of[static_cast<std::size_t>(req.node)];
       ++outcome.retried_iterations;
-      --i;  // the same iteration again, without the lost nodes
+      // The same iteration again, without the lost nodes (or the next, when this one was caught up).
+      i = t.iterations_done();
       continue;
     }
     if (!rec.ok()) return rec.status().with_context("iteration " + std::to_string(i));

@@ -65,6 +65,9 @@ struct PipelineProcessRequest {
   // that did not answer.
   Nanos rejoin_timeout = std::chrono::seconds(10);
   const std::atomic<bool>* stop = nullptr;
+  // Fault drill (tests): at this iteration (> 0) the node confirms it to the nodes below it only,
+  // then drops every link and fails, as a process dying in the middle of its confirmations would.
+  std::int64_t crash_while_confirming = 0;
   // After each iteration: its record, and the validation loss when this node evaluated.
   std::function<void(const train::PipelineRecord&, std::optional<double>)> on_iteration;
 };

@@ -88,6 +88,16 @@ struct PipelineTrainer::Impl {
   std::vector<data::Batch> eval_set;
   std::int64_t done = 0;
   std::int64_t samples = 0;
+  // An iteration whose commit failed: its record so far and what applying it needs.
+  struct Pending {
+    PipelineRecord rec;
+    double lr = 0;
+    double loss_sum = 0;
+    int losses = 0;
+    std::chrono::steady_clock::time_point start;
+    Nanos t0{0};
+  };
+  std::optional<Pending> pending;
 
   // The node hosted here whose weights stand for `stage`: its first replica that takes part, or (a
   // stage no micro-batch visits) any node hosting it, which holds the initial weights; -1: none here.
@@ -268,6 +278,7 @@ Result<PipelineRecord> PipelineTrainer::step(const std::function<Status()>& comm
   auto& m = *impl_;
   const auto& c = m.config;
   const auto start = std::chrono::steady_clock::now();
+  m.pending.reset();  // an iteration not applied is dropped: this one starts from the same weights
   const std::uint64_t iteration = static_cast<std::uint64_t>(m.done) + 1;
   // Each origin's micro-batches, as many as the schedule starts there (the full pipeline's origins
   // carry more than mbs_per_origin, its idle stage-0 nodes none), drawn from the origin's shard.
@@ -392,9 +403,23 @@ Result<PipelineRecord> PipelineTrainer::step(const std::function<Status()>& comm
     rec.sync_bytes += sync_bytes[v];
     rec.sync_rounds += rounds[v];
   }
+  m.pending = Impl::Pending{std::move(rec), lr, loss_sum, losses, start, t0};
   if (commit) {
     if (Status st = commit(); !st.ok()) return st;
   }
+  return apply_pending();
+}
+
+bool PipelineTrainer::pending() const { return impl_->pending.has_value(); }
+
+Result<PipelineRecord> PipelineTrainer::apply_pending() {
+  auto& m = *impl_;
+  const auto& c = m.config;
+  GOSSAMER_CHECK(m.pending.has_value(), "PipelineTrainer::apply_pending: no iteration is pending");
+  Impl::Pending p = std::move(*m.pending);
+  m.pending.reset();
+  PipelineRecord rec = std::move(p.rec);
+  const double lr = p.lr;
   for (int local : m.local) {
     const auto v = static_cast<std::size_t>(local);
     PipelineNode& node = *m.nodes[v];
@@ -409,12 +434,12 @@ Result<PipelineRecord> PipelineTrainer::step(const std::function<Status()>& comm
   rec.iteration = m.done;
   m.samples += m.plan.schedule.microbatches() * c.train.batch_size;  // every origin's, wherever hosted
   rec.samples = m.samples;
-  rec.train_loss = losses > 0 ? loss_sum / losses : 0;
-  rec.losses = losses;
+  rec.train_loss = p.losses > 0 ? p.loss_sum / p.losses : 0;
+  rec.losses = p.losses;
   rec.lost_nodes = m.lost;
   rec.lr = lr;
-  rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  rec.sync_s = std::max(0.0, std::chrono::duration<double>(clock.now() - t0).count() - rec.makespan_s);
+  rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
+  rec.sync_s = std::max(0.0, std::chrono::duration<double>(m.env.clock->now() - p.t0).count() - rec.makespan_s);
   return rec;
 }
 
@@ -488,6 +513,7 @@ std::vector<at::Tensor> PipelineTrainer::node_parameters(int node) const {
 
 Status PipelineTrainer::exclude(const std::vector<int>& dead) {
   auto& m = *impl_;
+  m.pending.reset();
   const int n = static_cast<int>(m.alive.size());
   std::vector<bool> alive = m.alive;
   for (int d : dead) {

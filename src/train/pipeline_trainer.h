@@ -83,6 +83,12 @@ class PipelineTrainer {
   // stage's sync, before (with stage_sync = ddp) any AdamW step: a failure there leaves the weights
   // as they were, so the iteration can be run again (processes agree that every node got that far).
   [[nodiscard]] Result<PipelineRecord> step(const std::function<Status()>& commit = {});
+  // After `commit` failed: the iteration whose gradients are ready but whose weights did not move
+  // (every local node got through it). A process that learns the others applied it (they heard its
+  // confirmation, it did not hear all of theirs) catches up with apply_pending(); the next step()
+  // or an exclude() drops it.
+  bool pending() const;
+  [[nodiscard]] Result<PipelineRecord> apply_pending();
   // Validation loss of the assembled model, stages in `omitted` left out (stage 0 cannot be).
   // Each stage's weights are those of its first replica hosted here that takes part; a process
   // hosting no node of some stage cannot evaluate (ContractError; can_evaluate() says).

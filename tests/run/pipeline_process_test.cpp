@@ -210,4 +210,53 @@ TEST_CASE("a pipeline across processes: another config is refused at the handsha
     REQUIRE(val.has_value());
     CHECK(*val == (*whole)->evaluate());
   }
+  SUBCASE("a node lost while it confirms an iteration: the nodes that did not hear it catch up, and all go on as one trainer excluding it would") {
+    std::vector<std::string> addresses;
+    auto nodes = start_transports(c, addresses);
+    auto run = c;
+    run.train.steps = 6;
+    std::vector<std::thread> threads;
+    std::vector<std::vector<double>> losses(nodes.size());
+    std::vector<std::optional<double>> vals(nodes.size());
+    for (std::size_t v = 0; v < nodes.size(); ++v) {
+      threads.emplace_back([&, v] {
+        PipelineProcessRequest req = request(run, static_cast<int>(v), addresses, std::chrono::seconds(30));
+        req.rejoin_timeout = std::chrono::seconds(3);
+        req.on_iteration = [&, v](const train::PipelineRecord& r, std::optional<double> val) {
+          losses[v].push_back(r.train_loss * static_cast<double>(r.losses));
+          if (val) vals[v] = val;
+        };
+        // Node 3 confirms iteration 2 to nodes 0-2 only: they apply it, nodes 4-7 do not yet.
+        if (v == 3) req.crash_while_confirming = 2;
+        nodes[v].outcome = run_pipeline_process(req, *nodes[v].transport, corpus->dataset);
+      });
+    }
+    for (auto& t : threads) t.join();
+    REQUIRE_FALSE(nodes[3].outcome.ok());
+    std::optional<double> val;
+    for (std::size_t v = 0; v < nodes.size(); ++v) {
+      if (v == 3) continue;
+      REQUIRE_MESSAGE(nodes[v].outcome.ok(), "node " << v << ": " << nodes[v].outcome.status().to_string());
+      CHECK(nodes[v].outcome->iterations == 6);
+      CHECK(nodes[v].outcome->lost_nodes == 1);
+      CHECK(losses[v].size() == 6);  // the caught-up iteration recorded once, in its place
+      if (vals[v]) val = vals[v];
+    }
+    // One trainer that drops node 3 after iteration 2 (which it took part in) learns the same.
+    auto whole = train::PipelineTrainer::make(run, corpus->dataset);
+    REQUIRE(whole.ok());
+    for (int i = 0; i < 6; ++i) {
+      if (i == 2) REQUIRE((*whole)->exclude({3}).ok());
+      auto one = (*whole)->step();
+      REQUIRE(one.ok());
+      if (i == 1) continue;  // node 3's own losses of iteration 2 were never recorded
+      double sum = 0;
+      for (std::size_t v = 0; v < nodes.size(); ++v) {
+        if (static_cast<std::size_t>(i) < losses[v].size()) sum += losses[v][static_cast<std::size_t>(i)];
+      }
+      CHECK(sum / static_cast<double>(one->losses) == doctest::Approx(one->train_loss).epsilon(1e-12));
+    }
+    REQUIRE(val.has_value());
+    CHECK(*val == (*whole)->evaluate());
+  }
 }
