@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <deque>
+#include <future>
 #include <map>
 #include <thread>
 
@@ -294,6 +296,25 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
   if (Status st = agree_on_schedule(Deadline::after(real_clock(), req.connect_timeout)); !st.ok()) return st;
   spdlog::info("pipeline node {} (stage {}): schedule {} agreed by all {} nodes", req.node, outcome.stage, outcome.schedule_hash.substr(0, 16), n);
 
+  // Each iteration's record, passed on in order once its evaluation (if any) is done.
+  struct Waiting {
+    train::PipelineRecord rec;
+    std::future<double> val;  // invalid: no evaluation at this iteration
+  };
+  std::deque<Waiting> waiting;
+  auto flush = [&](bool all) {
+    while (!waiting.empty()) {
+      Waiting& w = waiting.front();
+      std::optional<double> val;
+      if (w.val.valid()) {
+        if (!all && w.val.wait_for(std::chrono::seconds(0)) != std::future_status::ready) break;
+        val = w.val.get();
+        outcome.final_val_loss = val;
+      }
+      if (req.on_iteration) req.on_iteration(w.rec, val);
+      waiting.pop_front();
+    }
+  };
   // After a failed iteration: link again with every node that answers, agree on who they are, and
   // go on without the others (ddp inside the stages: no weight moved in the failed iteration).
   auto recover = [&](const Status& failure, std::int64_t iteration) -> Status {
@@ -356,7 +377,8 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
       spdlog::warn("pipeline node {}: the others applied iteration {} (a lost node confirmed it to them, not to this one): applied it too", req.node,
                    caught_up->iteration);
       ++outcome.iterations;
-      if (req.on_iteration) req.on_iteration(*caught_up, std::nullopt);
+      waiting.push_back(Waiting{*caught_up, {}});
+      flush(false);
     }
     if (Status st = t.exclude(dead); !st.ok()) return st.with_context("after: " + failure.message());
     alive = left;
@@ -398,6 +420,7 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
   };
   for (std::int64_t i = 1; i <= c.train.steps; ++i) {
     if (stopped()) {
+      flush(true);
       outcome.stopped = true;
       return with_digest();
     }
@@ -406,6 +429,7 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
     if (!rec.ok() && (rec.status().code() == ErrorCode::kPeerLost || rec.status().code() == ErrorCode::kTimeout) && !stopped()) {
       if (Status st = recover(rec.status(), i); !st.ok()) {
         if (stopped()) {
+          flush(true);
           outcome.stopped = true;  // Ctrl-C while linking again
           return with_digest();
         }
@@ -420,7 +444,7 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
     if (!rec.ok()) return rec.status().with_context("iteration " + std::to_string(i));
     ++outcome.iterations;
     outcome.lost_nodes = t.lost_nodes();
-    std::optional<double> val;
+    std::future<double> evaluating;
     if ((c.train.eval_every > 0 && i % c.train.eval_every == 0) || i == c.train.steps) {
       const std::vector<int> holders = t.stage_holders();
       const int evaluator = holders[0];
@@ -447,8 +471,13 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
           stages[stage] = std::move(*w);
         }
         if (!stages.empty()) {
-          val = t.evaluate_with(stages);
-          outcome.final_val_loss = val;
+          // Evaluated beside the next iterations, on copies: an evaluation that takes long must not
+          // make this node late to link again after a loss (the others would leave it out).
+          flush(true);  // (the previous evaluation first: one at a time)
+          for (auto& [stage, params] : stages) {
+            for (auto& p : params) p = p.detach().clone();
+          }
+          evaluating = std::async(std::launch::async, [&t, stages = std::move(stages)] { return t.evaluate_with(stages); });
         }
       } else if (holders[static_cast<std::size_t>(outcome.stage)] == req.node) {
         if (Status st = links[static_cast<std::size_t>(evaluator)]->send(tag, encode_weights(t.node_parameters(req.node)), deadline); !st.ok()) {
@@ -457,8 +486,11 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
         }
       }
     }
-    if (req.on_iteration) req.on_iteration(*rec, val);
+    waiting.push_back(Waiting{*rec, std::move(evaluating)});
+    evaluating = {};
+    flush(false);
   }
+  flush(true);
   // Goodbye: a node that is done says so to every other and waits for theirs, so none closes a
   // link (a shaped one drops what it still holds) while another still waits on it.
   auto byes = exchange(links, req.node, kByeTag, ByteView(), Deadline::after(real_clock(), round_timeout), "saying goodbye");

@@ -12,7 +12,8 @@
 //
 // Evaluation (every train.eval_every iterations and at the end): each stage's holder (the node whose
 // weights stand for it, PipelineTrainer::stage_holders) sends its stage's weights to stage 0's
-// holder, which evaluates the assembled model; the others report no validation loss. A stage's
+// holder, which evaluates the assembled model (on copies, beside the next iterations; each record is
+// passed on once its evaluation is done, in order); the others report no validation loss. A stage's
 // weights that do not arrive (its holder lost) skip that evaluation, logged and counted; the next
 // iteration finds out whether a node is gone.
 //
