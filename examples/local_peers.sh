@@ -30,7 +30,7 @@ shape_args=()
 pids=()
 cores=$(nproc)
 
-# Namespaces: gsm-hub-PID holds the bridge; peer k lives in gsm-pK-PID at 10.78.0.(k+1).
+# Namespaces: gsm-hub-PID holds the bridge; peer k lives in gsm-pK-PID at 198.18.78.(k+1).
 hub="gsm-hub-$$"
 ns_of() { echo "gsm-p$1-$$"; }
 cleanup_netns() {
@@ -47,7 +47,7 @@ if [ -n "$tbf" ]; then
     ns=$(ns_of "$k")
     ip netns add "$ns"
     ip link add "gp$k-$$" netns "$ns" type veth peer name "gh$k-$$" netns "$hub"
-    ip -n "$ns" addr add "10.78.0.$((k + 1))/24" dev "gp$k-$$"
+    ip -n "$ns" addr add "198.18.78.$((k + 1))/24" dev "gp$k-$$"
     ip -n "$ns" link set "gp$k-$$" up
     ip -n "$ns" link set lo up
     ip -n "$hub" link set "gh$k-$$" master br0 up
@@ -57,7 +57,7 @@ if [ -n "$tbf" ]; then
   done
   echo "$n namespaces joined by a bridge, every peer's link limited to ${tbf} Mbit/s each way by tbf"
 fi
-host_of() { if [ -n "$tbf" ]; then echo "10.78.0.$(($1 + 1))"; else echo 127.0.0.1; fi; }
+host_of() { if [ -n "$tbf" ]; then echo "198.18.78.$(($1 + 1))"; else echo 127.0.0.1; fi; }
 # What runs peer $1: in its namespace, pinned to a core when peers outnumber cores.
 launcher() {
   if [ -n "$tbf" ]; then echo "ip netns exec $(ns_of "$1")"; fi
