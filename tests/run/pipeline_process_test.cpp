@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <functional>
 #include <thread>
 
 #include "run/pipeline_process.h"
@@ -58,6 +59,59 @@ std::vector<Node> start_transports(const train::RunConfig& c, std::vector<std::s
     nodes[v].transport = std::move(*t);
   }
   return nodes;
+}
+
+// Every node in a thread of its own, each one's request as `adjust` leaves it; each iteration's
+// summed losses (train_loss x losses) and validation losses, per node.
+struct Curves {
+  std::vector<std::vector<double>> losses;
+  std::vector<std::optional<double>> vals;
+};
+Curves run_nodes(const train::RunConfig& run, std::vector<Node>& nodes, const std::vector<std::string>& addresses, const data::Dataset& data,
+                 const std::function<void(std::size_t, PipelineProcessRequest&)>& adjust) {
+  Curves out;
+  out.losses.resize(nodes.size());
+  out.vals.resize(nodes.size());
+  std::vector<std::thread> threads;
+  for (std::size_t v = 0; v < nodes.size(); ++v) {
+    threads.emplace_back([&, v] {
+      PipelineProcessRequest req = request(run, static_cast<int>(v), addresses, std::chrono::seconds(30));
+      req.rejoin_timeout = std::chrono::seconds(3);
+      req.on_iteration = [&out, v](const train::PipelineRecord& r, std::optional<double> val) {
+        out.losses[v].push_back(r.train_loss * static_cast<double>(r.losses));
+        if (val) out.vals[v] = val;
+      };
+      adjust(v, req);
+      nodes[v].outcome = run_pipeline_process(req, *nodes[v].transport, data);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// The survivors learnt what one trainer that drops `dead` after `before` iterations learns: each
+// iteration's mean loss (but `unrecorded`'s, when the lost node's own losses of it are missing) and
+// the final validation loss, to the last bit.
+void check_as_excluding(const train::RunConfig& run, const data::Dataset& data, const Curves& curves, int dead, int before, int unrecorded = -1) {
+  auto whole = train::PipelineTrainer::make(run, data);
+  REQUIRE(whole.ok());
+  for (int i = 0; i < run.train.steps; ++i) {
+    if (i == before) REQUIRE((*whole)->exclude({dead}).ok());
+    auto one = (*whole)->step();
+    REQUIRE(one.ok());
+    if (i == unrecorded) continue;
+    double sum = 0;
+    for (const auto& node : curves.losses) {
+      if (static_cast<std::size_t>(i) < node.size()) sum += node[static_cast<std::size_t>(i)];
+    }
+    CHECK(sum / static_cast<double>(one->losses) == doctest::Approx(one->train_loss).epsilon(1e-12));
+  }
+  std::optional<double> val;
+  for (std::size_t v = 0; v < curves.vals.size(); ++v) {
+    if (static_cast<int>(v) != dead && curves.vals[v]) val = curves.vals[v];
+  }
+  REQUIRE(val.has_value());
+  CHECK(*val == (*whole)->evaluate());
 }
 
 }  // namespace
@@ -165,98 +219,44 @@ TEST_CASE("a pipeline across processes: another config is refused at the handsha
     auto run = c;
     run.train.steps = 6;
     std::atomic<bool> stop{false};
-    std::vector<std::thread> threads;
-    std::vector<std::vector<double>> losses(nodes.size());
-    std::vector<std::optional<double>> vals(nodes.size());
-    for (std::size_t v = 0; v < nodes.size(); ++v) {
-      threads.emplace_back([&, v] {
-        PipelineProcessRequest req = request(run, static_cast<int>(v), addresses, std::chrono::seconds(30));
-        req.rejoin_timeout = std::chrono::seconds(3);
-        req.on_iteration = [&, v](const train::PipelineRecord& r, std::optional<double> val) {
-          losses[v].push_back(r.train_loss * static_cast<double>(r.losses));
-          if (val) vals[v] = val;
-          if (v == 3 && r.iteration == 2) stop = true;
-        };
-        if (v == 3) req.stop = &stop;
-        nodes[v].outcome = run_pipeline_process(req, *nodes[v].transport, corpus->dataset);
-      });
-    }
-    for (auto& t : threads) t.join();
+    const Curves curves = run_nodes(run, nodes, addresses, corpus->dataset, [&](std::size_t v, PipelineProcessRequest& req) {
+      if (v != 3) return;
+      req.stop = &stop;
+      req.on_iteration = [&, record = req.on_iteration](const train::PipelineRecord& r, std::optional<double> val) {
+        record(r, val);
+        if (r.iteration == 2) stop = true;
+      };
+    });
     REQUIRE(nodes[3].outcome.ok());
     CHECK(nodes[3].outcome->stopped);
     CHECK(nodes[3].outcome->iterations == 2);
-    std::optional<double> val;
     for (std::size_t v = 0; v < nodes.size(); ++v) {
       if (v == 3) continue;
       REQUIRE_MESSAGE(nodes[v].outcome.ok(), "node " << v << ": " << nodes[v].outcome.status().to_string());
       CHECK(nodes[v].outcome->iterations == 6);
       CHECK(nodes[v].outcome->lost_nodes == 1);
       CHECK(nodes[v].outcome->retried_iterations == 1);
-      if (vals[v]) val = vals[v];
     }
-    // One trainer that drops node 3 after iteration 2 learns the same, to the last bit.
-    auto whole = train::PipelineTrainer::make(run, corpus->dataset);
-    REQUIRE(whole.ok());
-    for (int i = 0; i < 6; ++i) {
-      if (i == 2) REQUIRE((*whole)->exclude({3}).ok());
-      auto one = (*whole)->step();
-      REQUIRE(one.ok());
-      double sum = 0;
-      for (std::size_t v = 0; v < nodes.size(); ++v) {
-        if (static_cast<std::size_t>(i) < losses[v].size()) sum += losses[v][static_cast<std::size_t>(i)];
-      }
-      CHECK(sum / static_cast<double>(one->losses) == doctest::Approx(one->train_loss).epsilon(1e-12));
-    }
-    REQUIRE(val.has_value());
-    CHECK(*val == (*whole)->evaluate());
+    check_as_excluding(run, corpus->dataset, curves, 3, 2);
   }
   SUBCASE("a node lost while it confirms an iteration: the nodes that did not hear it catch up, and all go on as one trainer excluding it would") {
     std::vector<std::string> addresses;
     auto nodes = start_transports(c, addresses);
     auto run = c;
     run.train.steps = 6;
-    std::vector<std::thread> threads;
-    std::vector<std::vector<double>> losses(nodes.size());
-    std::vector<std::optional<double>> vals(nodes.size());
-    for (std::size_t v = 0; v < nodes.size(); ++v) {
-      threads.emplace_back([&, v] {
-        PipelineProcessRequest req = request(run, static_cast<int>(v), addresses, std::chrono::seconds(30));
-        req.rejoin_timeout = std::chrono::seconds(3);
-        req.on_iteration = [&, v](const train::PipelineRecord& r, std::optional<double> val) {
-          losses[v].push_back(r.train_loss * static_cast<double>(r.losses));
-          if (val) vals[v] = val;
-        };
-        // Node 3 confirms iteration 2 to nodes 0-2 only: they apply it, nodes 4-7 do not yet.
-        if (v == 3) req.crash_while_confirming = 2;
-        nodes[v].outcome = run_pipeline_process(req, *nodes[v].transport, corpus->dataset);
-      });
-    }
-    for (auto& t : threads) t.join();
+    // Node 3 confirms iteration 2 to nodes 0-2 only: they apply it, nodes 4-7 do not yet.
+    const Curves curves = run_nodes(run, nodes, addresses, corpus->dataset, [](std::size_t v, PipelineProcessRequest& req) {
+      if (v == 3) req.crash_while_confirming = 2;
+    });
     REQUIRE_FALSE(nodes[3].outcome.ok());
-    std::optional<double> val;
     for (std::size_t v = 0; v < nodes.size(); ++v) {
       if (v == 3) continue;
       REQUIRE_MESSAGE(nodes[v].outcome.ok(), "node " << v << ": " << nodes[v].outcome.status().to_string());
       CHECK(nodes[v].outcome->iterations == 6);
       CHECK(nodes[v].outcome->lost_nodes == 1);
-      CHECK(losses[v].size() == 6);  // the caught-up iteration recorded once, in its place
-      if (vals[v]) val = vals[v];
+      CHECK(curves.losses[v].size() == 6);  // the caught-up iteration recorded once, in its place
     }
-    // One trainer that drops node 3 after iteration 2 (which it took part in) learns the same.
-    auto whole = train::PipelineTrainer::make(run, corpus->dataset);
-    REQUIRE(whole.ok());
-    for (int i = 0; i < 6; ++i) {
-      if (i == 2) REQUIRE((*whole)->exclude({3}).ok());
-      auto one = (*whole)->step();
-      REQUIRE(one.ok());
-      if (i == 1) continue;  // node 3's own losses of iteration 2 were never recorded
-      double sum = 0;
-      for (std::size_t v = 0; v < nodes.size(); ++v) {
-        if (static_cast<std::size_t>(i) < losses[v].size()) sum += losses[v][static_cast<std::size_t>(i)];
-      }
-      CHECK(sum / static_cast<double>(one->losses) == doctest::Approx(one->train_loss).epsilon(1e-12));
-    }
-    REQUIRE(val.has_value());
-    CHECK(*val == (*whole)->evaluate());
+    // Node 3 took part in iteration 2, but its own losses of it were never recorded.
+    check_as_excluding(run, corpus->dataset, curves, 3, 2, 1);
   }
 }
