@@ -307,18 +307,21 @@ void add_sim_command(CLI::App& app, SimArgs& args) {
   cmd->add_option("--target-loss", args.target_loss, "validation loss whose first crossing is time_to_target_s (default: final loss + 10%)")
       ->check(positive_number());
   cmd->add_flag("--pipeline", args.pipeline,
-                "simulate a SkipPipe pipeline (the [pipeline] keys: pipeline.mode, nodes, stages, ...) instead of outer.method's data-parallel workers");
+                "simulate a SkipPipe pipeline (the [pipeline] keys: pipeline.mode, nodes, stages, ...) instead of outer.method's data-parallel workers "
+                "(implied by pipeline.enabled = true)");
 }
 
 int run_sim_command(const SimArgs& args) {
   auto config = build_config(args.source);
   if (!config.ok()) return report_failure(config.status());
-  if (!args.pipeline) {
+  // A config peers run as a pipeline (pipeline.enabled) is simulated as one too.
+  const bool pipeline = args.pipeline || config->pipeline.enabled;
+  if (!pipeline) {
     if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
   }
   for (const auto& w : train::config_warnings(*config)) spdlog::warn("{}", w);
   const std::string out = args.out_option != nullptr && args.out_option->count() > 0 ? args.out : dated_out("sim");
-  if (args.pipeline) {
+  if (pipeline) {
     const std::string name = sim::pipeline_method_name(config->pipeline.mode);
     return run_and_report({Job{name, *config, true}}, out, args.target_loss, "Gossamer simulation: " + name, train::RunKind::kSim);
   }

@@ -174,5 +174,14 @@ run 0 "$G" sim --pipeline "${PIPETINY[@]}" --set pipeline.mode=noca --out "$tmp/
 [ -f "$tmp/pipesim/skippipe-noca/metrics.jsonl" ] || fail "sim --pipeline: no metrics for skippipe-noca"
 run 2 "$G" sim --pipeline "${PIPETINY[@]}" --set pipeline.network=moon --out "$tmp/pipesim2"
 says "geo-fixed"
+# A config peers run as a pipeline is simulated as one without --pipeline, with the same losses.
+run 0 "$G" sim "${PIPETINY[@]}" --set pipeline.mode=noca --set pipeline.enabled=true --out "$tmp/pipesim3"
+[ -f "$tmp/pipesim3/skippipe-noca/metrics.jsonl" ] || fail "sim with pipeline.enabled: no pipeline metrics"
+[ "$(grep -o '"val_loss":[0-9.e+-]*' "$tmp/pipesim3/skippipe-noca/metrics.jsonl")" = "$(grep -o '"val_loss":[0-9.e+-]*' "$tmp/pipesim/skippipe-noca/metrics.jsonl")" ] ||
+  fail "sim with pipeline.enabled: other losses than sim --pipeline"
+# `gossamer peer` with a pipeline config: the outer method's rules do not apply, and the help says
+# what --wait-for means for it.
+run 0 "$G" peer --help
+says "pipeline.enabled"
 
 echo "cli: all checks passed"
