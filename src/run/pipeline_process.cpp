@@ -397,8 +397,6 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
   auto commit = [&]() -> Status {
     Writer w;
     w.u64(static_cast<std::uint64_t>(committing));
-    // As long as the slowest node's iteration may take (PipelineTrainer::step's deadlines).
-    const auto expected = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(4 * t.plan().simulation.makespan_s));
     if (req.crash_while_confirming == committing) {
       for (int j = 0; j < req.node; ++j) {
         if (links[static_cast<std::size_t>(j)]) (void)links[static_cast<std::size_t>(j)]->send(kCommitTag, w.bytes(), Deadline::after(real_clock(), round_timeout));
@@ -407,6 +405,8 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
       close_all(links);
       return error(ErrorCode::kAborted, "fault drill: died while confirming iteration " + std::to_string(committing));
     }
+    // As long as the slowest node's iteration may take (PipelineTrainer::step's deadlines).
+    const auto expected = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(4 * t.plan().simulation.makespan_s));
     auto acks = exchange(links, req.node, kCommitTag, w.bytes(), Deadline::after(real_clock(), 2 * round_timeout + expected), "confirming the iteration");
     if (!acks.ok()) return acks.status();
     for (std::size_t j = 0; j < acks->size(); ++j) {

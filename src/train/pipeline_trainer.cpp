@@ -88,12 +88,9 @@ struct PipelineTrainer::Impl {
   std::vector<data::Batch> eval_set;
   std::int64_t done = 0;
   std::int64_t samples = 0;
-  // An iteration whose commit failed: its record so far and what applying it needs.
+  // An iteration whose commit failed: its record so far (losses, learning rate) and when it began.
   struct Pending {
     PipelineRecord rec;
-    double lr = 0;
-    double loss_sum = 0;
-    int losses = 0;
     std::chrono::steady_clock::time_point start;
     Nanos t0{0};
   };
@@ -327,12 +324,10 @@ Result<PipelineRecord> PipelineTrainer::step(const std::function<Status()>& comm
         results[v] = node.run_iteration(iteration, it == data.end() ? std::vector<MicroBatchData>{} : it->second, deadline);
         if (!results[v].ok()) {
           // Its stage's replicas would wait for it in their sync: they learn at once instead.
-          if (const auto g = m.groups.find(node.stage()); g != m.groups.end()) {
-            for (const auto& grp : g->second) {
-              if (grp.size == 0 || grp.peers.empty()) continue;
-              const auto& members = m.replicas.at(node.stage());
-              if (members[static_cast<std::size_t>(grp.rank)] != static_cast<int>(v)) continue;
-              for (const auto& l : grp.peers) {
+          if (const auto r = m.replicas.find(node.stage()); r != m.replicas.end()) {
+            const auto rank = static_cast<std::size_t>(std::find(r->second.begin(), r->second.end(), static_cast<int>(v)) - r->second.begin());
+            if (rank < r->second.size()) {
+              for (const auto& l : m.groups.at(node.stage())[rank].peers) {
                 if (l) l->close();
               }
             }
@@ -403,7 +398,10 @@ Result<PipelineRecord> PipelineTrainer::step(const std::function<Status()>& comm
     rec.sync_bytes += sync_bytes[v];
     rec.sync_rounds += rounds[v];
   }
-  m.pending = Impl::Pending{std::move(rec), lr, loss_sum, losses, start, t0};
+  rec.train_loss = losses > 0 ? loss_sum / losses : 0;
+  rec.losses = losses;
+  rec.lr = lr;
+  m.pending = Impl::Pending{std::move(rec), start, t0};
   if (commit) {
     if (Status st = commit(); !st.ok()) return st;
   }
@@ -419,7 +417,6 @@ Result<PipelineRecord> PipelineTrainer::apply_pending() {
   Impl::Pending p = std::move(*m.pending);
   m.pending.reset();
   PipelineRecord rec = std::move(p.rec);
-  const double lr = p.lr;
   for (int local : m.local) {
     const auto v = static_cast<std::size_t>(local);
     PipelineNode& node = *m.nodes[v];
@@ -427,17 +424,14 @@ Result<PipelineRecord> PipelineTrainer::apply_pending() {
     // Clipped per stage: every replica holds the same gradients, so they clip alike.
     const double norm = torch::nn::utils::clip_grad_norm_(node.stage_parameters(), c.train.grad_clip);
     if (node.stage() == 0 && rec.grad_norm == 0) rec.grad_norm = norm;  // the first origin that takes part
-    for (auto& group : m.adam[v]->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    for (auto& group : m.adam[v]->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(rec.lr);
     m.adam[v]->step();
   }
   ++m.done;
   rec.iteration = m.done;
   m.samples += m.plan.schedule.microbatches() * c.train.batch_size;  // every origin's, wherever hosted
   rec.samples = m.samples;
-  rec.train_loss = p.losses > 0 ? p.loss_sum / p.losses : 0;
-  rec.losses = p.losses;
   rec.lost_nodes = m.lost;
-  rec.lr = lr;
   rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
   rec.sync_s = std::max(0.0, std::chrono::duration<double>(m.env.clock->now() - p.t0).count() - rec.makespan_s);
   return rec;
