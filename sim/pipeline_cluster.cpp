@@ -201,6 +201,16 @@ Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const trai
       result.records.push_back(std::move(j));
       if (progress) progress(i, c.train.steps);
     }
+    // The omission check (the second half of the stages left out) and, beside, the model as trained
+    // (without pipeline.depth_scaling): the summary shows what each changes.
+    Stopwatch omission(real_clock());
+    const auto weights = t.stage_weights();
+    const std::vector<int> omit = train::default_omitted_stages(c.pipeline.stages);
+    const double final_loss = t.evaluate_with(weights, t.depth_scales());
+    const double omitted = t.evaluate_with(weights, t.depth_scales(), omit);
+    const double as_trained = t.evaluate_with(weights, {});
+    const double omitted_as_trained = t.evaluate_with(weights, {}, omit);
+    compute_wall += omission.elapsed_seconds();
     const double sim_time = std::chrono::duration<double>(scheduler.now()).count();
     const auto iterations = static_cast<double>(std::max<std::int64_t>(1, c.train.steps));
     std::size_t taking_part = 0;
@@ -241,6 +251,13 @@ Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const trai
                        {"retried_iterations", retried},
                        {"retried_s", lost_s},
                        {"final_predicted_makespan_s", t.plan().simulation.makespan_s},
+                       {"depth_scaling", c.pipeline.depth_scaling},
+                       {"stage_shares", t.stage_shares()},
+                       {"omitted_stages", omit},
+                       {"val_loss", final_loss},
+                       {"omitted_val_loss", omitted},
+                       {"val_loss_as_trained", as_trained},
+                       {"omitted_val_loss_as_trained", omitted_as_trained},
                        {"hop_bytes_scale", hop_bytes / std::max(1.0, train::pipeline_costs(c).activation_bytes)},
                        {"timeline", timeline}};
   });

@@ -54,6 +54,20 @@ std::string human_bytes(double b) {
   return fmt::format("{:.3g} {}", b, units[u]);
 }
 
+// A pipeline's omission check in words: "3, 4, 5 out: +1.2%", and the model as trained where depth
+// scaling changed it.
+std::string omission_text(const nlohmann::json& p) {
+  if (!p.contains("omitted_val_loss") || p["omitted_stages"].empty()) return "-";
+  std::string stages;
+  for (const auto& st : p["omitted_stages"]) stages += (stages.empty() ? "" : ", ") + std::to_string(st.get<int>());
+  const double all = p["val_loss"].get<double>(), as_trained = p["val_loss_as_trained"].get<double>();
+  std::string text = fmt::format("{} out: {:+.1f}%", stages, 100 * (p["omitted_val_loss"].get<double>() / all - 1));
+  if (as_trained != all) {
+    text += fmt::format(" (unscaled: {:.4f}, {:+.1f}%)", as_trained, 100 * (p["omitted_val_loss_as_trained"].get<double>() / as_trained - 1));
+  }
+  return text;
+}
+
 std::string human_seconds(double s) {
   if (s < 120) return fmt::format("{:.3g} s", s);
   if (s < 7200) return fmt::format("{:.3g} min", s / 60);
@@ -358,9 +372,11 @@ std::string report_html(const std::vector<MethodRun>& runs, const nlohmann::json
   if (pipelines) {
     o << "<h2>Pipeline iterations</h2>\n<p class=\"note\">An iteration's makespan as the runtime took it over the emulated links, beside "
       << "the scheduler's prediction (its event simulation of the schedule) and its closed form (collisions and memory waits left out); then "
-      << "the stages' sync. Busy: the nodes' mean share of the pipeline's time spent computing.</p>\n<table><tr><th>variant</th><th>mode</th>"
+      << "the stages' sync. Busy: the nodes' mean share of the pipeline's time spent computing. Omission check: the validation loss "
+      << "at the end with the second half of the stages left out, against all of them (a model trained with skipping should lose "
+      << "less).</p>\n<table><tr><th>variant</th><th>mode</th>"
       << "<th>iteration (simulated)</th><th>predicted</th><th>closed form</th><th>stage sync</th><th>busy</th><th>peak in flight</th>"
-      << "<th>activations</th><th>stage sync bytes</th></tr>\n";
+      << "<th>activations</th><th>stage sync bytes</th><th>omission check</th></tr>\n";
     for (const auto& run : runs) {
       const auto& p = run.result.pipeline;
       if (!p.is_object()) continue;
@@ -373,7 +389,7 @@ std::string report_html(const std::vector<MethodRun>& runs, const nlohmann::json
         << "</td><td>" << human_seconds(p["predicted_makespan_s"].get<double>()) << "</td><td>" << human_seconds(p["closed_form_makespan_s"].get<double>())
         << "</td><td>" << human_seconds(p["sync_s"].get<double>()) << "</td><td>" << fmt::format("{:.1f}%", busy + idle > 0 ? 100 * busy / (busy + idle) : 0.0)
         << "</td><td>" << peak << "</td><td>" << human_bytes(p["activation_bytes"].get<double>()) << "</td><td>"
-        << human_bytes(p["sync_bytes"].get<double>()) << "</td></tr>\n";
+        << human_bytes(p["sync_bytes"].get<double>()) << "</td><td>" << escape(omission_text(p)) << "</td></tr>\n";
     }
     o << "</table>\n<p class=\"note\">Which node computes which micro-batch when, in the first iteration: solid bars are forwards, pale "
       << "ones backwards, grey ones the head and loss at the micro-batch's origin; each micro-batch has its own hue. Hover a bar for its "

@@ -30,7 +30,7 @@ void add_pipeline_command(CLI::App& app, PipelineArgs& a) {
   add_config_source(*cmd, a.source);
   a.out_option = cmd->add_option("--out", a.out, "output folder, new or empty (default: runs/pipeline-<time>)");
   cmd->add_option("--omit", a.omit, "stages (not 0) to leave out in the omission evaluation at the end, e.g. --omit 2,4,5 (default: the "
-                                     "last ones, keeping stage 0 and two others)")
+                                     "second half, stages S/2 .. S-1: with 6 stages, 3, 4 and 5)")
       ->delimiter(',');
   auto* node = cmd->add_option("--node", a.node,
                                "host only this pipeline node, the others in processes of their own (on this machine or others), linked over "
@@ -131,10 +131,7 @@ int run_pipeline_command(const PipelineArgs& a) {
   for (int s : a.omit) {
     if (s <= 0 || s >= c.pipeline.stages) return report_failure(error(ErrorCode::kInvalidArgument, "--omit: stage " + std::to_string(s) + " is not one of 1 .. pipeline.stages - 1"));
   }
-  std::vector<int> omit = a.omit;
-  if (omit.empty()) {
-    for (std::int64_t s = 3; s < c.pipeline.stages; ++s) omit.push_back(static_cast<int>(s));
-  }
+  const std::vector<int> omit = a.omit.empty() ? train::default_omitted_stages(c.pipeline.stages) : a.omit;
   const std::string out = a.out_option != nullptr && a.out_option->count() > 0 ? a.out : dated_out("pipeline");
   if (a.node >= 0) return run_pipeline_node(a, c, out);
   auto folder = train::RunFolder::create(out, train::RunKind::kPipeline);
@@ -178,6 +175,10 @@ int run_pipeline_command(const PipelineArgs& a) {
     }
   }
   const double omitted = t.evaluate(omit);
+  // The same weights without depth scaling, beside: what the scaling changes is in the summary.
+  const auto weights = t.stage_weights();
+  const double as_trained = t.evaluate_with(weights, {});
+  const double omitted_as_trained = t.evaluate_with(weights, {}, omit);
   nlohmann::json summary = {{"mode", c.pipeline.mode},
                             {"nodes", c.pipeline.nodes},
                             {"stages", c.pipeline.stages},
@@ -188,6 +189,10 @@ int run_pipeline_command(const PipelineArgs& a) {
                             {"omitted_stages", omit},
                             {"omitted_val_loss", omitted},
                             {"omission_increase", omitted / last_val - 1},
+                            {"depth_scaling", c.pipeline.depth_scaling},
+                            {"stage_shares", t.stage_shares()},
+                            {"val_loss_as_trained", as_trained},
+                            {"omitted_val_loss_as_trained", omitted_as_trained},
                             {"stage_sync", c.pipeline.stage_sync},
                             {"activation_bytes", activation_bytes},
                             {"stage_sync_bytes", sync_bytes},
@@ -199,6 +204,10 @@ int run_pipeline_command(const PipelineArgs& a) {
   for (int s : omit) std::printf(" %d", s);
   std::printf(" left out %.4f (%+.1f%%); an iteration %.1f s over the scheduler's network; %.1f MB of activations, %.1f MB to sync the stages (%s)\n",
               omitted, 100 * (omitted / last_val - 1), sim.makespan_s, activation_bytes / 1e6, sync_bytes / 1e6, c.pipeline.stage_sync.c_str());
+  if (as_trained != last_val) {
+    std::printf("the stages' residual branches scaled by their visit shares (pipeline.depth_scaling); as trained, unscaled: val loss %.4f, "
+                "with those stages left out %.4f (%+.1f%%)\n", as_trained, omitted_as_trained, 100 * (omitted_as_trained / as_trained - 1));
+  }
   return 0;
 }
 

@@ -146,14 +146,18 @@ void print_summary(const nlohmann::json& summary) {
     for (const auto& m : summary["methods"]) {
       if (m["name"] == "pipeline-full") full = m["pipeline"]["makespan_s"].get<double>();
     }
-    std::printf("%-18s %10s %12s %12s %10s %12s %9s %14s %12s\n", "method", "val loss", "iteration", "predicted", "vs full", "stage sync", "busy",
-                "activations", "stage sync");
+    std::printf("%-18s %10s %10s %12s %12s %10s %12s %9s %14s %12s\n", "method", "val loss", "omission", "iteration", "predicted", "vs full", "stage sync",
+                "busy", "activations", "stage sync");
     for (const auto& m : summary["methods"]) {
       const auto& p = m["pipeline"];
       const double makespan = p["makespan_s"].get<double>();
       const std::string loss = m["final_val_loss"].is_null() ? "-" : fmt::format("{:.4f}", m["final_val_loss"].get<double>());
       const std::string vs = full > 0 && m["name"] != "pipeline-full" ? fmt::format("{:.3f}", makespan / full) : "";
-      std::printf("%-18s %10s %10.1f s %10.1f s %10s %10.1f s %8.1f%% %11.2f MB %9.2f MB\n", m["name"].get<std::string>().c_str(), loss.c_str(), makespan,
+      // The loss's rise with the second half of the stages left out (the omission check).
+      const std::string omission = p.contains("omitted_val_loss") && !p["omitted_stages"].empty()
+                                       ? fmt::format("{:+.1f}%", 100 * (p["omitted_val_loss"].get<double>() / p["val_loss"].get<double>() - 1))
+                                       : "-";
+      std::printf("%-18s %10s %10s %10.1f s %10.1f s %10s %10.1f s %8.1f%% %11.2f MB %9.2f MB\n", m["name"].get<std::string>().c_str(), loss.c_str(), omission.c_str(), makespan,
                   p["predicted_makespan_s"].get<double>(), vs.c_str(), p["sync_s"].get<double>(), 100 * m["compute_utilization"].get<double>(),
                   p["activation_bytes"].get<double>() / 1e6, p["sync_bytes"].get<double>() / 1e6);
     }

@@ -180,6 +180,15 @@ at::Tensor Gpt::block(std::int64_t index, const at::Tensor& x) {
   return m.blocks[static_cast<std::size_t>(index)]->forward(x);
 }
 
+void Gpt::scale_residual_branches(std::int64_t index, double factor) {
+  auto& m = *impl_->module;
+  GOSSAMER_CHECK(index >= 0 && index < static_cast<std::int64_t>(m.blocks.size()), "Gpt::scale_residual_branches: no block " + std::to_string(index));
+  GOSSAMER_CHECK(std::isfinite(factor), "Gpt::scale_residual_branches: the factor must be finite");
+  torch::NoGradGuard no_grad;
+  auto& b = m.blocks[static_cast<std::size_t>(index)];
+  for (auto* t : {&b->attn->proj->weight, &b->attn->proj->bias, &b->mlp->proj->weight, &b->mlp->proj->bias}) t->mul_(factor);
+}
+
 std::vector<ParameterBlock> Gpt::blocks() const {
   auto& m = *impl_->module;
   std::vector<ParameterBlock> out;

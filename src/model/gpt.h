@@ -51,6 +51,11 @@ class Gpt final : public LanguageModel {
   at::Tensor embed(const at::Tensor& tokens);                // token and position embeddings (and dropout): (B, T, C)
   at::Tensor block(std::int64_t index, const at::Tensor& x);  // transformer block `index` of 0 .. layers-1
   at::Tensor head(const at::Tensor& x);                       // final LayerNorm and the tied output head: logits (B, T, V)
+  // Multiplies block `index`'s two residual branches by `factor`, in place: it then computes
+  // x + f·attn(ln1(x)), then + f·mlp(ln2(·)), its output projections (weights and biases) scaled.
+  // Stochastic depth's inference rule: a block that training skipped with probability 1 - f adds, at
+  // inference, what it added on average. The result is an ordinary Gpt (saved, exported alike).
+  void scale_residual_branches(std::int64_t index, double factor);
   std::vector<ParameterBlock> blocks() const override;
   std::int64_t vocab_size() const override { return config().vocab_size; }
   std::int64_t context() const override { return config().context; }

@@ -477,7 +477,7 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
           for (auto& [stage, params] : stages) {
             for (auto& p : params) p = p.detach().clone();
           }
-          evaluating = std::async(std::launch::async, [&t, stages = std::move(stages)] { return t.evaluate_with(stages); });
+          evaluating = std::async(std::launch::async, [&t, stages = std::move(stages), scales = t.depth_scales()] { return t.evaluate_with(stages, scales); });
         }
       } else if (holders[static_cast<std::size_t>(outcome.stage)] == req.node) {
         if (Status st = links[static_cast<std::size_t>(evaluator)]->send(tag, encode_weights(t.node_parameters(req.node)), deadline); !st.ok()) {

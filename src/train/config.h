@@ -155,6 +155,9 @@ struct PipelineSection {
   std::int64_t crash_node = -1;           // the simulator's scenario: this node crashes (-1: none) ...
   std::int64_t crash_at_iteration = 0;    // ... half-way through this iteration (by the scheduler's prediction)
   std::string order = "timetable";    // a node's work: in the planned timetable's order (deterministic) or as messages arrive
+  // The assembled model (evaluation, omission) scales each non-zero stage's residual branches by the
+  // share of trained micro-batches that visited it (stochastic depth's inference rule); false: as trained.
+  bool depth_scaling = true;
 };
 
 // The simulator: workers, their network, their compute and what goes wrong.

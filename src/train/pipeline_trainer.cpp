@@ -61,6 +61,20 @@ skippipe::Costs pipeline_costs(const RunConfig& c) {
   return costs;
 }
 
+namespace {
+
+// Per stage: the micro-batches of one iteration of `s` that visit it (stage 0: every one).
+std::vector<double> schedule_stage_visits(const skippipe::Schedule& s) {
+  std::vector<double> visits(static_cast<std::size_t>(s.options.stages), 0.0);
+  for (const auto& agent : s.agents) {
+    visits[0] += agent.microbatches;
+    for (int node : agent.hops) visits[static_cast<std::size_t>(s.stage_of[static_cast<std::size_t>(node)])] += agent.microbatches;
+  }
+  return visits;
+}
+
+}  // namespace
+
 struct PipelineTrainer::Impl {
   RunConfig config;
   PipelineEnvironment env;
@@ -88,6 +102,8 @@ struct PipelineTrainer::Impl {
   std::vector<data::Batch> eval_set;
   std::int64_t done = 0;
   std::int64_t samples = 0;
+  // Per stage: micro-batches of the iterations done that visited it (stage 0: all of them).
+  std::vector<double> stage_visits;
   // An iteration whose commit failed: its record so far (losses, learning rate) and when it began.
   struct Pending {
     PipelineRecord rec;
@@ -428,6 +444,9 @@ Result<PipelineRecord> PipelineTrainer::apply_pending() {
     m.adam[v]->step();
   }
   ++m.done;
+  const std::vector<double> visits = schedule_stage_visits(m.plan.schedule);
+  m.stage_visits.resize(visits.size(), 0.0);
+  for (std::size_t st = 0; st < visits.size(); ++st) m.stage_visits[st] += visits[st];
   rec.iteration = m.done;
   m.samples += m.plan.schedule.microbatches() * c.train.batch_size;  // every origin's, wherever hosted
   rec.samples = m.samples;
@@ -437,8 +456,10 @@ Result<PipelineRecord> PipelineTrainer::apply_pending() {
   return rec;
 }
 
-double PipelineTrainer::evaluate(const std::vector<int>& omitted) {
-  auto& m = *impl_;
+double PipelineTrainer::evaluate(const std::vector<int>& omitted) { return evaluate_with(stage_weights(), depth_scales(), omitted); }
+
+std::map<int, std::vector<at::Tensor>> PipelineTrainer::stage_weights() const {
+  const auto& m = *impl_;
   std::map<int, std::vector<at::Tensor>> stages;
   for (int stage = 0; stage < m.config.pipeline.stages; ++stage) {
     // (With stage_sync = diloco: its live weights, the same on every replica just after a round.)
@@ -446,11 +467,16 @@ double PipelineTrainer::evaluate(const std::vector<int>& omitted) {
     GOSSAMER_CHECK(rep >= 0, "PipelineTrainer::evaluate: stage " + std::to_string(stage) + " has no node in this process");
     stages[stage] = m.nodes[static_cast<std::size_t>(rep)]->stage_parameters();
   }
-  return evaluate_with(stages, omitted);
+  return stages;
 }
 
-double PipelineTrainer::evaluate_with(const std::map<int, std::vector<at::Tensor>>& stages, const std::vector<int>& omitted) {
-  auto& m = *impl_;
+std::vector<double> PipelineTrainer::depth_scales() const {
+  return impl_->config.pipeline.depth_scaling ? stage_shares() : std::vector<double>{};
+}
+
+double PipelineTrainer::evaluate_with(const std::map<int, std::vector<at::Tensor>>& stages, const std::vector<double>& scales,
+                                      const std::vector<int>& omitted) const {
+  const auto& m = *impl_;
   model::Gpt model(gpt_config(m.config, 0));
   // The stages' parameters, into the whole model in block order.
   std::map<int, std::size_t> taken;
@@ -468,8 +494,13 @@ double PipelineTrainer::evaluate_with(const std::map<int, std::vector<at::Tensor
       p.tensor.copy_(it->second[k]);
     }
   }
-  model.train(false);
   const std::int64_t per = m.config.model.layers / m.config.pipeline.stages;
+  GOSSAMER_CHECK(scales.empty() || static_cast<std::int64_t>(scales.size()) == m.config.pipeline.stages, "PipelineTrainer::evaluate_with: a scale per stage");
+  for (std::int64_t i = 0; i < m.config.model.layers && !scales.empty(); ++i) {
+    const double scale = scales[static_cast<std::size_t>(i / per)];
+    if (scale != 1) model.scale_residual_branches(i, scale);
+  }
+  model.train(false);
   double total = 0;
   std::int64_t count = 0;
   for (const auto& b : m.eval_set) {
@@ -483,6 +514,20 @@ double PipelineTrainer::evaluate_with(const std::map<int, std::vector<at::Tensor
     count += b.tokens.numel();
   }
   return count > 0 ? total / static_cast<double>(count) : 0;
+}
+
+std::vector<double> PipelineTrainer::stage_shares() const {
+  const auto& m = *impl_;
+  const std::vector<double> visits = m.done > 0 ? m.stage_visits : schedule_stage_visits(m.plan.schedule);
+  std::vector<double> shares(visits.size(), 1.0);
+  for (std::size_t st = 1; st < visits.size(); ++st) shares[st] = visits[0] > 0 ? std::min(1.0, visits[st] / visits[0]) : 1.0;
+  return shares;
+}
+
+std::vector<int> default_omitted_stages(std::int64_t stages) {
+  std::vector<int> out;
+  for (std::int64_t s = std::max<std::int64_t>(1, stages / 2); s < stages; ++s) out.push_back(static_cast<int>(s));
+  return out;
 }
 
 std::vector<int> PipelineTrainer::stage_holders() const {

@@ -14,7 +14,10 @@
 //
 // evaluate() assembles the model from the stages' first replicas and measures the validation loss,
 // optionally with some stages left out (the paper's omission check: a model trained with skipping
-// should lose less when stages are missing at inference).
+// should lose less when stages are missing at inference). A model trained on paths that skip is
+// assembled by stochastic depth's rule (pipeline.depth_scaling): each stage's residual branches are
+// scaled by the share of micro-batches that visited it, so that the residual stream gets from every
+// stage what it got on average in training.
 //
 // Where it runs (PipelineEnvironment): by default on the real clock over in-memory links; the
 // simulator (sim/pipeline_cluster.h) gives its virtual clock, its emulated network's links and a
@@ -89,14 +92,30 @@ class PipelineTrainer {
   // or an exclude() drops it.
   bool pending() const;
   [[nodiscard]] Result<PipelineRecord> apply_pending();
-  // Validation loss of the assembled model, stages in `omitted` left out (stage 0 cannot be).
+  // Validation loss of the assembled model, stages in `omitted` left out (stage 0 cannot be). With
+  // pipeline.depth_scaling, each non-zero stage's blocks have their residual branches scaled by the
+  // stage's share (stage_shares()), as stochastic depth does at inference; the stages' own weights
+  // are untouched.
   // Each stage's weights are those of its first replica hosted here that takes part; a process
   // hosting no node of some stage cannot evaluate (ContractError; can_evaluate() says).
   double evaluate(const std::vector<int>& omitted = {});
   bool can_evaluate() const;
-  // The same with each stage's parameters given (stage -> its parameters in model order): a process
-  // hosting only some stages evaluates with the others' sent to it.
-  double evaluate_with(const std::map<int, std::vector<at::Tensor>>& stages, const std::vector<int>& omitted = {});
+  // The same with each stage's parameters given (stage -> its parameters in model order) and the
+  // factors its blocks' residual branches are scaled by (per stage; empty: none): a process hosting
+  // only some stages evaluates with the others' sent to it. It reads nothing step() changes, so it
+  // may run on another thread while the trainer steps (take depth_scales() on the trainer's).
+  double evaluate_with(const std::map<int, std::vector<at::Tensor>>& stages, const std::vector<double>& scales,
+                       const std::vector<int>& omitted = {}) const;
+  // The weights evaluate() assembles: stage -> its representative's parameters (its first replica
+  // hosted here that takes part), each stage hosted here (ContractError otherwise; can_evaluate()).
+  std::map<int, std::vector<at::Tensor>> stage_weights() const;
+  // What evaluate() scales each stage's residual branches by: stage_shares() with
+  // pipeline.depth_scaling, else nothing (empty).
+  std::vector<double> depth_scales() const;
+  // Per stage, the share of the micro-batches trained so far that visited it (stage 0: 1; the full
+  // pipeline: all 1; paths of L of S stages, balanced: (L - 1) / (S - 1)). Before the first
+  // iteration, the schedule's. The same in every process of a pipeline (it follows the plans).
+  std::vector<double> stage_shares() const;
   // The node whose weights stand for each stage, the same in every process: the stage's first replica
   // that takes part, else its first node. evaluate() uses these when every stage is hosted here.
   std::vector<int> stage_holders() const;
@@ -128,6 +147,10 @@ class PipelineTrainer {
 // and of the work (pipeline.forward_s, pipeline.activation_mib, the reference's per-hop overhead).
 skippipe::Network pipeline_network(const RunConfig& config);
 skippipe::Costs pipeline_costs(const RunConfig& config);
+
+// The omission check's stages by default: the second half, stages max(1, S/2) .. S-1 (for 6 stages:
+// 3, 4 and 5, so stage 0 and two others remain, the paper's "half the model").
+std::vector<int> default_omitted_stages(std::int64_t stages);
 
 // pipeline.mode's name to the scheduler's mode.
 [[nodiscard]] Result<skippipe::Mode> pipeline_mode(const std::string& name);

@@ -2,7 +2,10 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+#include <map>
 #include <set>
+#include <string>
 
 #include "core/check.h"
 #include "model/gpt.h"
@@ -132,4 +135,37 @@ TEST_CASE("the forward in pieces (embed, blocks, head) is the forward, bit for b
   REQUIRE(pa.size() == pb.size());
   for (std::size_t i = 0; i < pa.size(); ++i) CHECK(torch::equal(pa[i].grad(), pb[i].grad()));
   CHECK_THROWS_AS(pieces.block(4, x), ContractError);
+}
+
+TEST_CASE("scaling a block's residual branches scales its output projections only; factor 0 makes the block the identity") {
+  Gpt gpt(small());
+  gpt.train(false);
+  torch::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> before;
+  for (const auto& b : gpt.blocks()) {
+    for (const auto& p : b.parameters) before[p.name] = p.tensor.clone();
+  }
+  gpt.scale_residual_branches(1, 0.5);
+  int scaled = 0;
+  for (const auto& b : gpt.blocks()) {
+    for (const auto& p : b.parameters) {
+      CAPTURE(p.name);
+      const bool branch_out = p.name.rfind("block.1.", 0) == 0 && p.name.find(".proj.") != std::string::npos;
+      if (branch_out) {
+        ++scaled;
+        CHECK(torch::equal(p.tensor, before[p.name] * 0.5));  // a power of two: exact
+      } else {
+        CHECK(torch::equal(p.tensor, before[p.name]));
+      }
+    }
+  }
+  CHECK(scaled == 4);  // attention's and the MLP's output projection, weight and bias
+  const auto x = torch::randn({2, 16, 32});
+  const auto half = gpt.block(1, x);
+  CHECK(!torch::equal(half, x));
+  gpt.scale_residual_branches(1, 0.0);
+  CHECK(torch::equal(gpt.block(1, x), x));  // nothing added: the block is skipped
+  CHECK(!torch::equal(gpt.block(0, x), x));
+  CHECK_THROWS_AS(gpt.scale_residual_branches(2, 0.5), ContractError);
+  CHECK_THROWS_AS(gpt.scale_residual_branches(0, std::nan("")), ContractError);
 }

@@ -145,6 +145,21 @@ TEST_CASE("a pipeline comparison's report: makespans predicted and simulated, pe
     CHECK(p["node_idle_s"].size() == 6);
     CHECK_FALSE(p.contains("timeline"));  // in the report, not the summary
     CHECK(m["final_val_loss"].is_number());
+    // The omission check at the end (the second half of the stages left out), and the model as
+    // trained beside the depth-scaled one: the same for the full pipeline, whose shares are all 1.
+    CHECK(p["omitted_stages"] == nlohmann::json::array({1, 2}));
+    CHECK(p["val_loss"].get<double>() == m["final_val_loss"].get<double>());
+    CHECK(p["omitted_val_loss"].get<double>() != p["val_loss"].get<double>());
+    const auto shares = p["stage_shares"].get<std::vector<double>>();
+    REQUIRE(shares.size() == 3);
+    if (m["name"] == "pipeline-full") {
+      CHECK(shares == std::vector<double>{1.0, 1.0, 1.0});
+      CHECK(p["val_loss_as_trained"].get<double>() == p["val_loss"].get<double>());
+    } else {
+      CHECK(shares[1] + shares[2] == doctest::Approx(1.0));  // each micro-batch visits one non-zero stage
+      CHECK(shares[1] < 1.0);
+      CHECK(p["val_loss_as_trained"].get<double>() != p["val_loss"].get<double>());
+    }
   }
   CHECK(summary["methods"][0]["name"] == "pipeline-full");
   auto html = read_text_file(out / "report.html", 1 << 24);
@@ -154,5 +169,8 @@ TEST_CASE("a pipeline comparison's report: makespans predicted and simulated, pe
   CHECK(html->find("skippipe-cbs: the first iteration") != std::string::npos);
   CHECK(html->find("micro-batch 0 forward") != std::string::npos);
   CHECK(html->find("head and loss") != std::string::npos);
+  CHECK(html->find("omission check") != std::string::npos);
+  CHECK(html->find("1, 2 out: ") != std::string::npos);
+  CHECK(html->find("(unscaled: ") != std::string::npos);  // the skipping variant's
   std::filesystem::remove_all(out);
 }

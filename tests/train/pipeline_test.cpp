@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "quant/codec.h"
+#include "model/gpt.h"
 #include "skippipe/planner.h"
 #include "support/mutate.h"
 #include "support/pipeline_config.h"
@@ -20,6 +21,7 @@
 #include "train/pipeline_trainer.h"
 #include "train/run.h"
 #include "train/pipeline_wire.h"
+#include "train/worker.h"
 #include "transport/memory_link.h"
 #include "transport/tags.h"
 
@@ -314,6 +316,62 @@ TEST_CASE("pipeline messages: a round trip, and malformed or oversized ones refu
     CHECK(torch::isfinite(r->second).all().item<bool>());
   }
   CHECK(refused > 0);
+}
+
+TEST_CASE("a skip-trained model is assembled by stochastic depth's rule: each stage's residual branches scaled by its visit share") {
+  RunConfig c = small_pipeline_run();
+  auto corpus = load_corpus(c);
+  REQUIRE(corpus.ok());
+  auto scaled = PipelineTrainer::make(c, corpus->dataset);
+  REQUIRE_MESSAGE(scaled.ok(), scaled.status().to_string());
+  c.pipeline.depth_scaling = false;
+  auto plain = PipelineTrainer::make(c, corpus->dataset);
+  REQUIRE(plain.ok());
+  // Every micro-batch visits stage 0 and path_length - 1 others: the shares of the others add up to that.
+  const std::vector<double> shares = (*scaled)->stage_shares();
+  REQUIRE(shares.size() == 3);
+  CHECK(shares[0] == 1.0);
+  CHECK(shares[1] + shares[2] == doctest::Approx(c.pipeline.path_length - 1));
+  CHECK(shares[1] < 1.0);
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE((*scaled)->step().ok());
+    REQUIRE((*plain)->step().ok());
+  }
+  CHECK((*scaled)->stage_shares() == shares);  // one schedule all along
+  const double with_scaling = (*scaled)->evaluate();
+  const double as_trained = (*plain)->evaluate();
+  CHECK(with_scaling != as_trained);
+  // The same weights (the timetable makes both runs bit-identical), scaled by hand: the output
+  // projections of every block of a non-zero stage, by its share.
+  std::map<int, std::vector<at::Tensor>> stages;
+  const std::vector<int> holders = (*plain)->stage_holders();
+  model::Gpt names(gpt_config(c, 0));
+  const std::int64_t per = c.model.layers / c.pipeline.stages;
+  for (int st = 0; st < 3; ++st) {
+    auto params = (*plain)->node_parameters(holders[static_cast<std::size_t>(st)]);
+    std::vector<std::string> stage_names;
+    for (const auto& block : names.blocks()) {
+      const bool in_stage = block.name.rfind("block.", 0) == 0 ? std::stoll(block.name.substr(6)) / per == st : st == 0;
+      if (in_stage) {
+        for (const auto& p : block.parameters) stage_names.push_back(p.name);
+      }
+    }
+    REQUIRE(stage_names.size() == params.size());
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      params[k] = params[k].clone();
+      if (st > 0 && stage_names[k].find(".proj.") != std::string::npos) params[k].mul_(shares[static_cast<std::size_t>(st)]);
+    }
+    stages[st] = params;
+  }
+  CHECK((*plain)->evaluate_with(stages, {}) == with_scaling);
+  CHECK((*plain)->depth_scales().empty());
+  CHECK((*scaled)->depth_scales() == shares);
+  // The full pipeline trains every stage on every micro-batch: its model is assembled as trained.
+  c.pipeline.mode = "full";
+  c.pipeline.depth_scaling = true;
+  auto full = PipelineTrainer::make(c, corpus->dataset);
+  REQUIRE(full.ok());
+  CHECK((*full)->stage_shares() == std::vector<double>{1.0, 1.0, 1.0});
 }
 
 TEST_CASE("a pipeline trainer learns: its loss falls over iterations, and leaving stages out at inference changes the loss") {
