@@ -17,6 +17,7 @@
 #include "train/pipeline_trainer.h"
 #include "train/run.h"
 #include "train/run_folder.h"
+#include "train/trained_model.h"
 #include "transport/secure_channel.h"
 #include "transport/tcp_transport.h"
 
@@ -117,6 +118,10 @@ int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const st
     spdlog::warn("interrupted after iteration {}: metrics.jsonl holds what was done", outcome->iterations);
     return 130;
   }
+  if (outcome->model) {  // the evaluating node's: the whole model, for gossamer sample and export
+    if (Status st = train::save_trained_model(folder->path(), c, *outcome->model, outcome->iterations); !st.ok()) return report_failure(st);
+    spdlog::info("the trained model: {}", folder->file("checkpoint.bin").string());
+  }
   std::printf("pipeline node %d (stage %d): %lld iterations%s\n", a.node, outcome->stage, static_cast<long long>(outcome->iterations),
               outcome->final_val_loss ? (", val loss " + std::to_string(*outcome->final_val_loss)).c_str() : "");
   return 0;
@@ -152,7 +157,10 @@ int run_pipeline_command(const PipelineArgs& a) {
   std::uint64_t activation_bytes = 0, sync_bytes = 0;
   for (std::int64_t i = 0; i < c.train.steps; ++i) {
     if (stop_requested()) {
-      spdlog::warn("interrupted at iteration {}: metrics.jsonl holds what was done", i);
+      if (Status st = train::save_trained_model(folder->path(), c, t.assemble(t.stage_weights(), t.depth_scales()), t.iterations_done()); !st.ok()) {
+        return report_failure(st);
+      }
+      spdlog::warn("interrupted at iteration {}: metrics.jsonl holds what was done, checkpoint.bin the model so far", i);
       return 130;
     }
     auto rec = t.step();
@@ -200,6 +208,10 @@ int run_pipeline_command(const PipelineArgs& a) {
                             {"predicted_makespan_s", t.plan().predicted_makespan_s},
                             {"schedule_hash", t.plan().schedule.hash().hex()}};
   if (Status st = folder->write_text("summary.json", summary.dump(2)); !st.ok()) return report_failure(st);
+  // The assembled model (depth-scaled as evaluated), for gossamer sample and export.
+  if (Status st = train::save_trained_model(folder->path(), c, t.assemble(weights, t.depth_scales()), t.iterations_done()); !st.ok()) {
+    return report_failure(st);
+  }
   std::printf("%s pipeline: val loss %.4f after %lld iterations; with stages", c.pipeline.mode.c_str(), last_val, static_cast<long long>(t.iterations_done()));
   for (int s : omit) std::printf(" %d", s);
   std::printf(" left out %.4f (%+.1f%%); an iteration %.1f s over the scheduler's network; %.1f MB of activations, %.1f MB to sync the stages (%s)\n",
@@ -208,6 +220,7 @@ int run_pipeline_command(const PipelineArgs& a) {
     std::printf("the stages' residual branches scaled by their visit shares (pipeline.depth_scaling); as trained, unscaled: val loss %.4f, "
                 "with those stages left out %.4f (%+.1f%%)\n", as_trained, omitted_as_trained, 100 * (omitted_as_trained / as_trained - 1));
   }
+  std::printf("the model: %s (gossamer sample --from %s, gossamer export --from %s)\n", folder->file("checkpoint.bin").string().c_str(), out.c_str(), out.c_str());
   return 0;
 }
 

@@ -112,6 +112,12 @@ Result<PeerPlan> plan_of(const PeerRequest& req, std::optional<train::RunFolder>
     folder.emplace(std::move(*opened));
     auto state = train::read_checkpoint(ckpt_path);
     if (!state.ok()) return state.status();
+    train::RunConfig stored;
+    if (train::apply_toml(stored, state->config_toml, ckpt_path.string()).ok() && stored.pipeline.enabled) {
+      return error(ErrorCode::kInvalidArgument, req.out_dir.string() + " holds a pipeline's trained model, which a pipeline cannot resume from (its "
+                                                                       "nodes' optimizer states went with them): start a new run with another --out; "
+                                                                       "the model is for gossamer sample --from and gossamer export --from");
+    }
     plan.resumed = std::move(*state);
     plan.resumed_from = ckpt_path.string();
   } else if (Status st = train::RunFolder::check_new(req.out_dir, train::RunKind::kPeer); !st.ok()) {

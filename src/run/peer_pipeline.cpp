@@ -14,6 +14,7 @@
 
 #include "run/peer_runtime.h"
 #include "run/pipeline_process.h"
+#include "train/trained_model.h"
 
 namespace gossamer::run {
 
@@ -92,6 +93,14 @@ Result<PeerOutcome> Peer::run_pipeline() {
   summary["steps"] = outcome->iterations;
   if (env_.write_summary) {
     if (Status st = env_.write_summary(summary); !st.ok()) return st;
+  }
+  // The evaluating peer keeps the whole model it assembled at the end, for gossamer sample and export
+  // (a pipeline cannot resume from it: its nodes' optimizer states are theirs).
+  if (outcome->model && env_.save_checkpoint) {
+    auto state = train::trained_model_state(config_, *outcome->model, outcome->iterations);
+    if (!state.ok()) return state.status();
+    if (Status st = env_.save_checkpoint(*state); !st.ok()) return st;
+    spdlog::info("pipeline node {}: the trained model is in checkpoint.bin (gossamer sample --from, gossamer export --from)", req.node);
   }
   PeerOutcome out;
   out.pipeline = true;

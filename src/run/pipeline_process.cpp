@@ -477,6 +477,7 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
           for (auto& [stage, params] : stages) {
             for (auto& p : params) p = p.detach().clone();
           }
+          if (i == c.train.steps) outcome.model = std::make_shared<model::Gpt>(t.assemble(stages, t.depth_scales()));
           evaluating = std::async(std::launch::async, [&t, stages = std::move(stages), scales = t.depth_scales()] { return t.evaluate_with(stages, scales); });
         }
       } else if (holders[static_cast<std::size_t>(outcome.stage)] == req.node) {

@@ -35,6 +35,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -83,6 +84,10 @@ struct PipelineProcessOutcome {
   std::int64_t retried_iterations = 0;   // iterations that failed and were run again without them
   std::int64_t skipped_evaluations = 0;  // the evaluator's: a stage's weights did not arrive
   std::string params_digest;             // BLAKE2b-256 (hex) of this node's weights at the end, flattened in model order
+  // The evaluator's (stage 0's holder): the whole model as it evaluated it after the last iteration
+  // (depth-scaled as pipeline.depth_scaling says), to save; null on the other nodes, when that
+  // evaluation was skipped, or when the run stopped early.
+  std::shared_ptr<model::Gpt> model;
 };
 
 // A pipeline process's records, as metrics.jsonl holds them: one per iteration (with its validation

@@ -474,33 +474,39 @@ std::vector<double> PipelineTrainer::depth_scales() const {
   return impl_->config.pipeline.depth_scaling ? stage_shares() : std::vector<double>{};
 }
 
-double PipelineTrainer::evaluate_with(const std::map<int, std::vector<at::Tensor>>& stages, const std::vector<double>& scales,
-                                      const std::vector<int>& omitted) const {
+model::Gpt PipelineTrainer::assemble(const std::map<int, std::vector<at::Tensor>>& stages, const std::vector<double>& scales) const {
   const auto& m = *impl_;
   model::Gpt model(gpt_config(m.config, 0));
   // The stages' parameters, into the whole model in block order.
   std::map<int, std::size_t> taken;
   torch::NoGradGuard no_grad;
+  const std::int64_t per = m.config.model.layers / m.config.pipeline.stages;
   for (const auto& block : model.blocks()) {
     int stage = 0;
-    if (block.name != "embed" && block.name != "final") {
-      stage = static_cast<int>(std::stoll(block.name.substr(6)) / (m.config.model.layers / m.config.pipeline.stages));
-    }
+    if (block.name != "embed" && block.name != "final") stage = static_cast<int>(std::stoll(block.name.substr(6)) / per);
     const auto it = stages.find(stage);
-    GOSSAMER_CHECK(it != stages.end(), "PipelineTrainer::evaluate_with: no parameters for stage " + std::to_string(stage));
+    GOSSAMER_CHECK(it != stages.end(), "PipelineTrainer::assemble: no parameters for stage " + std::to_string(stage));
     for (const auto& p : block.parameters) {
       const std::size_t k = taken[stage]++;
-      GOSSAMER_CHECK(k < it->second.size() && it->second[k].sizes() == p.tensor.sizes(), "PipelineTrainer::evaluate_with: stage " + std::to_string(stage) + "'s parameters do not fit");
+      GOSSAMER_CHECK(k < it->second.size() && it->second[k].sizes() == p.tensor.sizes(), "PipelineTrainer::assemble: stage " + std::to_string(stage) + "'s parameters do not fit");
       p.tensor.copy_(it->second[k]);
     }
   }
-  const std::int64_t per = m.config.model.layers / m.config.pipeline.stages;
-  GOSSAMER_CHECK(scales.empty() || static_cast<std::int64_t>(scales.size()) == m.config.pipeline.stages, "PipelineTrainer::evaluate_with: a scale per stage");
+  GOSSAMER_CHECK(scales.empty() || static_cast<std::int64_t>(scales.size()) == m.config.pipeline.stages, "PipelineTrainer::assemble: a scale per stage");
   for (std::int64_t i = 0; i < m.config.model.layers && !scales.empty(); ++i) {
     const double scale = scales[static_cast<std::size_t>(i / per)];
     if (scale != 1) model.scale_residual_branches(i, scale);
   }
   model.train(false);
+  return model;
+}
+
+double PipelineTrainer::evaluate_with(const std::map<int, std::vector<at::Tensor>>& stages, const std::vector<double>& scales,
+                                      const std::vector<int>& omitted) const {
+  const auto& m = *impl_;
+  model::Gpt model = assemble(stages, scales);
+  torch::NoGradGuard no_grad;
+  const std::int64_t per = m.config.model.layers / m.config.pipeline.stages;
   double total = 0;
   std::int64_t count = 0;
   for (const auto& b : m.eval_set) {

@@ -38,6 +38,7 @@
 
 #include "core/status.h"
 #include "data/dataset.h"
+#include "model/gpt.h"
 #include "skippipe/planner.h"
 #include "train/config.h"
 #include "train/pipeline.h"
@@ -109,6 +110,11 @@ class PipelineTrainer {
   // The weights evaluate() assembles: stage -> its representative's parameters (its first replica
   // hosted here that takes part), each stage hosted here (ContractError otherwise; can_evaluate()).
   std::map<int, std::vector<at::Tensor>> stage_weights() const;
+  // The whole model from the stages' parameters (copied; stage -> its parameters in model order), each
+  // stage's blocks' residual branches scaled by `scales` (empty: none), in evaluation mode: what
+  // evaluate_with() measures, and what a pipeline run saves as its trained model. Reads nothing
+  // step() changes.
+  model::Gpt assemble(const std::map<int, std::vector<at::Tensor>>& stages, const std::vector<double>& scales) const;
   // What evaluate() scales each stage's residual branches by: stage_shares() with
   // pipeline.depth_scaling, else nothing (empty).
   std::vector<double> depth_scales() const;

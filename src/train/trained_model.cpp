@@ -17,8 +17,8 @@ Result<TrainedModel> load_trained_model(const fs::path& run_dir) {
   std::error_code ec;
   if (!fs::is_directory(run_dir, ec)) return error(ErrorCode::kInvalidArgument, run_dir.string() + " is not a run folder");
   if (!fs::exists(path, ec)) {
-    return error(ErrorCode::kInvalidArgument, run_dir.string() + " holds no checkpoint.bin: the weights come from a run of gossamer train or "
-                                                                 "gossamer peer (sim and compare keep none)");
+    return error(ErrorCode::kInvalidArgument, run_dir.string() + " holds no checkpoint.bin: the weights come from a run of gossamer train, "
+                                                                 "peer or pipeline (sim and compare keep none)");
   }
   auto state = read_checkpoint(path);
   if (!state.ok()) return state.status();
@@ -40,6 +40,31 @@ Result<TrainedModel> load_trained_model(const fs::path& run_dir) {
   out.model = std::move(*model);
   out.step = state->step;
   return out;
+}
+
+Result<CheckpointState> trained_model_state(const RunConfig& config, const model::LanguageModel& model, std::int64_t step) {
+  CheckpointState state;
+  state.config_toml = to_toml(config);
+  state.step = step;
+  try {
+    torch::serialize::OutputArchive archive, model_archive;
+    model.save(model_archive);
+    archive.write("model", model_archive);
+    std::ostringstream os;
+    archive.save_to(os);
+    const std::string bytes = os.str();
+    const auto* p = reinterpret_cast<const std::byte*>(bytes.data());
+    state.tensors.assign(p, p + bytes.size());
+  } catch (const c10::Error& e) {
+    return error(ErrorCode::kIoError, std::string("cannot serialize the model: ") + e.what_without_backtrace());
+  }
+  return state;
+}
+
+Status save_trained_model(const fs::path& run_dir, const RunConfig& config, const model::LanguageModel& model, std::int64_t step) {
+  auto state = trained_model_state(config, model, step);
+  if (!state.ok()) return state.status();
+  return write_checkpoint(run_dir / kCheckpointFile, *state);
 }
 
 }  // namespace gossamer::train

@@ -150,6 +150,11 @@ PIPETINY=(--set model.layers=3 --set model.width=16 --set model.heads=2 --set mo
 run 0 "$G" pipeline "${PIPETINY[@]}" --omit 2 --out "$tmp/pipe"
 says "left out"
 grep -q '"omitted_val_loss"' "$tmp/pipe/summary.json" || fail "pipeline: summary.json lacks omitted_val_loss"
+grep -q '"val_loss_as_trained"' "$tmp/pipe/summary.json" || fail "pipeline: summary.json lacks the unscaled loss"
+says "pipeline.depth_scaling"  # a skipping run's model is depth-scaled, and says so
+# Its model: sampled and exported as a trained run's.
+run 0 "$G" sample --from "$tmp/pipe" --prompt "ab" --tokens 12 --temperature 0
+run 0 "$G" export --from "$tmp/pipe" --out "$tmp/pipe.safetensors"
 run 2 "$G" pipeline "${PIPETINY[@]}" --omit 0 --out "$tmp/pipebad"
 says "--omit"
 run 2 "$G" pipeline "${PIPETINY[@]}" --set model.layers=4 --out "$tmp/pipebad2"

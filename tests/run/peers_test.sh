@@ -473,7 +473,18 @@ pipeline() {
   one=$(grep -o '"val_loss":[0-9.e+-]*' "$d/one/metrics.jsonl" | tail -n 1)
   many=$(grep -ho '"val_loss":[0-9.e+-]*' "$d"/p*/metrics.jsonl | tail -n 1)
   [ -n "$one" ] && [ "$one" = "$many" ] || { fail "pipeline: peers' $many, one process's $one"; return; }
-  echo "pipeline: 6 peers ran schedule ${hash:0:16} to the end; validation loss as in one process ($one)"
+  # The evaluating peer keeps the whole model: it samples what one process's model samples, and it is
+  # not a state a peer can resume from.
+  local evaluator; evaluator=$(grep -l '"final_val_loss"' "$d"/p*/summary.json | head -n 1); evaluator=${evaluator%/summary.json}
+  [ -f "$evaluator/checkpoint.bin" ] || { fail "pipeline: the evaluating peer kept no model"; return; }
+  local s_many s_one
+  s_many=$("$G" --log-level warn sample --from "$evaluator" --prompt "ab" --tokens 24 --temperature 0 2>&1) || { fail "pipeline: sample from the peers' model failed: $s_many"; return; }
+  s_one=$("$G" --log-level warn sample --from "$d/one" --prompt "ab" --tokens 24 --temperature 0 2>&1) || { fail "pipeline: sample from one process's model failed"; return; }
+  [ "$s_many" = "$s_one" ] || { fail "pipeline: the peers' model samples '$s_many', one process's '$s_one'"; return; }
+  local rc=0
+  "$G" peer --resume --out "$evaluator" > "$d/resume.log" 2>&1 || rc=$?
+  [ "$rc" = 2 ] && grep -q "pipeline's trained model" "$d/resume.log" || { fail "pipeline: --resume on a pipeline's model: exit $rc"; cat "$d/resume.log"; return; }
+  echo "pipeline: 6 peers ran schedule ${hash:0:16} to the end; validation loss as in one process ($one); the same model, refused as a resume point"
 }
 
 # One of eight peers (4 on stage 0, 2 on each other stage) dies, as if killed, before iteration 4:

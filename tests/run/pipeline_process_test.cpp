@@ -180,6 +180,20 @@ TEST_CASE("a pipeline across processes over shaped TCP links: the same losses an
     }
   }
   CHECK(evaluators == 2);  // one node evaluates, at iterations 2 and 4
+  // The evaluator keeps the whole model of the end, the one-process trainer's (depth-scaled alike).
+  int models = 0;
+  const auto assembled = (*whole)->assemble((*whole)->stage_weights(), (*whole)->depth_scales());
+  for (auto& n : nodes) {
+    if (!n.outcome->model) continue;
+    ++models;
+    CHECK(n.outcome->final_val_loss.has_value());
+    const auto mine = n.outcome->model->blocks(), theirs = assembled.blocks();
+    REQUIRE(mine.size() == theirs.size());
+    for (std::size_t b = 0; b < mine.size(); ++b) {
+      for (std::size_t k = 0; k < mine[b].parameters.size(); ++k) CHECK(torch::equal(mine[b].parameters[k].tensor, theirs[b].parameters[k].tensor));
+    }
+  }
+  CHECK(models == 1);
 }
 
 TEST_CASE("a pipeline across processes: another config is refused at the handshake, and a node that stops fails the others at once") {

@@ -7,7 +7,10 @@
 
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <array>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <thread>
@@ -21,6 +24,7 @@
 #include "train/pipeline_trainer.h"
 #include "train/run.h"
 #include "train/pipeline_wire.h"
+#include "train/trained_model.h"
 #include "train/worker.h"
 #include "transport/memory_link.h"
 #include "transport/tags.h"
@@ -364,6 +368,22 @@ TEST_CASE("a skip-trained model is assembled by stochastic depth's rule: each st
     stages[st] = params;
   }
   CHECK((*plain)->evaluate_with(stages, {}) == with_scaling);
+  // Saved as a trained run's model, it loads back as the model that was evaluated.
+  const auto dir = std::filesystem::temp_directory_path() / ("gossamer-pipeline-model-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  model::Gpt assembled = (*scaled)->assemble((*scaled)->stage_weights(), (*scaled)->depth_scales());
+  REQUIRE(save_trained_model(dir, c, assembled, 3).ok());
+  auto loaded = load_trained_model(dir);
+  REQUIRE_MESSAGE(loaded.ok(), loaded.status().to_string());
+  CHECK(loaded->step == 3);
+  const auto tokens = torch::randint(0, 256, {2, c.model.context}, torch::kLong);
+  loaded->model->train(false);
+  {
+    torch::NoGradGuard no_grad;
+    CHECK(torch::equal(loaded->model->forward(tokens), assembled.forward(tokens)));
+  }
+  std::filesystem::remove_all(dir);
   CHECK((*plain)->depth_scales().empty());
   CHECK((*scaled)->depth_scales() == shares);
   // The full pipeline trains every stage on every micro-batch: its model is assembled as trained.
