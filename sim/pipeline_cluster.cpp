@@ -207,7 +207,7 @@ Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const trai
     const auto weights = t.stage_weights();
     const std::vector<int> omit = train::default_omitted_stages(c.pipeline.stages);
     const double final_loss = t.evaluate_with(weights, t.depth_scales());
-    const double omitted = t.evaluate_with(weights, t.depth_scales(), omit);
+    const double omitted = t.evaluate_with(weights, t.depth_scales(omit), omit);
     const double as_trained = t.evaluate_with(weights, {});
     const double omitted_as_trained = t.evaluate_with(weights, {}, omit);
     compute_wall += omission.elapsed_seconds();

@@ -456,7 +456,7 @@ Result<PipelineRecord> PipelineTrainer::apply_pending() {
   return rec;
 }
 
-double PipelineTrainer::evaluate(const std::vector<int>& omitted) { return evaluate_with(stage_weights(), depth_scales(), omitted); }
+double PipelineTrainer::evaluate(const std::vector<int>& omitted) { return evaluate_with(stage_weights(), depth_scales(omitted), omitted); }
 
 std::map<int, std::vector<at::Tensor>> PipelineTrainer::stage_weights() const {
   const auto& m = *impl_;
@@ -470,8 +470,19 @@ std::map<int, std::vector<at::Tensor>> PipelineTrainer::stage_weights() const {
   return stages;
 }
 
-std::vector<double> PipelineTrainer::depth_scales() const {
-  return impl_->config.pipeline.depth_scaling ? stage_shares() : std::vector<double>{};
+std::vector<double> PipelineTrainer::depth_scales(const std::vector<int>& omitted) const {
+  if (!impl_->config.pipeline.depth_scaling) return {};
+  const std::vector<double> shares = stage_shares();
+  // A trained path adds `expected` stages' updates to the residual stream (L - 1 at balance); the
+  // stages kept add as much, in proportion to their shares, none more than its whole update.
+  double expected = 0, kept = 0;
+  for (std::size_t st = 1; st < shares.size(); ++st) {
+    expected += shares[st];
+    if (std::find(omitted.begin(), omitted.end(), static_cast<int>(st)) == omitted.end()) kept += shares[st];
+  }
+  std::vector<double> scales(shares.size(), 1.0);
+  for (std::size_t st = 1; st < shares.size() && kept > 0; ++st) scales[st] = std::min(1.0, shares[st] * expected / kept);
+  return scales;
 }
 
 model::Gpt PipelineTrainer::assemble(const std::map<int, std::vector<at::Tensor>>& stages, const std::vector<double>& scales) const {

@@ -94,9 +94,9 @@ class PipelineTrainer {
   bool pending() const;
   [[nodiscard]] Result<PipelineRecord> apply_pending();
   // Validation loss of the assembled model, stages in `omitted` left out (stage 0 cannot be). With
-  // pipeline.depth_scaling, each non-zero stage's blocks have their residual branches scaled by the
-  // stage's share (stage_shares()), as stochastic depth does at inference; the stages' own weights
-  // are untouched.
+  // pipeline.depth_scaling, each non-zero stage's blocks have their residual branches scaled by
+  // depth_scales(omitted), as stochastic depth does at inference; the stages' own weights are
+  // untouched.
   // Each stage's weights are those of its first replica hosted here that takes part; a process
   // hosting no node of some stage cannot evaluate (ContractError; can_evaluate() says).
   double evaluate(const std::vector<int>& omitted = {});
@@ -115,9 +115,12 @@ class PipelineTrainer {
   // evaluate_with() measures, and what a pipeline run saves as its trained model. Reads nothing
   // step() changes.
   model::Gpt assemble(const std::map<int, std::vector<at::Tensor>>& stages, const std::vector<double>& scales) const;
-  // What evaluate() scales each stage's residual branches by: stage_shares() with
-  // pipeline.depth_scaling, else nothing (empty).
-  std::vector<double> depth_scales() const;
+  // What evaluate(omitted) scales each stage's residual branches by, with pipeline.depth_scaling
+  // (else nothing, empty): the kept stages' shares, stretched so that together they add to the
+  // residual stream as many stages' updates as a trained path did (the sum of every non-zero
+  // stage's share: L - 1), none by more than 1. With every stage kept, stage_shares() itself
+  // (stochastic depth's rule); with fewer stages than a path had, 1 (the weights as trained).
+  std::vector<double> depth_scales(const std::vector<int>& omitted = {}) const;
   // Per stage, the share of the micro-batches trained so far that visited it (stage 0: 1; the full
   // pipeline: all 1; paths of L of S stages, balanced: (L - 1) / (S - 1)). Before the first
   // iteration, the schedule's. The same in every process of a pipeline (it follows the plans).

@@ -386,12 +386,44 @@ TEST_CASE("a skip-trained model is assembled by stochastic depth's rule: each st
   std::filesystem::remove_all(dir);
   CHECK((*plain)->depth_scales().empty());
   CHECK((*scaled)->depth_scales() == shares);
+  // With one of the two non-zero stages left out, the other stands for a whole path's: unscaled.
+  CHECK((*scaled)->depth_scales({1}) == std::vector<double>{1.0, 1.0, 1.0});
+  CHECK((*scaled)->evaluate({1}) == (*plain)->evaluate({1}));
   // The full pipeline trains every stage on every micro-batch: its model is assembled as trained.
   c.pipeline.mode = "full";
   c.pipeline.depth_scaling = true;
   auto full = PipelineTrainer::make(c, corpus->dataset);
   REQUIRE(full.ok());
   CHECK((*full)->stage_shares() == std::vector<double>{1.0, 1.0, 1.0});
+}
+
+TEST_CASE("depth scales with stages left out: the kept stages add as many updates as a trained path, none more than its own") {
+  RunConfig c = small_pipeline_run();
+  c.model.layers = 5;
+  c.pipeline.stages = 5;
+  c.pipeline.path_length = 3;  // stage 0 and 2 of the 4 others
+  c.pipeline.nodes = 12;
+  auto corpus = load_corpus(c);
+  REQUIRE(corpus.ok());
+  auto t = PipelineTrainer::make(c, corpus->dataset);
+  REQUIRE_MESSAGE(t.ok(), t.status().to_string());
+  const auto shares = (*t)->stage_shares();
+  REQUIRE(shares.size() == 5);
+  double expected = 0;
+  for (std::size_t st = 1; st < 5; ++st) expected += shares[st];
+  CHECK(expected == doctest::Approx(2.0));
+  const auto all = (*t)->depth_scales();
+  CHECK(all == shares);
+  // Three of four kept: stretched so that they add two stages' updates in all.
+  const auto three = (*t)->depth_scales({4});
+  double added = 0;
+  for (std::size_t st = 1; st < 4; ++st) {
+    CHECK(three[st] > shares[st]);
+    added += three[st];
+  }
+  CHECK(added == doctest::Approx(2.0));
+  // Two kept, as many as a path has: each adds its whole update.
+  CHECK((*t)->depth_scales({3, 4}) == std::vector<double>{1.0, 1.0, 1.0, 1.0, 1.0});
 }
 
 TEST_CASE("a pipeline trainer learns: its loss falls over iterations, and leaving stages out at inference changes the loss") {
