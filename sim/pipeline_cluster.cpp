@@ -85,6 +85,10 @@ nlohmann::json timeline_json(const train::PipelineRecord& rec, const skippipe::S
 }  // namespace
 
 Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const train::Corpus& corpus, const PipelineProgress& progress) {
+  if (c.pipeline.network == "measured") {
+    return error(ErrorCode::kInvalidArgument, "pipeline.network = measured is measured between real processes: the simulator emulates a table, "
+                                              "so give it geo, geo-fixed or uniform (--set pipeline.network=geo)");
+  }
   Stopwatch wall(real_clock());
   // The real model's fp32 hop on the wire, against which the table's full-size hop is scaled.
   const at::Tensor probe = torch::zeros({c.train.batch_size, c.model.context, c.model.width});

@@ -1,5 +1,7 @@
 #include "run/pipeline_process.h"
 
+#include "run/link_probe.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include "core/wire.h"
 #include "model/gpt.h"
 #include "optim/flat_params.h"
+#include "run/link_probe.h"
 #include "run/rounds.h"
 #include "quant/codec.h"
 #include "train/pipeline.h"
@@ -38,6 +41,7 @@ constexpr transport::Tag kHashTag = transport::tags::kPipelineHello | 0u;
 constexpr transport::Tag kByeTag = transport::tags::kPipelineHello | 1u;
 constexpr transport::Tag kCommitTag = transport::tags::kPipelineHello | 2u;
 constexpr transport::Tag kViewTag = transport::tags::kPipelineHello | 3u;
+constexpr transport::Tag kProbeRowTag = transport::tags::kPipelineHello | 8u;  // (4 .. 7: run/link_probe.cpp's probes)
 constexpr transport::Tag kEpochTag = transport::tags::kPipelineHello | 4u;
 
 // Links to the `wanted` nodes: dial those below, accept those above; each one's peer checked, and
@@ -228,6 +232,48 @@ std::map<int, std::vector<std::vector<std::int64_t>>> stage_shapes(const train::
   return out;
 }
 
+// pipeline.network = measured: every node measures its links and its machine (run/link_probe.h),
+// then sends its row to every other; each assembles the same network from the same rows.
+Result<MeasuredNetwork> measure_network(const PipelineProcessRequest& req, const Links& links, int n) {
+  const auto& c = req.config;
+  ProbeOptions o;
+  o.bulk_bytes = std::max<std::size_t>(train::hop_bytes(c), std::size_t{64} << 10);  // small hops time too little to see a bandwidth
+  o.deadline = Deadline::after(real_clock(), req.connect_timeout);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto row = probe_links(links, req.node, o);
+  if (!row.ok()) return row.status().with_context("measuring the pipeline's links");
+  row->forward_s = train::measure_stage_forward_s(c);
+  auto rows = exchange(links, req.node, kProbeRowTag, encode_probe_row(*row), o.deadline, "sharing the link measurements");
+  if (!rows.ok()) return rows.status();
+  std::vector<ProbeRow> all(static_cast<std::size_t>(n));
+  for (int v = 0; v < n; ++v) {
+    if (v == req.node) {
+      all[static_cast<std::size_t>(v)] = *row;
+      continue;
+    }
+    auto theirs = decode_probe_row((*rows)[static_cast<std::size_t>(v)], n, v);
+    if (!theirs.ok()) return theirs.status();
+    all[static_cast<std::size_t>(v)] = std::move(*theirs);
+  }
+  auto measured = measured_network(all);
+  if (!measured.ok()) return measured.status();
+  double lat_lo = 1e300, lat_hi = 0, bw_lo = 1e300, bw_hi = 0;
+  for (int a = 0; a < n; ++a) {
+    for (int b = a + 1; b < n; ++b) {
+      lat_lo = std::min(lat_lo, measured->network.latency(a, b));
+      lat_hi = std::max(lat_hi, measured->network.latency(a, b));
+      bw_lo = std::min(bw_lo, measured->network.bandwidth(a, b));
+      bw_hi = std::max(bw_hi, measured->network.bandwidth(a, b));
+    }
+  }
+  const auto fw = std::minmax_element(measured->forward_s.begin(), measured->forward_s.end());
+  spdlog::info("pipeline node {}: links measured in {:.1f} s: latency {:.1f} to {:.1f} ms, bandwidth {:.0f} to {:.0f} Mbit/s (timed with {} bytes); a stage's "
+               "forward {:.1f} to {:.1f} ms",
+               req.node, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1e3 * lat_lo, 1e3 * lat_hi, 8 * bw_lo / 1e6, 8 * bw_hi / 1e6,
+               o.bulk_bytes, 1e3 * *fw.first, 1e3 * *fw.second);
+  return measured;
+}
+
 }  // namespace
 
 transport::RunId pipeline_run_id(const train::RunConfig& config) {
@@ -270,6 +316,13 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
   train::PipelineEnvironment env;
   env.local = {req.node};
   env.link = [&links](int, int to, int) { return links[static_cast<std::size_t>(to)]; };  // this epoch's
+  if (c.pipeline.network == "measured") {
+    auto measured = measure_network(req, links, n);
+    if (!measured.ok()) return measured.status();
+    env.network = measured->network;
+    env.node_forward_s = measured->forward_s;
+    outcome.measured = std::move(*measured);
+  }
   auto made = train::PipelineTrainer::make(c, data, env);
   if (!made.ok()) return made.status();
   train::PipelineTrainer& t = **made;
@@ -517,6 +570,13 @@ nlohmann::json pipeline_summary_json(int node, const PipelineProcessOutcome& o) 
                       {"stopped", o.stopped}, {"lost_nodes", o.lost_nodes}, {"retried_iterations", o.retried_iterations},
                       {"skipped_evaluations", o.skipped_evaluations}, {"params_digest", o.params_digest}};
   if (o.final_val_loss) j["final_val_loss"] = *o.final_val_loss;
+  if (o.measured) {
+    // What the schedule was planned on: per pair (row-major, nodes x nodes) and per node.
+    j["measured_network"] = {{"nodes", o.measured->network.nodes},
+                             {"latency_s", o.measured->network.latency_s},
+                             {"bandwidth_Bps", o.measured->network.bandwidth_Bps},
+                             {"forward_s", o.measured->forward_s}};
+  }
   return j;
 }
 

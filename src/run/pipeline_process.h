@@ -45,6 +45,7 @@
 #include "core/clock.h"
 #include "core/status.h"
 #include "data/dataset.h"
+#include "run/link_probe.h"
 #include "train/config.h"
 #include "train/pipeline_trainer.h"
 #include "transport/link_profile.h"
@@ -88,6 +89,8 @@ struct PipelineProcessOutcome {
   // (depth-scaled as pipeline.depth_scaling says), to save; null on the other nodes, when that
   // evaluation was skipped, or when the run stopped early.
   std::shared_ptr<model::Gpt> model;
+  // pipeline.network = measured: what the nodes measured at the start, and planned on.
+  std::optional<MeasuredNetwork> measured;
 };
 
 // A pipeline process's records, as metrics.jsonl holds them: one per iteration (with its validation

@@ -16,6 +16,7 @@
 #include "quant/format.h"
 #include "train/outer.h"
 #include "train/pipeline.h"
+#include "train/pipeline_wire.h"
 #include "train/schedule.h"
 #include "train/worker.h"
 #include "transport/memory_link.h"
@@ -46,6 +47,31 @@ Result<skippipe::Mode> pipeline_mode(const std::string& name) {
   if (name == "noca") return skippipe::Mode::kNoCollision;
   if (name == "skippipe") return skippipe::Mode::kSkipPipe;
   return error(ErrorCode::kInvalidArgument, "pipeline.mode '" + name + "': use full, random, noca or skippipe");
+}
+
+std::size_t hop_bytes(const RunConfig& c) {
+  quant::EncodeOptions codec;
+  if (auto id = quant::codec_from_name(c.pipeline.activation_codec); id.ok()) codec.codec = *id;
+  codec.block_size = static_cast<std::uint32_t>(c.outer.codec_block);
+  return encode_activation(ActivationHeader{}, torch::zeros({c.train.batch_size, c.model.context, c.model.width}), codec).size();
+}
+
+double measure_stage_forward_s(const RunConfig& c, int runs) {
+  model::Gpt model(gpt_config(c, 0));
+  model.train(false);
+  torch::NoGradGuard no_grad;
+  const std::int64_t per = std::max<std::int64_t>(1, c.model.layers / std::max<std::int64_t>(1, c.pipeline.stages));
+  const auto x = torch::randn({c.train.batch_size, c.model.context, c.model.width});
+  std::vector<double> times;
+  for (int k = 0; k <= runs; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto y = x;
+    for (std::int64_t i = 0; i < per; ++i) y = model.block(i, y);
+    (void)y.sum().item<float>();
+    if (k > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());  // the first warms up
+  }
+  std::sort(times.begin(), times.end());
+  return times.empty() ? 0.0 : times[times.size() / 2];
 }
 
 skippipe::Network pipeline_network(const RunConfig& c) {
@@ -225,8 +251,22 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   o.seed = static_cast<std::uint64_t>(c.train.seed);
   if (Status st = o.check(); !st.ok()) return st;
   const int n = static_cast<int>(p.nodes);
-  const skippipe::Network net = pipeline_network(c);
-  const skippipe::Costs costs = pipeline_costs(c);
+  if (p.network == "measured" && !env.network) {
+    return error(ErrorCode::kInvalidArgument, "pipeline.network = measured plans on the links the nodes measure between their processes: run it over "
+                                              "gossamer peer or gossamer pipeline --node (one process and the simulator have no links to measure: "
+                                              "use geo, geo-fixed or uniform there)");
+  }
+  if (env.network && (env.network->nodes != n || env.network->check().ok() == false)) {
+    return error(ErrorCode::kInvalidArgument, "the pipeline's measured network does not describe its " + std::to_string(n) + " nodes");
+  }
+  const skippipe::Network net = env.network ? *env.network : pipeline_network(c);
+  skippipe::Costs costs = pipeline_costs(c);
+  if (env.node_forward_s) {
+    if (static_cast<int>(env.node_forward_s->size()) != n) return error(ErrorCode::kInvalidArgument, "the pipeline's measured forward times do not cover its nodes");
+    costs.node_forward_s = *env.node_forward_s;
+    costs.activation_bytes = static_cast<double>(hop_bytes(c));
+    costs.hop_overhead_s = 0;  // measured with the links
+  }
   skippipe::GcmaOptions g;
   g.trials = static_cast<int>(p.gcma_trials);
   g.seed = static_cast<std::uint64_t>(c.train.seed);

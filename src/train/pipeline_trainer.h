@@ -54,6 +54,11 @@ struct PipelineEnvironment {
   // The nodes this process hosts (empty: every node). The others are reached over `link`: each
   // process of a pipeline plans the same schedule from the same config and hosts its share.
   std::vector<int> local;
+  // What the nodes measured of their links and machines (pipeline.network = measured; every process
+  // the same): the scheduler plans on these instead of pipeline.network's table and
+  // pipeline.forward_s, with a hop of the run's real size (hop_bytes()) and no per-hop overhead.
+  std::optional<skippipe::Network> network;
+  std::optional<std::vector<double>> node_forward_s;
 };
 
 struct PipelineRecord {
@@ -155,6 +160,12 @@ class PipelineTrainer {
 // What the scheduler assumes of the nodes' links (pipeline.network: the geo table or a uniform one)
 // and of the work (pipeline.forward_s, pipeline.activation_mib, the reference's per-hop overhead).
 skippipe::Network pipeline_network(const RunConfig& config);
+// One hop's message: a micro-batch's activations (train.batch_size x model.context x model.width
+// values in pipeline.activation_codec) with their header.
+std::size_t hop_bytes(const RunConfig& config);
+// This machine's time for one stage's forward of one micro-batch: the median of `runs` after a
+// warm-up, on the CPU as the pipeline's nodes compute.
+double measure_stage_forward_s(const RunConfig& config, int runs = 5);
 skippipe::Costs pipeline_costs(const RunConfig& config);
 
 // The omission check's stages by default: the second half, stages max(1, S/2) .. S-1 (for 6 stages:

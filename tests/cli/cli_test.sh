@@ -155,6 +155,12 @@ says "pipeline.depth_scaling"  # a skipping run's model is depth-scaled, and say
 # Its model: sampled and exported as a trained run's.
 run 0 "$G" sample --from "$tmp/pipe" --prompt "ab" --tokens 12 --temperature 0
 run 0 "$G" export --from "$tmp/pipe" --out "$tmp/pipe.safetensors"
+run 2 "$G" pipeline "${PIPETINY[@]}" --set pipeline.network=measured --out "$tmp/pipemeasured"
+says "run it with --node"
+[ -e "$tmp/pipemeasured" ] && fail "a refused pipeline left a folder"
+run 2 "$G" sim --pipeline "${PIPETINY[@]}" --set pipeline.network=measured --out "$tmp/simmeasured"
+says "--set pipeline.network=geo"
+[ -e "$tmp/simmeasured" ] && fail "a refused simulation left a folder"
 run 2 "$G" pipeline "${PIPETINY[@]}" --omit 0 --out "$tmp/pipebad"
 says "--omit"
 run 2 "$G" pipeline "${PIPETINY[@]}" --set model.layers=4 --out "$tmp/pipebad2"

@@ -137,7 +137,7 @@ TEST_CASE("the forward in pieces (embed, blocks, head) is the forward, bit for b
   CHECK_THROWS_AS(pieces.block(4, x), ContractError);
 }
 
-TEST_CASE("scaling a block's residual branches scales its output projections only; factor 0 makes the block the identity") {
+TEST_CASE("scaling a block's residual branches scales its output projections only, and factor 0 makes the block the identity") {
   Gpt gpt(small());
   gpt.train(false);
   torch::NoGradGuard no_grad;

@@ -78,6 +78,49 @@ one=$(grep -o '"val_loss":[0-9.e+-]*' one/metrics.jsonl | tail -n 1)
 many=$(grep -ho '"val_loss":[0-9.e+-]*' q*/metrics.jsonl | tail -n 1)
 [ -n "$one" ] && [ "$one" = "$many" ] || fail "pipeline: the peers' validation loss ($many) is not one process's ($one)"
 echo "netns: a pipeline over six peers on three subnets (0.0.0.0, two per host) trained to the end: $many, as in one process"
+
+# Scenario: the same six peers planning on what they measure (pipeline.network = measured), host c's
+# link held to 20 Mbit/s each way by the kernel's tbf: every node measures the same network, in
+# which host c's pairs are the slow ones, and plans the same schedule on it.
+if command -v tc >/dev/null 2>&1 && ip netns exec "${H[2]}" tc qdisc add dev "${tag}v2" root tbf rate 20mbit burst 32kbit latency 400ms 2>/dev/null; then
+  ip netns exec "$R" tc qdisc add dev "${tag}w2" root tbf rate 20mbit burst 32kbit latency 400ms
+  mkdir -p "$WORK/measured" && cd "$WORK/measured"
+  ip netns exec "${H[0]}" timeout 120 "$G" peer --listen 0.0.0.0:7000 "${PSETS[@]}" --set pipeline.network=measured --key ../run.key --out q0 > q0.log 2>&1 &
+  sleep 1.5
+  k=1
+  for i in 0 1 2; do
+    for port in 7000 7100; do
+      [ "$i/$port" = 0/7000 ] && continue
+      ip netns exec "${H[$i]}" timeout 120 "$G" peer --listen "0.0.0.0:$port" --join "${NETS[0]}.2:7000" --key ../run.key --out "q$k" > "q$k.log" 2>&1 &
+      k=$((k + 1))
+    done
+  done
+  wait
+  ip netns exec "${H[2]}" tc qdisc del dev "${tag}v2" root
+  ip netns exec "$R" tc qdisc del dev "${tag}w2" root
+  for k in 0 1 2 3 4 5; do
+    grep -q '"iterations": 8' "q$k/summary.json" 2>/dev/null || { tail -n 20 "q$k.log"; fail "measured: peer $k did not finish"; }
+  done
+  python3 - q0 q1 q2 q3 q4 q5 <<'PY' || fail "measured: the nodes' networks differ or miss host c's slow link"
+import json, sys
+sums = [json.load(open(d + "/summary.json")) for d in sys.argv[1:]]
+nets = [s["measured_network"] for s in sums]
+assert all(n == nets[0] for n in nets), "the nodes measured different networks"
+assert len({s["schedule_hash"] for s in sums}) == 1, "the nodes planned different schedules"
+n, bw = nets[0]["nodes"], nets[0]["bandwidth_Bps"]
+pairs = [bw[a * n + b] for a in range(n) for b in range(a + 1, n)]
+slow = [x for x in pairs if x < 40e6 / 8]
+fast = [x for x in pairs if x > 60e6 / 8]
+# Host c's two peers each reach the four others through the 20 Mbit/s link (8 pairs); the pair on
+# host c itself and the pairs between hosts a and b do not.
+assert len(slow) == 8, f"{len(slow)} slow pairs: {sorted(pairs)}"
+assert len(fast) >= 5, f"{len(fast)} fast pairs: {sorted(pairs)}"
+print(f"netns: measured {min(pairs) * 8 / 1e6:.0f} to {max(pairs) * 8 / 1e6:.0f} Mbit/s between the six peers")
+PY
+  echo "netns: six peers planned a pipeline on the links they measured (host c held to 20 Mbit/s by tbf) and trained it to the end"
+else
+  echo "netns: measured-network scenario skipped: tc (iproute2) cannot add tbf here"
+fi
 cd "$WORK"
 
 # Scenario: a peer behind a NAT router whose port forward maps other ports (9000, 9001 outside to 7000,

@@ -274,3 +274,42 @@ TEST_CASE("a pipeline across processes: another config is refused at the handsha
     check_as_excluding(run, corpus->dataset, curves, 3, 2, 1);
   }
 }
+
+TEST_CASE("a pipeline across processes planned on measured links: every node measures the same network and plans the same schedule on it") {
+  auto c = small_pipeline();
+  c.pipeline.network = "measured";
+  auto corpus = train::load_corpus(c);
+  REQUIRE(corpus.ok());
+  // One process and the simulator have no links to measure.
+  CHECK(train::PipelineTrainer::make(c, corpus->dataset).status().code() == ErrorCode::kInvalidArgument);
+  std::vector<std::string> addresses;
+  auto nodes = start_transports(c, addresses);
+  // Node 5 sends through a slow link: 20 Mbit/s, 15 ms.
+  run_nodes(c, nodes, addresses, corpus->dataset, [](std::size_t v, PipelineProcessRequest& req) {
+    if (v != 5) return;
+    transport::LinkProfile slow;
+    slow.bandwidth_bytes_per_s = 20e6 / 8;
+    slow.latency = std::chrono::milliseconds(15);
+    req.shape = slow;
+  });
+  std::string hash;
+  for (auto& n : nodes) {
+    REQUIRE_MESSAGE(n.outcome.ok(), n.outcome.status().to_string());
+    CHECK(n.outcome->iterations == 4);
+    REQUIRE(n.outcome->measured.has_value());
+    if (hash.empty()) hash = n.outcome->schedule_hash;
+    CHECK(n.outcome->schedule_hash == hash);
+    // The same rows everywhere: the same network, to the bit.
+    CHECK(n.outcome->measured->network.latency_s == nodes[0].outcome->measured->network.latency_s);
+    CHECK(n.outcome->measured->network.bandwidth_Bps == nodes[0].outcome->measured->network.bandwidth_Bps);
+    CHECK(n.outcome->measured->forward_s == nodes[0].outcome->measured->forward_s);
+    CHECK(pipeline_summary_json(0, *n.outcome).contains("measured_network"));
+  }
+  const auto& net = nodes[0].outcome->measured->network;
+  for (int v = 0; v < 5; ++v) {
+    CAPTURE(v);
+    CHECK(net.latency(v, 5) > 0.005);  // half of node 5's 15 ms answer, at least
+    for (int w = v + 1; w < 5; ++w) CHECK(net.latency(v, w) < net.latency(v, 5));
+  }
+  for (double f : nodes[0].outcome->measured->forward_s) CHECK(f > 0);
+}

@@ -209,7 +209,7 @@ TEST_CASE("a collision-free agent costs dt + (2.5 L + 0.25) wm + 2 sum of its ho
   CHECK(sim->collisions.empty());
 }
 
-TEST_CASE("hops per iteration: 2 L messages per micro-batch skipping, 2 S in the full pipeline; memory held to its bound") {
+TEST_CASE("hops per iteration: 2 L messages per micro-batch skipping, 2 S in the full pipeline, memory held to its bound") {
   for (const Mode m : {Mode::kFull, Mode::kCostBlind, Mode::kNoCollision, Mode::kSkipPipe}) {
     CAPTURE(mode_name(m));
     const Plan& p = planned(m);
@@ -235,7 +235,7 @@ TEST_CASE("geo setting: CBS within 0.60 of the full pipeline, no slower than the
   CHECK(again->makespan_s == doctest::Approx(cbs).epsilon(1e-12));
 }
 
-TEST_CASE("the same seed gives the same schedule bytes; the wire form round-trips and its golden header is pinned") {
+TEST_CASE("the same seed gives the same schedule bytes, the wire form round-trips and its golden header is pinned") {
   auto again = plan(geo().net, geo().costs, geo().stage_of, geo().options, Mode::kSkipPipe);
   REQUIRE(again.ok());
   const Schedule& s = planned(Mode::kSkipPipe).schedule;
