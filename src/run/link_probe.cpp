@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "core/wire.h"
 #include "transport/tags.h"
@@ -60,38 +61,35 @@ Result<ProbeRow> probe_links(const std::vector<std::shared_ptr<transport::Link>>
     const auto& link = links[static_cast<std::size_t>(p)];
     if (!link) return error(ErrorCode::kInvalidArgument, "probing the links: no link to node " + std::to_string(p));
     const std::string whom = "probing the link to node " + std::to_string(p);
-    if (self > p) {  // the lower node measures; this one answers
-      for (int k = 0; k < o.pings; ++k) {
-        auto got = link->recv(kPingTag, o.deadline);
-        if (!got.ok()) return got.status().with_context(whom);
-        if (Status st = link->send(kPongTag, ping, o.deadline); !st.ok()) return st.with_context(whom);
-      }
-      for (int k = 0; k < o.bulks; ++k) {
-        auto got = link->recv(kBulkTag, o.deadline);
-        if (!got.ok()) return got.status().with_context(whom);
-        if (Status st = link->send(kBulkAckTag, ping, o.deadline); !st.ok()) return st.with_context(whom);
+    if (self > p) {  // the lower node measures; this one answers its pings, then its timed messages
+      for (const auto& [asked, answer, count] : {std::tuple{kPingTag, kPongTag, o.pings}, std::tuple{kBulkTag, kBulkAckTag, o.bulks}}) {
+        for (int k = 0; k < count; ++k) {
+          auto got = link->recv(asked, o.deadline);
+          if (!got.ok()) return got.status().with_context(whom);
+          if (Status st = link->send(answer, ping, o.deadline); !st.ok()) return st.with_context(whom);
+        }
       }
       continue;
     }
-    double rtt = std::numeric_limits<double>::infinity();
-    for (int k = 0; k < o.pings; ++k) {
-      const auto t0 = std::chrono::steady_clock::now();
-      if (Status st = link->send(kPingTag, ping, o.deadline); !st.ok()) return st.with_context(whom);
-      auto got = link->recv(kPongTag, o.deadline);
-      if (!got.ok()) return got.status().with_context(whom);
-      rtt = std::min(rtt, seconds_since(t0));
-    }
-    double fastest = std::numeric_limits<double>::infinity();
-    for (int k = 0; k < o.bulks; ++k) {
-      const auto t0 = std::chrono::steady_clock::now();
-      if (Status st = link->send(kBulkTag, bulk, o.deadline); !st.ok()) return st.with_context(whom);
-      auto got = link->recv(kBulkAckTag, o.deadline);
-      if (!got.ok()) return got.status().with_context(whom);
-      fastest = std::min(fastest, seconds_since(t0));
-    }
-    const double transfer = fastest - rtt;
+    // The fastest of `count` round trips of `payload`, answered by a small message.
+    auto fastest_round_trip = [&](transport::Tag asked, transport::Tag answer, const Bytes& payload, int count) -> Result<double> {
+      double fastest = std::numeric_limits<double>::infinity();
+      for (int k = 0; k < count; ++k) {
+        const auto t0 = std::chrono::steady_clock::now();
+        if (Status st = link->send(asked, payload, o.deadline); !st.ok()) return st.with_context(whom);
+        auto got = link->recv(answer, o.deadline);
+        if (!got.ok()) return got.status().with_context(whom);
+        fastest = std::min(fastest, seconds_since(t0));
+      }
+      return fastest;
+    };
+    auto rtt = fastest_round_trip(kPingTag, kPongTag, ping, o.pings);
+    if (!rtt.ok()) return rtt.status();
+    auto fastest = fastest_round_trip(kBulkTag, kBulkAckTag, bulk, o.bulks);
+    if (!fastest.ok()) return fastest.status();
+    const double transfer = *fastest - *rtt;
     const auto k = static_cast<std::size_t>(p - self - 1);
-    row.latency_s[k] = std::clamp(rtt / 2, 0.0, kMaxLatency);
+    row.latency_s[k] = std::clamp(*rtt / 2, 0.0, kMaxLatency);
     row.bandwidth_Bps[k] = transfer > 0 ? std::clamp(static_cast<double>(bulk.size()) / transfer, kMinBandwidth, kMaxBandwidth) : kMaxBandwidth;
   }
   return row;

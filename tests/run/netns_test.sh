@@ -58,18 +58,22 @@ PSETS=(--set pipeline.enabled=true --set model.layers=6 --set model.width=16 --s
        --set train.eval_batches=2 --set pipeline.nodes=6 --set pipeline.stages=3 --set pipeline.path_length=2
        --set pipeline.mbs_per_origin=2 --set pipeline.mbs_per_agent=1 --set pipeline.network=uniform --set pipeline.gcma_trials=50
        --set train.threads=1 --set train.round_timeout_s=30)
-mkdir -p "$WORK/pipe" && cd "$WORK/pipe"
-ip netns exec "${H[0]}" timeout 120 "$G" peer --listen 0.0.0.0:7000 "${PSETS[@]}" --key ../run.key --out q0 > q0.log 2>&1 &
-sleep 1.5
-k=1
-for i in 0 1 2; do
-  for port in 7000 7100; do
-    [ "$i/$port" = 0/7000 ] && continue
-    ip netns exec "${H[$i]}" timeout 120 "$G" peer --listen "0.0.0.0:$port" --join "${NETS[0]}.2:7000" --key ../run.key --out "q$k" > "q$k.log" 2>&1 &
-    k=$((k + 1))
+# Six pipeline peers q0 .. q5 in the current folder, two per host; the first with PSETS and "$@".
+six_pipeline_peers() {
+  ip netns exec "${H[0]}" timeout 120 "$G" peer --listen 0.0.0.0:7000 "${PSETS[@]}" "$@" --key ../run.key --out q0 > q0.log 2>&1 &
+  sleep 1.5
+  local k=1 i port
+  for i in 0 1 2; do
+    for port in 7000 7100; do
+      [ "$i/$port" = 0/7000 ] && continue
+      ip netns exec "${H[$i]}" timeout 120 "$G" peer --listen "0.0.0.0:$port" --join "${NETS[0]}.2:7000" --key ../run.key --out "q$k" > "q$k.log" 2>&1 &
+      k=$((k + 1))
+    done
   done
-done
-wait
+  wait
+}
+mkdir -p "$WORK/pipe" && cd "$WORK/pipe"
+six_pipeline_peers
 for k in 0 1 2 3 4 5; do
   grep -q '"iterations": 8' "q$k/summary.json" 2>/dev/null || { tail -n 20 "q$k.log"; fail "pipeline: peer $k did not finish"; }
 done
@@ -85,17 +89,7 @@ echo "netns: a pipeline over six peers on three subnets (0.0.0.0, two per host) 
 if command -v tc >/dev/null 2>&1 && ip netns exec "${H[2]}" tc qdisc add dev "${tag}v2" root tbf rate 20mbit burst 32kbit latency 400ms 2>/dev/null; then
   ip netns exec "$R" tc qdisc add dev "${tag}w2" root tbf rate 20mbit burst 32kbit latency 400ms
   mkdir -p "$WORK/measured" && cd "$WORK/measured"
-  ip netns exec "${H[0]}" timeout 120 "$G" peer --listen 0.0.0.0:7000 "${PSETS[@]}" --set pipeline.network=measured --key ../run.key --out q0 > q0.log 2>&1 &
-  sleep 1.5
-  k=1
-  for i in 0 1 2; do
-    for port in 7000 7100; do
-      [ "$i/$port" = 0/7000 ] && continue
-      ip netns exec "${H[$i]}" timeout 120 "$G" peer --listen "0.0.0.0:$port" --join "${NETS[0]}.2:7000" --key ../run.key --out "q$k" > "q$k.log" 2>&1 &
-      k=$((k + 1))
-    done
-  done
-  wait
+  six_pipeline_peers --set pipeline.network=measured
   ip netns exec "${H[2]}" tc qdisc del dev "${tag}v2" root
   ip netns exec "$R" tc qdisc del dev "${tag}w2" root
   for k in 0 1 2 3 4 5; do
