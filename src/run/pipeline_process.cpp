@@ -237,7 +237,9 @@ std::map<int, std::vector<std::vector<std::int64_t>>> stage_shapes(const train::
 Result<MeasuredNetwork> measure_network(const PipelineProcessRequest& req, const Links& links, int n) {
   const auto& c = req.config;
   ProbeOptions o;
-  o.bulk_bytes = std::max<std::size_t>(train::hop_bytes(c), std::size_t{64} << 10);  // small hops time too little to see a bandwidth
+  // A hop's size, but at least 64 KiB (a smaller message takes too little time to show a bandwidth)
+  // and at most 4 MiB (enough to see one; 20 nodes' 19 rounds of three must not take minutes).
+  o.bulk_bytes = std::clamp<std::size_t>(train::hop_bytes(c), std::size_t{64} << 10, std::size_t{4} << 20);
   o.deadline = Deadline::after(real_clock(), req.connect_timeout);
   const auto t0 = std::chrono::steady_clock::now();
   auto row = probe_links(links, req.node, o);
