@@ -17,6 +17,7 @@
 // transport::tags::kPipelineHello | 4 .. 8, and nothing else); the rest are plain functions.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <vector>
@@ -34,6 +35,7 @@ struct ProbeOptions {
   std::size_t bulk_bytes = 1 << 20;  // the timed message (a hop's size)
   int bulks = 3;                  // timed messages per pair; the fastest counts (a machine busy for a moment slows one)
   Deadline deadline = Deadline::never();
+  const std::atomic<bool>* stop = nullptr;  // true: give up at once (kAborted), a waiting receive included
 };
 
 // One node's measurements: its stage forward time, and one entry per node above it.

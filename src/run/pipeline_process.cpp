@@ -241,6 +241,7 @@ Result<MeasuredNetwork> measure_network(const PipelineProcessRequest& req, const
   // and at most 4 MiB (enough to see one; 20 nodes' 19 rounds of three must not take minutes).
   o.bulk_bytes = std::clamp<std::size_t>(train::hop_bytes(c), std::size_t{64} << 10, std::size_t{4} << 20);
   o.deadline = Deadline::after(real_clock(), req.connect_timeout);
+  o.stop = req.stop;
   const auto t0 = std::chrono::steady_clock::now();
   auto row = probe_links(links, req.node, o);
   if (!row.ok()) return row.status().with_context("measuring the pipeline's links");
@@ -320,7 +321,11 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
   env.link = [&links](int, int to, int) { return links[static_cast<std::size_t>(to)]; };  // this epoch's
   if (c.pipeline.network == "measured") {
     auto measured = measure_network(req, links, n);
-    if (!measured.ok()) return measured.status();
+    if (!measured.ok() && stopped()) {
+      outcome.stopped = true;  // Ctrl-C while measuring
+      return outcome;
+    }
+    if (!measured.ok()) return measured.status().with_context("before training (a node lost now ends the start: start the nodes again)");
     env.network = measured->network;
     env.node_forward_s = measured->forward_s;
     outcome.measured = std::move(*measured);

@@ -2,6 +2,8 @@
 // node's latency and bandwidth found within bounds; rows from other processes checked.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <random>
 #include <set>
@@ -133,4 +135,22 @@ TEST_CASE("probe rows from another process: the wrong version, counts or values 
   short_row.latency_s.pop_back();
   short_row.bandwidth_Bps.pop_back();
   CHECK(!measured_network({r, short_row, ProbeRow{0.01, {0.01}, {1e6}}, ProbeRow{}}).ok());
+}
+
+TEST_CASE("probing gives up when told to stop, a wait for a node that does not answer included") {
+  auto [ab, ba] = transport::make_memory_link_pair(transport::PeerId{1}, transport::PeerId{2});
+  std::atomic<bool> stop{false};
+  ProbeOptions o;
+  o.deadline = Deadline::after(real_clock(), std::chrono::seconds(30));
+  o.stop = &stop;
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    stop = true;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto row = probe_links({nullptr, ab}, 0, o);  // node 1 never answers
+  stopper.join();
+  CHECK(row.status().code() == ErrorCode::kAborted);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  (void)ba;
 }
