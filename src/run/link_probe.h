@@ -3,9 +3,11 @@
 // the links the nodes really have rather than over a table.
 //
 // Every pair of nodes is measured once, by the lower node, over the link they already share: `pings`
-// round trips of a small message (the pair's latency: half the fastest round trip), then `bulks`
-// messages of `bulk_bytes` (a hop's size), each answered by a small one (its bandwidth: the bytes
-// over the time the fastest took beyond the round trip). The pairs go in rounds of a round-robin tournament, so a node
+// round trips of a small message, then `bulks` messages of `bulk_bytes` (a hop's size), each
+// answered by a byte, then pings again: the pair's latency is half the fastest ping, its bandwidth
+// the bytes over the time the fastest timed message took beyond that. A timed message that came
+// back no slower than a ping (other pairs' traffic held the pings up) has the pair measured again,
+// up to three times. The pairs go in rounds of a round-robin tournament, so a node
 // measures one link at a time and no measurement shares a node's access link with another. Each node
 // also times a stage's forward on its machine. Then every node sends what it measured to every other
 // (a row: its forward time and its pairs above it), and each assembles the same network from the same
@@ -14,7 +16,7 @@
 // Rows come from other processes: decode_probe_row() checks sizes and values (finite, in range) and
 // refuses anything else with kMalformed.
 // Threading: probe_links() blocks the calling thread (it takes every link's probe messages, tags
-// transport::tags::kPipelineHello | 4 .. 8, and nothing else); the rest are plain functions.
+// transport::tags::kPipelineHello | 4 and 5, and nothing else); the rest are plain functions.
 #pragma once
 
 #include <atomic>

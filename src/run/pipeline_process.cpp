@@ -41,7 +41,7 @@ constexpr transport::Tag kHashTag = transport::tags::kPipelineHello | 0u;
 constexpr transport::Tag kByeTag = transport::tags::kPipelineHello | 1u;
 constexpr transport::Tag kCommitTag = transport::tags::kPipelineHello | 2u;
 constexpr transport::Tag kViewTag = transport::tags::kPipelineHello | 3u;
-constexpr transport::Tag kProbeRowTag = transport::tags::kPipelineHello | 8u;  // (4 .. 7: run/link_probe.cpp's probes)
+constexpr transport::Tag kProbeRowTag = transport::tags::kPipelineHello | 8u;  // (4, 5: run/link_probe.cpp's probes)
 constexpr transport::Tag kEpochTag = transport::tags::kPipelineHello | 4u;
 
 // Links to the `wanted` nodes: dial those below, accept those above; each one's peer checked, and
