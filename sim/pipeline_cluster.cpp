@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "sim/scheduler.h"
 #include "skippipe/topology.h"
@@ -85,10 +86,7 @@ nlohmann::json timeline_json(const train::PipelineRecord& rec, const skippipe::S
 }  // namespace
 
 Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const train::Corpus& corpus, const PipelineProgress& progress) {
-  if (c.pipeline.network == "measured") {
-    return error(ErrorCode::kInvalidArgument, "pipeline.network = measured is measured between real processes: the simulator emulates a table, "
-                                              "so give it geo, geo-fixed or uniform (--set pipeline.network=geo)");
-  }
+  if (Status st = train::check_network_in_one_process(c); !st.ok()) return st;  // before the emulated network is built on the table
   Stopwatch wall(real_clock());
   // The real model's fp32 hop on the wire, against which the table's full-size hop is scaled.
   const at::Tensor probe = torch::zeros({c.train.batch_size, c.model.context, c.model.width});
@@ -131,6 +129,7 @@ Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const trai
     double first_makespan = 0;
     double lost_s = 0;           // virtual time of iterations that failed and were run again
     std::int64_t retried = 0;
+    std::optional<double> last_val;  // the latest evaluation's
     for (std::int64_t i = 1; i <= c.train.steps; ++i) {
       const bool crash = c.pipeline.crash_node >= 0 && i == c.pipeline.crash_at_iteration;
       const int victim = static_cast<int>(c.pipeline.crash_node);
@@ -199,7 +198,8 @@ Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const trai
                           {"bytes_sent", sent / static_cast<double>(nodes)}};
       if ((c.train.eval_every > 0 && i % c.train.eval_every == 0) || i == c.train.steps) {
         Stopwatch eval(real_clock());
-        j["val_loss"] = t.evaluate();
+        last_val = t.evaluate();
+        j["val_loss"] = *last_val;
         compute_wall += eval.elapsed_seconds();
       }
       result.records.push_back(std::move(j));
@@ -210,7 +210,7 @@ Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const trai
     Stopwatch omission(real_clock());
     const auto weights = t.stage_weights();
     const std::vector<int> omit = train::default_omitted_stages(c.pipeline.stages);
-    const double final_loss = t.evaluate_with(weights, t.depth_scales());
+    const double final_loss = last_val ? *last_val : t.evaluate_with(weights, t.depth_scales());  // (the last iteration evaluates)
     const double omitted = t.evaluate_with(weights, t.depth_scales(omit), omit);
     const double as_trained = t.evaluate_with(weights, {});
     const double omitted_as_trained = t.evaluate_with(weights, {}, omit);

@@ -139,11 +139,7 @@ int run_pipeline_command(const PipelineArgs& a) {
   const std::vector<int> omit = a.omit.empty() ? train::default_omitted_stages(c.pipeline.stages) : a.omit;
   const std::string out = a.out_option != nullptr && a.out_option->count() > 0 ? a.out : dated_out("pipeline");
   if (a.node >= 0) return run_pipeline_node(a, c, out);
-  if (c.pipeline.network == "measured") {
-    return report_failure(error(ErrorCode::kInvalidArgument, "pipeline.network = measured plans on the links the nodes measure between their processes: "
-                                                             "run it with --node (a process per node) or over gossamer peer; in one process, use geo, "
-                                                             "geo-fixed or uniform"));
-  }
+  if (Status st = train::check_network_in_one_process(c); !st.ok()) return report_failure(st);
   auto folder = train::RunFolder::create(out, train::RunKind::kPipeline);
   if (!folder.ok()) return report_failure(folder.status());
   if (Status st = folder->write_text("config.toml", train::to_toml(c)); !st.ok()) return report_failure(st);

@@ -19,6 +19,7 @@
 #include "sim/report.h"
 #include "train/memory.h"
 #include "train/outer.h"
+#include "train/pipeline_trainer.h"
 #include "train/run_folder.h"
 
 namespace gossamer::app {
@@ -177,9 +178,8 @@ void print_summary(const nlohmann::json& summary) {
 int run_and_report(const std::vector<Job>& jobs, const std::string& out, double target, const std::string& title, train::RunKind kind) {
   if (Status st = train::RunFolder::check_new(out, kind); !st.ok()) return report_failure(st);
   for (const auto& j : jobs) {
-    if (j.pipeline && j.config.pipeline.network == "measured") {
-      return report_failure(error(ErrorCode::kInvalidArgument, "pipeline.network = measured is measured between real processes: the simulator "
-                                                               "emulates a table, so give it geo, geo-fixed or uniform (--set pipeline.network=geo)"));
+    if (j.pipeline) {
+      if (Status st = train::check_network_in_one_process(j.config); !st.ok()) return report_failure(st);
     }
     // A pipeline's every node builds the whole model (it keeps only its stage's part training).
     if (Status st = train::check_resources(j.config, j.pipeline ? j.config.pipeline.nodes : j.config.sim.workers); !st.ok()) return report_failure(st);

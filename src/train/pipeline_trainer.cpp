@@ -74,6 +74,13 @@ double measure_stage_forward_s(const RunConfig& c, int runs) {
   return times.empty() ? 0.0 : times[times.size() / 2];
 }
 
+Status check_network_in_one_process(const RunConfig& c) {
+  if (c.pipeline.network != "measured") return Status();
+  return error(ErrorCode::kInvalidArgument, "pipeline.network = measured plans on the links the nodes measure between their processes: run it with "
+                                            "--node (a process per node) or over gossamer peer; one process and the simulator have none to measure, "
+                                            "so give them geo, geo-fixed or uniform (--set pipeline.network=geo)");
+}
+
 skippipe::Network pipeline_network(const RunConfig& c) {
   const int n = static_cast<int>(c.pipeline.nodes);
   if (c.pipeline.network == "geo" || c.pipeline.network == "geo-fixed") return skippipe::geo_network(n, c.pipeline.network == "geo-fixed");
@@ -251,12 +258,10 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   o.seed = static_cast<std::uint64_t>(c.train.seed);
   if (Status st = o.check(); !st.ok()) return st;
   const int n = static_cast<int>(p.nodes);
-  if (p.network == "measured" && !env.network) {
-    return error(ErrorCode::kInvalidArgument, "pipeline.network = measured plans on the links the nodes measure between their processes: run it over "
-                                              "gossamer peer or gossamer pipeline --node (one process and the simulator have no links to measure: "
-                                              "use geo, geo-fixed or uniform there)");
+  if (!env.network) {
+    if (Status st = check_network_in_one_process(c); !st.ok()) return st;
   }
-  if (env.network && (env.network->nodes != n || env.network->check().ok() == false)) {
+  if (env.network && (env.network->nodes != n || !env.network->check().ok())) {
     return error(ErrorCode::kInvalidArgument, "the pipeline's measured network does not describe its " + std::to_string(n) + " nodes");
   }
   const skippipe::Network net = env.network ? *env.network : pipeline_network(c);

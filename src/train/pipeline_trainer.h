@@ -160,6 +160,9 @@ class PipelineTrainer {
 // What the scheduler assumes of the nodes' links (pipeline.network: the geo table or a uniform one)
 // and of the work (pipeline.forward_s, pipeline.activation_mib, the reference's per-hop overhead).
 skippipe::Network pipeline_network(const RunConfig& config);
+// pipeline.network = measured needs links between processes to measure: refused (with what to use
+// instead) where every node is in one process or simulated.
+[[nodiscard]] Status check_network_in_one_process(const RunConfig& config);
 // One hop's message: a micro-batch's activations (train.batch_size x model.context x model.width
 // values in pipeline.activation_codec) with their header.
 std::size_t hop_bytes(const RunConfig& config);
