@@ -1,4 +1,4 @@
-// GossipFabric: the real gossip (transport/gossip_core.h: member table, failure detector, rumors)
+// GossipFabric: the real gossip (transport/gossip_core.h: SWIM membership, failure detector, rumors)
 // over the simulator's network, in virtual time. A simulated peer gets a transport::Gossip from it
 // and cannot tell it from the ZeroMQ one: same messages, same timing rules, with the Scheduler as
 // its Clock.

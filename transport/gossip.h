@@ -1,14 +1,14 @@
 // Gossip: membership, failure detection, peer sampling and small broadcasts over ZeroMQ.
 //
 // Each node binds one ROUTER socket (its gossip address) and keeps one DEALER per peer it talks to;
-// all of them are owned by the node's gossip thread. Every `period` a node bumps its own heartbeat
-// counter and sends its whole member table to `fanout` random live peers (and to the seed addresses
-// until it knows someone). Tables merge by taking the higher heartbeat per member. A member whose
-// heartbeat has not risen for `suspect_after` is suspect; after `dead_after`, dead (gossip-style
-// failure detection with a suspicion stage). A node that leaves tells every live member at once.
-// Broadcasts spread by rumor mongering: each node delivers a message once per (origin, sequence) and
-// forwards it to `fanout` random peers at once and in each of the next few periods, up to `max_hops`. N nodes learn of each other in O(log N)
-// periods.
+// all of them are owned by the node's gossip thread. Membership is SWIM (gossip_core.h): every
+// `period` a node pings one member; unanswered, it asks a few others to ping it; still unanswered
+// (suspect_after, longer on slow links), the member is suspect, and dead once the suspicion runs out
+// (at least dead_after - suspect_after, longer in bigger runs) unless it refutes. Membership news
+// rides on those messages; a node that leaves tells every live member at once. Its cost per member
+// stays flat as the run grows. Broadcasts spread by rumor mongering: each node delivers a message once
+// per (origin, sequence) and forwards it to `fanout` random peers at once and in each of the next few
+// periods, up to `max_hops`. N nodes learn of each other in O(log N) periods.
 //
 // Security: with a run key, CurveZMQ (see GossipOptions::key).
 // Threading: every public method is thread-safe. Subscriber callbacks run on the gossip thread and
@@ -44,7 +44,10 @@ struct GossipOptions {
   PeerId self;                              // zero: a random id
   Nanos period = std::chrono::milliseconds(100);
   int fanout = 3;
+  // A probed member that has not answered for this long (directly or through others) is suspect;
+  // more when the measured round trips or this node's own health call for it.
   Nanos suspect_after = std::chrono::milliseconds(500);
+  // suspect_after plus the least a suspicion lasts before it becomes a death (member_table.h).
   Nanos dead_after = std::chrono::milliseconds(1000);
   int max_hops = 12;
   // The most members a node keeps: beyond it, a new member takes the place of a dead or departed one,
@@ -67,7 +70,7 @@ enum class MemberState : std::uint8_t { kAlive = 0, kSuspect = 1, kDead = 2, kLe
 struct Member {
   PeerId id;
   std::string address;
-  std::uint64_t heartbeat = 0;
+  std::uint64_t incarnation = 0;  // raised only by the member itself, to refute a suspicion
   MemberState state = MemberState::kAlive;
   bool outbound_only = false;  // accepts no connections (behind NAT): reached only through the ones it opens
 };

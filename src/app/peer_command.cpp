@@ -44,7 +44,8 @@ void add_peer_command(CLI::App& app, PeerArgs& args) {
                   "make this peer's links behave like a network path: a preset (" + fmt::format("{}", fmt::join(transport::link_profile_names(), ", ")) +
                       ") or MBIT,MS (bandwidth in Mbit/s, one-way latency in ms)");
   cmd->add_option("--dead-after", args.dead_after_s,
-                  "seconds of silence after which gossip declares a peer dead and rounds go on without it (suspect after half of it); "
+                  "seconds after which a peer that stops answering gossip's probes is declared dead and rounds go on without it "
+                  "(suspect after half of it; longer in big runs and for peers whose answers run late, see docs/gossip.md); "
                   "raise it on lossy or long paths")
       ->check(number_in(0.5, 3600.0))
       ->capture_default_str();

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "run/peer_runtime.h"
+#include "transport/endpoint.h"
 #include "run/pipeline_process.h"
 #include "train/trained_model.h"
 
@@ -60,9 +61,18 @@ Result<PeerOutcome> Peer::run_pipeline() {
   req.config.pipeline.nodes = n;
   if (Status st = train::validate(req.config); !st.ok()) return st.with_context("a pipeline over the " + std::to_string(n) + " peers at the start");
   req.node = group.rank_of(gossip_.self());
+  // A member announced on a wildcard is dialled at the IP its gossip comes from. A member that joined
+  // last may not have reached this peer's member table yet (membership news spreads in a few
+  // periods): wait for it, up to 10 s, instead of dialling a wildcard.
+  const Deadline resolve_by = after(std::chrono::seconds(10));
   for (const auto& m : group.members) {
     req.ids.push_back(m.id);
-    req.addresses.push_back(reachable_address(gossip_, m.id, m.address));
+    std::string address = reachable_address(gossip_, m.id, m.address);
+    while (m.id != gossip_.self() && transport::is_wildcard_address(address) && !resolve_by.expired(clock_) && !stop_requested()) {
+      clock_.sleep_for(std::chrono::milliseconds(50));
+      address = reachable_address(gossip_, m.id, m.address);
+    }
+    req.addresses.push_back(std::move(address));
   }
   req.shape = plan_.shape;
   req.stop = plan_.stop;

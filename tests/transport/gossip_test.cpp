@@ -43,19 +43,20 @@ std::size_t count_state(const Gossip& g, MemberState s) {
   return n;
 }
 
-// A gossip table message from a fake peer, in the wire format of transport/gossip.cpp.
-Bytes fake_table(std::uint64_t id, const std::string& address, std::uint64_t heartbeat) {
+// A gossip message from a fake peer, in the wire format of transport/gossip_core.h: news with no
+// updates, whose header tells the receiver the fake is alive at `incarnation`.
+Bytes fake_table(std::uint64_t id, const std::string& address, std::uint32_t incarnation) {
   Writer w;
   w.raw(as_bytes("GSGP"));
-  w.u8(2);  // version
-  w.u8(1);  // a member table
+  w.u8(3);  // version
+  w.u8(6);  // news (kGossip)
   w.u64(id);
   w.str(address);
-  w.u32(1);
-  w.u64(id);
-  w.str(address);
-  w.u64(heartbeat);
-  w.u8(0);
+  w.u32(incarnation);
+  w.u8(0);  // health
+  w.u16(0);  // rto (ms)
+  w.u8(0);  // flags
+  w.u32(0);  // no updates
   return std::move(w).take();
 }
 
