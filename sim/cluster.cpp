@@ -170,6 +170,7 @@ void add_life(train::WorkerAccount& total, const train::WorkerAccount& life) {
   total.state_bytes_received += life.state_bytes_received;
   total.gossip_bytes_sent += life.gossip_bytes_sent;
   total.gossip_bytes_received += life.gossip_bytes_received;
+  total.membership_bytes_sent += life.membership_bytes_sent;
   total.left_out += life.left_out;
   total.compute_s += life.compute_s;
   total.blocked_s += life.blocked_s;

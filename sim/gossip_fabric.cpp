@@ -70,6 +70,7 @@ class SimGossip final : public transport::Gossip {
   }
   std::uint64_t dropped_messages() const override { return node_->core.dropped(); }
   std::pair<std::uint64_t, std::uint64_t> bytes() const override { return node_->core.bytes(); }
+  std::uint64_t membership_bytes_sent() const override { return node_->core.membership_bytes_sent(); }
   Status set_outbound_only(bool outbound_only) override {
     node_->core.set_outbound_only(outbound_only);
     return Status();

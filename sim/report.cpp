@@ -173,7 +173,7 @@ nlohmann::json method_summary(const MethodRun& run, double target_loss) {
   const auto& r = run.result;
   const int evaluator = evaluator_of(run);
   const auto curve = eval_curve(run);
-  double sent = 0, received = 0, util = 0, gossip = 0;
+  double sent = 0, received = 0, util = 0, gossip = 0, membership = 0;
   std::int64_t tokens = 0, rounds = 0, skipped = 0;
   std::uint64_t left_out = 0;
   int alive = 0;
@@ -185,6 +185,7 @@ nlohmann::json method_summary(const MethodRun& run, double target_loss) {
     ++alive;
     sent += static_cast<double>(a.bytes_sent);
     gossip += static_cast<double>(a.gossip_bytes_sent);
+    membership += static_cast<double>(a.membership_bytes_sent);
     received += static_cast<double>(a.bytes_received);
     util += a.compute_s + a.blocked_s > 0 ? a.compute_s / (a.compute_s + a.blocked_s) : 1.0;
     rounds = std::max(rounds, a.rounds);
@@ -198,6 +199,8 @@ nlohmann::json method_summary(const MethodRun& run, double target_loss) {
                       {"bytes_received_per_worker", alive > 0 ? received / alive : 0.0},
                       // of bytes_sent: the membership gossip, the same for every method (it depends on time, not on the model)
                       {"gossip_bytes_sent_per_worker", alive > 0 ? gossip / alive : 0.0},
+                      // of which membership itself (probes, news, digests); the rest is round agreement and announcements
+                      {"membership_bytes_sent_per_worker", alive > 0 ? membership / alive : 0.0},
                       {"sim_time_s", r.sim_time_s},
                       {"compute_utilization", alive > 0 ? util / alive : 0.0},
                       {"rounds", rounds},

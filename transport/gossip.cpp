@@ -114,6 +114,7 @@ class ZmqGossip final : public Gossip {
 
   std::uint64_t dropped_messages() const override { return core_->dropped() + refused_.load(); }
   std::pair<std::uint64_t, std::uint64_t> bytes() const override { return core_->bytes(); }
+  std::uint64_t membership_bytes_sent() const override { return core_->membership_bytes_sent(); }
 
   Status set_outbound_only(bool outbound_only) override {
     core_->set_outbound_only(outbound_only);

@@ -103,6 +103,9 @@ class Gossip {
   // Bytes of gossip messages this node sent and received so far (as encoded; transport overhead
   // not included).
   virtual std::pair<std::uint64_t, std::uint64_t> bytes() const = 0;
+  // Of the bytes sent, those of membership itself (probes, news, digests, farewells), without the
+  // broadcasts it carries for others (rounds, announcements). The default: all of them.
+  virtual std::uint64_t membership_bytes_sent() const { return bytes().first; }
   // A dial-back check: asks a live member that accepts connections to open a TCP connection to each
   // of `addresses` (HOST:PORT; a wildcard host means the IP this node's messages come from) and
   // say which it reached; asks up to three members at once (its seeds while it knows none).

@@ -50,9 +50,14 @@ GossipCore::GossipCore(GossipOptions options, std::string bound, const Clock& cl
 }
 
 std::vector<GossipSend> GossipCore::counted(std::vector<GossipSend> sends) {
-  std::uint64_t n = 0;
-  for (const auto& s : sends) n += s.message.size();
+  std::uint64_t n = 0, membership = 0;
+  for (const auto& s : sends) {
+    n += s.message.size();
+    // The type byte follows the magic and the version.
+    if (s.message.size() > 5 && s.message[5] != static_cast<std::byte>(MsgType::kBroadcast)) membership += s.message.size();
+  }
   bytes_sent_.fetch_add(n);
+  membership_bytes_sent_.fetch_add(membership);
   return sends;
 }
 

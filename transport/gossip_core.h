@@ -115,6 +115,8 @@ class GossipCore {
   std::uint32_t incarnation() const;
   // Bytes of the messages it returned to send, and of those handed to handle().
   std::pair<std::uint64_t, std::uint64_t> bytes() const { return {bytes_sent_.load(), bytes_received_.load()}; }
+  // Of the bytes sent, those of membership (probes, news, digests, farewells): all but broadcasts.
+  std::uint64_t membership_bytes_sent() const { return membership_bytes_sent_.load(); }
   // Counts (and logs, bounded) a message dropped before it reached the core.
   void count_drop(const std::string& why);
 
@@ -192,7 +194,7 @@ class GossipCore {
   const std::string bound_;
   const Clock& clock_;
   std::atomic<std::uint64_t> dropped_{0};
-  std::atomic<std::uint64_t> bytes_sent_{0}, bytes_received_{0};
+  std::atomic<std::uint64_t> bytes_sent_{0}, bytes_received_{0}, membership_bytes_sent_{0};
   std::vector<GossipSend> counted(std::vector<GossipSend> sends);
   LogLimiter drop_log_{"gossip: dropped messages"};
 

@@ -157,12 +157,23 @@ MemberTable::Applied MemberTable::apply(const MemberUpdate& u, Nanos now, bool q
   }
   auto it = table_.find(u.id);
   if (it == table_.end()) {
-    // Only an alive update makes a member known: a suspicion, death or departure of a member we never
-    // knew carries no address, and the full-state exchange repairs what was missed.
-    if (u.kind != UpdateKind::kAlive) return Applied::kIgnored;
+    // A suspicion of a member we never knew is left to its accusers. A death or departure is kept
+    // (never dialled, evicted first when the table is full): a newcomer that hears only of members
+    // that have gone learns that the run is over instead of waiting for it. Not passed on: it is
+    // old news to those who told it.
+    if (u.kind == UpdateKind::kSuspect) return Applied::kIgnored;
     if (table_.size() >= options_.max_members && !evict_one(now)) {
       ++full_drops_;
       return Applied::kFull;
+    }
+    if (u.kind != UpdateKind::kAlive) {
+      Entry& gone = table_[u.id];
+      gone.state = MemberState::kLeft;  // not yet among the departed (none is at time 0)
+      set_state(u.id, gone, u.kind == UpdateKind::kLeft ? MemberState::kLeft : MemberState::kDead, now);
+      gone.address = u.kind == UpdateKind::kLeft ? u.address : std::string();
+      gone.incarnation = u.incarnation;
+      gone.outbound_only = u.outbound_only;
+      return Applied::kIgnored;
     }
     Entry& e = table_[u.id];
     e.state = MemberState::kLeft;  // not yet counted (nor among the departed)

@@ -798,6 +798,7 @@ Result<train::WorkerAccount> Peer::rounds() {
   hooks.regroup = [&](std::int64_t step) { return regroup(step); };
   hooks.state_traffic = [&] { return std::make_pair(server_->bytes_served(), state_received_); };
   hooks.gossip_traffic = [&] { return gossip_.bytes(); };
+  hooks.membership_traffic = [&] { return gossip_.membership_bytes_sent(); };
   hooks.record = [&](const nlohmann::json& rec) {
     nlohmann::json out = rec;
     out["peer"] = env_.name;

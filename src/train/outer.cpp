@@ -175,6 +175,7 @@ nlohmann::json WorkerAccount::to_json() const {
   if (state_bytes_received > 0) j["state_bytes_received"] = state_bytes_received;
   if (gossip_bytes_sent > 0) j["gossip_bytes_sent"] = gossip_bytes_sent;
   if (gossip_bytes_received > 0) j["gossip_bytes_received"] = gossip_bytes_received;
+  if (membership_bytes_sent > 0) j["membership_bytes_sent"] = membership_bytes_sent;
   if (left_out > 0) j["left_out"] = left_out;
   return j;
 }
@@ -219,6 +220,7 @@ class WorkerLoop {
     const optim::CommStats comm = outer_.comm();
     if (hooks_.state_traffic) std::tie(acc_.state_bytes_sent, acc_.state_bytes_received) = hooks_.state_traffic();
     if (hooks_.gossip_traffic) std::tie(acc_.gossip_bytes_sent, acc_.gossip_bytes_received) = hooks_.gossip_traffic();
+    if (hooks_.membership_traffic) acc_.membership_bytes_sent = hooks_.membership_traffic();
     acc_.bytes_sent = comm.bytes_sent + acc_.state_bytes_sent + acc_.gossip_bytes_sent;
     acc_.bytes_received = comm.bytes_received + acc_.state_bytes_received + acc_.gossip_bytes_received;
     acc_.left_out = comm.left_out;

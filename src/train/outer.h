@@ -48,6 +48,7 @@ struct WorkerAccount {
   std::uint64_t state_bytes_received = 0;  // training state fetched when joining (part of bytes_received)
   std::uint64_t gossip_bytes_sent = 0;     // membership, rounds, announcements (part of bytes_sent)
   std::uint64_t gossip_bytes_received = 0;
+  std::uint64_t membership_bytes_sent = 0;  // of gossip_bytes_sent: membership itself (not rounds, announcements)
   std::uint64_t left_out = 0;       // contributions this worker, as a chunk's owner, left out (outer.aggregation)
   double compute_s = 0.0;           // inner steps (as the pace hook counts them)
   double blocked_s = 0.0;           // waiting on communication
@@ -84,6 +85,7 @@ struct LoopHooks {
   std::function<std::pair<std::uint64_t, std::uint64_t>()> state_traffic;
   // Likewise for gossip's messages (membership, round agreement, announcements) so far.
   std::function<std::pair<std::uint64_t, std::uint64_t>()> gossip_traffic;
+  std::function<std::uint64_t()> membership_traffic;  // bytes sent by membership itself
 };
 
 [[nodiscard]] Result<WorkerAccount> run_worker_loop(Worker& worker, optim::OuterSetup& outer, Clock& clock, const LoopOptions& options,

@@ -79,6 +79,9 @@ TEST_CASE("summary.json holds every field, consistent with the metrics, report.h
     CHECK(m["gossip_bytes_sent_per_worker"].get<double>() == doctest::Approx(gossip_sum / 2));
     CHECK(m["gossip_bytes_sent_per_worker"].get<double>() > 0);
     CHECK(m["gossip_bytes_sent_per_worker"].get<double>() < m["bytes_sent_per_worker"].get<double>());
+    // Membership itself is part of gossip, beside the rounds' broadcasts.
+    CHECK(m["membership_bytes_sent_per_worker"].get<double>() > 0);
+    CHECK(m["membership_bytes_sent_per_worker"].get<double>() < m["gossip_bytes_sent_per_worker"].get<double>());
     CHECK(m["tokens"].get<std::int64_t>() == tokens);
     CHECK(m["tokens"].get<std::int64_t>() == 2 * 12 * 4 * 16);
     CHECK(m["compute_utilization"].get<double>() > 0);
