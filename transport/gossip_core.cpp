@@ -138,6 +138,15 @@ Bytes GossipCore::broadcast_message(std::uint64_t origin, std::uint64_t seq, std
   return std::move(w).take();
 }
 
+Bytes GossipCore::ping_message(std::uint32_t seq, std::uint64_t target) {
+  Writer w;
+  write_header(w, MsgType::kPing);
+  w.u32(seq);
+  w.u64(target);
+  write_updates(w, kPiggybackBudget);
+  return std::move(w).take();
+}
+
 Bytes GossipCore::sync_message(std::uint8_t mode, std::uint32_t mask) const {
   Writer w;
   write_header(w, MsgType::kSync);
@@ -283,13 +292,8 @@ void GossipCore::probe_locked(std::vector<GossipSend>& sends, Nanos now) {
       }
       auto target = target_of(id);
       if (!target) continue;
-      Writer w;
-      write_header(w, MsgType::kPing);
       const std::uint32_t seq = ++probe_seq_;
-      w.u32(seq);
-      w.u64(id);
-      write_updates(w, kPiggybackBudget);
-      sends.push_back(GossipSend{target->address, std::move(w).take(), target->route});
+      sends.push_back(GossipSend{target->address, ping_message(seq, id), target->route});
       probes_[seq] = Probe{id, e->incarnation, now, false, 0, 0};
       last_probe_tick_ = ticks_;
       return;
@@ -330,12 +334,7 @@ void GossipCore::check_probes_locked(std::vector<GossipSend>& sends, Nanos now) 
           p.resend_seq = ++probe_seq_;
           p.resent = now;
           resends_[p.resend_seq] = it->first;
-          Writer again;
-          write_header(again, MsgType::kPing);
-          again.u32(p.resend_seq);
-          again.u64(p.target);
-          write_updates(again, kPiggybackBudget);
-          sends.push_back(GossipSend{t->address, std::move(again).take(), t->route});
+          sends.push_back(GossipSend{t->address, ping_message(p.resend_seq, p.target), t->route});
         }
       }
     }
@@ -681,13 +680,8 @@ std::vector<GossipSend> GossipCore::handle(ByteView data, const std::string& obs
         sends.push_back(GossipSend{reply.address, std::move(w).take(), reply.route});
         break;
       }
-      Writer w;
-      write_header(w, MsgType::kPing);
       const std::uint32_t ours = ++probe_seq_;
-      w.u32(ours);
-      w.u64(target);
-      write_updates(w, kPiggybackBudget);
-      sends.push_back(GossipSend{t->address, std::move(w).take(), t->route});
+      sends.push_back(GossipSend{t->address, ping_message(ours, target), t->route});
       relays_[ours] = Relay{reply, seq, now + direct_timeout(target)};
       break;
     }

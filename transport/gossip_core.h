@@ -166,6 +166,8 @@ class GossipCore {
   void write_updates(Writer& w, std::size_t budget);
   Bytes broadcast_message(std::uint64_t origin, std::uint64_t seq, std::uint8_t hops, const std::string& topic, ByteView payload) const;
   Bytes sync_message(std::uint8_t mode, std::uint32_t mask) const;
+  // A ping of `target` under `seq`, with the updates it carries (each counted as sent).
+  Bytes ping_message(std::uint32_t seq, std::uint64_t target);
   // Up to k live members to send to, at random: an outbound-only member only once it has opened a
   // connection to this node (heard from directly).
   std::vector<Target> random_live(std::size_t k, Nanos now, std::uint64_t except = 0);

@@ -183,7 +183,6 @@ MemberTable::Applied MemberTable::apply(const MemberUpdate& u, Nanos now, bool q
     e.outbound_only = u.outbound_only;
     e.health = u.health;
     e.rto = std::chrono::milliseconds(u.rto_ms);
-    e.changed = now;
     if (!quiet) enqueue(u);
     return Applied::kNews;
   }
@@ -200,7 +199,6 @@ MemberTable::Applied MemberTable::apply(const MemberUpdate& u, Nanos now, bool q
         e.health = u.health;
         e.rto = std::chrono::milliseconds(u.rto_ms);
         e.accusers.clear();
-        e.changed = now;
         news = true;
       }
       break;
@@ -210,7 +208,6 @@ MemberTable::Applied MemberTable::apply(const MemberUpdate& u, Nanos now, bool q
         set_state(u.id, e, MemberState::kSuspect, now);
         e.incarnation = u.incarnation;
         e.accusers.assign(1, u.accuser);
-        e.changed = now;
         news = true;
       } else if (e.accusers.size() < kMaxAccusers && std::find(e.accusers.begin(), e.accusers.end(), u.accuser) == e.accusers.end()) {
         e.accusers.push_back(u.accuser);  // an independent confirmation shortens the suspicion
@@ -222,7 +219,6 @@ MemberTable::Applied MemberTable::apply(const MemberUpdate& u, Nanos now, bool q
         spdlog::debug("gossip: peer {} declared dead", PeerId{u.id}.to_string());
         set_state(u.id, e, MemberState::kDead, now);
         e.incarnation = u.incarnation;
-        e.changed = now;
         news = true;
       }
       break;
@@ -231,7 +227,6 @@ MemberTable::Applied MemberTable::apply(const MemberUpdate& u, Nanos now, bool q
         spdlog::debug("gossip: peer {} left", PeerId{u.id}.to_string());
         set_state(u.id, e, MemberState::kLeft, now);
         e.incarnation = u.incarnation;
-        e.changed = now;
         news = true;
       }
       break;
