@@ -16,9 +16,6 @@ constexpr char kMagic[4] = {'G', 'S', 'G', 'P'};
 constexpr std::uint8_t kVersion = 3;
 constexpr std::uint8_t kOutboundFlag = 2;
 constexpr std::size_t kMaxAddress = 256, kMaxTopic = 64, kMaxPayload = 64 * 1024, kMaxUpdates = 65536;
-constexpr std::uint8_t kSyncOffer = 0, kSyncRowsReply = 1, kSyncRows = 2;
-
-bool live(MemberState s) { return s == MemberState::kAlive || s == MemberState::kSuspect; }
 
 std::uint32_t differing(const Digest& a, const Digest& b) {
   std::uint32_t mask = 0;
@@ -147,6 +144,22 @@ Bytes GossipCore::ping_message(std::uint32_t seq, std::uint64_t target) {
   return std::move(w).take();
 }
 
+Bytes GossipCore::news_message(const MemberUpdate& u) const {
+  Writer w;
+  write_header(w, MsgType::kGossip);
+  w.u32(1);
+  write_update(w, u);
+  return std::move(w).take();
+}
+
+Bytes GossipCore::seq_message(MsgType type, std::uint32_t seq, bool with_updates) {
+  Writer w;
+  write_header(w, type);
+  w.u32(seq);
+  if (with_updates) write_updates(w, kPiggybackBudget);
+  return std::move(w).take();
+}
+
 Bytes GossipCore::sync_message(std::uint8_t mode, std::uint32_t mask) const {
   Writer w;
   write_header(w, MsgType::kSync);
@@ -212,48 +225,6 @@ bool GossipCore::outbound_only() const {
   return outbound_only_;
 }
 
-void GossipCore::set_health(int h) { health_ = std::clamp(h, 0, kMaxHealth); }
-
-void GossipCore::rtt_sample(Nanos rtt) {
-  const double r = std::chrono::duration<double>(rtt).count();
-  if (!rtt_known_) {
-    srtt_s_ = r;
-    rttvar_s_ = r / 2;
-    rtt_known_ = true;
-    return;
-  }
-  rttvar_s_ = 0.75 * rttvar_s_ + 0.25 * std::abs(srtt_s_ - r);
-  srtt_s_ = 0.875 * srtt_s_ + 0.125 * r;
-}
-
-Nanos GossipCore::own_rto() const {
-  return rtt_known_ ? std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(srtt_s_ + 4 * rttvar_s_)) : Nanos{0};
-}
-
-std::uint16_t GossipCore::rto_ms() const {
-  return static_cast<std::uint16_t>(std::min<std::int64_t>(65535, std::chrono::duration_cast<std::chrono::milliseconds>(own_rto()).count()));
-}
-
-Nanos GossipCore::direct_timeout() const { return std::max(options_.suspect_after / 2, own_rto()) * (1 + health_); }
-
-Nanos GossipCore::round_timeout() const {
-  // After the direct timeout a ping-req's answer crosses four links (asker, helper, target, helper,
-  // asker): two round trips, with room for their spread.
-  return direct_timeout() + std::max(options_.suspect_after / 2, 3 * own_rto()) * (1 + health_);
-}
-
-Nanos GossipCore::direct_timeout(std::uint64_t target) const {
-  const auto* e = table_.find(target);
-  return std::max(direct_timeout(), e != nullptr ? table_.remote_rto(*e) : Nanos{0});
-}
-
-Nanos GossipCore::round_timeout(std::uint64_t target) const {
-  // Its answer to a helper leaves as late as its answer to us: that much more again.
-  const auto* e = table_.find(target);
-  const Nanos late = e != nullptr ? table_.remote_rto(*e) : Nanos{0};
-  return std::max(round_timeout(), direct_timeout(target) + late) + late;
-}
-
 void GossipCore::take_outbox_locked(std::vector<GossipSend>* sends, Nanos now) {
   while (!outbox_.empty()) {
     Outgoing o = std::move(outbox_.front());
@@ -265,129 +236,6 @@ void GossipCore::take_outbox_locked(std::vector<GossipSend>* sends, Nanos now) {
     if (sends != nullptr) {
       send_to(*sends, random_live(static_cast<std::size_t>(options_.fanout), now), rumors_.back().message);
     }
-  }
-}
-
-void GossipCore::probe_locked(std::vector<GossipSend>& sends, Nanos now) {
-  if (random_live(1, now).empty()) {
-    // Nobody to probe (a new node, or one that lost every member): ask the seeds for their state.
-    for (const auto& seed : options_.seeds) sends.push_back(GossipSend{seed, sync_message(kSyncRowsReply, ~0U), PeerId{}});
-    return;
-  }
-  // Lifeguard: an unhealthy node probes less often, as it times out later.
-  if (ticks_ - last_probe_tick_ < static_cast<std::uint64_t>(1 + health_)) return;
-  for (int pass = 0; pass < 2; ++pass) {
-    while (probe_next_ < probe_order_.size()) {
-      const std::uint64_t id = probe_order_[probe_next_++];
-      const auto* e = table_.find(id);
-      if (e == nullptr || !live(e->state)) continue;
-      bool busy = false;
-      for (const auto& [seq, p] : probes_) busy = busy || p.target == id;
-      if (busy) continue;
-      // Heard from first-hand within the last period: what a probe would prove, its message just
-      // did (in a small group, members that ping each other then ping half as often).
-      if (e->heard != Nanos::min() && now - e->heard < options_.period) {
-        last_probe_tick_ = ticks_;
-        return;
-      }
-      auto target = target_of(id);
-      if (!target) continue;
-      const std::uint32_t seq = ++probe_seq_;
-      sends.push_back(GossipSend{target->address, ping_message(seq, id), target->route});
-      probes_[seq] = Probe{id, e->incarnation, now, false, 0, 0};
-      last_probe_tick_ = ticks_;
-      return;
-    }
-    // A new round: every live member once, in a fresh random order (SWIM's bound on detection).
-    probe_order_.clear();
-    for (const auto& [id, e] : table_.entries()) {
-      if (live(e.state)) probe_order_.push_back(id);
-    }
-    std::shuffle(probe_order_.begin(), probe_order_.end(), rng_);
-    probe_next_ = 0;
-  }
-}
-
-void GossipCore::check_probes_locked(std::vector<GossipSend>& sends, Nanos now) {
-  for (auto it = probes_.begin(); it != probes_.end();) {
-    Probe& p = it->second;
-    const Nanos elapsed = now - p.sent;
-    const Nanos direct = direct_timeout(p.target), round = round_timeout(p.target);
-    if (!p.indirect && elapsed >= direct) {
-      p.indirect = true;
-      const auto* e = table_.find(p.target);
-      if (e != nullptr) {
-        const auto helpers = random_live(kIndirectProbes, now, p.target);
-        if (!helpers.empty()) {
-          Writer w;
-          write_header(w, MsgType::kPingReq);
-          w.u32(it->first);
-          w.u64(p.target);
-          w.str(e->address);
-          write_updates(w, kPiggybackBudget);
-          send_to(sends, helpers, std::move(w).take());
-        }
-        p.helpers = static_cast<int>(helpers.size());
-        // And the direct ping once more: on a lossy link the first or its ack is the likeliest to
-        // have been lost. Under a sequence of its own, so that its answer times a round trip.
-        if (auto t = target_of(p.target)) {
-          p.resend_seq = ++probe_seq_;
-          p.resent = now;
-          resends_[p.resend_seq] = it->first;
-          sends.push_back(GossipSend{t->address, ping_message(p.resend_seq, p.target), t->route});
-        }
-      }
-    }
-    if (elapsed < round) {
-      ++it;
-      continue;
-    }
-    // No answer, direct or indirect. Helpers that did not even say they failed point at our own
-    // link (Lifeguard's missed nack): this node then waits longer before it suspects anyone.
-    if (p.nacks < p.helpers) set_health(health_ + 1);
-    const auto* e = table_.find(p.target);
-    if (e != nullptr && live(e->state) && e->incarnation == p.incarnation) {
-      MemberUpdate u;
-      u.kind = UpdateKind::kSuspect;
-      u.id = p.target;
-      u.incarnation = p.incarnation;
-      u.accuser = options_.self.value;
-      if (table_.apply(u, now) == MemberTable::Applied::kNews) ++stats_.suspected;
-      // Told first-hand, a live suspect refutes at once instead of when the rumor reaches it.
-      if (auto t = target_of(p.target)) {
-        Writer w;
-        write_header(w, MsgType::kGossip);
-        w.u32(1);
-        write_update(w, u);
-        sends.push_back(GossipSend{t->address, std::move(w).take(), t->route});
-      }
-    }
-    if (late_.size() < 64) {
-      late_.emplace(it->first, p);
-    } else if (p.resend_seq != 0) {
-      resends_.erase(p.resend_seq);
-    }
-    it = probes_.erase(it);
-  }
-  // A late answer measures a round trip up to ten round timeouts long; beyond that it is noise.
-  for (auto it = late_.begin(); it != late_.end();) {
-    if (now - it->second.sent <= 10 * round_timeout()) {
-      ++it;
-      continue;
-    }
-    if (it->second.resend_seq != 0) resends_.erase(it->second.resend_seq);
-    it = late_.erase(it);
-  }
-  for (auto it = relays_.begin(); it != relays_.end();) {
-    if (now < it->second.nack_at) {
-      ++it;
-      continue;
-    }
-    Writer w;
-    write_header(w, MsgType::kNack);
-    w.u32(it->second.seq);
-    sends.push_back(GossipSend{it->second.requester.address, std::move(w).take(), it->second.requester.route});
-    it = relays_.erase(it);
   }
 }
 
@@ -463,7 +311,7 @@ std::vector<GossipSend> GossipCore::farewell() {
   write_header(w, MsgType::kLeave);
   const Bytes bye = std::move(w).take();
   for (const auto& [id, e] : table_.entries()) {
-    if (!live(e.state)) continue;
+    if (!is_live(e.state)) continue;
     if (auto t = target_of(id)) sends.push_back(GossipSend{t->address, bye, t->route});
   }
   left_ = true;
@@ -642,88 +490,19 @@ std::vector<GossipSend> GossipCore::handle(ByteView data, const std::string& obs
       u.id = hello.id;
       u.incarnation = e->incarnation;
       u.accuser = e->accusers.empty() ? options_.self.value : e->accusers.front();
-      Writer w;
-      write_header(w, MsgType::kGossip);
-      w.u32(1);
-      write_update(w, u);
-      sends.push_back(GossipSend{e->address, std::move(w).take(), e->outbound_only ? PeerId{hello.id} : PeerId{}});
+      sends.push_back(GossipSend{e->address, news_message(u), e->outbound_only ? PeerId{hello.id} : PeerId{}});
     }
   } else if (is_wildcard_address(reply.address) && !observed_ip.empty() && !is_loopback_ip(observed_ip)) {
     reply.address = with_host(reply.address, observed_ip);
   }
   if (hello.outbound_only) reply.route = PeerId{hello.id};
   switch (msg) {
-    case MsgType::kPing: {
-      const std::uint32_t seq = r.u32();
-      const std::uint64_t target = r.u64();
-      if (!r.ok()) break;
-      if (!read_updates_locked(r, now, false)) return counted(std::move(sends));
-      if (target != options_.self.value) break;  // meant for a member that had this address before
-      Writer w;
-      write_header(w, MsgType::kAck);
-      w.u32(seq);
-      write_updates(w, kPiggybackBudget);
-      sends.push_back(GossipSend{reply.address, std::move(w).take(), reply.route});
+    case MsgType::kPing:
+    case MsgType::kPingReq:
+    case MsgType::kAck:
+    case MsgType::kNack:
+      if (!handle_probe_locked(msg, r, hello.id, reply, sends, now)) return counted(std::move(sends));
       break;
-    }
-    case MsgType::kPingReq: {
-      const std::uint32_t seq = r.u32();
-      const std::uint64_t target = r.u64();
-      (void)r.str(kMaxAddress);  // where the asker knows it: we ask only members we know ourselves
-      if (!r.ok()) break;
-      if (!read_updates_locked(r, now, false)) return counted(std::move(sends));
-      auto t = target == options_.self.value ? std::nullopt : target_of(target);
-      if (!t || relays_.size() >= 4 * kIndirectProbes * static_cast<std::size_t>(1 + kMaxHealth)) {
-        Writer w;
-        write_header(w, MsgType::kNack);
-        w.u32(seq);
-        sends.push_back(GossipSend{reply.address, std::move(w).take(), reply.route});
-        break;
-      }
-      const std::uint32_t ours = ++probe_seq_;
-      sends.push_back(GossipSend{t->address, ping_message(ours, target), t->route});
-      relays_[ours] = Relay{reply, seq, now + direct_timeout(target)};
-      break;
-    }
-    case MsgType::kAck: {
-      const std::uint32_t seq = r.u32();
-      if (!r.ok()) break;
-      if (!read_updates_locked(r, now, false)) return counted(std::move(sends));
-      // Which probe it answers, and which of its pings (the first, or the one sent again).
-      std::uint32_t probe_seq = seq;
-      bool resent = false;
-      if (auto rs = resends_.find(seq); rs != resends_.end()) {
-        probe_seq = rs->second;
-        resent = true;
-      }
-      const auto timed = [&](const Probe& p) {
-        if (p.target == hello.id) rtt_sample(now - (resent ? p.resent : p.sent));  // direct, late ones included
-        if (p.resend_seq != 0) resends_.erase(p.resend_seq);
-      };
-      if (auto it = probes_.find(probe_seq); it != probes_.end()) {
-        timed(it->second);
-        probes_.erase(it);
-        set_health(health_ - 1);
-      } else if (auto late = late_.find(probe_seq); late != late_.end()) {
-        timed(late->second);
-        late_.erase(late);
-      } else if (auto rel = relays_.find(seq); rel != relays_.end()) {
-        Writer w;
-        write_header(w, MsgType::kAck);
-        w.u32(rel->second.seq);
-        write_updates(w, kPiggybackBudget);
-        sends.push_back(GossipSend{rel->second.requester.address, std::move(w).take(), rel->second.requester.route});
-        relays_.erase(rel);
-      }
-      break;
-    }
-    case MsgType::kNack: {
-      const std::uint32_t seq = r.u32();
-      r.expect_end();
-      if (!r.ok()) break;
-      if (auto it = probes_.find(seq); it != probes_.end()) ++it->second.nacks;
-      break;
-    }
     case MsgType::kGossip:
       (void)read_updates_locked(r, now, false);
       return counted(std::move(sends));

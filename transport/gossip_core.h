@@ -155,6 +155,7 @@ class GossipCore {
   };
   enum class MsgType : std::uint8_t { kPing = 1, kBroadcast = 2, kPingReq = 3, kAck = 4, kNack = 5, kGossip = 6, kSync = 7, kLeave = 8 };
   static constexpr int kRumorRounds = 3;
+  static constexpr std::uint8_t kSyncOffer = 0, kSyncRowsReply = 1, kSyncRows = 2;  // kSync's modes
   static constexpr int kIndirectProbes = 3;
   static constexpr int kMaxHealth = 8;
   static constexpr int kSyncPeriods = 50;
@@ -168,6 +169,13 @@ class GossipCore {
   Bytes sync_message(std::uint8_t mode, std::uint32_t mask) const;
   // A ping of `target` under `seq`, with the updates it carries (each counted as sent).
   Bytes ping_message(std::uint32_t seq, std::uint64_t target);
+  // News of one update, sent first-hand (to a suspect, or to a member held dead that still talks).
+  Bytes news_message(const MemberUpdate& u) const;
+  // An ack or nack of `seq`; an ack carries updates.
+  Bytes seq_message(MsgType type, std::uint32_t seq, bool with_updates);
+  // The messages of a probe (gossip_probes.cpp), after the header; false when the message was
+  // malformed and already counted as dropped.
+  bool handle_probe_locked(MsgType msg, Reader& r, std::uint64_t sender, const Target& reply, std::vector<GossipSend>& sends, Nanos now);
   // Up to k live members to send to, at random: an outbound-only member only once it has opened a
   // connection to this node (heard from directly).
   std::vector<Target> random_live(std::size_t k, Nanos now, std::uint64_t except = 0);

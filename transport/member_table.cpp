@@ -21,7 +21,6 @@ std::uint64_t mix(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-bool live(MemberState s) { return s == MemberState::kAlive || s == MemberState::kSuspect; }
 }  // namespace
 
 void write_update(Writer& w, const MemberUpdate& u) {
@@ -81,11 +80,11 @@ const MemberTable::Entry* MemberTable::find(std::uint64_t id) const {
 
 void MemberTable::set_state(std::uint64_t id, Entry& e, MemberState state, Nanos now) {
   const MemberState was = e.state;
-  if (!live(was)) gone_.erase({e.changed, id});
+  if (!is_live(was)) gone_.erase({e.changed, id});
   e.state = state;
   e.changed = now;
-  if (!live(state)) gone_.insert({now, id});
-  if (live(was) != live(state)) live_count_ = live(state) ? live_count_ + 1 : live_count_ - 1;
+  if (!is_live(state)) gone_.insert({now, id});
+  if (is_live(was) != is_live(state)) live_count_ = is_live(state) ? live_count_ + 1 : live_count_ - 1;
   if ((was == MemberState::kAlive) != (state == MemberState::kAlive)) {
     if (state == MemberState::kAlive) {
       alive_index_[id] = alive_ids_.size();
@@ -191,7 +190,7 @@ MemberTable::Applied MemberTable::apply(const MemberUpdate& u, Nanos now, bool q
   switch (u.kind) {
     case UpdateKind::kAlive:
       if (u.incarnation > e.incarnation) {
-        if (!live(e.state)) spdlog::debug("gossip: peer {} is back (incarnation {})", PeerId{u.id}.to_string(), u.incarnation);
+        if (!is_live(e.state)) spdlog::debug("gossip: peer {} is back (incarnation {})", PeerId{u.id}.to_string(), u.incarnation);
         e.incarnation = u.incarnation;
         set_state(u.id, e, MemberState::kAlive, now);
         e.address = u.address;
@@ -203,7 +202,7 @@ MemberTable::Applied MemberTable::apply(const MemberUpdate& u, Nanos now, bool q
       }
       break;
     case UpdateKind::kSuspect:
-      if (!live(e.state) || u.incarnation < e.incarnation) break;
+      if (!is_live(e.state) || u.incarnation < e.incarnation) break;
       if (e.state == MemberState::kAlive || u.incarnation > e.incarnation) {
         set_state(u.id, e, MemberState::kSuspect, now);
         e.incarnation = u.incarnation;
@@ -215,7 +214,7 @@ MemberTable::Applied MemberTable::apply(const MemberUpdate& u, Nanos now, bool q
       }
       break;
     case UpdateKind::kDead:
-      if (live(e.state) && u.incarnation >= e.incarnation) {
+      if (is_live(e.state) && u.incarnation >= e.incarnation) {
         spdlog::debug("gossip: peer {} declared dead", PeerId{u.id}.to_string());
         set_state(u.id, e, MemberState::kDead, now);
         e.incarnation = u.incarnation;
@@ -309,7 +308,7 @@ Digest MemberTable::digest() const {
   Digest d{};
   d[digest_bucket(options_.self)] += mix(options_.self ^ mix(incarnation_));
   for (const auto& [id, e] : table_) {
-    if (live(e.state)) d[digest_bucket(id)] += mix(id ^ mix(e.incarnation));
+    if (is_live(e.state)) d[digest_bucket(id)] += mix(id ^ mix(e.incarnation));
   }
   return d;
 }

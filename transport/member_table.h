@@ -61,6 +61,9 @@ void write_update(Writer& w, const MemberUpdate& u);
 // Reads one update; check r.ok() afterwards. An unknown kind fails the reader.
 MemberUpdate read_update(Reader& r);
 
+// Alive or suspect: still a member (a suspect may refute).
+inline bool is_live(MemberState s) { return s == MemberState::kAlive || s == MemberState::kSuspect; }
+
 inline constexpr std::size_t kDigestBuckets = 32;
 using Digest = std::array<std::uint64_t, kDigestBuckets>;
 std::size_t digest_bucket(std::uint64_t id);
