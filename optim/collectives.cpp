@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "quant/codec.h"
 #include "quant/kernels.h"
+#include "optim/collective_parts.h"
 #include "transport/protocol.h"
 
 namespace gossamer::optim {
@@ -26,7 +27,7 @@ CommStats& CommStats::operator+=(const CommStats& o) {
   return *this;
 }
 
-namespace {
+namespace detail {
 
 std::int64_t chunk_begin(std::int64_t n, int size, int j) { return n * j / size; }
 
@@ -163,7 +164,49 @@ Status robust_segment(const Aggregation& agg, std::vector<quant::MeanTerm>& term
   return quant::mean_into(kept_terms, static_cast<float>(in.size()), out, failed);
 }
 
-}  // namespace
+std::optional<Bytes> special_contribution(const Group& g, std::span<const float> values, const quant::EncodeOptions& codec, bool robust,
+                                          bool& abstained) {
+  if (robust && !finite(values)) {  // abstains: an empty contribution, left out by the owner
+    if (!abstained) spdlog::warn("allreduce: this rank's contribution holds NaN or Inf: it abstains, and takes the others' result");
+    abstained = true;
+    return quant::encode(torch::empty({0}), codec);
+  }
+  if (g.poison && g.poison->nan && !values.empty()) {
+    GOSSAMER_CHECK(codec.codec == quant::CodecId::kFp32 && !codec.zstd, "allreduce_mean: NaN poisoning needs the plain fp32 codec");
+    const quant::EncodedView view = quant::encode_view(values, codec);
+    Bytes poisoned = view.head;
+    poisoned.insert(poisoned.end(), view.body.begin(), view.body.end());
+    const float nan = std::nanf("");
+    std::memcpy(poisoned.data() + view.head.size(), &nan, sizeof nan);  // the first value, in an fp32 body
+    return poisoned;
+  }
+  return std::nullopt;
+}
+
+Status reduce_segment(const Group& g, const quant::EncodeOptions& codec, const Aggregation& agg, std::vector<Bytes>& contributions,
+                      std::vector<char>& usable, std::span<const float> own, std::span<float> out, std::vector<quant::MeanTerm>& terms,
+                      std::vector<float>& rows, std::ptrdiff_t& failed) {
+  const int m = g.size, r = g.rank;
+  const bool robust = agg.rule != Aggregation::Rule::kMean;
+  const bool exact = codec.codec == quant::CodecId::kFp32;  // fp32 round-trips bit for bit
+  // A NaN-poisoned rank's own contribution counts as non-finite too (its sends carry the NaN).
+  const bool own_finite = !robust || (finite(own) && !(g.poison && g.poison->nan));
+  if (!exact && own_finite) contributions[static_cast<std::size_t>(r)] = quant::encode_view(own, codec).head;  // ours passes the codec too
+  terms.resize(static_cast<std::size_t>(m));
+  for (int j = 0; j < m; ++j) {
+    terms[static_cast<std::size_t>(j)] = j == r && exact ? quant::MeanTerm{{}, own} : quant::MeanTerm{contributions[static_cast<std::size_t>(j)], {}};
+  }
+  if (!own_finite) usable[static_cast<std::size_t>(r)] = 0;
+  failed = -1;
+  if (robust) return robust_segment(agg, terms, usable, out, rows);
+  const Status summed = quant::mean_into(terms, static_cast<float>(m), out, failed);
+  GOSSAMER_CHECK(summed.ok() || !(exact && failed == r), "allreduce_mean: the tensor holds NaN or Inf");
+  return summed;
+}
+
+}  // namespace detail
+
+using namespace detail;
 
 Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
                       CommStats* stats_out, std::int64_t segment_values, const Aggregation& agg) {
@@ -172,9 +215,10 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   GOSSAMER_CHECK(tensor.is_floating_point(), "allreduce_mean: floating-point tensors only");
   GOSSAMER_CHECK((tag & kAllreduceMeanPhase) == 0, "allreduce_mean: the tag's top bit is the collective's own");
   GOSSAMER_CHECK(segment_values >= 1, "allreduce_mean: segments need at least one value");
+  if (g.size == 1) return Status();
+  if (g.width >= 2 && g.size > g.width) return allreduce_grid(g, tensor, codec, tag, deadline, stats_out, segment_values, agg);
   Stopwatch watch(*g.clock);
   CommStats stats;
-  if (g.size == 1) return Status();
   const at::Tensor flat = tensor.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1});
   const std::int64_t n = flat.numel();
   const bool robust = agg.rule != Aggregation::Rule::kMean;
@@ -235,18 +279,8 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
         const int j = to(k);
         const std::span<float> values = segment(sent_data, j, sent);
         Status st;
-        if (robust && !finite(values)) {  // abstains: an empty contribution, left out by the owner
-          if (!abstained) spdlog::warn("allreduce: this rank's contribution holds NaN or Inf: it abstains, and takes the others' result");
-          abstained = true;
-          st = send_counted(link(j), tag, quant::encode(torch::empty({0}), codec), deadline, stats);
-        } else if (g.poison && g.poison->nan && !values.empty()) {
-          GOSSAMER_CHECK(codec.codec == quant::CodecId::kFp32 && !codec.zstd, "allreduce_mean: NaN poisoning needs the plain fp32 codec");
-          const quant::EncodedView view = quant::encode_view(values, codec);
-          Bytes poisoned = view.head;
-          poisoned.insert(poisoned.end(), view.body.begin(), view.body.end());
-          const float nan = std::nanf("");
-          std::memcpy(poisoned.data() + view.head.size(), &nan, sizeof nan);  // the first value, in an fp32 body
-          st = send_counted(link(j), tag, poisoned, deadline, stats);
+        if (auto special = special_contribution(g, values, codec, robust, abstained)) {
+          st = send_counted(link(j), tag, *special, deadline, stats);
         } else {
           st = send_counted(link(j), tag, quant::encode_view(values, codec), deadline, stats);
         }
@@ -269,24 +303,15 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
       if (!got.ok()) return rank_context(got.status(), "receiving from", j);
       contributions[static_cast<std::size_t>(j)] = std::move(*got);
     }
-    // A NaN-poisoned rank's own contribution counts as non-finite too (its sends carry the NaN).
-    const bool own_finite = !robust || (finite(own) && !(g.poison && g.poison->nan));
-    if (!exact && own_finite) contributions[static_cast<std::size_t>(r)] = quant::encode_view(own, codec).head;  // ours passes the codec too
-    for (int j = 0; j < m; ++j) {
-      terms[static_cast<std::size_t>(j)] = j == r && exact ? quant::MeanTerm{{}, own} : quant::MeanTerm{contributions[static_cast<std::size_t>(j)], {}};
-    }
-    if (!own_finite) usable[static_cast<std::size_t>(r)] = 0;
     std::ptrdiff_t failed = -1;
-    const Status summed = robust ? robust_segment(agg, terms, usable, acc_seg, rows) : quant::mean_into(terms, static_cast<float>(m), acc_seg, failed);
+    const Status summed = reduce_segment(g, codec, agg, contributions, usable, own, acc_seg, terms, rows, failed);
     for (int j = 0; j < m; ++j) {
       if (!usable[static_cast<std::size_t>(j)]) left[static_cast<std::size_t>(j)] = 1;
     }
     for (int k = 1; k < m; ++k) link(from(k)).recycle(std::move(contributions[static_cast<std::size_t>(from(k))]));
-    if (!summed.ok() && robust) return rank_context(summed, "averaging the chunk of", r);
     if (!summed.ok()) {
       const int j = static_cast<int>(failed);
-      GOSSAMER_CHECK(!(exact && j == r), "allreduce_mean: the tensor holds NaN or Inf");
-      if (j < 0) return rank_context(summed, "averaging the chunk of", r);
+      if (robust || j < 0) return rank_context(summed, "averaging the chunk of", r);
       return rank_context(decoded(summed, j == r ? nullptr : &link(j)), "reducing the chunk of", j);
     }
     // 3. The mean, encoded once, to everyone; every rank (the owner too) decodes the same bytes.

@@ -11,6 +11,15 @@
 // tensors, and each rank sends and receives 2 (M-1)/M x n values of the codec's size (plus payload
 // and frame headers for each segment).
 //
+// In a grid (Group::width >= 2) the same pieces take two hops where two ranks are not linked: each
+// rank sends, per segment, one bundle to each rank it is linked to, holding its contributions to the
+// chunks that go through or to that rank, and passes on what it gets for others in a second bundle;
+// the means come back the same way. The owners sum the very same bytes in the same order, so the
+// results are bit for bit those of the full mesh, robust aggregation included, with about
+// 2 sqrt(N) links and 8 sqrt(N) messages per segment per rank instead of N - 1 links and 2 (N - 1)
+// messages, at the cost of up to twice the bytes and one more round trip (choose_width says when
+// that pays).
+//
 // Threading: call from one thread per rank; every rank of the group must make the same calls in the
 // same order with the same tag. Errors: a lost or timed-out peer returns its Status and leaves the
 // tensor untouched, so the caller can retry or skip the round; a mean chunk whose values a peer
@@ -46,11 +55,23 @@ struct Poison {
   bool nan = false;
 };
 
-// This rank's view of a group: a link to every other member, indexed by rank.
+// How a group's members are linked. Width 0: a full mesh, every rank linked to every other. Width w
+// >= 2: a grid of rows of w ranks (rank r at row r / w and column r % w; the last row may be
+// shorter), each rank linked to the others of its row and of its column only: about 2 sqrt(N) links
+// instead of N - 1. A message between two ranks that are not linked goes through the rank at the
+// first's row and the second's column, or, where the last row is too short for that, the one at the
+// second's row and the first's column: both are linked to both.
+bool grid_linked(int a, int b, int size, int width);
+// The rank a message from `from` to `to` goes to first: `to` itself when the two are linked.
+int grid_next_hop(int from, int to, int size, int width);
+
+// This rank's view of a group: a link to every other member it is linked to (all of them in a full
+// mesh), indexed by rank.
 struct Group {
   int rank = 0;
   int size = 1;
-  std::vector<std::shared_ptr<transport::Link>> peers;  // peers[rank] is unused
+  int width = 0;  // the layout (see grid_linked): 0, a full mesh
+  std::vector<std::shared_ptr<transport::Link>> peers;  // peers[rank] is unused; null where not linked
   Clock* clock = &real_clock();  // the time deadlines, timings and waits use (virtual in a simulation)
   std::optional<Poison> poison;  // a simulated poisoned worker's (never set in real runs)
   // Where allreduce_mean leaves the codec's bytes of each mean while it is on (mean_tap.h): a member
@@ -98,6 +119,17 @@ inline constexpr transport::Tag kAllreduceMeanPhase = transport::tags::kMeanPhas
 // Each chunk moves in segments of at most this many values (1 MiB of fp32), so summing and sending
 // means overlap the transfers of later segments.
 inline constexpr std::int64_t kAllreduceSegmentValues = std::int64_t{1} << 18;
+
+// The layout a group of `size` ranks should use for an all-reduce of `payload_bytes` (the tensor as
+// the codec encodes it), on links of round-trip time `rtt` and `bandwidth_bytes_per_s` per rank
+// (0: unknown, taken as 100 Mbit/s). It estimates, for the full mesh and for a grid of rows of
+// ceil(sqrt(size)), the time of linking a new group (kDialedAtOnce links at a time, each two round
+// trips) plus one all-reduce (the round trips of its hops, its messages at kMessageCost each, its
+// bytes over the bandwidth: a grid sends up to twice the bytes), and returns the grid's width when it
+// is the faster, else 0. Groups of 8 or fewer always use the full mesh.
+int choose_width(int size, double payload_bytes, Nanos rtt, double bandwidth_bytes_per_s);
+inline constexpr int kDialedAtOnce = 16;                                     // as PeerLinks dials
+inline constexpr Nanos kMessageCost = std::chrono::microseconds(50);         // sending and receiving one message
 
 [[nodiscard]] Status allreduce_mean(const Group& group, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag,
                                     Deadline deadline, CommStats* stats = nullptr,

@@ -53,11 +53,13 @@ class SimGossip final : public transport::Gossip {
   Status broadcast(const std::string& topic, ByteView payload) override {
     if (node_->silent) return error(ErrorCode::kAborted, "this node has left the gossip");
     if (Status st = node_->core.broadcast(topic, payload); !st.ok()) return st;
-    // Sent at once, delivered here too, from a callback (the caller may hold its own lock).
-    at(fabric_.scheduler_, fabric_.scheduler_.now(), node_, [](GossipFabric::Node& n) {
-      n.send(n.core.take_broadcasts());
-      n.core.run_deliveries();
-    });
+    flush_soon();
+    return Status();
+  }
+  Status send(transport::PeerId to, const std::string& topic, ByteView payload) override {
+    if (node_->silent) return error(ErrorCode::kAborted, "this node has left the gossip");
+    if (Status st = node_->core.send(to, topic, payload); !st.ok()) return st;
+    flush_soon();
     return Status();
   }
   void subscribe(const std::string& topic, Handler handler) override { node_->core.subscribe(topic, std::move(handler)); }
@@ -71,12 +73,21 @@ class SimGossip final : public transport::Gossip {
   std::uint64_t dropped_messages() const override { return node_->core.dropped(); }
   std::pair<std::uint64_t, std::uint64_t> bytes() const override { return node_->core.bytes(); }
   std::uint64_t membership_bytes_sent() const override { return node_->core.membership_bytes_sent(); }
+  std::optional<Nanos> round_trip() const override { return node_->core.round_trip(); }
   Status set_outbound_only(bool outbound_only) override {
     node_->core.set_outbound_only(outbound_only);
     return Status();
   }
 
  private:
+  // What was queued is sent at once (delivered here too) from a callback: the caller may hold its own lock.
+  void flush_soon() {
+    at(fabric_.scheduler_, fabric_.scheduler_.now(), node_, [](GossipFabric::Node& n) {
+      n.send(n.core.take_broadcasts());
+      n.core.run_deliveries();
+    });
+  }
+
   GossipFabric& fabric_;
   std::shared_ptr<GossipFabric::Node> node_;
 };

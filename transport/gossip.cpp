@@ -103,6 +103,7 @@ class ZmqGossip final : public Gossip {
   std::vector<Member> members() const override { return core_->members(); }
   std::vector<Member> sample(std::size_t k) override { return core_->sample(k); }
   Status broadcast(const std::string& topic, ByteView payload) override { return core_->broadcast(topic, payload); }
+  Status send(PeerId to, const std::string& topic, ByteView payload) override { return core_->send(to, topic, payload); }
   void subscribe(const std::string& topic, Handler handler) override { core_->subscribe(topic, std::move(handler)); }
 
   void leave() override {
@@ -115,6 +116,7 @@ class ZmqGossip final : public Gossip {
   std::uint64_t dropped_messages() const override { return core_->dropped() + refused_.load(); }
   std::pair<std::uint64_t, std::uint64_t> bytes() const override { return core_->bytes(); }
   std::uint64_t membership_bytes_sent() const override { return core_->membership_bytes_sent(); }
+  std::optional<Nanos> round_trip() const override { return core_->round_trip(); }
 
   Status set_outbound_only(bool outbound_only) override {
     core_->set_outbound_only(outbound_only);

@@ -8,7 +8,8 @@
 // rides on those messages; a node that leaves tells every live member at once. Its cost per member
 // stays flat as the run grows. Broadcasts spread by rumor mongering: each node delivers a message once
 // per (origin, sequence) and forwards it to `fanout` random peers at once and in each of the next few
-// periods, up to `max_hops`. N nodes learn of each other in O(log N) periods.
+// periods, up to `max_hops`. N nodes learn of each other in O(log N) periods. A direct message goes
+// to one member only (a request, an answer, a vote to a leader): what grows with N is sent that way.
 //
 // Security: with a run key, CurveZMQ (see GossipOptions::key).
 // Threading: every public method is thread-safe. Subscriber callbacks run on the gossip thread and
@@ -95,6 +96,11 @@ class Gossip {
   virtual std::vector<Member> sample(std::size_t k) = 0;
   // Sends a small message (<= 64 KiB) to every live node that subscribes to `topic`.
   [[nodiscard]] virtual Status broadcast(const std::string& topic, ByteView payload) = 0;
+  // Sends a small message (<= 64 KiB) to member `to` alone, for its subscribers of `topic` (to this
+  // node itself: delivered here; to a member behind NAT that is not connected to this one, through
+  // two members that accept connections, so it may then arrive twice). Like a datagram it may be
+  // lost; the caller repeats what matters. kNotFound when `to` is not a live member.
+  [[nodiscard]] virtual Status send(PeerId to, const std::string& topic, ByteView payload) = 0;
   using Handler = std::function<void(PeerId origin, const Bytes& payload)>;
   virtual void subscribe(const std::string& topic, Handler handler) = 0;
   // Tells the live members this node is leaving, then goes quiet. Idempotent.
@@ -106,6 +112,8 @@ class Gossip {
   // Of the bytes sent, those of membership itself (probes, news, digests, farewells), without the
   // broadcasts it carries for others (rounds, announcements). The default: all of them.
   virtual std::uint64_t membership_bytes_sent() const { return bytes().first; }
+  // The smoothed round-trip time of this node's answered probes (RFC 6298's srtt), once it has one.
+  virtual std::optional<Nanos> round_trip() const { return std::nullopt; }
   // A dial-back check: asks a live member that accepts connections to open a TCP connection to each
   // of `addresses` (HOST:PORT; a wildcard host means the IP this node's messages come from) and
   // say which it reached; asks up to three members at once (its seeds while it knows none).

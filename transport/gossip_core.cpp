@@ -51,7 +51,9 @@ std::vector<GossipSend> GossipCore::counted(std::vector<GossipSend> sends) {
   for (const auto& s : sends) {
     n += s.message.size();
     // The type byte follows the magic and the version.
-    if (s.message.size() > 5 && s.message[5] != static_cast<std::byte>(MsgType::kBroadcast)) membership += s.message.size();
+    const bool carried = s.message.size() > 5 && (s.message[5] == static_cast<std::byte>(MsgType::kBroadcast) ||
+                                                  s.message[5] == static_cast<std::byte>(MsgType::kDirect));
+    if (!carried) membership += s.message.size();
   }
   bytes_sent_.fetch_add(n);
   membership_bytes_sent_.fetch_add(membership);
@@ -81,8 +83,31 @@ Status GossipCore::broadcast(const std::string& topic, ByteView payload) {
   if (payload.size() > kMaxPayload) return error(ErrorCode::kInvalidArgument, "gossip broadcasts are limited to 64 KiB");
   std::lock_guard<std::mutex> lock(mu_);
   if (left_) return error(ErrorCode::kAborted, "this node has left the gossip");
-  outbox_.push_back(Outgoing{topic, Bytes(payload.begin(), payload.end())});
+  outbox_.push_back(Outgoing{topic, Bytes(payload.begin(), payload.end()), PeerId{}});
   return Status();
+}
+
+Status GossipCore::send(PeerId to, const std::string& topic, ByteView payload) {
+  if (topic.size() > kMaxTopic) return error(ErrorCode::kInvalidArgument, "gossip topic longer than 64 bytes");
+  if (payload.size() > kMaxPayload) return error(ErrorCode::kInvalidArgument, "gossip messages are limited to 64 KiB");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (left_) return error(ErrorCode::kAborted, "this node has left the gossip");
+  if (to != options_.self && !target_of(to.value)) {
+    const auto* e = table_.find(to.value);
+    if (e == nullptr || !is_live(e->state)) return error(ErrorCode::kNotFound, "gossip knows no live member " + to.to_string());
+  }
+  outbox_.push_back(Outgoing{topic, Bytes(payload.begin(), payload.end()), to});
+  return Status();
+}
+
+Bytes GossipCore::direct_message(std::uint64_t origin, std::uint64_t to, const std::string& topic, ByteView payload) const {
+  Writer w;
+  write_header(w, MsgType::kDirect);
+  w.u64(origin);
+  w.u64(to);
+  w.str(topic);
+  w.blob(payload);
+  return std::move(w).take();
 }
 
 void GossipCore::subscribe(const std::string& topic, Gossip::Handler handler) {
@@ -98,6 +123,12 @@ GossipCore::Stats GossipCore::stats() const {
 int GossipCore::local_health() const {
   std::lock_guard<std::mutex> lock(mu_);
   return health_;
+}
+
+std::optional<Nanos> GossipCore::round_trip() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!rtt_known_) return std::nullopt;
+  return std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(srtt_s_));
 }
 
 std::uint32_t GossipCore::incarnation() const {
@@ -225,17 +256,35 @@ bool GossipCore::outbound_only() const {
   return outbound_only_;
 }
 
-void GossipCore::take_outbox_locked(std::vector<GossipSend>* sends, Nanos now) {
+void GossipCore::take_outbox_locked(std::vector<GossipSend>& sends, Nanos now, bool broadcasts_now) {
   while (!outbox_.empty()) {
     Outgoing o = std::move(outbox_.front());
     outbox_.pop_front();
+    if (o.to.value != 0) {
+      if (o.to == options_.self) {
+        deliver_locked(options_.self, o.topic, o.payload);
+        continue;
+      }
+      const Bytes m = direct_message(options_.self.value, o.to.value, o.topic, o.payload);
+      if (auto t = target_of(o.to.value)) {
+        sends.push_back(GossipSend{t->address, m, t->route});
+        continue;
+      }
+      // Behind NAT and not connected to this node: through two members that accept connections
+      // (the member probes every one in turn, so they hold its connection), which pass it on once.
+      std::size_t relays = 0;
+      for (const auto& t : random_live(8, now)) {
+        if (t.route.value != 0 || relays == kDirectRelays) continue;  // (an outbound-only one)
+        sends.push_back(GossipSend{t.address, m, PeerId{}});
+        ++relays;
+      }
+      continue;
+    }
     const std::uint64_t seq = ++broadcast_seq_;
     seen_.emplace(std::make_pair(options_.self.value, seq), now);
     deliver_locked(options_.self, o.topic, o.payload);
     rumors_.push_back(Rumor{broadcast_message(options_.self.value, seq, 0, o.topic, o.payload), kRumorRounds});
-    if (sends != nullptr) {
-      send_to(*sends, random_live(static_cast<std::size_t>(options_.fanout), now), rumors_.back().message);
-    }
+    if (broadcasts_now) send_to(sends, random_live(static_cast<std::size_t>(options_.fanout), now), rumors_.back().message);
   }
 }
 
@@ -278,7 +327,7 @@ std::vector<GossipSend> GossipCore::tick() {
   if ((ticks_ + sync_phase_) % kSyncPeriods == 0 || early) {
     for (const auto& t : random_live(1, now)) sends.push_back(GossipSend{t.address, sync_message(kSyncOffer, 0), t.route});
   }
-  take_outbox_locked(nullptr, now);
+  take_outbox_locked(sends, now, /*broadcasts_now=*/false);  // (the rumors below send them)
   // Every live rumor goes to `fanout` random peers for a few periods, so it survives lost messages
   // and peers that join late.
   for (auto& rumor : rumors_) {
@@ -292,7 +341,7 @@ std::vector<GossipSend> GossipCore::tick() {
 std::vector<GossipSend> GossipCore::take_broadcasts() {
   std::vector<GossipSend> sends;
   std::lock_guard<std::mutex> lock(mu_);
-  if (!left_) take_outbox_locked(&sends, clock_.now());
+  if (!left_) take_outbox_locked(sends, clock_.now(), true);
   return counted(std::move(sends));
 }
 
@@ -303,7 +352,7 @@ std::vector<GossipSend> GossipCore::farewell() {
   const Nanos now = clock_.now();
   // Broadcasts queued just before leaving go first (a round's last GROUP, announced by a leader that
   // then leaves at once): dropped, the peers waiting for it would elect one leader after another.
-  take_outbox_locked(&sends, now);
+  take_outbox_locked(sends, now, true);
   // Left at a raised incarnation overrides anything said of this node at the old one. Sent to every
   // member it can reach: each needs the news once, and first-hand it is not passed on again.
   table_.bump_incarnation();
@@ -409,6 +458,21 @@ void GossipCore::handle_sync_locked(Reader& r, const Target& reply, std::vector<
   sends.push_back(GossipSend{reply.address, sync_message(mode == kSyncOffer ? kSyncRowsReply : kSyncRows, mask), reply.route});
 }
 
+void GossipCore::handle_direct_locked(Reader& r, std::uint64_t sender, std::vector<GossipSend>& sends) {
+  const std::uint64_t origin = r.u64(), to = r.u64();
+  const std::string topic = r.str(kMaxTopic);
+  ByteView payload = r.blob(kMaxPayload);
+  r.expect_end();
+  if (!r.ok()) return count_drop(r.status().message());
+  if (to == options_.self.value) {
+    deliver_locked(PeerId{origin}, topic, Bytes(payload.begin(), payload.end()));
+    return;
+  }
+  // A member behind NAT that its sender cannot reach: passed on once, first-hand only.
+  if (origin != sender) return count_drop("a direct message relayed twice");
+  if (auto t = target_of(to)) sends.push_back(GossipSend{t->address, direct_message(origin, to, topic, payload), t->route});
+}
+
 void GossipCore::handle_broadcast_locked(Reader& r, std::vector<GossipSend>& sends, Nanos now) {
   const std::uint64_t origin = r.u64(), seq = r.u64();
   const std::uint8_t hops = r.u8();
@@ -460,7 +524,7 @@ std::vector<GossipSend> GossipCore::handle(ByteView data, const std::string& obs
   std::lock_guard<std::mutex> lock(mu_);
   if (left_) return sends;
   const Nanos now = clock_.now();
-  if (type < static_cast<std::uint8_t>(MsgType::kPing) || type > static_cast<std::uint8_t>(MsgType::kLeave)) {
+  if (type < static_cast<std::uint8_t>(MsgType::kPing) || type > static_cast<std::uint8_t>(MsgType::kDirect)) {
     count_drop("unknown gossip message type " + std::to_string(type));
     return sends;
   }
@@ -511,6 +575,9 @@ std::vector<GossipSend> GossipCore::handle(ByteView data, const std::string& obs
       return counted(std::move(sends));
     case MsgType::kBroadcast:
       handle_broadcast_locked(r, sends, now);
+      return counted(std::move(sends));
+    case MsgType::kDirect:
+      handle_direct_locked(r, hello.id, sends);
       return counted(std::move(sends));
     case MsgType::kLeave:
       break;

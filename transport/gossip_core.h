@@ -28,6 +28,9 @@
 //   kGossip:    updates
 //   kSync:      mode u8 (0 offer, 1 rows and a reply wanted, 2 rows) | 32 x digest u64 | updates
 //   kLeave:     (nothing: the sender leaves at its incarnation)
+//   kDirect:    origin id u64 | addressee id u64 | topic str | payload blob (for the addressee alone;
+//               one to a member behind NAT that the sender cannot reach goes through two members
+//               that accept connections, each of which passes it on once)
 //   updates:    count u32 | count x update (member_table.h)
 // Every message's header is an alive of its sender, first-hand. Untrusted input: a malformed message,
 // another version or an oversized one is dropped, counted and logged (a bounded number of lines,
@@ -78,13 +81,17 @@ class GossipCore {
   std::vector<Member> sample(std::size_t k);
   // Queues a broadcast: take_broadcasts() (or the next tick) sends it; it is delivered here too.
   [[nodiscard]] Status broadcast(const std::string& topic, ByteView payload);
+  // Queues a message for member `to` alone (sent with the broadcasts; to itself, delivered here; to
+  // a member behind NAT that has not opened a connection to this node, through two that accept
+  // connections). kNotFound when `to` is not a live member. Like every gossip message it may be lost.
+  [[nodiscard]] Status send(PeerId to, const std::string& topic, ByteView payload);
   void subscribe(const std::string& topic, Gossip::Handler handler);
 
   // One period's work: timeouts of probes and suspicions, the next probe (a sync to the seeds while
   // no member is known), news pushed to `fanout` members, now and then a digest offered, the queued
   // broadcasts and every live rumor again.
   std::vector<GossipSend> tick();
-  // The broadcasts queued since the last call, each to `fanout` live peers now.
+  // The broadcasts queued since the last call, each to `fanout` live peers now, and the direct messages.
   std::vector<GossipSend> take_broadcasts();
   // A message received; `observed_ip` is the IP it came from (empty when unknown).
   std::vector<GossipSend> handle(ByteView data, const std::string& observed_ip);
@@ -112,10 +119,13 @@ class GossipCore {
   Stats stats() const;
   // Lifeguard's local health multiplier: 0 healthy, up to kMaxHealth when its own probes fail.
   int local_health() const;
+  // The smoothed round trip of its answered probes, once one was measured.
+  std::optional<Nanos> round_trip() const;
   std::uint32_t incarnation() const;
   // Bytes of the messages it returned to send, and of those handed to handle().
   std::pair<std::uint64_t, std::uint64_t> bytes() const { return {bytes_sent_.load(), bytes_received_.load()}; }
-  // Of the bytes sent, those of membership (probes, news, digests, farewells): all but broadcasts.
+  // Of the bytes sent, those of membership (probes, news, digests, farewells): all but broadcasts
+  // and direct messages.
   std::uint64_t membership_bytes_sent() const { return membership_bytes_sent_.load(); }
   // Counts (and logs, bounded) a message dropped before it reached the core.
   void count_drop(const std::string& why);
@@ -132,6 +142,7 @@ class GossipCore {
   struct Outgoing {
     std::string topic;
     Bytes payload;
+    PeerId to;  // nonzero: a direct message
   };
   struct Delivery {
     Gossip::Handler handler;
@@ -153,7 +164,7 @@ class GossipCore {
     std::uint32_t seq = 0;
     Nanos nack_at{0};
   };
-  enum class MsgType : std::uint8_t { kPing = 1, kBroadcast = 2, kPingReq = 3, kAck = 4, kNack = 5, kGossip = 6, kSync = 7, kLeave = 8 };
+  enum class MsgType : std::uint8_t { kPing = 1, kBroadcast = 2, kPingReq = 3, kAck = 4, kNack = 5, kGossip = 6, kSync = 7, kLeave = 8, kDirect = 9 };
   static constexpr int kRumorRounds = 3;
   static constexpr std::uint8_t kSyncOffer = 0, kSyncRowsReply = 1, kSyncRows = 2;  // kSync's modes
   static constexpr int kIndirectProbes = 3;
@@ -181,9 +192,14 @@ class GossipCore {
   std::vector<Target> random_live(std::size_t k, Nanos now, std::uint64_t except = 0);
   std::optional<Target> target_of(std::uint64_t id) const;
   void send_to(std::vector<GossipSend>& sends, const std::vector<Target>& targets, const Bytes& message) const;
-  void take_outbox_locked(std::vector<GossipSend>* sends, Nanos now);
+  // The queued broadcasts become rumors (sent to `fanout` members at once when broadcasts_now) and
+  // the direct messages go to their addressees.
+  void take_outbox_locked(std::vector<GossipSend>& sends, Nanos now, bool broadcasts_now);
   void deliver_locked(PeerId origin, const std::string& topic, const Bytes& payload);
   void handle_broadcast_locked(Reader& r, std::vector<GossipSend>& sends, Nanos now);
+  void handle_direct_locked(Reader& r, std::uint64_t sender, std::vector<GossipSend>& sends);
+  Bytes direct_message(std::uint64_t origin, std::uint64_t to, const std::string& topic, ByteView payload) const;
+  static constexpr std::size_t kDirectRelays = 2;
   // Reads and applies a message's updates; false (and counted) when malformed.
   bool read_updates_locked(Reader& r, Nanos now, bool quiet);
   void apply_locked(MemberUpdate u, Nanos now, bool quiet, const std::string& observed_ip, bool first_hand);

@@ -19,12 +19,13 @@
 namespace gossamer::app {
 
 void add_bench_command(CLI::App& app, BenchArgs& args) {
-  auto* cmd = app.add_subcommand("bench", "Measure Gossamer against a reference (what: train, quant, transport, allreduce)");
+  auto* cmd = app.add_subcommand("bench", "Measure Gossamer against a reference (what: train, model, memory, quant, transport, allreduce, grid)");
   cmd->add_option("what", args.what,
                   "train: inner loop vs bare LibTorch; model: the GPT in fp32, bf16 and as TorchScript; memory: one worker's peak memory "
                   "vs the prediction; quant: codec throughput vs memcpy and naive LibTorch ops; "
-                  "transport: link goodput vs plain sockets, small-frame rate; allreduce: our collective vs Gloo")
-      ->check(CLI::IsMember({"train", "model", "memory", "quant", "transport", "allreduce"}))
+                  "transport: link goodput vs plain sockets, small-frame rate; allreduce: our collective vs Gloo; grid: one all-reduce "
+                  "across many simulated peers, full mesh against grid")
+      ->check(CLI::IsMember({"train", "model", "memory", "quant", "transport", "allreduce", "grid"}))
       ->capture_default_str();
   add_config_source(*cmd, args.source);
   cmd->add_option("--steps", args.steps, "train: steps per timed block")->check(integer_in(1, 1000000))->capture_default_str();
@@ -37,6 +38,10 @@ void add_bench_command(CLI::App& app, BenchArgs& args) {
   cmd->add_option("--message-mib", args.message_mib, "transport: message size in MiB")->check(integer_in(1, 1024))->capture_default_str();
   cmd->add_option("--ranks", args.ranks, "allreduce: in-process ranks")->check(integer_in(2, 16))->capture_default_str();
   cmd->add_option("--values", args.elements_allreduce, "allreduce: fp32 values in the tensor")->check(integer_in(1, std::int64_t{1} << 31))->capture_default_str();
+  cmd->add_option("--sim-ranks", args.sim_ranks, "grid: simulated peer counts")->check(integer_in(2, 4096))->delimiter(',')->capture_default_str();
+  cmd->add_option("--grid-values", args.grid_values, "grid: fp32 values all-reduced")->check(integer_in(1, std::int64_t{1} << 26))->capture_default_str();
+  cmd->add_option("--network", args.network, "grid: the simulated links (a sim.network preset)")->capture_default_str();
+  cmd->add_option("--codec", args.codec, "grid: the codec on the wire")->capture_default_str();
   cmd->add_flag("!--insecure", args.encrypted, "transport: measure plain links only (no encrypted rows)");
   cmd->add_flag("--relay", args.relay, "transport: two peers linked directly and through a relay (goodput ratio, added round trip)");
   cmd->add_option("--gossip-peers", args.gossip_peers, "transport: gossip nodes for the convergence time")->check(integer_in(2, 512))->capture_default_str();
@@ -128,6 +133,7 @@ int run_bench_command(const BenchArgs& args) {
   if (args.what == "quant") return bench_quant(args);
   if (args.what == "transport") return bench_transport(args);
   if (args.what == "allreduce") return bench_allreduce(args);
+  if (args.what == "grid") return bench_grid(args);
   return report_failure(error(ErrorCode::kInvalidArgument, "unknown benchmark '" + args.what + "'"));
 }
 

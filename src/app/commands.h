@@ -170,6 +170,11 @@ struct BenchArgs {
   // bench allreduce
   std::int64_t ranks = 4;
   std::int64_t elements_allreduce = 16 << 20;
+  // bench grid
+  std::vector<std::int64_t> sim_ranks{64, 256};
+  std::int64_t grid_values = 34688;  // examples/configs/sim_256_churn.toml's model
+  std::string network = "wan-100m-80ms";
+  std::string codec = "fp32";
 };
 void add_bench_command(CLI::App& app, BenchArgs& args);
 int run_bench_command(const BenchArgs& args);
@@ -178,6 +183,7 @@ int bench_model(const BenchArgs& args);
 int bench_memory(const BenchArgs& args);
 int bench_transport(const BenchArgs& args);
 int bench_allreduce(const BenchArgs& args);
+int bench_grid(const BenchArgs& args);
 
 
 struct SampleArgs {

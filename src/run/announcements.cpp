@@ -25,11 +25,12 @@ constexpr const char* kSpecTopic = "gossamer.spec";
 constexpr const char* kStateTopic = "gossamer.state";
 constexpr std::uint8_t kStateVersion = 1;
 constexpr std::uint8_t kSpecVersion = 2;
-constexpr std::uint8_t kJoin = 1, kOffer = 2;
+constexpr std::uint8_t kJoin = 1, kOffer = 2, kAbsent = 3;
 constexpr std::uint8_t kBeacon = 1, kFullSpec = 2, kWant = 3;
-constexpr std::size_t kAnnouncers = 3;
-constexpr Nanos kWantedFor = std::chrono::seconds(2);
-constexpr Nanos kHolderSilence = std::chrono::seconds(3);  // an announcer not heard for this long has stopped
+constexpr Nanos kAnswerEvery = std::chrono::seconds(1);  // a spec holder answers one asker at most this often
+constexpr int kAnswersPerSecond = 8;  // and this many askers a second in all (a spec is up to 60 KiB)
+constexpr std::size_t kAsked = 3;     // members a WANT goes to at once
+constexpr std::size_t kMaxJoinTargets = 32;  // members a newcomer asks for the state at most, after rounds without an offer
 
 Bytes encode_spec(const Spec& spec, std::int64_t round, bool full) {
   Writer w;
@@ -55,76 +56,60 @@ Bytes encode_want() {
 // An announcer's state, shared with its gossip handler (which may outlive it).
 struct AnnouncerState {
   std::mutex mu;
-  std::unique_ptr<Signal> wake;  // stop, or a peer asked for the spec
-  bool stop = false;
-  std::optional<Nanos> wanted_at;  // when a peer last asked for the spec
-  bool answer_now = false;         // it asked since the last announcement
-  std::map<transport::PeerId, Nanos> holders;  // announcers heard, and when last
-
-  // Whether this peer is one of the kAnnouncers lowest ids among the announcers heard in the last
-  // few seconds that gossip still sees alive. Every holder announces until it hears enough lower
-  // ones, and takes over again when they fall silent (under mu).
-  bool among_announcers(const transport::Gossip& gossip, Nanos now) {
-    std::set<transport::PeerId> alive;
-    for (const auto& m : gossip.members()) {
-      if (m.state == transport::MemberState::kAlive) alive.insert(m.id);
-    }
-    std::size_t lower = 0;
-    for (auto it = holders.begin(); it != holders.end();) {
-      if (now - it->second > kHolderSilence) {
-        it = holders.erase(it);
-        continue;
-      }
-      if (it->first < gossip.self() && alive.count(it->first) == 1) ++lower;
-      ++it;
-    }
-    return lower < kAnnouncers;
-  }
+  bool gone = false;  // the announcer (and what `round` reads) is gone
+  std::function<std::int64_t()> round;
+  std::map<transport::PeerId, Nanos> answered;  // askers answered lately, and when
+  Nanos second_started{0};
+  int answers_this_second = 0;
 };
 
-SpecAnnouncer::SpecAnnouncer(transport::Gossip& gossip, Spec spec, const std::atomic<std::int64_t>& round, Clock& clock)
-    : gossip_(gossip), spec_(std::move(spec)), round_(round), clock_(clock), state_(std::make_shared<AnnouncerState>()) {
-  state_->wake = clock.make_signal();
-  gossip.subscribe(kSpecTopic, [weak = std::weak_ptr<AnnouncerState>(state_), &clock](transport::PeerId origin, const Bytes& payload) {
-    if (payload.size() < 2 || static_cast<std::uint8_t>(payload[0]) != kSpecVersion) return;
-    const auto kind = static_cast<std::uint8_t>(payload[1]);
+SpecAnnouncer::SpecAnnouncer(transport::Gossip& gossip, Spec spec, std::function<std::int64_t()> round, Clock& clock)
+    : state_(std::make_shared<AnnouncerState>()) {
+  state_->round = std::move(round);
+  gossip.subscribe(kSpecTopic, [weak = std::weak_ptr<AnnouncerState>(state_), &gossip, &clock, spec = std::move(spec)](transport::PeerId origin,
+                                                                                                                      const Bytes& payload) {
+    if (payload.size() != 2 || static_cast<std::uint8_t>(payload[0]) != kSpecVersion || static_cast<std::uint8_t>(payload[1]) != kWant) return;
     auto s = weak.lock();
     if (!s) return;
-    if (kind == kBeacon || kind == kFullSpec) {  // (checked in full by listen_for_spec)
-      std::lock_guard lock(s->mu);
-      s->holders[origin] = clock.now();
-      return;
-    }
-    if (kind != kWant || payload.size() != 2) return;
+    std::int64_t at = -1;
     {
       std::lock_guard lock(s->mu);
-      s->wanted_at = clock.now();
-      s->answer_now = true;
+      if (s->gone) return;
+      const Nanos now = clock.now();
+      // Bounded: one answer per asker a second, a few a second in all (askers ask again).
+      if (auto it = s->answered.find(origin); it != s->answered.end() && now - it->second < kAnswerEvery) return;
+      if (now - s->second_started >= std::chrono::seconds(1)) {
+        s->second_started = now;
+        s->answers_this_second = 0;
+        std::erase_if(s->answered, [&](const auto& kv) { return now - kv.second >= kAnswerEvery; });
+      }
+      if (s->answers_this_second >= kAnswersPerSecond) return;
+      ++s->answers_this_second;
+      s->answered[origin] = now;
+      at = s->round();
     }
-    s->wake->notify_all();
-  });
-  thread_ = clock.start_thread([this] {
-    auto& s = *state_;
-    std::unique_lock lock(s.mu);
-    while (!s.stop) {
-      const bool full = s.wanted_at && clock_.now() - *s.wanted_at < kWantedFor;
-      s.answer_now = false;
-      const bool announce = s.among_announcers(gossip_, clock_.now());
-      lock.unlock();
-      if (announce) (void)gossip_.broadcast(kSpecTopic, encode_spec(spec_, round_.load(), full));
-      lock.lock();
-      s.wake->wait(lock, Deadline::after(clock_, 1s), [&] { return s.stop || s.answer_now; });
-    }
+    (void)gossip.send(origin, kSpecTopic, encode_spec(spec, at, /*full=*/true));
   });
 }
 
 SpecAnnouncer::~SpecAnnouncer() {
+  std::lock_guard lock(state_->mu);
+  state_->gone = true;
+}
+
+void ask_for_spec(HeardSpec& heard) {
+  if (heard.gossip == nullptr) return;
   {
-    std::lock_guard lock(state_->mu);
-    state_->stop = true;
+    std::lock_guard lock(heard.mu);
+    if (heard.asked && heard.clock->now() - *heard.asked < std::chrono::seconds(1)) return;
   }
-  state_->wake->notify_all();
-  thread_->join();
+  // A few live members at random: most hold the spec, and it asks again a second later (at once
+  // once it knows a member, when it knew none yet).
+  const auto members = heard.gossip->sample(kAsked);
+  for (const auto& m : members) (void)heard.gossip->send(m.id, kSpecTopic, encode_want());
+  if (members.empty()) return;
+  std::lock_guard lock(heard.mu);
+  heard.asked = heard.clock->now();
 }
 
 std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip, Clock& clock) {
@@ -175,19 +160,17 @@ Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout, const std::atomic<boo
   Clock& clock = *heard.clock;
   std::unique_lock lock(heard.mu);
   const Nanos until = clock.now() + timeout;
-  std::optional<Nanos> asked;
   std::optional<RunGoneWatch> watch;
   if (heard.gossip != nullptr) watch.emplace(*heard.gossip, clock, std::chrono::seconds(3));
   // In slices, so that a stop request (Ctrl-C) ends the wait within a tenth of a second.
   while (!heard.spec.has_value() && clock.now() < until) {
     if (stop != nullptr && stop->load()) return error(ErrorCode::kAborted, "stop requested while waiting for the run spec");
     if (watch && watch->gone()) return error(ErrorCode::kUnavailable, "every peer this one heard of has left or died: the run is over");
-    if (heard.gossip != nullptr && (!asked || clock.now() - *asked >= std::chrono::seconds(1))) {
-      asked = clock.now();
+    if (heard.gossip != nullptr && (!heard.asked || clock.now() - *heard.asked >= std::chrono::seconds(1))) {
       lock.unlock();
-      (void)heard.gossip->broadcast(kSpecTopic, encode_want());
+      ask_for_spec(heard);
       lock.lock();
-      continue;
+      if (heard.spec.has_value()) break;
     }
     heard.signal->wait(lock, Deadline::at(std::min(until, clock.now() + std::chrono::milliseconds(100))), [&] { return heard.spec.has_value(); });
   }
@@ -201,8 +184,8 @@ Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout, const std::atomic<boo
 
 bool RunGoneWatch::gone() {
   const auto members = gossip_.members();
-  const bool alive = std::any_of(members.begin(), members.end(), [](const transport::Member& m) {
-    return m.state == transport::MemberState::kAlive || m.state == transport::MemberState::kSuspect;
+  const bool alive = std::any_of(members.begin(), members.end(), [&](const transport::Member& m) {
+    return (m.state == transport::MemberState::kAlive || m.state == transport::MemberState::kSuspect) && !(outside_ && outside_(m.id));
   });
   if (alive || members.empty()) {
     if (alive) since_ = clock_.now();
@@ -221,7 +204,37 @@ std::shared_ptr<JoinBoard> JoinBoard::make(transport::Gossip& gossip, const Cloc
 
 void JoinBoard::ask_to_join(double link_bytes_per_s) {
   const bool known = std::isfinite(link_bytes_per_s) && link_bytes_per_s >= 1;
-  (void)gossip_.broadcast(kStateTopic, encode(kJoin, 0, "", known ? static_cast<std::uint64_t>(std::min(link_bytes_per_s, 1e15)) : 0));
+  const Bytes m = encode(kJoin, 0, "", known ? static_cast<std::uint64_t>(std::min(link_bytes_per_s, 1e15)) : 0);
+  std::vector<transport::PeerId> to;
+  {
+    std::lock_guard lock(mu_);
+    // The same members each time (those that offer keep their snapshot while it asks), less the ones
+    // gone; the two lowest live ids among them (most likely the leader, who then waits for it), the
+    // rest at random; more of them while none offers.
+    std::set<transport::PeerId> live;
+    for (const auto& m2 : gossip_.members()) {
+      if (m2.state == transport::MemberState::kAlive) live.insert(m2.id);
+    }
+    std::erase_if(targets_, [&](transport::PeerId id) { return live.count(id) == 0; });
+    const Nanos now = clock_.now();
+    if (!asked_since_) asked_since_ = now;
+    if (offers_.empty() && now - *asked_since_ >= std::chrono::seconds(10) && target_count_ < kMaxJoinTargets) {
+      target_count_ = std::min(kMaxJoinTargets, target_count_ + kJoinTargets);
+      asked_since_ = now;
+    }
+    for (transport::PeerId id : live) {
+      if (targets_.size() >= 2 || target_count_ == 0) break;
+      targets_.insert(id);
+    }
+    std::vector<transport::PeerId> rest;
+    for (transport::PeerId id : live) {
+      if (targets_.count(id) == 0) rest.push_back(id);
+    }
+    std::shuffle(rest.begin(), rest.end(), rng_);
+    for (std::size_t i = 0; i < rest.size() && targets_.size() < target_count_; ++i) targets_.insert(rest[i]);
+    to.assign(targets_.begin(), targets_.end());
+  }
+  for (transport::PeerId id : to) (void)gossip_.send(id, kStateTopic, m);
 }
 
 std::optional<double> JoinBoard::link_of(transport::PeerId id) const {
@@ -231,7 +244,30 @@ std::optional<double> JoinBoard::link_of(transport::PeerId id) const {
   return it->second;
 }
 
-void JoinBoard::offer(std::int64_t round, const std::string& address) { (void)gossip_.broadcast(kStateTopic, encode(kOffer, round, address)); }
+void JoinBoard::set_member(bool member) {
+  std::lock_guard lock(mu_);
+  member_ = member;
+}
+
+bool JoinBoard::absent(transport::PeerId id, Nanos within) const {
+  std::lock_guard lock(mu_);
+  auto it = absent_.find(id);
+  return it != absent_.end() && clock_.now() - it->second <= within;
+}
+
+void JoinBoard::offer(std::int64_t round, const std::string& address) {
+  const Bytes m = encode(kOffer, round, address);
+  for (transport::PeerId id : waiting()) (void)gossip_.send(id, kStateTopic, m);
+}
+
+std::vector<transport::PeerId> JoinBoard::offerers(std::int64_t round) const {
+  std::lock_guard lock(mu_);
+  std::vector<transport::PeerId> ids;
+  if (auto it = offers_.find(round); it != offers_.end()) {
+    for (const auto& [id, address] : it->second) ids.push_back(id);
+  }
+  return ids;
+}
 
 std::vector<transport::PeerId> JoinBoard::waiting() const {
   std::lock_guard lock(mu_);
@@ -244,8 +280,13 @@ std::vector<transport::PeerId> JoinBoard::waiting() const {
 }
 
 std::optional<std::pair<std::int64_t, std::vector<Donor>>> JoinBoard::newest_offer(Nanos settle) const {
-  std::size_t others = 0;  // peers alive beside this one: once each of them offers a round, waiting longer gains nothing
-  for (const auto& m : gossip_.members()) others += m.id != gossip_.self() && m.state == transport::MemberState::kAlive ? 1 : 0;
+  std::size_t others = 0;  // live members it asked: once each of them offers a round, waiting longer gains nothing
+  std::set<transport::PeerId> asked;
+  {
+    std::lock_guard lock(mu_);
+    asked = targets_;
+  }
+  for (const auto& m : gossip_.members()) others += asked.count(m.id) == 1 && m.state == transport::MemberState::kAlive ? 1 : 0;
   std::lock_guard lock(mu_);
   const Nanos now = clock_.now();
   for (auto it = offers_.rbegin(); it != offers_.rend(); ++it) {
@@ -289,12 +330,24 @@ void JoinBoard::on_message(transport::PeerId origin, const Bytes& payload) {
     address = r.str(256);
   }
   r.expect_end();
-  if (!r.ok() || version != kStateVersion || (kind != kJoin && kind != kOffer)) {
+  if (!r.ok() || version != kStateVersion || (kind != kJoin && kind != kOffer && kind != kAbsent)) {
     spdlog::warn("dropped a state message from peer {}: {}", origin.to_string(), r.ok() ? "unknown version or kind" : r.status().to_string());
     return;
   }
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   const Nanos now = clock_.now();
+  if (kind == kAbsent) {
+    absent_[origin] = now;
+    return;
+  }
+  if (kind == kJoin && !member_) {
+    // Not in the run (waiting to start, or joining too): said at once, so that a newcomer among
+    // newcomers only sees the run is over.
+    lock.unlock();
+    (void)gossip_.send(origin, kStateTopic, encode(kAbsent, 0, ""));
+    return;
+  }
+  if (kind == kOffer) absent_.erase(id);
   if (kind == kJoin) {
     std::erase_if(wanted_until_, [&](const auto& kv) { return kv.second <= now; });  // bounded by who asked lately
     std::erase_if(links_, [&](const auto& kv) { return wanted_until_.count(kv.first) == 0; });

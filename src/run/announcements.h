@@ -1,20 +1,22 @@
-// What peers announce to everyone over gossip besides rounds: the run spec (topic "gossamer.spec")
-// and who wants the training state or offers it (topic "gossamer.state").
+// What peers tell each other about the run besides rounds, each message to one member (gossip's
+// direct messages), never to everyone: the run spec (topic "gossamer.spec") and who wants the training
+// state or offers it (topic "gossamer.state"). Nothing here is repeated by the members of a run on
+// their own: a peer that wants something asks a few of them, and again a second later.
 //
 // Run spec: version u8 | kind u8, then
-//   BEACON (1): BLAKE2b-256 of the TOML u8[32] | peers to wait for at the start u32 | the
-//               announcer's current round i64 (-1 before the start)
-//   SPEC (2):   the same digest | TOML str | peers to wait for u32 | round i64
-//   WANT (3):   nothing (a peer that has no spec yet asks for it)
-// A broadcast reaches every peer at a cost of a few messages per peer, so what is repeated must be
-// small and come from few: every second, the (at most) three peers holding the spec with the lowest
-// ids among the live ones they know send a BEACON (so that joiners see the run is under way), and a
-// SPEC instead while some peer has asked for it in the last two seconds; a joiner repeats WANT every
-// second until a SPEC whose hash checks out arrives.
-// State board: version u8 | kind u8 (1 JOIN, 2 OFFER) | id u64, then for JOIN optionally the
+//   WANT (3):   nothing (a peer that has no spec, or wants to know the run's round, asks for it)
+//   SPEC (2):   BLAKE2b-256 of the TOML u8[32] | TOML str | peers to wait for at the start u32 |
+//               the furthest round the answering peer knows of i64 (-1: the run has not started)
+//   (BEACON (1): the same without the TOML; read, no longer sent)
+// A joiner sends WANT to 3 live members at random every second until a SPEC whose hash checks out
+// arrives; every peer holding the spec answers, one answer per asker a second and 8 a second in all.
+// State board: version u8 | kind u8 (1 JOIN, 2 OFFER, 3 ABSENT) | id u64, then for JOIN optionally the
 // newcomer's link speed u64 (bytes/s; absent: unknown), for OFFER: round i64 | link address str. A
-// newcomer repeats JOIN while it waits; members that snapshot their state after a round OFFER it
-// (state_sync.h serves it).
+// newcomer sends JOIN every second while it waits to the same few members (the two lowest live ids,
+// most likely the round's leader, and others at random: 8 at first, 8 more every 10 s without an
+// offer, up to 32); members that snapshot their state after a round OFFER it to the newcomers that
+// asked lately (state_sync.h serves it); a peer that is not in the run answers ABSENT at once, so
+// that newcomers left among themselves after a run ended see it is over.
 //
 // Untrusted input: malformed messages, other versions and specs whose hash does not match are
 // dropped and logged (a repeated problem once). Threading: handlers run on the gossip thread; every
@@ -28,7 +30,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <functional>
 #include <optional>
+#include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,21 +55,17 @@ struct Spec {
 
 struct AnnouncerState;
 
-// Announces the run from a thread of its own (see above), with the round this peer is at.
+// Answers the peers that ask for the run spec (see above), with the furthest round `round` says this
+// peer knows of; `round` is called on the gossip thread, never after the announcer is gone.
 class SpecAnnouncer {
  public:
-  SpecAnnouncer(transport::Gossip& gossip, Spec spec, const std::atomic<std::int64_t>& round, Clock& clock = real_clock());
+  SpecAnnouncer(transport::Gossip& gossip, Spec spec, std::function<std::int64_t()> round, Clock& clock = real_clock());
   ~SpecAnnouncer();
   SpecAnnouncer(const SpecAnnouncer&) = delete;
   SpecAnnouncer& operator=(const SpecAnnouncer&) = delete;
 
  private:
-  transport::Gossip& gossip_;
-  const Spec spec_;
-  const std::atomic<std::int64_t>& round_;
-  Clock& clock_;
   std::shared_ptr<AnnouncerState> state_;  // shared with the gossip handler
-  std::unique_ptr<ClockThread> thread_;
 };
 
 // What a peer hears of the run spec; shared with the gossip handler, which stays subscribed.
@@ -73,29 +74,35 @@ struct HeardSpec {
   std::mutex mu;
   std::unique_ptr<Signal> signal;  // a spec arrived
   std::optional<Spec> spec;
-  std::int64_t latest_round = -1;  // the furthest round any announcer was at
+  std::int64_t latest_round = -1;  // the furthest round any answer named
   std::string last_problem;
   transport::Gossip* gossip = nullptr;  // to ask for the spec
+  std::optional<Nanos> asked;           // when it last asked
 };
 
 std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip, Clock& clock = real_clock());
+// Asks a few live members for the spec (and so for the round the run is at), at most once a second;
+// the answers update `heard`.
+void ask_for_spec(HeardSpec& heard);
 
 // Where peer `id` can be reached at `address`, one of its link addresses: a peer listening on a
 // wildcard address (0.0.0.0, [::]) announces it as it is, and the host is taken from its gossip
 // address as this peer knows it (the IP its gossip came from). Other addresses are returned as given.
 std::string reachable_address(const transport::Gossip& gossip, transport::PeerId id, const std::string& address);
 // Watches whether the run this peer wants to take part in is over: gossip knows peers, and none
-// has been alive for `patience` (every one left or died). Call it regularly from one thread.
+// has been alive for `patience` (every one left or died), leaving aside those `outside` says are not
+// in the run (other newcomers). Call it regularly from one thread.
 class RunGoneWatch {
  public:
-  RunGoneWatch(const transport::Gossip& gossip, const Clock& clock, Nanos patience)
-      : gossip_(gossip), clock_(clock), patience_(patience), since_(clock.now()) {}
+  RunGoneWatch(const transport::Gossip& gossip, const Clock& clock, Nanos patience, std::function<bool(transport::PeerId)> outside = {})
+      : gossip_(gossip), clock_(clock), patience_(patience), outside_(std::move(outside)), since_(clock.now()) {}
   bool gone();
 
  private:
   const transport::Gossip& gossip_;
   const Clock& clock_;
   const Nanos patience_;
+  const std::function<bool(transport::PeerId)> outside_;
   Nanos since_;  // the last time a peer was alive, or when watching began
 };
 
@@ -106,7 +113,7 @@ class RunGoneWatch {
 class JoinBoard {
  public:
   static std::shared_ptr<JoinBoard> make(transport::Gossip& gossip, const Clock& clock = real_clock());
-  JoinBoard(transport::Gossip& gossip, const Clock& clock) : gossip_(gossip), clock_(clock) {}
+  JoinBoard(transport::Gossip& gossip, const Clock& clock) : gossip_(gossip), clock_(clock), rng_(gossip.self().value) {}
 
   // link_bytes_per_s: this newcomer's own link where it knows it (0: unknown), so that the donors
   // can tell whether its state arrives within a round.
@@ -114,6 +121,13 @@ class JoinBoard {
   void offer(std::int64_t round, const std::string& address);
   // The newcomers that asked for state in the last few seconds.
   std::vector<transport::PeerId> waiting() const;
+  // The members that offered the state of `round`.
+  std::vector<transport::PeerId> offerers(std::int64_t round) const;
+  // Whether this peer takes part in the run (it then offers state; otherwise it answers a JOIN with
+  // ABSENT at once). False until set.
+  void set_member(bool member);
+  // Whether peer `id` answered a JOIN of this peer with ABSENT within `within`.
+  bool absent(transport::PeerId id, Nanos within) const;
   // The link speed newcomer `id` gave when it asked (bytes/s), if it gave one.
   std::optional<double> link_of(transport::PeerId id) const;
   // The newest round offered for at least `settle` (so most donors of it are known), or by every peer
@@ -135,6 +149,14 @@ class JoinBoard {
   std::map<transport::PeerId, double> links_;  // of the newcomers in wanted_until_ that gave theirs
   std::map<std::int64_t, std::map<transport::PeerId, std::string>> offers_;
   std::map<std::int64_t, Nanos> first_seen_;
+  // A newcomer's side: the members it asks, how many, since when none offered.
+  std::set<transport::PeerId> targets_;
+  std::size_t target_count_ = kJoinTargets;
+  std::optional<Nanos> asked_since_;
+  std::map<transport::PeerId, Nanos> absent_;  // peers that said they are not in the run, and when
+  bool member_ = false;
+  std::mt19937_64 rng_;  // seeded by this peer's id: a simulation stays deterministic
+  static constexpr std::size_t kJoinTargets = 8;  // members a newcomer first asks
 };
 
 }  // namespace gossamer::run

@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/hash.h"
 #include "core/wire.h"
 
 namespace gossamer::run {
@@ -11,13 +12,18 @@ namespace gossamer::run {
 namespace {
 
 constexpr const char* kTopic = "gossamer.round";
-constexpr std::uint8_t kVersion = 2;  // 2: READY carries the step of the retried collective
-enum class Kind : std::uint8_t { kReady = 1, kGroup = 2, kIntent = 3 };
+constexpr std::uint8_t kVersion = 3;  // 3: READY to the leader, GROUP to each peer as a change from the one it holds
+enum class Kind : std::uint8_t { kReady = 1, kGroup = 2, kIntent = 3, kAt = 4 };
+constexpr std::uint8_t kPassedOn = 1, kToEveryone = 2;  // READY and INTENT flags
+constexpr std::uint8_t kWhole = 0, kChange = 1;         // GROUP forms
 constexpr std::size_t kMaxAddress = 256, kMaxMembers = 4096;
 constexpr std::uint64_t kMaxEpoch = std::uint64_t{1} << 62;  // epochs grow by one per group change
 constexpr auto kPoll = std::chrono::milliseconds(20);
 constexpr std::size_t kLagHistory = 8;   // rounds whose lag the grace adapts to
 constexpr std::size_t kLagsToAdapt = 3;  // before that many, the full straggler_grace
+constexpr std::size_t kInLine = 2;       // a READY goes to the leader and its fallback
+constexpr std::size_t kContacts = 3;     // a newcomer's, at most
+constexpr auto kLiveRefresh = std::chrono::milliseconds(50);  // gossip's view of who is live, copied at most this often
 
 // Every round message starts the same way.
 Writer start_message(Kind kind, std::int64_t round) {
@@ -28,25 +34,17 @@ Writer start_message(Kind kind, std::int64_t round) {
   return w;
 }
 
-Bytes encode_ready(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, transport::PeerId id, const std::string& address) {
-  Writer w = start_message(Kind::kReady, round);
-  w.u64(after_epoch);
-  w.i64(step);
-  w.u64(id.value);
-  w.str(address);
-  return std::move(w).take();
-}
-
-Bytes encode_group(const GroupView& g) {
-  Writer w = start_message(Kind::kGroup, g.round);
-  w.u64(g.epoch);
-  w.u64(g.leader.value);
-  w.u32(static_cast<std::uint32_t>(g.members.size()));
-  for (const auto& m : g.members) {
+// What a change's receiver checks the members it made against.
+std::uint64_t check_of(const std::vector<MemberInfo>& members) {
+  Writer w;
+  for (const auto& m : members) {
     w.u64(m.id.value);
     w.str(m.address);
   }
-  return std::move(w).take();
+  const Digest d = digest_of(w.bytes());
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(d.bytes[i]) << (8 * i);
+  return v;
 }
 
 std::set<transport::PeerId> live_ids(const transport::Gossip& gossip) {
@@ -82,7 +80,25 @@ std::shared_ptr<Coordinator> Coordinator::make(transport::Gossip& gossip, std::s
 void Coordinator::intend(std::int64_t round) {
   Writer w = start_message(Kind::kIntent, round);
   w.u64(gossip_.self().value);
-  if (Status st = gossip_.broadcast(kTopic, std::move(w).take()); !st.ok()) spdlog::warn("could not announce joining round {}: {}", round, st.to_string());
+  w.u8(0);
+  const Bytes m = std::move(w).take();
+  std::vector<Outgoing> out;
+  {
+    std::lock_guard lock(mu_);
+    for (transport::PeerId id : in_line_locked()) {
+      if (id != gossip_.self()) out.push_back(Outgoing{id, m});
+    }
+  }
+  if (out.empty()) spdlog::warn("could not announce joining round {}: no member of the run is known", round);
+  send(std::move(out));
+}
+
+void Coordinator::join_through(std::vector<transport::PeerId> members) {
+  std::lock_guard lock(mu_);
+  std::sort(members.begin(), members.end());
+  members.erase(std::remove(members.begin(), members.end(), gossip_.self()), members.end());
+  if (members.size() > kContacts) members.resize(kContacts);
+  contacts_ = std::move(members);
 }
 
 void Coordinator::expect(std::int64_t round, transport::PeerId id, Nanos wait) {
@@ -124,7 +140,8 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
   const std::uint8_t version = r.u8();
   const auto kind = static_cast<Kind>(r.u8());
   const std::int64_t round = r.i64();
-  std::optional<GroupView> repeat;  // a group to announce again for a peer that missed it
+  if (origin == gossip_.self()) return;  // its own broadcast, delivered here too
+  std::vector<Outgoing> out;
   std::unique_lock lock(mu_);
   if (r.ok() && version != kVersion) {
     ++stats_.dropped;
@@ -136,15 +153,16 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
   if (r.ok() && round < 0) {
     drop_locked("a round message for round " + std::to_string(round), origin, "");
   } else if (kind == Kind::kReady) {
-    taken = on_ready_locked(origin, round, r, repeat);
+    taken = on_ready_locked(origin, round, r, out);
   } else if (kind == Kind::kGroup) {
-    taken = on_group_locked(origin, round, r);
+    taken = on_group_locked(origin, round, r, out);
   } else if (kind == Kind::kIntent) {
-    const transport::PeerId id{r.u64()};
+    taken = on_intent_locked(origin, round, r, out);
+  } else if (kind == Kind::kAt) {
     r.expect_end();
     taken = r.ok();
-    if (taken) intents_[round][id] = options_.straggler_grace;  // it holds the state: worth the whole grace
-    else drop_locked("a malformed INTENT", origin, r.status().to_string());
+    if (taken) run_at_ = std::max(run_at_, round);
+    else drop_locked("a malformed AT", origin, r.status().to_string());
   } else {
     drop_locked("a round message of unknown kind " + std::to_string(static_cast<int>(kind)), origin, "");
   }
@@ -152,7 +170,7 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
   ++changes_;
   lock.unlock();
   signal_->notify_all();
-  if (repeat) announce(*repeat);
+  send(std::move(out));
 }
 
 void Coordinator::drop_locked(const std::string& what, transport::PeerId origin, const std::string& why) {
@@ -160,85 +178,309 @@ void Coordinator::drop_locked(const std::string& what, transport::PeerId origin,
   spdlog::warn("dropped {} from peer {}{}", what, origin.to_string(), why.empty() ? "" : ": " + why);
 }
 
-bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::optional<GroupView>& repeat) {
+void Coordinator::send(std::vector<Outgoing> out) {
+  if (out.empty()) return;
+  {
+    std::lock_guard lock(mu_);
+    stats_.messages_sent += static_cast<std::int64_t>(out.size());
+  }
+  for (auto& o : out) {
+    const Status st = o.to ? gossip_.send(*o.to, kTopic, o.payload) : gossip_.broadcast(kTopic, o.payload);
+    if (!st.ok()) spdlog::debug("a round message to {} was not sent: {}", o.to ? o.to->to_string() : std::string("everyone"), st.to_string());
+  }
+}
+
+const std::set<transport::PeerId>& Coordinator::live_locked() const {
+  // Gossip's view changes within a period at most; copying its whole table at every poll of every
+  // waiting peer would cost O(N) each (the simulator runs a thousand of them).
+  const Nanos now = clock_.now();
+  if (!live_at_ || now - *live_at_ >= kLiveRefresh) {
+    live_ = live_ids(gossip_);
+    live_at_ = now;
+  }
+  return live_;
+}
+
+std::vector<transport::PeerId> Coordinator::in_line_locked() const { return in_line_locked(live_locked()); }
+
+std::vector<transport::PeerId> Coordinator::in_line_locked(const std::set<transport::PeerId>& alive) const {
+  std::vector<transport::PeerId> line;
+  if (last_) {
+    for (const auto& m : last_->members) {  // sorted by id
+      if (alive.count(m.id) == 1) line.push_back(m.id);
+      if (line.size() == kInLine) break;
+    }
+    return line;
+  }
+  if (!contacts_.empty()) {
+    for (transport::PeerId id : contacts_) {
+      if (alive.count(id) == 1) line.push_back(id);
+    }
+    if (!line.empty()) return line;
+  }
+  for (transport::PeerId id : alive) {  // sorted
+    line.push_back(id);
+    if (line.size() == kInLine) break;
+  }
+  return line;
+}
+
+Bytes Coordinator::ready_message_locked(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, std::uint8_t flags) const {
+  Writer w = start_message(Kind::kReady, round);
+  w.u64(after_epoch);
+  w.i64(step);
+  w.u64(gossip_.self().value);
+  w.u64(last_ ? last_->epoch : 0);
+  w.u8(flags);
+  w.str(address_);
+  return std::move(w).take();
+}
+
+Bytes Coordinator::group_message_locked(const GroupView& g, std::uint64_t known) const {
+  Writer w = start_message(Kind::kGroup, g.round);
+  w.u64(g.epoch);
+  w.u64(g.leader.value);
+  w.u32(g.width);
+  auto base = known == 0 ? known_.end() : known_.find(known);
+  if (base == known_.end()) {
+    w.u8(kWhole);
+    w.u32(static_cast<std::uint32_t>(g.members.size()));
+    for (const auto& m : g.members) {
+      w.u64(m.id.value);
+      w.str(m.address);
+    }
+    return std::move(w).take();
+  }
+  std::vector<transport::PeerId> removed;
+  std::vector<MemberInfo> added;
+  const std::map<transport::PeerId, std::string> before = [&] {
+    std::map<transport::PeerId, std::string> b;
+    for (const auto& m : base->second) b[m.id] = m.address;
+    return b;
+  }();
+  std::set<transport::PeerId> now;
+  for (const auto& m : g.members) {
+    now.insert(m.id);
+    auto it = before.find(m.id);
+    if (it != before.end() && it->second == m.address) continue;
+    if (it != before.end()) removed.push_back(m.id);  // (a new address: out and in again)
+    added.push_back(m);
+  }
+  for (const auto& [id, address] : before) {
+    if (now.count(id) == 0) removed.push_back(id);
+  }
+  std::sort(removed.begin(), removed.end());
+  w.u8(kChange);
+  w.u64(known);
+  w.u32(static_cast<std::uint32_t>(g.members.size()));
+  w.u64(check_of(g.members));
+  w.u32(static_cast<std::uint32_t>(removed.size()));
+  for (transport::PeerId id : removed) w.u64(id.value);
+  w.u32(static_cast<std::uint32_t>(added.size()));
+  for (const auto& m : added) {
+    w.u64(m.id.value);
+    w.str(m.address);
+  }
+  return std::move(w).take();
+}
+
+void Coordinator::remember_locked(const GroupView& g) {
+  known_[g.epoch] = g.members;
+  while (known_.size() > kKnownGroups) known_.erase(known_.begin());
+}
+
+void Coordinator::answer_locked(transport::PeerId id, std::int64_t round, const Ready& ready, std::vector<Outgoing>& out) {
+  if (id == gossip_.self()) return;
+  auto g = groups_.find(round);
+  const bool has_group = g != groups_.end() && g->second.epoch > ready.after_epoch;
+  const bool past = !has_group && last_ && last_->round > round && ready.after_epoch == 0;
+  if (!has_group && !past) return;
+  const bool whole = has_group && (ready.known_epoch == 0 || known_.count(ready.known_epoch) == 0);
+  const Nanos now = clock_.now();
+  auto [slot, fresh] = answered_.try_emplace({round, id}, now, whole);
+  if (!fresh) {
+    if (now - slot->second.first < options_.repeat_every && (!whole || slot->second.second)) return;
+    slot->second = {now, whole};
+  }
+  if (has_group) {
+    out.push_back(Outgoing{id, group_message_locked(g->second, ready.known_epoch)});
+  } else {
+    out.push_back(Outgoing{id, start_message(Kind::kAt, last_->round).take()});
+  }
+}
+
+bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::vector<Outgoing>& out) {
   Ready ready;
   ready.after_epoch = r.u64();
   ready.step = r.i64();
   const transport::PeerId id{r.u64()};
+  ready.known_epoch = r.u64();
+  const std::uint8_t flags = r.u8();
   ready.address = r.str(kMaxAddress);
   ready.at = clock_.now();
   ready.heard = true;
   r.expect_end();
-  if (r.ok() && ready.after_epoch >= kMaxEpoch) r.fail(ErrorCode::kMalformed, "epoch " + std::to_string(ready.after_epoch) + " out of range");
-  if (!r.ok() || id != origin) {
+  if (r.ok() && (ready.after_epoch >= kMaxEpoch || ready.known_epoch >= kMaxEpoch)) r.fail(ErrorCode::kMalformed, "epoch out of range");
+  if (r.ok() && (flags & ~(kPassedOn | kToEveryone)) != 0) r.fail(ErrorCode::kMalformed, "unknown flags " + std::to_string(flags));
+  if (r.ok() && (id.value == 0 || id == gossip_.self())) r.fail(ErrorCode::kMalformed, "it names peer " + id.to_string());
+  if (!r.ok() || ((flags & kPassedOn) == 0 && id != origin)) {
     drop_locked("a malformed READY", origin, r.ok() ? "it names another peer" : r.status().to_string());
     return false;
   }
   auto& slot = ready_[round][id];
-  if (!slot.heard || ready.after_epoch >= slot.after_epoch) slot = std::move(ready);
-  // A peer still waiting for a group this peer knows: say it again (it may have missed it). Only
-  // its leader does, or, when gossip sees the leader dead, the lowest live member: every repeat is
-  // a broadcast to every peer, and a group of hundreds is a few KB.
-  auto g = groups_.find(round);
-  if (g != groups_.end() && g->second.epoch > slot.after_epoch && repeats_group(g->second)) {
-    auto [last, fresh] = repeated_.try_emplace(round, clock_.now());
-    if (fresh || clock_.now() - last->second >= options_.repeat_every) {
-      last->second = clock_.now();
-      repeat = g->second;
+  if (!slot.heard || ready.after_epoch >= slot.after_epoch) slot = ready;
+  // A peer still waiting for a group this peer holds (it may have missed it): it gets it now.
+  const std::size_t answers = out.size();
+  answer_locked(id, round, ready, out);
+  // Not in line for it in this peer's view (the sender's view differs, or it is a newcomer that knows
+  // only a few members): passed on, once, to the leader and fallback this peer sees.
+  if ((flags & (kPassedOn | kToEveryone)) == 0 && ready.after_epoch == 0 && out.size() == answers) {
+    const std::vector<transport::PeerId> line = in_line_locked();
+    if (std::find(line.begin(), line.end(), gossip_.self()) == line.end()) {
+      Writer w = start_message(Kind::kReady, round);
+      w.u64(ready.after_epoch);
+      w.i64(ready.step);
+      w.u64(id.value);
+      w.u64(ready.known_epoch);
+      w.u8(kPassedOn);
+      w.str(ready.address);
+      const Bytes m = std::move(w).take();
+      for (transport::PeerId to : line) {
+        if (to != id) out.push_back(Outgoing{to, m});
+      }
+      ++stats_.passed_on;
     }
   }
   return true;
 }
 
-bool Coordinator::on_group_locked(transport::PeerId origin, std::int64_t round, Reader& r) {
+bool Coordinator::on_intent_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::vector<Outgoing>& out) {
+  const transport::PeerId id{r.u64()};
+  const std::uint8_t flags = r.u8();
+  r.expect_end();
+  if (r.ok() && (flags & ~kPassedOn) != 0) r.fail(ErrorCode::kMalformed, "unknown flags " + std::to_string(flags));
+  if (r.ok() && id.value == 0) r.fail(ErrorCode::kMalformed, "it names peer 0");
+  if (!r.ok() || ((flags & kPassedOn) == 0 && id != origin)) {
+    drop_locked("a malformed INTENT", origin, r.ok() ? "it names another peer" : r.status().to_string());
+    return false;
+  }
+  intents_[round][id] = options_.straggler_grace;  // it holds the state: worth the whole grace
+  if ((flags & kPassedOn) == 0) {
+    const std::vector<transport::PeerId> line = in_line_locked();
+    if (std::find(line.begin(), line.end(), gossip_.self()) == line.end()) {
+      Writer w = start_message(Kind::kIntent, round);
+      w.u64(id.value);
+      w.u8(kPassedOn);
+      const Bytes m = std::move(w).take();
+      for (transport::PeerId to : line) {
+        if (to != id) out.push_back(Outgoing{to, m});
+      }
+      ++stats_.passed_on;
+    }
+  }
+  return true;
+}
+
+bool Coordinator::on_group_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::vector<Outgoing>& out) {
   GroupView g;
   g.round = round;
   g.epoch = r.u64();
   g.leader = transport::PeerId{r.u64()};
-  const std::uint32_t count = r.u32();
+  g.width = r.u32();
+  const std::uint8_t form = r.u8();
+  if (r.ok() && (g.width == 1 || g.width > kMaxMembers)) r.fail(ErrorCode::kMalformed, "a layout of width " + std::to_string(g.width));
   // (An epoch near 2^64 would wrap the next one to 0, which no peer ever takes: every later round would stall.)
   if (r.ok() && (g.epoch == 0 || g.epoch >= kMaxEpoch)) r.fail(ErrorCode::kMalformed, "epoch " + std::to_string(g.epoch) + " out of range");
-  if (r.ok() && (count == 0 || count > kMaxMembers)) r.fail(ErrorCode::kMalformed, "a group of " + std::to_string(count) + " members");
-  for (std::uint32_t i = 0; r.ok() && i < count; ++i) {
+  if (r.ok() && form != kWhole && form != kChange) r.fail(ErrorCode::kMalformed, "unknown group form " + std::to_string(form));
+  const auto read_member = [&] {
     MemberInfo m;
     m.id = transport::PeerId{r.u64()};
     m.address = r.str(kMaxAddress);
-    if (r.ok() && i > 0 && !(g.members.back().id < m.id)) r.fail(ErrorCode::kMalformed, "members not sorted by id");
-    g.members.push_back(std::move(m));
+    return m;
+  };
+  bool readable = true;  // a change from a group this peer holds, which checks out
+  if (r.ok() && form == kWhole) {
+    const std::uint32_t count = r.u32();
+    if (r.ok() && (count == 0 || count > kMaxMembers)) r.fail(ErrorCode::kMalformed, "a group of " + std::to_string(count) + " members");
+    for (std::uint32_t i = 0; r.ok() && i < count; ++i) {
+      MemberInfo m = read_member();
+      if (r.ok() && i > 0 && !(g.members.back().id < m.id)) r.fail(ErrorCode::kMalformed, "members not sorted by id");
+      g.members.push_back(std::move(m));
+    }
+    r.expect_end();
+  } else if (r.ok()) {
+    const std::uint64_t base = r.u64();
+    const std::uint32_t count = r.u32();
+    const std::uint64_t check = r.u64();
+    if (r.ok() && (count == 0 || count > kMaxMembers)) r.fail(ErrorCode::kMalformed, "a group of " + std::to_string(count) + " members");
+    if (r.ok() && (base == 0 || base > g.epoch)) r.fail(ErrorCode::kMalformed, "a change from epoch " + std::to_string(base));
+    std::map<transport::PeerId, std::string> members;
+    auto held = known_.find(base);
+    readable = held != known_.end();
+    if (readable) {
+      for (const auto& m : held->second) members[m.id] = m.address;
+    }
+    const std::uint32_t removed = r.u32();
+    if (r.ok() && removed > kMaxMembers) r.fail(ErrorCode::kMalformed, std::to_string(removed) + " members removed");
+    for (std::uint32_t i = 0; r.ok() && i < removed; ++i) {
+      const transport::PeerId id{r.u64()};
+      if (r.ok() && readable && members.erase(id) == 0) readable = false;
+    }
+    const std::uint32_t added = r.u32();
+    if (r.ok() && added > kMaxMembers) r.fail(ErrorCode::kMalformed, std::to_string(added) + " members added");
+    for (std::uint32_t i = 0; r.ok() && i < added; ++i) {
+      MemberInfo m = read_member();
+      if (r.ok() && readable && !members.emplace(m.id, m.address).second) readable = false;
+    }
+    r.expect_end();
+    if (r.ok() && readable) {
+      for (auto& [id, address] : members) g.members.push_back(MemberInfo{id, std::move(address)});
+      readable = g.members.size() == count && check_of(g.members) == check;
+    }
   }
-  r.expect_end();
-  // (Any member may repeat a group for a peer that missed it, so the origin need not be the leader.)
+  // (Any peer holding the group may answer with it, so the origin need not be the leader.)
   if (!r.ok()) {
     drop_locked("a malformed GROUP", origin, r.status().to_string());
     return false;
   }
   max_epoch_ = std::max(max_epoch_, g.epoch);
+  if (!readable) {
+    // A change from a group this peer does not hold: it asks the sender for the whole group.
+    Writer w = start_message(Kind::kReady, round);
+    const auto mine = ready_.find(round);
+    const Ready* own = nullptr;
+    if (mine != ready_.end()) {
+      if (auto it = mine->second.find(gossip_.self()); it != mine->second.end()) own = &it->second;
+    }
+    if (own != nullptr) {
+      w.u64(own->after_epoch);
+      w.i64(own->step);
+      w.u64(gossip_.self().value);
+      w.u64(0);
+      w.u8(0);
+      w.str(address_);
+      out.push_back(Outgoing{origin, std::move(w).take()});
+    }
+    return true;
+  }
+  remember_locked(g);
   auto& slot = groups_[round];
   // Two leaders at once (views differ for a moment): the larger epoch wins, then the lower leader.
   if (slot.members.empty() || g.epoch > slot.epoch || (g.epoch == slot.epoch && g.leader < slot.leader)) slot = std::move(g);
   return true;
 }
 
-bool Coordinator::repeats_group(const GroupView& g) const {
-  const transport::PeerId self = gossip_.self();
-  if (g.leader == self) return true;
-  const std::set<transport::PeerId> alive = live_ids(gossip_);
-  if (alive.count(g.leader) == 1) return false;
-  for (const auto& m : g.members) {
-    if (alive.count(m.id) == 1) return m.id == self;  // members are sorted by id
-  }
-  return false;
-}
-
-void Coordinator::broadcast_ready(std::int64_t round, std::uint64_t after_epoch, std::int64_t step) {
-  if (Status st = gossip_.broadcast(kTopic, encode_ready(round, after_epoch, step, gossip_.self(), address_)); !st.ok()) {
-    spdlog::warn("could not announce readiness for round {}: {}", round, st.to_string());
-  }
-}
-
-void Coordinator::announce(const GroupView& g) {
-  if (Status st = gossip_.broadcast(kTopic, encode_group(g)); !st.ok()) {
-    spdlog::warn("could not announce the group of round {}: {}", g.round, st.to_string());
+void Coordinator::announce_locked(const GroupView& g, std::uint64_t after_epoch, std::vector<Outgoing>& out) {
+  // To every peer ready for this attempt, members and those left out alike (they learn it at once),
+  // each as a change from the group it holds: the same bytes for most.
+  std::map<std::uint64_t, Bytes> by_known;
+  const Nanos now = clock_.now();
+  for (const auto& [id, ready] : ready_[g.round]) {
+    if (id == gossip_.self() || ready.after_epoch < after_epoch) continue;
+    auto [it, fresh] = by_known.try_emplace(ready.known_epoch);
+    if (fresh) it->second = group_message_locked(g, ready.known_epoch);
+    out.push_back(Outgoing{id, it->second});
+    answered_[{g.round, id}] = {now, ready.known_epoch == 0 || known_.count(ready.known_epoch) == 0};
   }
 }
 
@@ -251,13 +493,16 @@ Nanos Coordinator::grace() const {
 
 transport::PeerId Coordinator::leader_locked(std::int64_t round, std::uint64_t after_epoch, const std::set<transport::PeerId>& alive,
                                              bool grace_over) {
-  // The lowest live id among the last group's members (this peer among them); at the start, and once
-  // the grace is over (stragglers and the dead no longer count), among the peers ready for this attempt.
+  // The lowest live id among the last group's members (this peer among them), at the start the lowest
+  // live id (whom every READY goes to); once the grace is over (stragglers and the dead no longer
+  // count), the lowest among the peers ready for this attempt.
   transport::PeerId leader = gossip_.self();
   if (last_ && !grace_over) {
     for (const auto& m : last_->members) {
       if (alive.count(m.id) == 1 && m.id < leader) leader = m.id;
     }
+  } else if (!grace_over) {
+    leader = std::min(leader, *alive.begin());
   } else {
     for (const auto& [id, r] : ready_[round]) {
       if (r.after_epoch >= after_epoch && alive.count(id) == 1 && id < leader) leader = id;
@@ -315,9 +560,12 @@ GroupView Coordinator::make_group_locked(std::int64_t round, std::uint64_t after
   }
   // The same members as the last group, which nobody is retrying and no newer group has replaced:
   // it goes on under its epoch, so its links (and a collective still in flight over them) are kept.
+  std::uint32_t width = options_.layout ? options_.layout(g.members.size()) : 0;
+  if (width == 1) width = 0;
   const bool unchanged = last_ && after_epoch == 0 && g.members == last_->members && last_->epoch == max_epoch_ &&
-                         !superseded_locked(last_->round, last_->epoch);
+                         !superseded_locked(last_->round, last_->epoch) && width == last_->width;
   g.epoch = unchanged ? last_->epoch : std::max(max_epoch_, after_epoch) + 1;
+  g.width = width;
   max_epoch_ = std::max(max_epoch_, g.epoch);
   ++stats_.groups_announced;
   for (transport::PeerId id : expected) {
@@ -330,9 +578,15 @@ GroupView Coordinator::make_group_locked(std::int64_t round, std::uint64_t after
 }
 
 std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, Nanos ready_since) {
-  const std::set<transport::PeerId> alive = live_ids(gossip_);
+  const std::set<transport::PeerId> alive = live_locked();
   const transport::PeerId self = gossip_.self();
-  const bool grace_over = clock_.now() >= ready_since + grace();
+  // A peer in line (it hears every READY) may lead once its grace is over; any other a little later
+  // (up to 2 s), when the READYs of the others waiting have come to everyone and a group from the
+  // leader's line, if any, has arrived.
+  const std::vector<transport::PeerId> line = in_line_locked(alive);
+  const bool in_line = std::find(line.begin(), line.end(), self) != line.end();
+  const Nanos wait = grace() + (in_line ? Nanos{0} : std::min<Nanos>(grace(), std::chrono::seconds(2)));
+  const bool grace_over = clock_.now() >= ready_since + wait;
   // A newcomer, which knows no last group (nor the epochs in use), does not lead before the grace is over.
   if (!last_ && round > 0 && !grace_over) return std::nullopt;
   if (leader_locked(round, after_epoch, alive, grace_over) != self) return std::nullopt;
@@ -363,24 +617,41 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
 Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline, std::int64_t step) {
   const transport::PeerId self = gossip_.self();
   const Nanos ready_since = clock_.now();
-  {
-    std::lock_guard lock(mu_);
-    if (after_epoch > 0) ++stats_.retries;
-    ready_[round][self] = Ready{after_epoch, step, address_, ready_since, true};
-    // Rounds long past are of no use any more.
-    ready_.erase(ready_.begin(), ready_.lower_bound(round - 2));
-    groups_.erase(groups_.begin(), groups_.lower_bound(round - 2));
-    repeated_.erase(repeated_.begin(), repeated_.lower_bound(round - 2));
-    intents_.erase(intents_.begin(), intents_.lower_bound(round - 2));
-  }
-  broadcast_ready(round, after_epoch, step);
-  Nanos last_repeat = clock_.now();
-  // READY is repeated for peers that missed it, less and less often: gossip's rumors already
-  // carry it for a few periods, and every repeat costs a broadcast to every peer.
-  Nanos repeat_every = options_.repeat_every;
-  std::size_t live_at_repeat = live_ids(gossip_).size();
-  Nanos last_view_check = clock_.now();
   std::unique_lock lock(mu_);
+  if (after_epoch > 0) ++stats_.retries;
+  ready_[round][self] = Ready{after_epoch, step, last_ ? last_->epoch : 0, address_, ready_since, true};
+  // Rounds long past are of no use any more.
+  ready_.erase(ready_.begin(), ready_.lower_bound(round - 2));
+  groups_.erase(groups_.begin(), groups_.lower_bound(round - 2));
+  intents_.erase(intents_.begin(), intents_.lower_bound(round - 2));
+  std::erase_if(answered_, [&](const auto& kv) { return kv.first.first < round - 2; });
+  // READY goes to the leader and its fallback; a retry to everyone (the other members learn that the
+  // epoch is abandoned, superseded()); once the grace is over, to everyone too (whoever leads then).
+  std::set<transport::PeerId> told;  // in line and told since the last repeat
+  const auto say_ready = [&](bool everyone) {
+    std::vector<Outgoing> out;
+    if (everyone || after_epoch > 0) {
+      out.push_back(Outgoing{std::nullopt, ready_message_locked(round, after_epoch, step, kToEveryone)});
+    } else {
+      // And to the lowest live id, when it is not in line: a peer left on its own (or a few split
+      // off) hears of the main group from its leader, and comes back to it.
+      const Bytes m = ready_message_locked(round, after_epoch, step, 0);
+      const std::set<transport::PeerId> alive = live_locked();
+      std::vector<transport::PeerId> to = in_line_locked(alive);
+      to.push_back(*alive.begin());
+      for (transport::PeerId id : to) {
+        if (id != self && told.insert(id).second) out.push_back(Outgoing{id, m});
+      }
+    }
+    lock.unlock();
+    send(std::move(out));
+    lock.lock();
+  };
+  say_ready(false);
+  Nanos last_repeat = clock_.now();
+  // READY is repeated for a leader that missed it, less and less often.
+  Nanos repeat_every = options_.repeat_every;
+  Nanos last_view_check = clock_.now();
   for (;;) {
     if (stopping_) return error(ErrorCode::kAborted, "this peer is leaving the run");
     auto it = groups_.find(round);
@@ -391,41 +662,43 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
                                               (after_epoch > 0 ? " (this peer was not ready in time, or retries an earlier step than the others)" : " (this peer was not ready in time)"));
       }
       last_ = g;
+      contacts_.clear();
       return g;
     }
-    if (round == 0 && !last_ && ((!ready_.empty() && ready_.rbegin()->first > 0) || (!groups_.empty() && groups_.rbegin()->first > 0))) {
-      return error(ErrorCode::kUnavailable, "the run is already past its start (its peers are at round " +
-                                                       std::to_string(std::max(ready_.empty() ? 0 : ready_.rbegin()->first,
-                                                                               groups_.empty() ? 0 : groups_.rbegin()->first)) +
-                                                       "): it joins through a state transfer");
+    if (round == 0 && !last_) {
+      const std::int64_t beyond = std::max({run_at_, ready_.empty() ? 0 : ready_.rbegin()->first, groups_.empty() ? 0 : groups_.rbegin()->first});
+      if (beyond > 0) {
+        return error(ErrorCode::kUnavailable, "the run is already past its start (its peers are at round " + std::to_string(beyond) +
+                                                  "): it joins through a state transfer");
+      }
     }
     if (auto decided = leader_decision(round, after_epoch, step, ready_since)) {
       groups_[round] = *decided;
-      lock.unlock();
+      remember_locked(*decided);
       spdlog::info("round {}: leading, group of {} with epoch {}", round, decided->members.size(), decided->epoch);
-      announce(*decided);
+      std::vector<Outgoing> out;
+      announce_locked(*decided, after_epoch, out);
+      lock.unlock();
+      send(std::move(out));
       lock.lock();
       continue;
     }
     if (deadline.expired(clock_)) {
       return error(ErrorCode::kTimeout, "no group was announced for round " + std::to_string(round) + " before the deadline");
     }
-    // Again once the interval passed, or at once when this peer's view of the live peers has doubled
-    // since (early on, the READY reached only the few peers it knew).
+    // Again once the interval passed (to whoever is in line then), and at once to a peer that came
+    // in line since (the leader died, or this peer's view of the members grew).
     // (The view is looked at every 200 ms, not at every poll: it copies gossip's whole table.)
-    std::size_t live_now = live_at_repeat;
-    if (clock_.now() - last_view_check >= std::chrono::milliseconds(200)) {
-      live_now = live_ids(gossip_).size();
-      last_view_check = clock_.now();
-    }
-    if (clock_.now() - last_repeat >= repeat_every || live_now >= 2 * live_at_repeat) {
-      lock.unlock();
-      broadcast_ready(round, after_epoch, step);
+    if (clock_.now() - last_repeat >= repeat_every) {
+      told.clear();
+      say_ready(clock_.now() >= ready_since + grace());
       last_repeat = clock_.now();
-      live_at_repeat = live_now;
       repeat_every = std::min<Nanos>(2 * repeat_every, std::chrono::seconds(5));
-      lock.lock();
       continue;
+    }
+    if (clock_.now() - last_view_check >= std::chrono::milliseconds(200)) {
+      last_view_check = clock_.now();
+      if (after_epoch == 0) say_ready(false);  // (only those not told yet)
     }
     // Until a message arrives, or a poll interval passes (gossip's view of who is alive, and the
     // grace, change without a message).

@@ -1,30 +1,48 @@
-// Coordinator: who takes part in each round of a real run, agreed over gossip with no fixed leader.
+// Coordinator: who takes part in each round of a real run, agreed over gossip with no fixed leader,
+// at a cost per peer that does not grow with the run.
 //
-// Each round k (round 0 is the start of training) goes like this. Every peer that reaches it
-// announces READY(k) with the address of its links. The round's leader is the lowest live id
-// (gossip's view; live: alive or suspect, not yet declared dead) among the previous group's members
-// (at the start, and once a straggler's grace is over, among the ready peers; a newcomer never leads
-// before that); it waits until every live peer of the previous group is ready (at round 0: until
-// `min_members` peers are), or until an adaptive grace has passed since
-// it became ready itself (a few times the usual lag of the last members; see CoordinatorOptions),
-// and announces GROUP(k): the members, sorted by id, and an epoch. The epoch
-// names the group's links: a group with the same members as the last one, which nobody retries,
-// keeps its epoch (and so its links, and a collective in flight over them, as CO2's is); any other
-// group gets a new one, so nothing of a failed round can reach a later one. A peer may ask for a
-// round's group ahead of time (agree() from another thread) to take the agreement off its critical
-// path. When a collective over epoch e fails, the members call agree(k, e) again
-// (READY with "after e" and the step whose collective failed); the leader announces a group with a
-// larger epoch, without the peers that are gone, and without those retrying an earlier step than
-// others (a crash that cut a collective short for some members only: the rest went on to the next
-// step; those behind are left out and catch up through a state transfer). If the leader dies, the next lowest live id takes over, since every peer runs the same
-// rule; announcements and READYs are repeated until answered, so a lost gossip message only delays.
+// Each round k (round 0 is the start of training) goes like this. Every peer that reaches it says
+// READY(k), with the address of its links, to the round's leader and to the next in line (its
+// fallback), directly, not to everyone (and to the lowest live id, when that is neither: a peer left
+// on its own, or a few split off, hear of the main group from its leader and come back to it). The leader is the lowest live id (gossip's view; live: alive
+// or suspect, not yet declared dead) among the previous group's members (at the start, and once a
+// straggler's grace is over, among the ready peers; a newcomer never leads before that); it waits
+// until every live peer of the previous group is ready (at round 0: until `min_members` peers are),
+// or until an adaptive grace has passed since it became ready itself (a few times the usual lag of
+// the last members; see CoordinatorOptions), and sends GROUP(k) to each ready peer: the members,
+// sorted by id, and an epoch. A GROUP is sent as the change from a group its receiver holds (it says
+// which in its READY): a few bytes when the members stay, the whole list only to a newcomer. The
+// epoch names the group's links: a group with the same members as the last one, which nobody
+// retries, keeps its epoch (and so its links, and a collective in flight over them, as CO2's is); any
+// other group gets a new one, so nothing of a failed round can reach a later one. A peer may ask for
+// a round's group ahead of time (agree() from another thread) to take the agreement off its critical
+// path. When a collective over epoch e fails, the members call agree(k, e) again (READY with "after
+// e" and the step whose collective failed, to everyone: the others must learn that e is abandoned);
+// the leader announces a group with a larger epoch, without the peers that are gone, and without those
+// retrying an earlier step than others (a crash that cut a collective short for some members only:
+// the rest went on to the next step; those behind are left out and catch up through a state
+// transfer). If the leader dies, its fallback, which has every READY too, takes over, since every
+// peer runs the same rule. A peer that gets a READY it is not in line for (the sender's view of the
+// members differs, or the sender is a newcomer that knows only a few members) passes it on once to
+// its own leader and fallback. READYs are repeated until a GROUP answers, and whoever holds the
+// round's group answers a READY with it: a lost message only delays. A peer still waiting when its
+// grace is over says READY to everyone. Per round a peer sends one READY (two messages) and the
+// leader one GROUP per member: O(N) messages in all, not O(N^2).
 //
-// Messages (topic "gossamer.round", little-endian through core/wire):
-//   version u8 | type u8 (1 READY, 2 GROUP, 3 INTENT) | round i64
-//   READY: after_epoch u64 | step i64 (of the retried collective; 0 first time) | id u64 | link address str
-//   GROUP: epoch u64 | leader u64 | count u32 | count x (id u64, link address str)
-//   INTENT: id u64 (a newcomer holding the state of round-1)
-// A message of another version or a malformed one is dropped, logged and counted (dropped()).
+// Messages (topic "gossamer.round", direct or broadcast; little-endian through core/wire):
+//   version u8 | type u8 (1 READY, 2 GROUP, 3 INTENT, 4 AT) | round i64
+//   READY:  after_epoch u64 | step i64 (of the retried collective; 0 first time) | id u64 |
+//           known epoch u64 (the last group it took part in; 0 none) | flags u8 (1 passed on,
+//           2 sent to everyone) | link address str
+//   GROUP:  epoch u64 | leader u64 | width u32 (the layout: 0 a full mesh) | form u8, then
+//           form 0 (whole): count u32 | count x (id u64, link address str)
+//           form 1 (change): base epoch u64 | count u32 | check u64 (of the members it makes) |
+//                  removed u32 x id u64 | added u32 x (id u64, link address str)
+//   INTENT: id u64 (a newcomer holding the state of round-1) | flags u8 (1 passed on)
+//   AT:     (nothing: the run is at `round`, past the one a READY asked about)
+// A message of another version or a malformed one is dropped, logged and counted (dropped()). A
+// change from a group this peer does not hold (or whose check fails) is not applied: the peer asks
+// the sender for the whole group.
 //
 // Threading: agree() is called by the training thread; the gossip handler runs on the gossip
 // thread; every method is thread-safe. Blocking: agree() blocks until a group is announced or the
@@ -35,6 +53,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -62,6 +81,8 @@ struct GroupView {
   std::uint64_t epoch = 0;
   transport::PeerId leader;
   std::vector<MemberInfo> members;  // sorted by id
+  // How the members link up for the collective (optim::grid_linked): 0, every one to every other.
+  std::uint32_t width = 0;
   int rank_of(transport::PeerId id) const;  // -1 when not a member
 };
 
@@ -74,6 +95,9 @@ struct CoordinatorOptions {
   Nanos min_grace = std::chrono::seconds(2);
   double grace_factor = 4.0;
   Nanos repeat_every = std::chrono::milliseconds(300);  // the first repeat of a READY; then doubling, up to 5 s
+  // The layout of a group of so many members (GroupView::width), chosen by its leader; none: a full
+  // mesh. A group with the same members and layout as the last keeps its epoch (and links).
+  std::function<std::uint32_t(std::size_t members)> layout;
 };
 
 struct CoordinatorStats {
@@ -81,6 +105,8 @@ struct CoordinatorStats {
   std::int64_t retries = 0;           // agree() after a failed epoch
   std::int64_t left_out = 0;          // peers a group announced by this leader left behind
   std::int64_t dropped = 0;           // malformed or foreign messages
+  std::int64_t messages_sent = 0;     // READY, GROUP, INTENT and AT messages (a broadcast counts once)
+  std::int64_t passed_on = 0;         // READYs and INTENTs passed on to this peer's leader
 };
 
 class Coordinator : public std::enable_shared_from_this<Coordinator> {
@@ -106,6 +132,9 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // True when the group of `round` over `epoch` is abandoned: a later group for the round is out,
   // or some member is ready to retry after that epoch (its collective or its links failed).
   bool superseded(std::int64_t round, std::uint64_t epoch) const;
+  // Members of the run a newcomer knows (those it took the state from): until it takes part in a
+  // group, its READYs and INTENTs go to them, and they pass them on to their leader.
+  void join_through(std::vector<transport::PeerId> members);
   // This peer is leaving: agree() calls now and later return kAborted at once.
   void stop();
   CoordinatorStats stats() const;
@@ -114,16 +143,37 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   struct Ready {
     std::uint64_t after_epoch = 0;
     std::int64_t step = 0;  // of the collective retried
+    std::uint64_t known_epoch = 0;  // the last group it took part in
     std::string address;  // empty: this peer accepts no connections (behind NAT)
     Nanos at{0};  // on the coordinator's clock
     bool heard = false;
   };
+  struct Outgoing {  // a message to send once the lock is released
+    std::optional<transport::PeerId> to;  // nothing: to everyone
+    Bytes payload;
+  };
   void on_message(transport::PeerId origin, const Bytes& payload);
   // Each kind of message, read from `r` (under mu_); false when it was dropped.
-  bool on_ready_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::optional<GroupView>& repeat);
-  bool on_group_locked(transport::PeerId origin, std::int64_t round, Reader& r);
+  bool on_ready_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::vector<Outgoing>& out);
+  bool on_group_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::vector<Outgoing>& out);
+  bool on_intent_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::vector<Outgoing>& out);
   void drop_locked(const std::string& what, transport::PeerId origin, const std::string& why);
-  void broadcast_ready(std::int64_t round, std::uint64_t after_epoch, std::int64_t step);
+  void send(std::vector<Outgoing> out);
+  // Whom this peer's READYs and INTENTs go to: the leader and its fallback in this peer's view (the
+  // two lowest live members of its last group; a newcomer's contacts; at the start, the two lowest
+  // live ids), possibly this peer itself.
+  std::vector<transport::PeerId> in_line_locked() const;
+  // Gossip's live ids and this peer's (copied at most every 50 ms).
+  const std::set<transport::PeerId>& live_locked() const;
+  std::vector<transport::PeerId> in_line_locked(const std::set<transport::PeerId>& alive) const;
+  Bytes ready_message_locked(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, std::uint8_t flags) const;
+  // `g` for a peer that holds the group of epoch `known` (0: none): a change from it where this peer
+  // holds that group too, else the whole list.
+  Bytes group_message_locked(const GroupView& g, std::uint64_t known) const;
+  // Answers a READY from `id` with the group of `round` it waits for, or says the run is past it (at
+  // most once per repeat_every per peer, unless it asks for the whole group now).
+  void answer_locked(transport::PeerId id, std::int64_t round, const Ready& ready, std::vector<Outgoing>& out);
+  void remember_locked(const GroupView& g);
   // Leader side: the group to announce now, or nothing yet (under mu_).
   std::optional<GroupView> leader_decision(std::int64_t round, std::uint64_t after_epoch, std::int64_t step,
                                            Nanos ready_since);
@@ -133,12 +183,12 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
                                               const std::map<transport::PeerId, std::string>& ready, std::optional<Nanos>& newcomer_wait);
   GroupView make_group_locked(std::int64_t round, std::uint64_t after_epoch, std::int64_t step,
                               const std::map<transport::PeerId, std::string>& ready, const std::set<transport::PeerId>& expected);
-  void announce(const GroupView& g);
-  // Whether this peer repeats `g` for a peer that missed it: its leader, or the lowest live member
-  // once the leader is dead.
-  bool repeats_group(const GroupView& g) const;
+  // The group, to every peer ready for this attempt (under mu_).
+  void announce_locked(const GroupView& g, std::uint64_t after_epoch, std::vector<Outgoing>& out);
   bool superseded_locked(std::int64_t round, std::uint64_t epoch) const;
   Nanos grace() const;  // the straggler grace now (under mu_)
+
+  static constexpr std::size_t kKnownGroups = 8;  // groups held by epoch, to read changes from
 
   transport::Gossip& gossip_;
   const std::string address_;
@@ -150,9 +200,14 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   std::map<std::int64_t, std::map<transport::PeerId, Ready>> ready_;  // round -> who is ready
   std::map<std::int64_t, GroupView> groups_;                           // round -> the latest group announced
   std::map<std::int64_t, std::map<transport::PeerId, Nanos>> intents_;  // round -> newcomers that will take part, and how long to wait for each
-  std::map<std::int64_t, Nanos> repeated_;  // round -> when this peer last repeated its group
+  std::map<std::pair<std::int64_t, transport::PeerId>, std::pair<Nanos, bool>> answered_;  // (round, peer) -> when, and whether whole
+  std::map<std::uint64_t, std::vector<MemberInfo>> known_;  // epoch -> members, the newest few
+  std::vector<transport::PeerId> contacts_;                 // join_through()
   std::optional<GroupView> last_;                                      // the last group this peer took part in
   std::uint64_t max_epoch_ = 0;                                        // the largest epoch seen
+  std::int64_t run_at_ = -1;                                           // the furthest round an AT named
+  mutable std::set<transport::PeerId> live_;                           // live_locked()'s copy
+  mutable std::optional<Nanos> live_at_;
   CoordinatorStats stats_;
   bool stopping_ = false;
   std::deque<Nanos> lags_;  // the adaptive grace's history (leader side)

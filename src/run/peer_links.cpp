@@ -138,8 +138,11 @@ Result<std::vector<PeerLinks::ToDial>> PeerLinks::to_dial_locked(const GroupView
     if (reachable(m)) relays.push_back(m);
   }
   std::vector<ToDial> out;
-  for (const MemberInfo& m : view.members) {
+  const int size = static_cast<int>(view.members.size());
+  for (std::size_t j = 0; j < view.members.size(); ++j) {
+    const MemberInfo& m = view.members[j];
     if (m.id == self || links_.count({view.epoch, m.id}) == 1) continue;
+    if (!optim::grid_linked(rank, static_cast<int>(j), size, static_cast<int>(view.width))) continue;  // (a grid: its row and column only)
     if (self_reachable && reachable(m)) {
       if (self < m.id) out.push_back(ToDial{m, std::nullopt});
     } else if (!self_reachable && reachable(m)) {
@@ -224,8 +227,11 @@ void PeerLinks::file_locked(std::uint64_t epoch, transport::PeerId peer, std::sh
 }
 
 std::optional<transport::PeerId> PeerLinks::missing_locked(const GroupView& view) const {
-  for (const MemberInfo& m : view.members) {
-    if (m.id != transport_.self() && links_.count({view.epoch, m.id}) == 0) return m.id;
+  const int rank = view.rank_of(transport_.self()), size = static_cast<int>(view.members.size());
+  for (std::size_t j = 0; j < view.members.size(); ++j) {
+    const MemberInfo& m = view.members[j];
+    if (m.id == transport_.self() || !optim::grid_linked(rank, static_cast<int>(j), size, static_cast<int>(view.width))) continue;
+    if (links_.count({view.epoch, m.id}) == 0) return m.id;
   }
   return std::nullopt;
 }
@@ -269,12 +275,13 @@ Result<optim::Group> PeerLinks::group(const GroupView& view, Deadline deadline, 
   g.clock = &clock_;
   g.rank = rank;
   g.size = static_cast<int>(view.members.size());
+  g.width = static_cast<int>(view.width);
   g.peers.resize(view.members.size());
   std::lock_guard lock(mu_);
   g.poison = poison_;
   g.mean_tap = tap_;
   for (std::size_t j = 0; j < view.members.size(); ++j) {
-    if (view.members[j].id == self) continue;
+    if (view.members[j].id == self || !optim::grid_linked(rank, static_cast<int>(j), g.size, g.width)) continue;
     auto it = links_.find({view.epoch, view.members[j].id});
     if (it == links_.end()) return error(ErrorCode::kAborted, "the links of epoch " + std::to_string(view.epoch) + " were closed while the group was made");
     g.peers[j] = it->second;

@@ -1,6 +1,7 @@
 // PeerLinks: the links of a real peer to the members of its current group, one set per epoch.
 //
-// A group (coordinator.h) names an epoch; its links are made for it: between two members the one
+// A group (coordinator.h) names an epoch; its links are made for it (in a grid layout, GroupView::width,
+// only between members of a row or a column, optim::grid_linked): between two members the one
 // with the smaller id connects and first sends the epoch, the other accepts and files the link
 // under (peer, epoch). A member that accepts no connections (behind NAT: announced with an empty
 // address) dials every member that does; between two such members the link goes through a relay

@@ -45,6 +45,7 @@ Result<PeerOutcome> Peer::run_pipeline() {
   // (every node of round 0 links to every other before the first iteration, so no member can hear it).
   std::int64_t heard_at = -1;
   auto start = wait_for_start([&] {
+    ask_for_spec(*heard_);  // (once a second: the answers say where the run is)
     std::lock_guard lock(heard_->mu);
     heard_at = heard_->latest_round;
     return heard_at >= 1;

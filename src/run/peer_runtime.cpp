@@ -77,6 +77,7 @@ Result<PeerOutcome> Peer::run() {
   if (config_.pipeline.enabled) return run_pipeline();
   if (Status st = link_up(); !st.ok()) return st;
   if (Status st = join_or_start(); !st.ok()) return st;
+  board_->set_member(true);
   auto account = rounds();
   if (!account.ok()) return account.status();
   if (!failure_.ok()) return failure_;
@@ -138,7 +139,14 @@ Status Peer::learn_run() {
   } else {
     spdlog::info("run {} ({} on {} steps, rounds every {} steps)", spec_hash_.hex().substr(0, 16), config_.outer.method, config_.train.steps, schedule_.period);
   }
-  announcer_ = std::make_unique<SpecAnnouncer>(gossip_, spec_, current_round_, clock_);
+  // Answers carry the furthest round this peer knows of: its own, or (joining) the one it heard of.
+  announcer_ = std::make_unique<SpecAnnouncer>(
+      gossip_, spec_,
+      [this] {
+        std::lock_guard lock(heard_->mu);
+        return std::max<std::int64_t>(current_round_.load(), heard_->latest_round);
+      },
+      clock_);
   if (env_.keep_spec) return env_.keep_spec(spec_.toml);
   return Status();
 }
@@ -172,6 +180,7 @@ Status Peer::link_up() {
   CoordinatorOptions co;
   co.min_members = spec_.wait_for;
   co.straggler_grace = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config_.train.round_timeout_s / 2));
+  co.layout = [this](std::size_t members) { return layout_for(members); };
   check_reachable(opened_.announced, "links");
   if (outbound_only_ && ddp_ && config_.ddp.engine == "gloo") {
     return error(ErrorCode::kInvalidArgument, "ddp.engine = \"gloo\" needs every peer to accept connections (Gloo dials the other ranks "
@@ -230,6 +239,36 @@ std::optional<double> Peer::shaped_link_bytes_per_s() const {
 
 std::optional<double> Peer::own_link_bytes_per_s() const { return env_.link_bytes_per_s ? env_.link_bytes_per_s : shaped_link_bytes_per_s(); }
 
+const quant::EncodeOptions* Peer::layout_codec() const {
+  switch (outer_config_.method) {
+    case optim::Method::kDiLoCo:
+      return &outer_config_.diloco.codec;
+    case optim::Method::kStreamingDiLoCo:
+      return &outer_config_.streaming.codec;
+    case optim::Method::kCO2:
+      return &outer_config_.co2.codec;
+    case optim::Method::kDdp:
+      return outer_config_.ddp_engine == "links" ? &outer_config_.ddp_codec : nullptr;
+    default:
+      return nullptr;  // pairs (NoLoCo) and all-gathers (SparseLoCo) need every link
+  }
+}
+
+std::uint32_t Peer::layout_for(std::size_t members) {
+  // Only methods whose collective is allreduce_mean may go through a grid. Decided once per group
+  // size with the model's size known (a round trip measured a little differently later does not
+  // change a group's layout, and so its links); at the start, before the model is built, the
+  // payload counts as small.
+  if (layout_codec() == nullptr) return 0;
+  std::lock_guard lock(layout_mu_);
+  if (auto it = layouts_.find(members); it != layouts_.end()) return it->second;
+  const double payload = layout_payload_.load();
+  const Nanos rtt = gossip_.round_trip().value_or(Nanos{0});
+  const auto width = static_cast<std::uint32_t>(optim::choose_width(static_cast<int>(members), payload, rtt, own_link_bytes_per_s().value_or(0)));
+  if (payload > 0) layouts_[members] = width;
+  return width;
+}
+
 Status Peer::check_not_stranded() const {
   if (!outbound_only_) return Status();
   for (const auto& m : gossip_.members()) {
@@ -265,7 +304,9 @@ Result<std::optional<GroupView>> Peer::wait_for_start(const std::function<bool()
 // Fetches the newest state the members offer (asking for it until one arrives); kTimeout at the deadline.
 Result<FetchResult> Peer::fetch_newest(Deadline deadline) {
   std::optional<Nanos> last_ask;
-  RunGoneWatch watch(gossip_, clock_, std::max<Nanos>(plan_.dead_after, std::chrono::seconds(3)));
+  // Peers that say they are not in the run (other newcomers, after the run ended) do not count.
+  RunGoneWatch watch(gossip_, clock_, std::max<Nanos>(plan_.dead_after, std::chrono::seconds(3)),
+                     [board = board_](transport::PeerId id) { return board->absent(id, std::chrono::seconds(5)); });
   for (;;) {
     if (deadline.expired(clock_)) return error(ErrorCode::kTimeout, "no member offered the run's state in time");
     if (stop_requested()) return error(ErrorCode::kAborted, "stop requested while joining");
@@ -311,6 +352,8 @@ Result<FetchResult> Peer::fetch_newest(Deadline deadline) {
                        f.bytes_resumed > 0 ? fmt::format(", {:.2f} MB of it kept from before", f.bytes_resumed / 1e6) : std::string(),
                        f.donors_failed > 0 ? fmt::format(", {} failed", f.donors_failed) : std::string());
           session_ = std::move(*session);
+          // Its rounds are asked for through the members that served it, until it is in a group.
+          coordinator_->join_through(board_->offerers(offer->first));
           state_transfer_s_ = std::chrono::duration<double>(clock_.now() - transfer_started).count();
           transfer_started_ = transfer_started;
           round_at_transfer_ = round_at_start;
@@ -493,8 +536,14 @@ Status Peer::join_or_start() {
   // A run that is already training is joined through a state transfer; otherwise round 0 says who
   // starts, and so each peer's shard.
   if (!plan_.first) {
+    // Asked of a few more members (the first answer may have come from a peer waiting like this one).
+    {
+      std::lock_guard lock(heard_->mu);
+      heard_->asked.reset();
+    }
+    ask_for_spec(*heard_);
     std::unique_lock lock(heard_->mu);
-    heard_->signal->wait(lock, after(1500ms), [&] { return heard_->latest_round >= 0; });  // announcers repeat every second
+    heard_->signal->wait(lock, after(1500ms), [&] { return heard_->latest_round >= 0; });
   }
   bool joining = heard_->latest_round >= 0;
   if (!joining) {
@@ -520,6 +569,7 @@ Status Peer::join_or_start() {
   spdlog::info("training on shard {} of {}", rank_, world_);
 
   worker_ = std::make_unique<train::Worker>(config_, corpus_->dataset, rank_, world_, clock_);
+  if (const auto* codec = layout_codec()) layout_payload_ = static_cast<double>(worker_->model().num_parameters()) * quant::bits_per_value(*codec) / 8;
   optim::Group first_group = solo_group(clock_);
   if (start_) {
     auto g = links_->group(*start_, after(std::min(round_timeout_, kLinkTimeout)));

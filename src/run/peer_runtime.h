@@ -27,7 +27,9 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -176,6 +178,11 @@ class Peer {
   Status check_not_stranded() const;
   // This peer's link speed where it is known (a simulation's access link, --shape).
   std::optional<double> own_link_bytes_per_s() const;
+  // The layout of a group of `members` (CoordinatorOptions::layout): optim::choose_width on the
+  // method's payload, gossip's round trip and this peer's link; the codec of the method's
+  // all-reduce, or null when its collective needs every link.
+  std::uint32_t layout_for(std::size_t members);
+  const quant::EncodeOptions* layout_codec() const;
   // This peer's link speed under --shape (what it paces its own downloads to).
   std::optional<double> shaped_link_bytes_per_s() const;
   // A state link as this peer uses it: shaped like its group links under --shape.
@@ -210,6 +217,9 @@ class Peer {
   std::unique_ptr<StateServer> server_;
   std::unique_ptr<PeerLinks> links_;
   std::shared_ptr<Coordinator> coordinator_;
+  std::mutex layout_mu_;
+  std::map<std::size_t, std::uint32_t> layouts_;  // group size -> width, once the payload is known
+  std::atomic<double> layout_payload_{0};          // bytes of one all-reduce; 0 until the model is built
   std::shared_ptr<const train::Corpus> corpus_;
 
   // join_or_start

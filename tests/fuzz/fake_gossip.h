@@ -1,5 +1,6 @@
 // A gossip node for fuzz targets: the target delivers messages to the subscribers itself, at once
-// and on its own thread; broadcasts are counted, and the last few kept (to make seeds from).
+// and on its own thread; broadcasts and direct messages are counted, and the last few kept (to
+// make seeds from).
 // Thread-safe, so a component with a thread of its own (SpecAnnouncer) may broadcast while the
 // target delivers.
 #pragma once
@@ -9,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -30,6 +32,13 @@ class FakeGossip final : public transport::Gossip {
     if (sent_.size() > kKept) sent_.pop_front();
     return Status();
   }
+  Status send(transport::PeerId to, const std::string& topic, ByteView payload) override {
+    ++directs_;
+    std::lock_guard lock(mu_);
+    direct_.emplace_back(to, topic, Bytes(payload.begin(), payload.end()));
+    if (direct_.size() > kKept) direct_.pop_front();
+    return Status();
+  }
   void subscribe(const std::string& topic, Handler handler) override {
     std::lock_guard lock(mu_);
     handlers_[topic].push_back(std::move(handler));
@@ -48,6 +57,11 @@ class FakeGossip final : public transport::Gossip {
     for (auto& h : handlers) h(origin, message);
   }
   std::uint64_t broadcasts() const { return broadcasts_.load(); }
+  std::uint64_t directs() const { return directs_.load(); }
+  std::deque<std::tuple<transport::PeerId, std::string, Bytes>> direct() const {
+    std::lock_guard lock(mu_);
+    return direct_;
+  }
   std::deque<std::pair<std::string, Bytes>> sent() const {
     std::lock_guard lock(mu_);
     return sent_;
@@ -60,7 +74,8 @@ class FakeGossip final : public transport::Gossip {
   mutable std::mutex mu_;
   std::map<std::string, std::vector<Handler>> handlers_;
   std::deque<std::pair<std::string, Bytes>> sent_;
-  std::atomic<std::uint64_t> broadcasts_{0};
+  std::deque<std::tuple<transport::PeerId, std::string, Bytes>> direct_;
+  std::atomic<std::uint64_t> broadcasts_{0}, directs_{0};
 };
 
 }  // namespace gossamer::fuzz

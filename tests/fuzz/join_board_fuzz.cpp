@@ -38,16 +38,22 @@ class StillClock final : public Clock {
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);  // every dropped message is logged
   if (fuzz::seeds_wanted()) {
-    // Peer 9 asks to join, then offers round 12 at an address and round 13 at a wildcard one (made
-    // reachable through its gossip address); the board then forgets round 12.
-    fuzz::FakeGossip peer(transport::PeerId{9});
+    // Peer 9 asks to join (sent to the member it knows), then, having heard a JOIN from peer 2, offers
+    // round 12 at an address and round 13 at a wildcard one (made reachable through its gossip
+    // address); the board then forgets round 12.
+    fuzz::FakeGossip peer(transport::PeerId{9}, {transport::Member{transport::PeerId{1}, "tcp://192.0.2.1:7000"}});
     auto b = run::JoinBoard::make(peer);
     b->ask_to_join();
+    Writer join;  // peer 2's JOIN, by the layout in the header
+    join.u8(1);
+    join.u8(1);
+    join.u64(2);
+    peer.deliver(transport::PeerId{2}, "gossamer.state", join.bytes());
     b->offer(12, "192.0.2.9:7001");
     b->offer(13, "0.0.0.0:7001");
-    const auto sent = peer.sent();
+    const auto sent = peer.direct();
     if (sent.size() == 3) {
-      fuzz::write_seed("board", fuzz::join_records({{1, sent[0].second}, {1, sent[1].second}, {5, sent[2].second}}));
+      fuzz::write_seed("board", fuzz::join_records({{1, std::get<2>(sent[0])}, {1, std::get<2>(sent[1])}, {5, std::get<2>(sent[2])}}));
     }
   }
   return 0;

@@ -1,12 +1,13 @@
-// libFuzzer target: round messages (READY, GROUP, INTENT; src/run/coordinator.h) from arbitrary bytes,
-// delivered to a Coordinator on topic "gossamer.round". The input is a sequence of records
+// libFuzzer target: round messages (READY, GROUP, INTENT, AT; src/run/coordinator.h) from arbitrary
+// bytes, delivered to a Coordinator on topic "gossamer.round". The input is a sequence of records
 // (records.h): the selector picks the origin (peers 1 to 4; this peer is 1), the payload is the
 // message. The coordinator first leads round 0's group of one, so it is a member when the junk comes.
-// After each message: it was dropped and counted once, or its header was well-formed (version 2, a
-// known kind, a round >= 0, a READY naming its origin, an INTENT of exactly its size); a GROUP taken
-// supersedes the epoch before its own; a message causes at most one broadcast (a group repeated).
+// After each message: it was ignored (this peer's own, echoed back), dropped and counted once, or its header was well-formed (version 3, a
+// known kind, a round >= 0, a READY naming its origin unless passed on, an INTENT and an AT of
+// exactly their size); a whole GROUP taken supersedes the epoch before its own; a message causes no
+// broadcast and at most two direct messages (an answer, or a READY or INTENT passed on to two).
 // At the end the coordinator still agrees at once on a round after all the junk, as the only member,
-// with an epoch no smaller than that of any GROUP it took.
+// with an epoch no smaller than that of any whole GROUP it took.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +16,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/wire.h"
 #include "fake_gossip.h"
 #include "records.h"
 #include "run/coordinator.h"
@@ -36,14 +38,54 @@ constexpr std::int64_t kLastRoundChecked = std::int64_t{1} << 62;
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);  // every dropped message is logged
   if (fuzz::seeds_wanted()) {
-    // What peer 2 says leading round 0, retrying round 1 after epoch 1 at step 12, and intending round 2.
+    // What peer 2 says retrying round 1 after epoch 1 at step 12 (to everyone), and the other kinds
+    // by the layout in the header: a READY, a whole GROUP, a change, an INTENT and an AT.
     fuzz::FakeGossip peer(transport::PeerId{2});
     auto c = run::Coordinator::make(peer, "192.0.2.2:7001", run::CoordinatorOptions{});
     (void)c->agree(0, 0, Deadline::after(real_clock(), std::chrono::seconds(5)));
     (void)c->agree(1, 1, Deadline::after(real_clock(), std::chrono::seconds(5)), 12);
-    c->intend(2);
     std::vector<std::pair<std::uint8_t, Bytes>> records;
     for (const auto& [topic, payload] : peer.sent()) records.emplace_back(1, payload);  // selector 1: from peer 2
+    const auto start = [](std::uint8_t kind, std::int64_t round) {
+      Writer w;
+      w.u8(3);
+      w.u8(kind);
+      w.i64(round);
+      return w;
+    };
+    Writer ready = start(1, 2);
+    ready.u64(0);
+    ready.i64(0);
+    ready.u64(2);
+    ready.u64(1);
+    ready.u8(0);
+    ready.str("192.0.2.2:7001");
+    records.emplace_back(1, ready.bytes());
+    Writer whole = start(2, 3);
+    whole.u64(4);
+    whole.u64(2);
+    whole.u8(0);
+    whole.u32(1);
+    whole.u64(1);
+    whole.str("192.0.2.1:7001");
+    records.emplace_back(1, whole.bytes());
+    Writer change = start(2, 4);
+    change.u64(5);
+    change.u64(2);
+    change.u8(1);
+    change.u64(4);
+    change.u32(2);
+    change.u64(0);
+    change.u32(0);
+    change.u32(1);
+    change.u64(3);
+    change.str("192.0.2.3:7001");
+    records.emplace_back(1, change.bytes());
+    Writer intent = start(3, 5);
+    intent.u64(2);
+    intent.u8(0);
+    records.emplace_back(1, intent.bytes());
+    records.emplace_back(1, start(4, 6).bytes());
     fuzz::write_seed("round", fuzz::join_records(records));
   }
   return 0;
@@ -62,26 +104,35 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const transport::PeerId origin{1u + record.selector % 4u};
     const ByteView m = record.payload;
     const std::int64_t dropped = coordinator->stats().dropped;
-    const std::uint64_t broadcasts = gossip.broadcasts();
+    const std::uint64_t broadcasts = gossip.broadcasts(), directs = gossip.directs();
     gossip.deliver(origin, "gossamer.round", m);
     const std::int64_t dropped_now = coordinator->stats().dropped;
     if (dropped_now != dropped && dropped_now != dropped + 1) __builtin_trap();
-    if (gossip.broadcasts() > broadcasts + 1) __builtin_trap();
+    if (gossip.broadcasts() != broadcasts || gossip.directs() > directs + 2) __builtin_trap();
+    if (origin == self) {  // its own broadcast echoed back: ignored, neither taken nor dropped
+      if (dropped_now != dropped || gossip.directs() != directs) __builtin_trap();
+      continue;
+    }
     if (m.size() >= 10) last_round = std::max(last_round, static_cast<std::int64_t>(u64_at(m, 2)));
     if (dropped_now != dropped) continue;
     // Taken: what it said must have been well-formed.
-    if (m.size() < 10 || m[0] != std::byte{2}) __builtin_trap();
+    if (m.size() < 10 || m[0] != std::byte{3}) __builtin_trap();
     const auto kind = static_cast<std::uint8_t>(m[1]);
     const auto round = static_cast<std::int64_t>(u64_at(m, 2));
     if (round < 0) __builtin_trap();
     if (kind == 1) {
-      if (m.size() < 38 || u64_at(m, 26) != origin.value) __builtin_trap();
+      if (m.size() < 47 || ((static_cast<std::uint8_t>(m[42]) & 1) == 0 && u64_at(m, 26) != origin.value)) __builtin_trap();
     } else if (kind == 2) {
-      if (m.size() < 42) __builtin_trap();  // a group has a member
+      if (m.size() < 27) __builtin_trap();
       const std::uint64_t epoch = u64_at(m, 10);
-      if (epoch == 0 || !coordinator->superseded(round, epoch - 1)) __builtin_trap();
-      largest_epoch = std::max(largest_epoch, epoch);
-    } else if (kind != 3 || m.size() != 18) {
+      if (epoch == 0) __builtin_trap();
+      if (m[26] == std::byte{0}) {
+        if (m.size() < 43 || !coordinator->superseded(round, epoch - 1)) __builtin_trap();  // a group has a member
+        largest_epoch = std::max(largest_epoch, epoch);
+      } else if (m[26] != std::byte{1} || m.size() < 55) {
+        __builtin_trap();
+      }
+    } else if (!(kind == 3 && m.size() == 19) && !(kind == 4 && m.size() == 10)) {
       __builtin_trap();
     }
   }

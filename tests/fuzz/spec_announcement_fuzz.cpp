@@ -1,6 +1,6 @@
-// libFuzzer target: run-spec announcements (BEACON, SPEC, WANT; src/run/announcements.h) from
+// libFuzzer target: run-spec messages (BEACON, still read; SPEC; WANT; src/run/announcements.h) from
 // arbitrary bytes, delivered on topic "gossamer.spec" to a listener (listen_for_spec) and to a
-// SpecAnnouncer. The input is a sequence of records (records.h): the selector picks the origin (peers
+// SpecAnnouncer (which answers a WANT with a direct message). The input is a sequence of records (records.h): the selector picks the origin (peers
 // 1 to 4), the payload is the message.
 // After each message: a spec is taken only from a well-formed SPEC whose hash is its TOML's, and once
 // taken it never changes; the furthest round heard moves only up, and only to the round a well-formed
@@ -58,10 +58,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  // An announcer runs for the whole process (it has a thread); its state is bounded by the origins.
+  // An announcer runs for the whole process; its state is bounded by the origins.
   static fuzz::FakeGossip announcer_gossip(transport::PeerId{9});
-  static std::atomic<std::int64_t> announcer_round{3};
-  static run::SpecAnnouncer announcer(announcer_gossip, run::Spec{"[run]\nmethod = \"diloco\"\n", 2}, announcer_round);
+  static run::SpecAnnouncer announcer(announcer_gossip, run::Spec{"[run]\nmethod = \"diloco\"\n", 2}, [] { return std::int64_t{3}; });
 
   fuzz::FakeGossip gossip(transport::PeerId{8});
   auto heard = run::listen_for_spec(gossip);

@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "core/hash.h"
 #include "core/wire.h"
@@ -24,17 +25,21 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// A gossip node of one: what is broadcast is recorded, and the test delivers messages to the
-// subscribers itself.
+// A gossip node that knows the members the test gives it: what is broadcast or sent is recorded,
+// and the test delivers messages to the subscribers itself.
 class RecordingGossip final : public transport::Gossip {
  public:
   explicit RecordingGossip(std::uint64_t id) : self_{id} {}
   transport::PeerId self() const override { return self_; }
   std::string address() const override { return "tcp://192.0.2." + std::to_string(self_.value) + ":7000"; }
-  std::vector<transport::Member> members() const override { return {}; }
-  std::vector<transport::Member> sample(std::size_t) override { return {}; }
+  std::vector<transport::Member> members() const override { return known; }
+  std::vector<transport::Member> sample(std::size_t) override { return known; }
   Status broadcast(const std::string& topic, ByteView payload) override {
     sent.emplace_back(topic, Bytes(payload.begin(), payload.end()));
+    return Status();
+  }
+  Status send(transport::PeerId to, const std::string& topic, ByteView payload) override {
+    direct.emplace_back(to, topic, Bytes(payload.begin(), payload.end()));
     return Status();
   }
   void subscribe(const std::string& topic, Handler handler) override { handlers[topic].push_back(std::move(handler)); }
@@ -46,6 +51,8 @@ class RecordingGossip final : public transport::Gossip {
   }
 
   std::vector<std::pair<std::string, Bytes>> sent;
+  std::vector<std::tuple<transport::PeerId, std::string, Bytes>> direct;
+  std::vector<transport::Member> known;  // what members() says
   std::map<std::string, std::vector<Handler>> handlers;
 
  private:
@@ -108,16 +115,63 @@ class LocalTransport final : public transport::Transport {
 
 }  // namespace
 
-TEST_CASE("mutated READY, GROUP and INTENT messages are dropped and counted or taken, and the coordinator still agrees") {
-  // Valid messages from a coordinator leading a group of one, and announcing an intent.
+// Round messages of version 3, by the layout in coordinator.h.
+Writer round_message(std::uint8_t kind, std::int64_t round) {
+  Writer w;
+  w.u8(3);
+  w.u8(kind);
+  w.i64(round);
+  return w;
+}
+Bytes ready_message(std::int64_t round, std::uint64_t after, std::uint64_t id, std::uint64_t known, std::uint8_t flags) {
+  Writer w = round_message(1, round);
+  w.u64(after);
+  w.i64(after > 0 ? 12 : 0);
+  w.u64(id);
+  w.u64(known);
+  w.u8(flags);
+  w.str("192.0.2." + std::to_string(id % 250) + ":7001");
+  return std::move(w).take();
+}
+
+TEST_CASE("mutated READY, GROUP, INTENT and AT messages are dropped and counted or taken, and the coordinator still agrees") {
+  // Valid messages: what a coordinator leading a group of one sends, and the other kinds by their layout.
   RecordingGossip a(1);
   auto ca = Coordinator::make(a, "192.0.2.1:7001", CoordinatorOptions{});
   REQUIRE(ca->agree(0, 0, Deadline::after(real_clock(), 5s)).ok());
-  REQUIRE(ca->agree(1, 1, Deadline::after(real_clock(), 5s), 12).ok());  // a retry after epoch 1, at step 12
-  ca->intend(2);
+  REQUIRE(ca->agree(1, 1, Deadline::after(real_clock(), 5s), 12).ok());  // a retry after epoch 1, at step 12: to everyone
   std::vector<Bytes> valid;
   for (auto& [topic, payload] : a.sent) valid.push_back(payload);
-  REQUIRE(valid.size() >= 5);
+  REQUIRE(valid.size() == 1);
+  valid.push_back(ready_message(2, 0, 1, 2, 0));  // to the leader
+  valid.push_back(ready_message(2, 0, 7, 0, 1));  // passed on for peer 7
+  Writer whole = round_message(2, 3);
+  whole.u64(4);
+  whole.u64(1);
+  whole.u8(0);
+  whole.u32(2);
+  for (std::uint64_t id : {1, 2}) {
+    whole.u64(id);
+    whole.str("192.0.2." + std::to_string(id) + ":7001");
+  }
+  valid.push_back(whole.bytes());
+  Writer change = round_message(2, 4);  // from epoch 1 (b's own group of one): peer 3 added
+  change.u64(5);
+  change.u64(2);
+  change.u8(1);
+  change.u64(1);
+  change.u32(2);
+  change.u64(0x1234);  // (its check fails: not applied, the whole group asked for)
+  change.u32(0);
+  change.u32(1);
+  change.u64(3);
+  change.str("192.0.2.3:7001");
+  valid.push_back(change.bytes());
+  Writer intent = round_message(3, 5);
+  intent.u64(1);
+  intent.u8(0);
+  valid.push_back(intent.bytes());
+  valid.push_back(round_message(4, 6).bytes());  // AT
 
   RecordingGossip b(2);
   auto cb = Coordinator::make(b, "192.0.2.2:7001", CoordinatorOptions{});
@@ -129,11 +183,12 @@ TEST_CASE("mutated READY, GROUP and INTENT messages are dropped and counted or t
   // A GROUP whose epoch would wrap the next one to 0 is refused, not taken.
   const std::int64_t dropped = cb->stats().dropped;
   Writer wrap;
-  wrap.u8(2);
+  wrap.u8(3);
   wrap.u8(2);
   wrap.i64(40);
   wrap.u64(~std::uint64_t{0});
   wrap.u64(1);
+  wrap.u8(0);
   wrap.u32(1);
   wrap.u64(1);
   wrap.str("192.0.2.1:7001");
@@ -233,15 +288,41 @@ TEST_CASE("mutated run-spec announcements are ignored, or taken only with the TO
 }
 
 TEST_CASE("mutated JOIN and OFFER messages are dropped, or taken as exactly what they say, and a valid OFFER is taken afterwards") {
+  // A newcomer asks the members it knows directly; a member offers to the newcomers that asked.
+  RecordingGossip asker(5);
+  for (std::uint64_t id : {3, 9}) asker.known.push_back(transport::Member{transport::PeerId{id}, "tcp://192.0.2.1:700" + std::to_string(id), 0, transport::MemberState::kAlive, false});
+  auto newcomer = JoinBoard::make(asker);
+  newcomer->ask_to_join();
+  REQUIRE(asker.direct.size() == 2);
+  CHECK(std::get<0>(asker.direct[0]) != std::get<0>(asker.direct[1]));
+  CHECK(asker.sent.empty());  // never to everyone
+  // A peer not in the run answers ABSENT at once, and the newcomer notes it.
+  RecordingGossip outsider(7);
+  auto waiting_too = JoinBoard::make(outsider);
+  outsider.deliver(asker.self(), "gossamer.state", std::get<2>(asker.direct[0]));
+  CHECK(waiting_too->waiting().empty());
+  REQUIRE(outsider.direct.size() == 1);
+  CHECK(std::get<0>(outsider.direct[0]) == asker.self());
+  asker.deliver(outsider.self(), "gossamer.state", std::get<2>(outsider.direct[0]));
+  CHECK(newcomer->absent(outsider.self(), std::chrono::seconds(5)));
+  CHECK_FALSE(newcomer->absent(transport::PeerId{9}, std::chrono::seconds(5)));
   RecordingGossip a(9);
   auto sender = JoinBoard::make(a);
-  sender->ask_to_join();
+  sender->set_member(true);
+  a.deliver(asker.self(), "gossamer.state", std::get<2>(asker.direct[0]));
+  REQUIRE(sender->waiting().size() == 1);
+  CHECK(sender->waiting()[0] == asker.self());
   sender->offer(12, "192.0.2.9:7001");
-  REQUIRE(a.sent.size() == 2);
+  REQUIRE(a.direct.size() == 1);
+  CHECK(std::get<0>(a.direct[0]) == asker.self());
+  CHECK(a.sent.empty());
+  a.sent.emplace_back("gossamer.state", std::get<2>(asker.direct[0]));  // JOIN
+  a.sent.emplace_back("gossamer.state", std::get<2>(a.direct[0]));  // OFFER
   const Bytes offer = a.sent[1].second;
   StillClock clock;
   RecordingGossip b(2);
   auto board = JoinBoard::make(b, clock);
+  board->set_member(true);
   // What the well-formed ones say, read by the layout in announcements.h.
   std::set<transport::PeerId> joined;
   std::map<std::int64_t, std::set<transport::PeerId>> offered;
@@ -288,4 +369,6 @@ TEST_CASE("mutated JOIN and OFFER messages are dropped, or taken as exactly what
   REQUIRE(newest->second.size() == 1);
   CHECK(newest->second[0].address == "192.0.2.9:7001");
   CHECK(newest->second[0].name == a.self().to_string());
+  REQUIRE(board->offerers(12).size() == 1);
+  CHECK(board->offerers(12)[0] == a.self());
 }

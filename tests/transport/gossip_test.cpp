@@ -259,6 +259,24 @@ TEST_CASE("gossip: outbound-only nodes, which nobody can dial, are reached throu
   std::this_thread::sleep_for(1s);
   CHECK(knows_all(*b));
   CHECK(knows_all(*c));
+  // A direct message from b to c, which b cannot dial, goes through a, to c alone, from b.
+  std::atomic<int> direct_at_a{0}, direct_at_c{0};
+  std::atomic<std::uint64_t> direct_from{0};
+  a->subscribe("d", [&](PeerId, const Bytes&) { ++direct_at_a; });
+  c->subscribe("d", [&](PeerId origin, const Bytes& payload) {
+    if (std::string(reinterpret_cast<const char*>(payload.data()), payload.size()) == "to c") direct_from = origin.value;
+    ++direct_at_c;
+  });
+  const std::uint64_t carried = b->bytes().first - b->membership_bytes_sent();
+  REQUIRE(b->send(c->self(), "d", as_bytes("to c")).ok());
+  CHECK(eventually([&] { return direct_at_c == 1; }, 10s));
+  CHECK(direct_from == b->self().value);
+  std::this_thread::sleep_for(300ms);
+  CHECK(direct_at_a == 0);
+  CHECK(direct_at_c == 1);  // (a is the only member to go through: once)
+  CHECK(b->bytes().first - b->membership_bytes_sent() > carried);  // counted outside membership
+  // To a member it does not know: refused at once.
+  CHECK(b->send(PeerId{12345}, "d", as_bytes("nobody")).code() == ErrorCode::kNotFound);
 }
 
 TEST_CASE("gossip: a dial-back check tells a reachable address from one nobody can connect to") {

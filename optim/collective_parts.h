@@ -1,0 +1,49 @@
+// The parts allreduce_mean's two layouts share (collectives.cpp, the full mesh; grid_allreduce.cpp,
+// the grid): how a rank's contribution leaves, how an owner sums a segment, how chunks are read.
+// Internal to optim; the contracts are collectives.h's.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/bytes.h"
+#include "core/clock.h"
+#include "core/status.h"
+#include "optim/collectives.h"
+#include "quant/codec.h"
+#include "transport/link.h"
+
+namespace gossamer::optim::detail {
+
+// Where chunk j of n values over `size` ranks begins.
+std::int64_t chunk_begin(std::int64_t n, int size, int j);
+Status send_counted(transport::Link& link, transport::Tag tag, const Bytes& payload, Deadline deadline, CommStats& stats);
+// Receives one encoded chunk of `expect` values (the untrusted bytes are only inspected here).
+Result<Bytes> recv_chunk(transport::Link& link, transport::Tag tag, std::int64_t expect, Deadline deadline, CommStats& stats);
+// `st` with the peer it came from named (nothing added for this rank's own, `from` null).
+Status decoded(Status st, const transport::Link* from);
+// Errors of the bytes themselves (a contribution to leave out under a robust rule), as against a
+// link's (lost peer, deadline), which fail the collective whatever the rule.
+bool bad_payload(const Status& st);
+// A contribution that does not leave as the codec's plain encoding of `values`: an empty one where
+// this rank abstains under a robust rule (its values are not finite; `abstained` is set, and warned
+// of once), or a simulated poisoned worker's NaN. Nothing otherwise.
+std::optional<Bytes> special_contribution(const Group& g, std::span<const float> values, const quant::EncodeOptions& codec, bool robust,
+                                          bool& abstained);
+// The owner's result for one segment of its chunk: every rank's contribution in rank order
+// (`contributions[j]` rank j's bytes; this rank's own are `own`), averaged, or combined by the robust
+// rule, into `out`. `usable[j]` false: rank j's did not arrive in a usable form; set false for those
+// the rule leaves out. `terms` and `rows` are scratch space. On a kMean failure `failed` names the
+// rank whose bytes did not decode (-1: none in particular).
+Status reduce_segment(const Group& g, const quant::EncodeOptions& codec, const Aggregation& agg, std::vector<Bytes>& contributions,
+                      std::vector<char>& usable, std::span<const float> own, std::span<float> out, std::vector<quant::MeanTerm>& terms,
+                      std::vector<float>& rows, std::ptrdiff_t& failed);
+// allreduce_mean over a grid (Group::width >= 2; collectives.h).
+Status allreduce_grid(const Group& g, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
+                      CommStats* stats_out, std::int64_t segment_values, const Aggregation& agg);
+
+}  // namespace gossamer::optim::detail
