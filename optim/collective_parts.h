@@ -42,6 +42,10 @@ std::optional<Bytes> special_contribution(const Group& g, std::span<const float>
 Status reduce_segment(const Group& g, const quant::EncodeOptions& codec, const Aggregation& agg, std::vector<Bytes>& contributions,
                       std::vector<char>& usable, std::span<const float> own, std::span<float> out, std::vector<quant::MeanTerm>& terms,
                       std::vector<float>& rows, std::ptrdiff_t& failed);
+// After an all-reduce: the means' bytes (`parts`, by owner and segment; moved out) to the group's
+// tap when `tapped`, and the contributions this rank left out (`left`, by rank) counted and logged.
+void keep_and_report(const Group& g, std::int64_t n, bool tapped, std::vector<std::vector<Bytes>>& parts, const std::vector<char>& left,
+                     transport::Tag tag, CommStats& stats);
 // allreduce_mean over a grid (Group::width >= 2; collectives.h).
 Status allreduce_grid(const Group& g, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
                       CommStats* stats_out, std::int64_t segment_values, const Aggregation& agg);

@@ -204,6 +204,26 @@ Status reduce_segment(const Group& g, const quant::EncodeOptions& codec, const A
   return summed;
 }
 
+void keep_and_report(const Group& g, std::int64_t n, bool tapped, std::vector<std::vector<Bytes>>& parts, const std::vector<char>& left,
+                     transport::Tag tag, CommStats& stats) {
+  if (tapped) {
+    std::vector<Bytes> payloads;
+    for (auto& chunk : parts) {
+      for (auto& part : chunk) payloads.push_back(std::move(part));
+    }
+    g.mean_tap->add(n, std::move(payloads));
+  }
+  std::string who;
+  for (std::size_t j = 0; j < left.size(); ++j) {
+    if (!left[j]) continue;
+    ++stats.left_out;
+    who += (who.empty() ? "" : ", ") + std::to_string(j);
+  }
+  if (!who.empty()) {
+    spdlog::warn("allreduce (tag {:#x}): rank {} left out the contribution of rank(s) {} to its chunk (malformed, non-finite or an outlier)", tag, g.rank, who);
+  }
+}
+
 }  // namespace detail
 
 using namespace detail;
@@ -354,24 +374,8 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
       if (j != r && !tapped) link(j).recycle(std::move(part));
     }
   }
-  if (tapped) {
-    std::vector<Bytes> payloads;
-    payloads.reserve(static_cast<std::size_t>(m * segs));
-    for (auto& chunk : parts) {
-      for (auto& part : chunk) payloads.push_back(std::move(part));
-    }
-    g.mean_tap->add(n, std::move(payloads));
-  }
   if (!direct) tensor.copy_(out.view(tensor.sizes()));
-  std::string who;
-  for (int j = 0; j < m; ++j) {
-    if (!left[static_cast<std::size_t>(j)]) continue;
-    ++stats.left_out;
-    who += (who.empty() ? "" : ", ") + std::to_string(j);
-  }
-  if (!who.empty()) {
-    spdlog::warn("allreduce (tag {:#x}): rank {} left out the contribution of rank(s) {} to its chunk (malformed, non-finite or an outlier)", tag, r, who);
-  }
+  keep_and_report(g, n, tapped, parts, left, tag, stats);
   stats.seconds = watch.elapsed_seconds();
   if (stats_out != nullptr) *stats_out += stats;
   return Status();

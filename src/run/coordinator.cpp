@@ -13,7 +13,7 @@ namespace {
 
 constexpr const char* kTopic = "gossamer.round";
 constexpr std::uint8_t kVersion = 3;  // 3: READY to the leader, GROUP to each peer as a change from the one it holds
-enum class Kind : std::uint8_t { kReady = 1, kGroup = 2, kIntent = 3, kAt = 4 };
+enum class Kind : std::uint8_t { kReady = 1, kGroup = 2, kIntent = 3, kAt = 4, kAbandon = 5 };
 constexpr std::uint8_t kPassedOn = 1, kToEveryone = 2;  // READY and INTENT flags
 constexpr std::uint8_t kWhole = 0, kChange = 1;         // GROUP forms
 constexpr std::size_t kMaxAddress = 256, kMaxMembers = 4096;
@@ -32,6 +32,18 @@ Writer start_message(Kind kind, std::int64_t round) {
   w.u8(static_cast<std::uint8_t>(kind));
   w.i64(round);
   return w;
+}
+
+Bytes encode_ready(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, transport::PeerId id, std::uint64_t known_epoch,
+                   std::uint8_t flags, const std::string& address) {
+  Writer w = start_message(Kind::kReady, round);
+  w.u64(after_epoch);
+  w.i64(step);
+  w.u64(id.value);
+  w.u64(known_epoch);
+  w.u8(flags);
+  w.str(address);
+  return std::move(w).take();
 }
 
 // What a change's receiver checks the members it made against.
@@ -114,6 +126,7 @@ bool Coordinator::superseded(std::int64_t round, std::uint64_t epoch) const {
 
 bool Coordinator::superseded_locked(std::int64_t round, std::uint64_t epoch) const {
   if (auto g = groups_.find(round); g != groups_.end() && g->second.epoch > epoch) return true;
+  if (auto a = abandoned_.find(round); a != abandoned_.end() && a->second >= epoch) return true;
   if (auto r = ready_.find(round); r != ready_.end()) {
     for (const auto& [id, ready] : r->second) {
       if (ready.after_epoch >= epoch) return true;
@@ -163,6 +176,13 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
     taken = r.ok();
     if (taken) run_at_ = std::max(run_at_, round);
     else drop_locked("a malformed AT", origin, r.status().to_string());
+  } else if (kind == Kind::kAbandon) {
+    const std::uint64_t epoch = r.u64();
+    r.expect_end();
+    if (r.ok() && (epoch == 0 || epoch >= kMaxEpoch)) r.fail(ErrorCode::kMalformed, "epoch " + std::to_string(epoch) + " out of range");
+    taken = r.ok();
+    if (taken) abandoned_[round] = std::max(abandoned_[round], epoch);
+    else drop_locked("a malformed ABANDON", origin, r.status().to_string());
   } else {
     drop_locked("a round message of unknown kind " + std::to_string(static_cast<int>(kind)), origin, "");
   }
@@ -226,14 +246,16 @@ std::vector<transport::PeerId> Coordinator::in_line_locked(const std::set<transp
 }
 
 Bytes Coordinator::ready_message_locked(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, std::uint8_t flags) const {
-  Writer w = start_message(Kind::kReady, round);
-  w.u64(after_epoch);
-  w.i64(step);
-  w.u64(gossip_.self().value);
-  w.u64(last_ ? last_->epoch : 0);
-  w.u8(flags);
-  w.str(address_);
-  return std::move(w).take();
+  return encode_ready(round, after_epoch, step, gossip_.self(), last_ ? last_->epoch : 0, flags, address_);
+}
+
+void Coordinator::pass_on_locked(transport::PeerId id, const Bytes& message, std::vector<Outgoing>& out) {
+  const std::vector<transport::PeerId> line = in_line_locked();
+  if (std::find(line.begin(), line.end(), gossip_.self()) != line.end()) return;  // in line itself: it keeps it
+  for (transport::PeerId to : line) {
+    if (to != id) out.push_back(Outgoing{to, message});
+  }
+  ++stats_.passed_on;
 }
 
 Bytes Coordinator::group_message_locked(const GroupView& g, std::uint64_t known) const {
@@ -334,22 +356,19 @@ bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, 
   answer_locked(id, round, ready, out);
   // Not in line for it in this peer's view (the sender's view differs, or it is a newcomer that knows
   // only a few members): passed on, once, to the leader and fallback this peer sees.
-  if ((flags & (kPassedOn | kToEveryone)) == 0 && ready.after_epoch == 0 && out.size() == answers) {
+  // A retry reaching the leader (first in line): everyone hears once that the epoch is abandoned
+  // (a member whose collective went through must not go on with a state the others do not share).
+  if (ready.after_epoch > 0) {
     const std::vector<transport::PeerId> line = in_line_locked();
-    if (std::find(line.begin(), line.end(), gossip_.self()) == line.end()) {
-      Writer w = start_message(Kind::kReady, round);
+    if (!line.empty() && line.front() == gossip_.self() && abandoned_[round] < ready.after_epoch) {
+      abandoned_[round] = ready.after_epoch;
+      Writer w = start_message(Kind::kAbandon, round);
       w.u64(ready.after_epoch);
-      w.i64(ready.step);
-      w.u64(id.value);
-      w.u64(ready.known_epoch);
-      w.u8(kPassedOn);
-      w.str(ready.address);
-      const Bytes m = std::move(w).take();
-      for (transport::PeerId to : line) {
-        if (to != id) out.push_back(Outgoing{to, m});
-      }
-      ++stats_.passed_on;
+      out.push_back(Outgoing{std::nullopt, std::move(w).take()});
     }
+  }
+  if ((flags & (kPassedOn | kToEveryone)) == 0 && out.size() == answers) {
+    pass_on_locked(id, encode_ready(round, ready.after_epoch, ready.step, id, ready.known_epoch, kPassedOn, ready.address), out);
   }
   return true;
 }
@@ -366,17 +385,10 @@ bool Coordinator::on_intent_locked(transport::PeerId origin, std::int64_t round,
   }
   intents_[round][id] = options_.straggler_grace;  // it holds the state: worth the whole grace
   if ((flags & kPassedOn) == 0) {
-    const std::vector<transport::PeerId> line = in_line_locked();
-    if (std::find(line.begin(), line.end(), gossip_.self()) == line.end()) {
-      Writer w = start_message(Kind::kIntent, round);
-      w.u64(id.value);
-      w.u8(kPassedOn);
-      const Bytes m = std::move(w).take();
-      for (transport::PeerId to : line) {
-        if (to != id) out.push_back(Outgoing{to, m});
-      }
-      ++stats_.passed_on;
-    }
+    Writer w = start_message(Kind::kIntent, round);
+    w.u64(id.value);
+    w.u8(kPassedOn);
+    pass_on_locked(id, w.bytes(), out);
   }
   return true;
 }
@@ -446,20 +458,11 @@ bool Coordinator::on_group_locked(transport::PeerId origin, std::int64_t round, 
   max_epoch_ = std::max(max_epoch_, g.epoch);
   if (!readable) {
     // A change from a group this peer does not hold: it asks the sender for the whole group.
-    Writer w = start_message(Kind::kReady, round);
     const auto mine = ready_.find(round);
-    const Ready* own = nullptr;
     if (mine != ready_.end()) {
-      if (auto it = mine->second.find(gossip_.self()); it != mine->second.end()) own = &it->second;
-    }
-    if (own != nullptr) {
-      w.u64(own->after_epoch);
-      w.i64(own->step);
-      w.u64(gossip_.self().value);
-      w.u64(0);
-      w.u8(0);
-      w.str(address_);
-      out.push_back(Outgoing{origin, std::move(w).take()});
+      if (auto it = mine->second.find(gossip_.self()); it != mine->second.end()) {
+        out.push_back(Outgoing{origin, encode_ready(round, it->second.after_epoch, it->second.step, gossip_.self(), 0, 0, address_)});
+      }
     }
     return true;
   }
@@ -624,20 +627,23 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
   ready_.erase(ready_.begin(), ready_.lower_bound(round - 2));
   groups_.erase(groups_.begin(), groups_.lower_bound(round - 2));
   intents_.erase(intents_.begin(), intents_.lower_bound(round - 2));
+  abandoned_.erase(abandoned_.begin(), abandoned_.lower_bound(round - 2));
   std::erase_if(answered_, [&](const auto& kv) { return kv.first.first < round - 2; });
   // READY goes to the leader and its fallback; a retry to everyone (the other members learn that the
   // epoch is abandoned, superseded()); once the grace is over, to everyone too (whoever leads then).
-  std::set<transport::PeerId> told;  // in line and told since the last repeat
-  const auto say_ready = [&](bool everyone) {
+  std::set<transport::PeerId> told;  // told already (the leader: since the last repeat)
+  const auto say_ready = [&](bool everyone, bool repeat) {
     std::vector<Outgoing> out;
-    if (everyone || after_epoch > 0) {
+    if (everyone) {
       out.push_back(Outgoing{std::nullopt, ready_message_locked(round, after_epoch, step, kToEveryone)});
     } else {
       // And to the lowest live id, when it is not in line: a peer left on its own (or a few split
       // off) hears of the main group from its leader, and comes back to it.
+      // A repeat goes to the leader alone; the others in line have it once.
       const Bytes m = ready_message_locked(round, after_epoch, step, 0);
       const std::set<transport::PeerId> alive = live_locked();
       std::vector<transport::PeerId> to = in_line_locked(alive);
+      if (repeat && !to.empty()) told.erase(to.front());
       to.push_back(*alive.begin());
       for (transport::PeerId id : to) {
         if (id != self && told.insert(id).second) out.push_back(Outgoing{id, m});
@@ -647,11 +653,23 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
     send(std::move(out));
     lock.lock();
   };
-  say_ready(false);
+  if (after_epoch > 0) {  // the leader retrying: it tells everyone itself that the epoch is abandoned
+    const std::vector<transport::PeerId> line = in_line_locked();
+    if (!line.empty() && line.front() == self && abandoned_[round] < after_epoch) {
+      abandoned_[round] = after_epoch;
+      Writer w = start_message(Kind::kAbandon, round);
+      w.u64(after_epoch);
+      lock.unlock();
+      send({Outgoing{std::nullopt, std::move(w).take()}});
+      lock.lock();
+    }
+  }
+  say_ready(false, false);
   Nanos last_repeat = clock_.now();
   // READY is repeated for a leader that missed it, less and less often.
   Nanos repeat_every = options_.repeat_every;
   Nanos last_view_check = clock_.now();
+  int repeats_past_grace = 0;
   for (;;) {
     if (stopping_) return error(ErrorCode::kAborted, "this peer is leaving the run");
     auto it = groups_.find(round);
@@ -690,15 +708,16 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
     // in line since (the leader died, or this peer's view of the members grew).
     // (The view is looked at every 200 ms, not at every poll: it copies gossip's whole table.)
     if (clock_.now() - last_repeat >= repeat_every) {
-      told.clear();
-      say_ready(clock_.now() >= ready_since + grace());
+      // Past its grace, to everyone: once, then every fourth repeat (a broadcast costs every peer).
+      const bool everyone = clock_.now() >= ready_since + grace() && (repeats_past_grace++ % 4 == 0);
+      say_ready(everyone, true);
       last_repeat = clock_.now();
       repeat_every = std::min<Nanos>(2 * repeat_every, std::chrono::seconds(5));
       continue;
     }
     if (clock_.now() - last_view_check >= std::chrono::milliseconds(200)) {
       last_view_check = clock_.now();
-      if (after_epoch == 0) say_ready(false);  // (only those not told yet)
+      say_ready(false, false);  // (only those not told yet)
     }
     // Until a message arrives, or a poll interval passes (gossip's view of who is alive, and the
     // grace, change without a message).

@@ -3,34 +3,36 @@
 //
 // Each round k (round 0 is the start of training) goes like this. Every peer that reaches it says
 // READY(k), with the address of its links, to the round's leader and to the next in line (its
-// fallback), directly, not to everyone (and to the lowest live id, when that is neither: a peer left
-// on its own, or a few split off, hear of the main group from its leader and come back to it). The leader is the lowest live id (gossip's view; live: alive
-// or suspect, not yet declared dead) among the previous group's members (at the start, and once a
-// straggler's grace is over, among the ready peers; a newcomer never leads before that); it waits
-// until every live peer of the previous group is ready (at round 0: until `min_members` peers are),
-// or until an adaptive grace has passed since it became ready itself (a few times the usual lag of
-// the last members; see CoordinatorOptions), and sends GROUP(k) to each ready peer: the members,
-// sorted by id, and an epoch. A GROUP is sent as the change from a group its receiver holds (it says
-// which in its READY): a few bytes when the members stay, the whole list only to a newcomer. The
-// epoch names the group's links: a group with the same members as the last one, which nobody
-// retries, keeps its epoch (and so its links, and a collective in flight over them, as CO2's is); any
-// other group gets a new one, so nothing of a failed round can reach a later one. A peer may ask for
-// a round's group ahead of time (agree() from another thread) to take the agreement off its critical
-// path. When a collective over epoch e fails, the members call agree(k, e) again (READY with "after
-// e" and the step whose collective failed, to everyone: the others must learn that e is abandoned);
-// the leader announces a group with a larger epoch, without the peers that are gone, and without those
-// retrying an earlier step than others (a crash that cut a collective short for some members only:
-// the rest went on to the next step; those behind are left out and catch up through a state
-// transfer). If the leader dies, its fallback, which has every READY too, takes over, since every
-// peer runs the same rule. A peer that gets a READY it is not in line for (the sender's view of the
-// members differs, or the sender is a newcomer that knows only a few members) passes it on once to
-// its own leader and fallback. READYs are repeated until a GROUP answers, and whoever holds the
-// round's group answers a READY with it: a lost message only delays. A peer still waiting when its
-// grace is over says READY to everyone. Per round a peer sends one READY (two messages) and the
-// leader one GROUP per member: O(N) messages in all, not O(N^2).
+// fallback), directly, not to everyone (and to the lowest live id, when that is neither: a peer
+// left on its own, or a few split off, hear of the main group from its leader and come back to it).
+// The leader is the lowest live id (gossip's view; live: alive or suspect, not yet declared dead)
+// among the previous group's members (at the start, and once a straggler's grace is over, among the
+// ready peers; a newcomer never leads before that); it waits until every live peer of the previous
+// group is ready (at round 0: until `min_members` peers are), or until an adaptive grace has passed
+// since it became ready itself (a few times the usual lag of the last members; see
+// CoordinatorOptions), and sends GROUP(k) to each ready peer: the members, sorted by id, and an
+// epoch. A GROUP is sent as the change from a group its receiver holds (it says which in its
+// READY): a few bytes when the members stay, the whole list only to a newcomer. The epoch names the
+// group's links: a group with the same members as the last one, which nobody retries, keeps its
+// epoch (and so its links, and a collective in flight over them, as CO2's is); any other group gets
+// a new one, so nothing of a failed round can reach a later one. A peer may ask for a round's group
+// ahead of time (agree() from another thread) to take the agreement off its critical path. When a
+// collective over epoch e fails, the members call agree(k, e) again (READY with "after e" and the
+// step whose collective failed; the leader, at the first such READY, tells everyone once that e is
+// abandoned: a member whose collective went through must not go on alone); the leader announces a
+// group with a larger epoch, without the peers that are gone, and without those retrying an earlier
+// step than others (a crash that cut a collective short for some members only: the rest went on to
+// the next step; those behind are left out and catch up through a state transfer). If the leader
+// dies, its fallback, which has every READY too, takes over, since every peer runs the same rule. A
+// peer that gets a READY it is not in line for (the sender's view of the members differs, or the
+// sender is a newcomer that knows only a few members) passes it on once to its own leader and
+// fallback. READYs are repeated to the leader until a GROUP answers, and whoever holds the round's
+// group answers a READY with it: a lost message only delays. A peer still waiting when its grace is
+// over says READY to everyone. Per round a peer sends one READY (to two or three) and the leader one
+// GROUP per member: O(N) messages in all, not O(N^2); a failed round adds one ABANDON to everyone.
 //
 // Messages (topic "gossamer.round", direct or broadcast; little-endian through core/wire):
-//   version u8 | type u8 (1 READY, 2 GROUP, 3 INTENT, 4 AT) | round i64
+//   version u8 | type u8 (1 READY, 2 GROUP, 3 INTENT, 4 AT, 5 ABANDON) | round i64
 //   READY:  after_epoch u64 | step i64 (of the retried collective; 0 first time) | id u64 |
 //           known epoch u64 (the last group it took part in; 0 none) | flags u8 (1 passed on,
 //           2 sent to everyone) | link address str
@@ -40,6 +42,7 @@
 //                  removed u32 x id u64 | added u32 x (id u64, link address str)
 //   INTENT: id u64 (a newcomer holding the state of round-1) | flags u8 (1 passed on)
 //   AT:     (nothing: the run is at `round`, past the one a READY asked about)
+//   ABANDON: epoch u64 (the group of `round` over it failed and is retried; to everyone, once)
 // A message of another version or a malformed one is dropped, logged and counted (dropped()). A
 // change from a group this peer does not hold (or whose check fails) is not applied: the peer asks
 // the sender for the whole group.
@@ -167,6 +170,8 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   const std::set<transport::PeerId>& live_locked() const;
   std::vector<transport::PeerId> in_line_locked(const std::set<transport::PeerId>& alive) const;
   Bytes ready_message_locked(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, std::uint8_t flags) const;
+  // A READY or INTENT of `id` that this peer is not in line for: to the leader and fallback it sees, once.
+  void pass_on_locked(transport::PeerId id, const Bytes& message, std::vector<Outgoing>& out);
   // `g` for a peer that holds the group of epoch `known` (0: none): a change from it where this peer
   // holds that group too, else the whole list.
   Bytes group_message_locked(const GroupView& g, std::uint64_t known) const;
@@ -206,6 +211,7 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   std::optional<GroupView> last_;                                      // the last group this peer took part in
   std::uint64_t max_epoch_ = 0;                                        // the largest epoch seen
   std::int64_t run_at_ = -1;                                           // the furthest round an AT named
+  std::map<std::int64_t, std::uint64_t> abandoned_;                    // round -> the latest epoch a retry abandoned
   mutable std::set<transport::PeerId> live_;                           // live_locked()'s copy
   mutable std::optional<Nanos> live_at_;
   CoordinatorStats stats_;

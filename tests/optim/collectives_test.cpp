@@ -17,18 +17,8 @@ using namespace gossamer::optim;
 using namespace std::chrono_literals;
 using testing::mesh;
 using testing::on_ranks;
+using testing::codec;
 using testing::in;
-
-namespace {
-
-quant::EncodeOptions codec(quant::CodecId id) {
-  quant::EncodeOptions o;
-  o.codec = id;
-  return o;
-}
-
-
-}  // namespace
 
 TEST_CASE("the mean over 1..8 ranks is exact on integer-valued tensors, whole chunks or segmented") {
   for (int m = 1; m <= 8; ++m) {

@@ -16,17 +16,12 @@
 using namespace gossamer;
 using namespace gossamer::optim;
 using namespace std::chrono_literals;
+using testing::codec;
 using testing::in;
 using testing::mesh;
 using testing::on_ranks;
 
 namespace {
-
-quant::EncodeOptions codec(quant::CodecId id) {
-  quant::EncodeOptions o;
-  o.codec = id;
-  return o;
-}
 
 // The full mesh's groups with only the grid's links kept.
 std::vector<Group> grid(int m, int width) {

@@ -7,6 +7,7 @@
 
 #include "core/clock.h"
 #include "optim/collectives.h"
+#include "quant/format.h"
 #include "transport/memory_link.h"
 
 namespace gossamer::optim::testing {
@@ -27,6 +28,13 @@ inline std::vector<Group> mesh(int m) {
     }
   }
   return groups;
+}
+
+// Encoding options of one codec, its defaults otherwise.
+inline quant::EncodeOptions codec(quant::CodecId id) {
+  quant::EncodeOptions o;
+  o.codec = id;
+  return o;
 }
 
 // A real-time deadline d from now.

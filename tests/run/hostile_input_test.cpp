@@ -134,15 +134,16 @@ Bytes ready_message(std::int64_t round, std::uint64_t after, std::uint64_t id, s
   return std::move(w).take();
 }
 
-TEST_CASE("mutated READY, GROUP, INTENT and AT messages are dropped and counted or taken, and the coordinator still agrees") {
+TEST_CASE("mutated READY, GROUP, INTENT, AT and ABANDON messages are dropped and counted or taken, and the coordinator still agrees") {
   // Valid messages: what a coordinator leading a group of one sends, and the other kinds by their layout.
   RecordingGossip a(1);
   auto ca = Coordinator::make(a, "192.0.2.1:7001", CoordinatorOptions{});
   REQUIRE(ca->agree(0, 0, Deadline::after(real_clock(), 5s)).ok());
-  REQUIRE(ca->agree(1, 1, Deadline::after(real_clock(), 5s), 12).ok());  // a retry after epoch 1, at step 12: to everyone
+  REQUIRE(ca->agree(1, 1, Deadline::after(real_clock(), 5s), 12).ok());  // a retry after epoch 1, at step 12: it leads, so ABANDON
   std::vector<Bytes> valid;
   for (auto& [topic, payload] : a.sent) valid.push_back(payload);
   REQUIRE(valid.size() == 1);
+  CHECK(valid[0][1] == std::byte{5});
   valid.push_back(ready_message(2, 0, 1, 2, 0));  // to the leader
   valid.push_back(ready_message(2, 0, 7, 0, 1));  // passed on for peer 7
   Writer whole = round_message(2, 3);
@@ -172,6 +173,9 @@ TEST_CASE("mutated READY, GROUP, INTENT and AT messages are dropped and counted 
   intent.u8(0);
   valid.push_back(intent.bytes());
   valid.push_back(round_message(4, 6).bytes());  // AT
+  Writer abandon = round_message(5, 7);
+  abandon.u64(3);
+  valid.push_back(abandon.bytes());
 
   RecordingGossip b(2);
   auto cb = Coordinator::make(b, "192.0.2.2:7001", CoordinatorOptions{});
