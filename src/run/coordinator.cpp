@@ -351,9 +351,17 @@ bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, 
   }
   auto& slot = ready_[round][id];
   if (!slot.heard || ready.after_epoch >= slot.after_epoch) slot = ready;
-  // A peer still waiting for a group this peer holds (it may have missed it): it gets it now.
+  // A peer still waiting for a group this peer holds (it may have missed it): it gets it now. A READY
+  // to everyone is answered by the group's leader alone (or, with the leader gone, by the first in
+  // line): every member holds the group, and a thousand answers would follow one question.
   const std::size_t answers = out.size();
-  answer_locked(id, round, ready, out);
+  bool answers_it = (flags & kToEveryone) == 0;
+  if (!answers_it) {
+    auto g = groups_.find(round);
+    const std::vector<transport::PeerId> line = in_line_locked();
+    answers_it = (g != groups_.end() && g->second.leader == gossip_.self()) || (!line.empty() && line.front() == gossip_.self());
+  }
+  if (answers_it) answer_locked(id, round, ready, out);
   // Not in line for it in this peer's view (the sender's view differs, or it is a newcomer that knows
   // only a few members): passed on, once, to the leader and fallback this peer sees.
   // A retry reaching the leader (first in line): everyone hears once that the epoch is abandoned

@@ -66,6 +66,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     Writer whole = start(2, 3);
     whole.u64(4);
     whole.u64(2);
+    whole.u32(0);
     whole.u8(0);
     whole.u32(1);
     whole.u64(1);
@@ -74,6 +75,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     Writer change = start(2, 4);
     change.u64(5);
     change.u64(2);
+    change.u32(0);
     change.u8(1);
     change.u64(4);
     change.u32(2);
@@ -128,13 +130,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (kind == 1) {
       if (m.size() < 47 || ((static_cast<std::uint8_t>(m[42]) & 1) == 0 && u64_at(m, 26) != origin.value)) __builtin_trap();
     } else if (kind == 2) {
-      if (m.size() < 27) __builtin_trap();
+      if (m.size() < 31) __builtin_trap();
       const std::uint64_t epoch = u64_at(m, 10);
       if (epoch == 0) __builtin_trap();
-      if (m[26] == std::byte{0}) {
-        if (m.size() < 43 || !coordinator->superseded(round, epoch - 1)) __builtin_trap();  // a group has a member
+      if (m[30] == std::byte{0}) {  // (after the epoch, the leader and the width)
+        if (m.size() < 47 || !coordinator->superseded(round, epoch - 1)) __builtin_trap();  // a group has a member
         largest_epoch = std::max(largest_epoch, epoch);
-      } else if (m[26] != std::byte{1} || m.size() < 55) {
+      } else if (m[30] != std::byte{1} || m.size() < 59) {
         __builtin_trap();
       }
     } else if (kind == 5) {

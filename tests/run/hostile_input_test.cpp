@@ -149,6 +149,7 @@ TEST_CASE("mutated READY, GROUP, INTENT, AT and ABANDON messages are dropped and
   Writer whole = round_message(2, 3);
   whole.u64(4);
   whole.u64(1);
+  whole.u32(0);
   whole.u8(0);
   whole.u32(2);
   for (std::uint64_t id : {1, 2}) {
@@ -159,6 +160,7 @@ TEST_CASE("mutated READY, GROUP, INTENT, AT and ABANDON messages are dropped and
   Writer change = round_message(2, 4);  // from epoch 1 (b's own group of one): peer 3 added
   change.u64(5);
   change.u64(2);
+  change.u32(0);
   change.u8(1);
   change.u64(1);
   change.u32(2);
@@ -192,6 +194,7 @@ TEST_CASE("mutated READY, GROUP, INTENT, AT and ABANDON messages are dropped and
   wrap.i64(40);
   wrap.u64(~std::uint64_t{0});
   wrap.u64(1);
+  wrap.u32(0);
   wrap.u8(0);
   wrap.u32(1);
   wrap.u64(1);
@@ -202,6 +205,44 @@ TEST_CASE("mutated READY, GROUP, INTENT, AT and ABANDON messages are dropped and
   auto g = cb->agree(50, 0, Deadline::after(real_clock(), 5s));
   REQUIRE(g.ok());
   CHECK(g->rank_of(b.self()) >= 0);
+}
+
+TEST_CASE("a READY to everyone is answered by the group's leader alone, a READY to a member by any member holding the group") {
+  // Peers 1 (the leader) and 2 both hold round 5's group of {1, 2}; peer 7 is still waiting for it.
+  Writer whole = round_message(2, 5);
+  whole.u64(3);
+  whole.u64(1);
+  whole.u32(0);
+  whole.u8(0);
+  whole.u32(2);
+  for (std::uint64_t id : {1, 2}) {
+    whole.u64(id);
+    whole.str("192.0.2." + std::to_string(id) + ":7001");
+  }
+  const auto holder = [&](std::uint64_t self, std::uint64_t other) {
+    auto g = std::make_unique<RecordingGossip>(self);
+    g->known.push_back(transport::Member{transport::PeerId{other}, "tcp://192.0.2.9:7000", 0, transport::MemberState::kAlive, false});
+    g->known.push_back(transport::Member{transport::PeerId{7}, "tcp://192.0.2.7:7000", 0, transport::MemberState::kAlive, false});
+    return g;
+  };
+  auto leader = holder(1, 2), member = holder(2, 1);
+  auto cl = Coordinator::make(*leader, "192.0.2.1:7001", CoordinatorOptions{});
+  auto cm = Coordinator::make(*member, "192.0.2.2:7001", CoordinatorOptions{});
+  leader->deliver(transport::PeerId{1}, "gossamer.round", whole.bytes());  // (its own: ignored)
+  leader->deliver(transport::PeerId{2}, "gossamer.round", whole.bytes());
+  member->deliver(transport::PeerId{1}, "gossamer.round", whole.bytes());
+  const Bytes to_everyone = ready_message(5, 0, 7, 0, 2), to_one = ready_message(5, 0, 7, 0, 0);
+  member->deliver(transport::PeerId{7}, "gossamer.round", to_everyone);
+  CHECK(member->direct.empty());
+  leader->deliver(transport::PeerId{7}, "gossamer.round", to_everyone);
+  REQUIRE(leader->direct.size() == 1);
+  CHECK(std::get<0>(leader->direct[0]) == transport::PeerId{7});
+  CHECK(std::get<2>(leader->direct[0])[1] == std::byte{2});  // a GROUP
+  member->deliver(transport::PeerId{7}, "gossamer.round", to_one);
+  REQUIRE(member->direct.size() == 1);
+  CHECK(std::get<0>(member->direct[0]) == transport::PeerId{7});
+  CHECK(cl->stats().dropped == 0);
+  CHECK(cm->stats().dropped == 0);
 }
 
 TEST_CASE("mutated state manifests are refused, or decode to a consistent manifest that re-encodes to its bytes") {
