@@ -180,7 +180,7 @@ TEST_CASE("the leader's grace adapts to the usual lag: a straggler far past it i
   auto [nodes, cs] = trio(o);
   // Rounds where everyone is ready at once teach the leader that the lag is small.
   for (std::int64_t round = 0; round < 5; ++round) {
-    for (auto& r : agree_all(cs, round)) REQUIRE(r.ok());
+    for (auto& r : agree_all(cs, round)) REQUIRE_MESSAGE(r.ok(), r.status().to_string());
   }
   // Round 5: the peer with the highest id does not come.
   std::size_t straggler = 0;
