@@ -10,7 +10,9 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
+#include <optional>
 
 namespace gossamer::transport {
 
@@ -178,6 +180,63 @@ Status check_resolves(const Endpoint& endpoint, std::string_view what) {
                                                   gai_strerror(rc) + "); check the name, or give the peer's IP address");
   }
   return Status();
+}
+
+namespace {
+
+// "A.B.C.D:PORT" as read_address would write it back, or nothing.
+std::optional<std::pair<std::array<std::uint8_t, 4>, std::uint16_t>> compact_ip4(std::string_view a) {
+  std::array<std::uint32_t, 5> parts{};  // four octets, then the port
+  std::size_t part = 0, digits = 0;
+  for (const char c : a) {
+    const char sep = part < 3 ? '.' : ':';
+    if (c >= '0' && c <= '9') {
+      if (digits > 0 && parts[part] == 0) return std::nullopt;  // a leading zero would not come back
+      parts[part] = parts[part] * 10 + static_cast<std::uint32_t>(c - '0');
+      if (++digits > 5 || parts[part] > (part < 4 ? 255U : 65535U)) return std::nullopt;
+    } else if (c == sep && part < 4 && digits > 0) {
+      ++part;
+      digits = 0;
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (part != 4 || digits == 0) return std::nullopt;
+  return std::make_pair(std::array<std::uint8_t, 4>{static_cast<std::uint8_t>(parts[0]), static_cast<std::uint8_t>(parts[1]),
+                                                    static_cast<std::uint8_t>(parts[2]), static_cast<std::uint8_t>(parts[3])},
+                        static_cast<std::uint16_t>(parts[4]));
+}
+
+constexpr std::string_view kTcp = "tcp://";
+
+}  // namespace
+
+void write_address(Writer& w, const std::string& address) {
+  const bool tcp = std::string_view(address).starts_with(kTcp);
+  if (auto ip4 = compact_ip4(std::string_view(address).substr(tcp ? kTcp.size() : 0))) {
+    w.u8(tcp ? kAddressTcp4 : kAddressIp4);
+    for (std::uint8_t b : ip4->first) w.u8(b);
+    w.u16(ip4->second);
+    return;
+  }
+  w.u8(kAddressText);
+  w.vstr(address);
+}
+
+std::string read_address(Reader& r) {
+  const std::uint8_t form = r.u8();
+  if (!r.ok()) return {};
+  if (form == kAddressTcp4 || form == kAddressIp4) {
+    std::string out = form == kAddressTcp4 ? std::string(kTcp) : std::string();
+    for (int i = 0; i < 4; ++i) out += std::to_string(r.u8()) + (i < 3 ? "." : ":");
+    out += std::to_string(r.u16());
+    return r.ok() ? out : std::string();
+  }
+  if (form != kAddressText) {
+    r.fail(ErrorCode::kMalformed, "unknown address form " + std::to_string(form));
+    return {};
+  }
+  return r.vstr(kMaxWireAddress);
 }
 
 }  // namespace gossamer::transport

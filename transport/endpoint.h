@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "core/status.h"
+#include "core/wire.h"
 
 namespace gossamer::transport {
 
@@ -38,6 +39,16 @@ bool is_wildcard_address(std::string_view address);
 // `address` with its host replaced by `host` (an IPv4 or IPv6 address), keeping its "tcp://" prefix
 // and its port: "tcp://0.0.0.0:7000" with "192.0.2.7" is "tcp://192.0.2.7:7000".
 std::string with_host(std::string_view address, std::string_view host);
+
+// An address on the wire (gossip's member rows, the round messages' link addresses): form u8, then
+// 1: "tcp://A.B.C.D:PORT", 2: "A.B.C.D:PORT", as 4 bytes and port u16 (7 bytes in all, against about
+// 24 as text); 0: length varint and the text, at most 256 bytes (any other address). Read back, it is
+// the very string written.
+inline constexpr std::uint8_t kAddressText = 0, kAddressTcp4 = 1, kAddressIp4 = 2;
+inline constexpr std::size_t kMaxWireAddress = 256;
+void write_address(Writer& w, const std::string& address);
+// Reads one address; check r.ok() afterwards.
+std::string read_address(Reader& r);
 // True for 127.0.0.0/8, ::1 and IPv4-mapped loopback addresses.
 bool is_loopback_ip(std::string_view ip);
 // The host of `address` ("tcp://192.0.2.7:7000" -> "192.0.2.7", "[::1]:7" -> "::1"); empty if none.

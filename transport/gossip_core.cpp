@@ -13,9 +13,11 @@ namespace gossamer::transport {
 namespace {
 constexpr char kMagic[4] = {'G', 'S', 'G', 'P'};
 // 3: SWIM membership (probes, incarnations, piggybacked updates, digests) in place of whole tables.
-constexpr std::uint8_t kVersion = 3;
-constexpr std::uint8_t kOutboundFlag = 2;
-constexpr std::size_t kMaxAddress = 256, kMaxTopic = 64, kMaxPayload = 64 * 1024, kMaxUpdates = 65536;
+// 4: compact: varints, an IPv4 address in 7 bytes, acks and nacks without the sender's address.
+constexpr std::uint8_t kVersion = 4;
+constexpr std::uint8_t kAddressFlag = 1, kOutboundFlag = 2;
+constexpr std::uint8_t kRelayedFlag = 1;  // kDirect's: passed on by a member, the origin follows
+constexpr std::size_t kMaxTopic = 64, kMaxPayload = 64 * 1024, kMaxUpdates = 65536;
 
 std::uint32_t differing(const Digest& a, const Digest& b) {
   std::uint32_t mask = 0;
@@ -103,10 +105,12 @@ Status GossipCore::send(PeerId to, const std::string& topic, ByteView payload) {
 Bytes GossipCore::direct_message(std::uint64_t origin, std::uint64_t to, const std::string& topic, ByteView payload) const {
   Writer w;
   write_header(w, MsgType::kDirect);
-  w.u64(origin);
+  const bool relayed = origin != options_.self.value;
+  w.u8(relayed ? kRelayedFlag : 0);
+  if (relayed) w.u64(origin);
   w.u64(to);
-  w.str(topic);
-  w.blob(payload);
+  w.vstr(topic);
+  w.vblob(payload);
   return std::move(w).take();
 }
 
@@ -141,16 +145,18 @@ void GossipCore::write_header(Writer& w, MsgType type) const {
   w.u8(kVersion);
   w.u8(static_cast<std::uint8_t>(type));
   w.u64(options_.self.value);
-  w.str(announced());
-  w.u32(table_.incarnation());
+  // An ack or nack answers a message sent to this node's address: its receiver knows where we are.
+  const bool with_address = type != MsgType::kAck && type != MsgType::kNack;
+  w.u8(static_cast<std::uint8_t>((outbound_only_ ? kOutboundFlag : 0) | (with_address ? kAddressFlag : 0)));
+  if (with_address) write_address(w, announced());
+  w.uvar(table_.incarnation());
   w.u8(static_cast<std::uint8_t>(health_));
-  w.u16(rto_ms());
-  w.u8(outbound_only_ ? kOutboundFlag : 0);
+  w.uvar(rto_ms());
 }
 
 void GossipCore::write_updates(Writer& w, std::size_t budget) {
   const std::vector<Bytes> updates = table_.take_piggyback(budget);
-  w.u32(static_cast<std::uint32_t>(updates.size()));
+  w.uvar(updates.size());
   for (const auto& u : updates) w.raw(u);
 }
 
@@ -159,10 +165,10 @@ Bytes GossipCore::broadcast_message(std::uint64_t origin, std::uint64_t seq, std
   Writer w;
   write_header(w, MsgType::kBroadcast);
   w.u64(origin);
-  w.u64(seq);
+  w.uvar(seq);
   w.u8(hops);
-  w.str(topic);
-  w.blob(payload);
+  w.vstr(topic);
+  w.vblob(payload);
   return std::move(w).take();
 }
 
@@ -178,7 +184,7 @@ Bytes GossipCore::ping_message(std::uint32_t seq, std::uint64_t target) {
 Bytes GossipCore::news_message(const MemberUpdate& u) const {
   Writer w;
   write_header(w, MsgType::kGossip);
-  w.u32(1);
+  w.uvar(1);
   write_update(w, u);
   return std::move(w).take();
 }
@@ -197,7 +203,7 @@ Bytes GossipCore::sync_message(std::uint8_t mode, std::uint32_t mask) const {
   w.u8(mode);
   for (std::uint64_t h : table_.digest()) w.u64(h);
   const auto rows = mode == kSyncOffer ? std::vector<MemberUpdate>{} : table_.rows_in(mask);
-  w.u32(static_cast<std::uint32_t>(rows.size()));
+  w.uvar(rows.size());
   for (const auto& row : rows) write_update(w, row);
   return std::move(w).take();
 }
@@ -354,7 +360,10 @@ std::vector<GossipSend> GossipCore::farewell() {
   // then leaves at once): dropped, the peers waiting for it would elect one leader after another.
   take_outbox_locked(sends, now, true);
   // Left at a raised incarnation overrides anything said of this node at the old one. Sent to every
-  // member it can reach: each needs the news once, and first-hand it is not passed on again.
+  // member it can reach (about 26 bytes each, once in a member's life, as joining costs): each needs
+  // the news once, and first-hand it is not passed on again. (Sent to a few, to be spread as news, it
+  // would not reach members that leave at the same moment, as a whole run does when it ends, and a
+  // worker restarting then would have to find each of them dead by probing.)
   table_.bump_incarnation();
   Writer w;
   write_header(w, MsgType::kLeave);
@@ -424,15 +433,15 @@ void GossipCore::apply_locked(MemberUpdate u, Nanos now, bool quiet, const std::
 }
 
 bool GossipCore::read_updates_locked(Reader& r, Nanos now, bool quiet) {
-  const std::uint32_t n = r.u32();
+  const std::uint64_t n = r.uvar();
   if (r.ok() && n > kMaxUpdates) {
     count_drop(std::to_string(n) + " member updates in one message");
     return false;
   }
   // Read whole first: a malformed message changes nothing.
   std::vector<MemberUpdate> updates;
-  updates.reserve(std::min<std::size_t>(n, r.remaining() / 13));  // an update takes at least 13 bytes
-  for (std::uint32_t i = 0; i < n && r.ok(); ++i) updates.push_back(read_update(r));
+  updates.reserve(std::min<std::size_t>(n, r.remaining() / 10));  // an update takes at least 10 bytes
+  for (std::uint64_t i = 0; i < n && r.ok(); ++i) updates.push_back(read_update(r));
   r.expect_end();
   if (!r.ok()) {
     count_drop(r.status().message());
@@ -459,9 +468,13 @@ void GossipCore::handle_sync_locked(Reader& r, const Target& reply, std::vector<
 }
 
 void GossipCore::handle_direct_locked(Reader& r, std::uint64_t sender, std::vector<GossipSend>& sends) {
-  const std::uint64_t origin = r.u64(), to = r.u64();
-  const std::string topic = r.str(kMaxTopic);
-  ByteView payload = r.blob(kMaxPayload);
+  const std::uint8_t flags = r.u8();
+  if (r.ok() && (flags & ~kRelayedFlag) != 0) r.fail(ErrorCode::kMalformed, "unknown direct message flags " + std::to_string(flags));
+  const bool relayed = (flags & kRelayedFlag) != 0;
+  const std::uint64_t origin = relayed ? r.u64() : sender;
+  const std::uint64_t to = r.u64();
+  const std::string topic = r.vstr(kMaxTopic);
+  ByteView payload = r.vblob(kMaxPayload);
   r.expect_end();
   if (!r.ok()) return count_drop(r.status().message());
   if (to == options_.self.value) {
@@ -469,15 +482,15 @@ void GossipCore::handle_direct_locked(Reader& r, std::uint64_t sender, std::vect
     return;
   }
   // A member behind NAT that its sender cannot reach: passed on once, first-hand only.
-  if (origin != sender) return count_drop("a direct message relayed twice");
+  if (relayed) return count_drop("a direct message relayed twice");
   if (auto t = target_of(to)) sends.push_back(GossipSend{t->address, direct_message(origin, to, topic, payload), t->route});
 }
 
 void GossipCore::handle_broadcast_locked(Reader& r, std::vector<GossipSend>& sends, Nanos now) {
-  const std::uint64_t origin = r.u64(), seq = r.u64();
+  const std::uint64_t origin = r.u64(), seq = r.uvar();
   const std::uint8_t hops = r.u8();
-  const std::string topic = r.str(kMaxTopic);
-  ByteView payload = r.blob(kMaxPayload);
+  const std::string topic = r.vstr(kMaxTopic);
+  ByteView payload = r.vblob(kMaxPayload);
   r.expect_end();
   if (!r.ok()) return count_drop(r.status().message());
   if (!seen_.emplace(std::make_pair(origin, seq), now).second) return;  // already delivered
@@ -508,12 +521,15 @@ std::vector<GossipSend> GossipCore::handle(ByteView data, const std::string& obs
   MemberUpdate hello;
   hello.kind = UpdateKind::kAlive;
   hello.id = r.u64();
-  hello.address = r.str(kMaxAddress);
-  hello.incarnation = r.u32();
-  const std::uint8_t health = r.u8();
-  hello.rto_ms = r.u16();
   const std::uint8_t flags = r.u8();
-  if (r.ok() && (flags & ~kOutboundFlag) != 0) r.fail(ErrorCode::kMalformed, "unknown sender flags " + std::to_string(flags));
+  if (r.ok() && (flags & ~(kOutboundFlag | kAddressFlag)) != 0) r.fail(ErrorCode::kMalformed, "unknown sender flags " + std::to_string(flags));
+  if ((flags & kAddressFlag) != 0) hello.address = read_address(r);
+  hello.incarnation = static_cast<std::uint32_t>(r.uvar(UINT32_MAX));
+  const std::uint8_t health = r.u8();
+  hello.rto_ms = static_cast<std::uint16_t>(r.uvar(UINT16_MAX));
+  if (r.ok() && (flags & kAddressFlag) == 0 && type != static_cast<std::uint8_t>(MsgType::kAck) && type != static_cast<std::uint8_t>(MsgType::kNack)) {
+    r.fail(ErrorCode::kMalformed, "a gossip message without its sender's address");
+  }
   if (!r.ok()) {
     count_drop(r.status().message());
     return sends;
@@ -540,7 +556,11 @@ std::vector<GossipSend> GossipCore::handle(ByteView data, const std::string& obs
     return counted(std::move(sends));
   }
   // The header is the sender's own word that it is alive: first-hand, so a wildcard takes its IP.
-  apply_locked(hello, now, false, observed_ip, true);
+  // Without an address (an ack or nack) it can only confirm a member known already.
+  if (hello.address.empty()) {
+    if (const auto* e = table_.find(hello.id); e != nullptr) hello.address = e->address;
+  }
+  if (!hello.address.empty()) apply_locked(hello, now, false, observed_ip, true);
   Target reply{hello.address, PeerId{}};
   if (auto* e = table_.find(hello.id); e != nullptr) {
     e->heard = now;  // it reached us directly: an outbound-only sender can be answered through its connection

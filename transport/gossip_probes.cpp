@@ -7,10 +7,6 @@
 
 namespace gossamer::transport {
 
-namespace {
-constexpr std::size_t kMaxAddress = 256;
-}  // namespace
-
 void GossipCore::set_health(int h) { health_ = std::clamp(h, 0, kMaxHealth); }
 
 void GossipCore::rtt_sample(Nanos rtt) {
@@ -108,7 +104,6 @@ void GossipCore::check_probes_locked(std::vector<GossipSend>& sends, Nanos now) 
           write_header(w, MsgType::kPingReq);
           w.u32(it->first);
           w.u64(p.target);
-          w.str(e->address);
           write_updates(w, kPiggybackBudget);
           send_to(sends, helpers, std::move(w).take());
         }
@@ -183,8 +178,7 @@ bool GossipCore::handle_probe_locked(MsgType msg, Reader& r, std::uint64_t sende
     }
     case MsgType::kPingReq: {
       const std::uint32_t seq = r.u32();
-      const std::uint64_t target = r.u64();
-      (void)r.str(kMaxAddress);  // where the asker knows it: we ask only members we know ourselves
+      const std::uint64_t target = r.u64();  // asked of members that know it (found in our own table)
       if (!r.ok()) break;
       if (!read_updates_locked(r, now, false)) return false;
       auto t = target == options_.self.value ? std::nullopt : target_of(target);

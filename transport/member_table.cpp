@@ -6,11 +6,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include "transport/endpoint.h"
+
 namespace gossamer::transport {
 
 namespace {
 constexpr std::uint8_t kOutboundFlag = 2;
-constexpr std::size_t kMaxAddress = 256;
 
 // splitmix64's finalizer: a well-mixed 64-bit hash of a row, so bucket sums of different views collide
 // only by chance (2^-64).
@@ -26,13 +27,13 @@ std::uint64_t mix(std::uint64_t x) {
 void write_update(Writer& w, const MemberUpdate& u) {
   w.u8(static_cast<std::uint8_t>(u.kind));
   w.u64(u.id);
-  w.u32(u.incarnation);
+  w.uvar(u.incarnation);
   if (u.kind == UpdateKind::kAlive || u.kind == UpdateKind::kLeft) {
     w.u8(u.outbound_only ? kOutboundFlag : 0);
-    w.str(u.address);
+    write_address(w, u.address);
     if (u.kind == UpdateKind::kAlive) {
       w.u8(u.health);
-      w.u16(u.rto_ms);
+      w.uvar(u.rto_ms);
     }
   } else if (u.kind == UpdateKind::kSuspect) {
     w.u64(u.accuser);
@@ -48,15 +49,15 @@ MemberUpdate read_update(Reader& r) {
   }
   u.kind = static_cast<UpdateKind>(kind);
   u.id = r.u64();
-  u.incarnation = r.u32();
+  u.incarnation = static_cast<std::uint32_t>(r.uvar(UINT32_MAX));
   if (u.kind == UpdateKind::kAlive || u.kind == UpdateKind::kLeft) {
     const std::uint8_t flags = r.u8();
     if (r.ok() && (flags & ~kOutboundFlag) != 0) r.fail(ErrorCode::kMalformed, "unknown member flags " + std::to_string(flags));
     u.outbound_only = (flags & kOutboundFlag) != 0;
-    u.address = r.str(kMaxAddress);
+    u.address = read_address(r);
     if (u.kind == UpdateKind::kAlive) {
       u.health = r.u8();
-      u.rto_ms = r.u16();
+      u.rto_ms = static_cast<std::uint16_t>(r.uvar(UINT16_MAX));
     }
   } else if (u.kind == UpdateKind::kSuspect) {
     u.accuser = r.u64();
@@ -122,14 +123,14 @@ MemberUpdate MemberTable::self_row() const {
   return u;
 }
 
-void MemberTable::queue_self() { enqueue(self_row()); }
+void MemberTable::queue_self() { enqueue(self_row(), kRetransmitMult); }
 
-void MemberTable::enqueue(const MemberUpdate& u) {
+void MemberTable::enqueue(const MemberUpdate& u, int mult) {
   // A newer update about a member replaces what was queued about it (the incarnations decide at the
   // receiver, and the newer one carries the higher).
   Writer w;
   write_update(w, u);
-  queue_[u.id] = Queued{u.id, std::move(w).take(), 0, ++queued_};
+  queue_[u.id] = Queued{u.id, std::move(w).take(), 0, ++queued_, mult};
   if (queue_.size() <= kMaxQueued) return;
   // Bounded: the update sent most (oldest among equals) makes room.
   auto worst = queue_.begin();
@@ -182,7 +183,7 @@ MemberTable::Applied MemberTable::apply(const MemberUpdate& u, Nanos now, bool q
     e.outbound_only = u.outbound_only;
     e.health = u.health;
     e.rto = std::chrono::milliseconds(u.rto_ms);
-    if (!quiet) enqueue(u);
+    if (!quiet) enqueue(u, kJoinRetransmitMult);
     return Applied::kNews;
   }
   Entry& e = it->second;
@@ -231,7 +232,7 @@ MemberTable::Applied MemberTable::apply(const MemberUpdate& u, Nanos now, bool q
       break;
   }
   if (!news) return Applied::kIgnored;
-  if (!quiet) enqueue(u);
+  if (!quiet) enqueue(u, kRetransmitMult);
   return Applied::kNews;
 }
 
@@ -282,7 +283,7 @@ std::vector<std::uint64_t> MemberTable::expire_suspicions(Nanos now) {
 std::vector<Bytes> MemberTable::take_piggyback(std::size_t budget) {
   std::vector<Bytes> out;
   if (queue_.empty()) return out;
-  const int limit = kRetransmitMult * static_cast<int>(std::ceil(std::log10(static_cast<double>(live_count()) + 1.0)));
+  const int times = static_cast<int>(std::ceil(std::log10(static_cast<double>(live_count()) + 1.0)));
   std::vector<Queued*> order;
   order.reserve(queue_.size());
   for (auto& [id, q] : queue_) order.push_back(&q);
@@ -296,12 +297,12 @@ std::vector<Bytes> MemberTable::take_piggyback(std::size_t budget) {
     out.push_back(q->encoded);
     ++q->transmits;
   }
-  std::erase_if(queue_, [&](const auto& kv) { return kv.second.transmits >= limit; });
+  std::erase_if(queue_, [&](const auto& kv) { return kv.second.transmits >= kv.second.mult * times; });
   return out;
 }
 
 bool MemberTable::has_fresh(int times) const {
-  return std::any_of(queue_.begin(), queue_.end(), [&](const auto& kv) { return kv.second.transmits < times; });
+  return std::any_of(queue_.begin(), queue_.end(), [&](const auto& kv) { return kv.second.mult == kRetransmitMult && kv.second.transmits < times; });
 }
 
 Digest MemberTable::digest() const {

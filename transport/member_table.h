@@ -14,14 +14,16 @@
 //     that can reach this one count as possible confirmers (outbound-only members it never heard
 //     from first-hand cannot).
 //   - Every update that is news is queued and sent a bounded number of times (kRetransmitMult x
-//     ceil(log10(n + 1))), fewest-sent first, on the messages the core sends anyway.
+//     ceil(log10(n + 1)); half that for the news of a member first heard of), fewest-sent first, on
+//     the messages the core sends anyway.
 //   - A digest of 32 bucket hashes (members by id, at their incarnation; dead and departed ones left
 //     out) lets two members find in one small message whether their views differ, and where.
 //
-// Wire of one update (little-endian, core/wire):
-//   kind u8 (0 alive, 1 suspect, 2 dead, 3 left) | id u64 | incarnation u32 |
-//   alive: flags u8 (2: outbound-only) | address str | health u8 | rto u16 (ms)
-//   left: flags u8 | address str;   suspect: accuser id u64
+// Wire of one update (little-endian, core/wire; varint: LEB128):
+//   kind u8 (0 alive, 1 suspect, 2 dead, 3 left) | id u64 | incarnation varint |
+//   alive: flags u8 (2: outbound-only) | address | health u8 | rto varint (ms)
+//   left: flags u8 | address;   suspect: accuser id u64
+//   address: as transport/endpoint.h writes it (7 bytes for an IPv4 address and port)
 //
 // Threading: none; the owner (GossipCore) holds its lock around every call. Not copyable.
 #pragma once
@@ -105,7 +107,7 @@ class MemberTable {
   // Up to `budget` bytes of queued updates, fewest-sent first; each counts as one transmission.
   std::vector<Bytes> take_piggyback(std::size_t budget);
   bool has_queued() const { return !queue_.empty(); }
-  // An update queued and sent fewer than `times` times.
+  // An update other than a join's news, queued and sent fewer than `times` times (news worth pushing).
   bool has_fresh(int times) const;
   // Queues this node's own alive (after a refutation or a change of its flags).
   void queue_self();
@@ -135,6 +137,10 @@ class MemberTable {
   std::uint64_t full_drops() const { return full_drops_; }
 
   static constexpr int kRetransmitMult = 4;
+  // The news of a member first heard of (a join) is sent half as many times: it is not urgent (the
+  // newcomer's own messages tell whoever it talks to first-hand, and the digest exchanges repair what
+  // is missed), and when hundreds join at once it would be most of what members send.
+  static constexpr int kJoinRetransmitMult = 2;
   static constexpr int kSuspicionMaxMult = 6;     // the longest suspicion, in minimum timeouts
   static constexpr int kConfirmations = 3;        // independent accusers that bring it to the minimum
   static constexpr std::size_t kMaxAccusers = 8;
@@ -150,8 +156,9 @@ class MemberTable {
     Bytes encoded;
     int transmits = 0;
     std::uint64_t order = 0;  // newer first among equals
+    int mult = kRetransmitMult;  // sent mult x ceil(log10(n + 1)) times
   };
-  void enqueue(const MemberUpdate& u);
+  void enqueue(const MemberUpdate& u, int mult);
   // Every change of a member's state goes through here (and sets its `changed`), so the counts, the
   // alive list, the suspects and the departed stay right.
   void set_state(std::uint64_t id, Entry& e, MemberState state, Nanos now);

@@ -35,9 +35,17 @@ class Writer {
   // Raw bytes, no length prefix. (Out of line: GCC 12 raises a false -Wstringop-overflow when the
   // vector insert is inlined into a Writer that has not reserved.)
   void raw(ByteView b);
+  // An unsigned LEB128 varint: 7 bits a byte, low bits first; 1 byte below 128, 10 at most.
+  void uvar(std::uint64_t v);
   // u32 length then bytes.
   void blob(ByteView b);
   void str(std::string_view s) { blob(as_bytes(s)); }
+  // Varint length then bytes: for short fields of small messages.
+  void vblob(ByteView b) {
+    uvar(b.size());
+    raw(b);
+  }
+  void vstr(std::string_view s) { vblob(as_bytes(s)); }
 
   std::size_t size() const { return buf_.size(); }
   const Bytes& bytes() const& { return buf_; }
@@ -66,11 +74,16 @@ class Reader {
   float f32() { return std::bit_cast<float>(get_le<std::uint32_t>()); }
   double f64() { return std::bit_cast<double>(get_le<std::uint64_t>()); }
 
+  // An unsigned LEB128 varint (Writer::uvar) of at most `max`: longer than 10 bytes, or larger, fails.
+  std::uint64_t uvar(std::uint64_t max = UINT64_MAX);
   // Borrows the next n bytes (empty view on failure).
   ByteView raw(std::size_t n);
   // u32 length (must be <= max_len) then bytes; the view borrows from the input.
   ByteView blob(std::size_t max_len);
   std::string str(std::size_t max_len);
+  // Varint length (must be <= max_len) then bytes (Writer::vblob).
+  ByteView vblob(std::size_t max_len) { return raw(static_cast<std::size_t>(uvar(max_len))); }
+  std::string vstr(std::size_t max_len) { return std::string(as_string_view(vblob(max_len))); }
 
   // Fails the reader (if not already failed) with a malformed-input error naming `field`.
   void fail(ErrorCode code, const std::string& message);

@@ -6,17 +6,21 @@
 
 #include "core/hash.h"
 #include "core/wire.h"
+#include "transport/endpoint.h"
 
 namespace gossamer::run {
 
 namespace {
 
 constexpr const char* kTopic = "gossamer.round";
-constexpr std::uint8_t kVersion = 3;  // 3: READY to the leader, GROUP to each peer as a change from the one it holds
+// 3: READY to the leader, GROUP to each peer as a change from the one it holds. 4: varints, and link
+// addresses in gossip's compact form.
+constexpr std::uint8_t kVersion = 4;
 enum class Kind : std::uint8_t { kReady = 1, kGroup = 2, kIntent = 3, kAt = 4, kAbandon = 5 };
 constexpr std::uint8_t kPassedOn = 1, kToEveryone = 2;  // READY and INTENT flags
 constexpr std::uint8_t kWhole = 0, kChange = 1;         // GROUP forms
-constexpr std::size_t kMaxAddress = 256, kMaxMembers = 4096;
+constexpr std::size_t kMaxMembers = 4096;
+constexpr std::uint64_t kMaxRound = std::uint64_t{1} << 62;  // rounds and steps, far beyond any run
 constexpr std::uint64_t kMaxEpoch = std::uint64_t{1} << 62;  // epochs grow by one per group change
 constexpr auto kPoll = std::chrono::milliseconds(20);
 constexpr std::size_t kInLine = 2;       // a READY goes to the leader and its fallback
@@ -28,19 +32,19 @@ Writer start_message(Kind kind, std::int64_t round) {
   Writer w;
   w.u8(kVersion);
   w.u8(static_cast<std::uint8_t>(kind));
-  w.i64(round);
+  w.uvar(static_cast<std::uint64_t>(round));
   return w;
 }
 
 Bytes encode_ready(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, transport::PeerId id, std::uint64_t known_epoch,
                    std::uint8_t flags, const std::string& address) {
   Writer w = start_message(Kind::kReady, round);
-  w.u64(after_epoch);
-  w.i64(step);
+  w.uvar(after_epoch);
+  w.uvar(static_cast<std::uint64_t>(step));
   w.u64(id.value);
-  w.u64(known_epoch);
+  w.uvar(known_epoch);
   w.u8(flags);
-  w.str(address);
+  transport::write_address(w, address);
   return std::move(w).take();
 }
 
@@ -150,7 +154,7 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
   Reader r(payload, "round message from peer " + origin.to_string());
   const std::uint8_t version = r.u8();
   const auto kind = static_cast<Kind>(r.u8());
-  const std::int64_t round = r.i64();
+  const auto round = static_cast<std::int64_t>(r.uvar(kMaxRound));
   if (origin == gossip_.self()) return;  // its own broadcast, delivered here too
   std::vector<Outgoing> out;
   std::unique_lock lock(mu_);
@@ -161,8 +165,8 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
     return;
   }
   bool taken = false;
-  if (r.ok() && round < 0) {
-    drop_locked("a round message for round " + std::to_string(round), origin, "");
+  if (!r.ok()) {
+    drop_locked("a malformed round message", origin, r.status().to_string());
   } else if (kind == Kind::kReady) {
     taken = on_ready_locked(origin, round, r, out);
   } else if (kind == Kind::kGroup) {
@@ -175,7 +179,7 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
     if (taken) run_at_ = std::max(run_at_, round);
     else drop_locked("a malformed AT", origin, r.status().to_string());
   } else if (kind == Kind::kAbandon) {
-    const std::uint64_t epoch = r.u64();
+    const std::uint64_t epoch = r.uvar();
     r.expect_end();
     if (r.ok() && (epoch == 0 || epoch >= kMaxEpoch)) r.fail(ErrorCode::kMalformed, "epoch " + std::to_string(epoch) + " out of range");
     taken = r.ok();
@@ -258,16 +262,16 @@ void Coordinator::pass_on_locked(transport::PeerId id, const Bytes& message, std
 
 Bytes Coordinator::group_message_locked(const GroupView& g, std::uint64_t known) const {
   Writer w = start_message(Kind::kGroup, g.round);
-  w.u64(g.epoch);
+  w.uvar(g.epoch);
   w.u64(g.leader.value);
-  w.u32(g.width);
+  w.uvar(g.width);
   auto base = known == 0 ? known_.end() : known_.find(known);
   if (base == known_.end()) {
     w.u8(kWhole);
-    w.u32(static_cast<std::uint32_t>(g.members.size()));
+    w.uvar(g.members.size());
     for (const auto& m : g.members) {
       w.u64(m.id.value);
-      w.str(m.address);
+      transport::write_address(w, m.address);
     }
     return std::move(w).take();
   }
@@ -291,15 +295,15 @@ Bytes Coordinator::group_message_locked(const GroupView& g, std::uint64_t known)
   }
   std::sort(removed.begin(), removed.end());
   w.u8(kChange);
-  w.u64(known);
-  w.u32(static_cast<std::uint32_t>(g.members.size()));
+  w.uvar(known);
+  w.uvar(g.members.size());
   w.u64(check_of(g.members));
-  w.u32(static_cast<std::uint32_t>(removed.size()));
+  w.uvar(removed.size());
   for (transport::PeerId id : removed) w.u64(id.value);
-  w.u32(static_cast<std::uint32_t>(added.size()));
+  w.uvar(added.size());
   for (const auto& m : added) {
     w.u64(m.id.value);
-    w.str(m.address);
+    transport::write_address(w, m.address);
   }
   return std::move(w).take();
 }
@@ -331,12 +335,12 @@ void Coordinator::answer_locked(transport::PeerId id, std::int64_t round, const 
 
 bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::vector<Outgoing>& out) {
   Ready ready;
-  ready.after_epoch = r.u64();
-  ready.step = r.i64();
+  ready.after_epoch = r.uvar();
+  ready.step = static_cast<std::int64_t>(r.uvar(kMaxRound));
   const transport::PeerId id{r.u64()};
-  ready.known_epoch = r.u64();
+  ready.known_epoch = r.uvar();
   const std::uint8_t flags = r.u8();
-  ready.address = r.str(kMaxAddress);
+  ready.address = transport::read_address(r);
   ready.at = clock_.now();
   ready.heard = true;
   r.expect_end();
@@ -369,7 +373,7 @@ bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, 
     if (!line.empty() && line.front() == gossip_.self() && abandoned_[round] < ready.after_epoch) {
       abandoned_[round] = ready.after_epoch;
       Writer w = start_message(Kind::kAbandon, round);
-      w.u64(ready.after_epoch);
+      w.uvar(ready.after_epoch);
       out.push_back(Outgoing{std::nullopt, std::move(w).take()});
     }
   }
@@ -402,9 +406,9 @@ bool Coordinator::on_intent_locked(transport::PeerId origin, std::int64_t round,
 bool Coordinator::on_group_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::vector<Outgoing>& out) {
   GroupView g;
   g.round = round;
-  g.epoch = r.u64();
+  g.epoch = r.uvar();
   g.leader = transport::PeerId{r.u64()};
-  g.width = r.u32();
+  g.width = static_cast<std::uint32_t>(r.uvar(kMaxMembers));
   const std::uint8_t form = r.u8();
   if (r.ok() && (g.width == 1 || g.width > kMaxMembers)) r.fail(ErrorCode::kMalformed, "a layout of width " + std::to_string(g.width));
   // (An epoch near 2^64 would wrap the next one to 0, which no peer ever takes: every later round would stall.)
@@ -413,22 +417,22 @@ bool Coordinator::on_group_locked(transport::PeerId origin, std::int64_t round, 
   const auto read_member = [&] {
     MemberInfo m;
     m.id = transport::PeerId{r.u64()};
-    m.address = r.str(kMaxAddress);
+    m.address = transport::read_address(r);
     return m;
   };
   bool readable = true;  // a change from a group this peer holds, which checks out
   if (r.ok() && form == kWhole) {
-    const std::uint32_t count = r.u32();
+    const std::uint64_t count = r.uvar();
     if (r.ok() && (count == 0 || count > kMaxMembers)) r.fail(ErrorCode::kMalformed, "a group of " + std::to_string(count) + " members");
-    for (std::uint32_t i = 0; r.ok() && i < count; ++i) {
+    for (std::uint64_t i = 0; r.ok() && i < count; ++i) {
       MemberInfo m = read_member();
       if (r.ok() && i > 0 && !(g.members.back().id < m.id)) r.fail(ErrorCode::kMalformed, "members not sorted by id");
       g.members.push_back(std::move(m));
     }
     r.expect_end();
   } else if (r.ok()) {
-    const std::uint64_t base = r.u64();
-    const std::uint32_t count = r.u32();
+    const std::uint64_t base = r.uvar();
+    const std::uint64_t count = r.uvar();
     const std::uint64_t check = r.u64();
     if (r.ok() && (count == 0 || count > kMaxMembers)) r.fail(ErrorCode::kMalformed, "a group of " + std::to_string(count) + " members");
     if (r.ok() && (base == 0 || base > g.epoch)) r.fail(ErrorCode::kMalformed, "a change from epoch " + std::to_string(base));
@@ -438,15 +442,15 @@ bool Coordinator::on_group_locked(transport::PeerId origin, std::int64_t round, 
     if (readable) {
       for (const auto& m : held->second) members[m.id] = m.address;
     }
-    const std::uint32_t removed = r.u32();
+    const std::uint64_t removed = r.uvar();
     if (r.ok() && removed > kMaxMembers) r.fail(ErrorCode::kMalformed, std::to_string(removed) + " members removed");
-    for (std::uint32_t i = 0; r.ok() && i < removed; ++i) {
+    for (std::uint64_t i = 0; r.ok() && i < removed; ++i) {
       const transport::PeerId id{r.u64()};
       if (r.ok() && readable && members.erase(id) == 0) readable = false;
     }
-    const std::uint32_t added = r.u32();
+    const std::uint64_t added = r.uvar();
     if (r.ok() && added > kMaxMembers) r.fail(ErrorCode::kMalformed, std::to_string(added) + " members added");
-    for (std::uint32_t i = 0; r.ok() && i < added; ++i) {
+    for (std::uint64_t i = 0; r.ok() && i < added; ++i) {
       MemberInfo m = read_member();
       if (r.ok() && readable && !members.emplace(m.id, m.address).second) readable = false;
     }
@@ -520,7 +524,7 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
     if (!line.empty() && line.front() == self && abandoned_[round] < after_epoch) {
       abandoned_[round] = after_epoch;
       Writer w = start_message(Kind::kAbandon, round);
-      w.u64(after_epoch);
+      w.uvar(after_epoch);
       lock.unlock();
       send({Outgoing{std::nullopt, std::move(w).take()}});
       lock.lock();

@@ -31,18 +31,20 @@
 // over says READY to everyone. Per round a peer sends one READY (to two or three) and the leader one
 // GROUP per member: O(N) messages in all, not O(N^2); a failed round adds one ABANDON to everyone.
 //
-// Messages (topic "gossamer.round", direct or broadcast; little-endian through core/wire):
-//   version u8 | type u8 (1 READY, 2 GROUP, 3 INTENT, 4 AT, 5 ABANDON) | round i64
-//   READY:  after_epoch u64 | step i64 (of the retried collective; 0 first time) | id u64 |
-//           known epoch u64 (the last group it took part in; 0 none) | flags u8 (1 passed on,
-//           2 sent to everyone) | link address str
-//   GROUP:  epoch u64 | leader u64 | width u32 (the layout: 0 a full mesh) | form u8, then
-//           form 0 (whole): count u32 | count x (id u64, link address str)
-//           form 1 (change): base epoch u64 | count u32 | check u64 (of the members it makes) |
-//                  removed u32 x id u64 | added u32 x (id u64, link address str)
+// Messages (topic "gossamer.round", direct or broadcast; little-endian through core/wire; varint:
+// LEB128; address: a link address in gossip's compact form, transport/member_table.h), version 4:
+//   version u8 | type u8 (1 READY, 2 GROUP, 3 INTENT, 4 AT, 5 ABANDON) | round varint
+//   READY:  after_epoch varint | step varint (of the retried collective; 0 first time) | id u64 |
+//           known epoch varint (the last group it took part in; 0 none) | flags u8 (1 passed on,
+//           2 sent to everyone) | link address
+//   GROUP:  epoch varint | leader u64 | width varint (the layout: 0 a full mesh) | form u8, then
+//           form 0 (whole): count varint | count x (id u64, link address)
+//           form 1 (change): base epoch varint | count varint | check u64 (of the members it makes) |
+//                  removed varint x id u64 | added varint x (id u64, link address)
 //   INTENT: id u64 (a newcomer holding the state of round-1) | flags u8 (1 passed on)
 //   AT:     (nothing: the run is at `round`, past the one a READY asked about)
-//   ABANDON: epoch u64 (the group of `round` over it failed and is retried; to everyone, once)
+//   ABANDON: epoch varint (the group of `round` over it failed and is retried; to everyone, once)
+// A READY takes about 22 bytes (version 3: 67).
 // A message of another version or a malformed one is dropped, logged and counted (dropped()). A
 // change from a group this peer does not hold (or whose check fails) is not applied: the peer asks
 // the sender for the whole group.

@@ -98,3 +98,52 @@ TEST_CASE("Reader survives random garbage") {
     CHECK(r.position() <= junk.size());
   }
 }
+
+TEST_CASE("varints: golden bytes, round trips at every width, and the malformed ones refused") {
+  Writer w;
+  w.uvar(0);
+  w.uvar(127);
+  w.uvar(128);
+  w.uvar(300);
+  const std::vector<int> expected = {0x00, 0x7F, 0x80, 0x01, 0xAC, 0x02};
+  REQUIRE(w.size() == expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) CHECK(static_cast<int>(w.bytes()[i]) == expected[i]);
+
+  for (int bits = 0; bits <= 64; ++bits) {
+    const std::uint64_t v = bits == 64 ? std::numeric_limits<std::uint64_t>::max() : (std::uint64_t{1} << bits) - 1;
+    Writer one;
+    one.uvar(v);
+    CHECK(one.size() == static_cast<std::size_t>(std::max(1, (bits + 6) / 7)));
+    Reader r(one.bytes());
+    CHECK(r.uvar() == v);
+    r.expect_end();
+    CHECK(r.ok());
+  }
+  Writer text;
+  text.vstr("tcp");
+  text.vblob(as_bytes(std::string_view("")));
+  Reader tr(text.bytes());
+  CHECK(tr.vstr(3) == "tcp");
+  CHECK(tr.vblob(0).empty());
+  tr.expect_end();
+  CHECK(tr.ok());
+
+  const auto refused = [](std::vector<std::uint8_t> bytes, std::uint64_t max) {
+    Bytes b;
+    for (auto x : bytes) b.push_back(static_cast<std::byte>(x));
+    Reader r(b);
+    (void)r.uvar(max);
+    return r.ok() ? ErrorCode::kOk : r.status().code();
+  };
+  CHECK(refused({0x80, 0x80}, UINT64_MAX) == ErrorCode::kDataLoss);                          // truncated
+  CHECK(refused({0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x02}, UINT64_MAX) == ErrorCode::kMalformed);  // 65 bits
+  CHECK(refused({0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x81, 0x00}, UINT64_MAX) == ErrorCode::kMalformed);  // 11 bytes
+  CHECK(refused({0xAC, 0x02}, 299) == ErrorCode::kOutOfRange);  // over the caller's cap
+  CHECK(refused({0xAC, 0x02}, 300) == ErrorCode::kOk);
+  // A text's length over its cap is refused before anything is read.
+  Writer big;
+  big.vstr(std::string(100, 'x'));
+  Reader br(big.bytes());
+  CHECK(br.vstr(99).empty());
+  CHECK(br.status().code() == ErrorCode::kOutOfRange);
+}

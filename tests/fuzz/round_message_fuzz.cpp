@@ -3,7 +3,7 @@
 // records (records.h): the selector picks the origin (peers 1 to 4; this peer is 1), the payload is
 // the message. The coordinator first leads round 0's group of one, so it is a member when the junk
 // comes. After each message: it was ignored (this peer's own, echoed back), or dropped and counted
-// once, or its header was well-formed (version 3, a known kind, a round >= 0, a READY naming its
+// once, or its header was well-formed (version 4, a known kind, a round below 2^62, a READY naming its
 // origin unless passed on, an INTENT, an AT and an ABANDON of exactly their size, the ABANDON's epoch
 // superseded after it); a whole GROUP taken supersedes the epoch before its own; a message causes no
 // broadcast beyond one ABANDON (a retry reaching it as leader) and at most two direct messages (an
@@ -22,18 +22,29 @@
 #include "fake_gossip.h"
 #include "records.h"
 #include "run/coordinator.h"
+#include "transport/endpoint.h"
 
 namespace {
 
 using namespace gossamer;
 
-std::uint64_t u64_at(ByteView b, std::size_t at) {
-  std::uint64_t v = 0;
-  for (std::size_t i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(b[at + i]) << (8 * i);
-  return v;
+constexpr std::int64_t kLastRoundChecked = std::int64_t{1} << 62;
+
+// A link address as the round messages write it (transport/member_table.h): IPv4 and port.
+void link_address(Writer& w, std::uint8_t host) {
+  w.u8(2);
+  for (std::uint8_t b : {192, 0, 2}) w.u8(b);
+  w.u8(host);
+  w.u16(7001);
 }
 
-constexpr std::int64_t kLastRoundChecked = std::int64_t{1} << 62;
+// Reads a message's version, kind and round; false when they are not there.
+bool read_head(Reader& r, std::uint8_t& version, std::uint8_t& kind, std::uint64_t& round) {
+  version = r.u8();
+  kind = r.u8();
+  round = r.uvar();
+  return r.ok();
+}
 
 }  // namespace
 
@@ -50,40 +61,40 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     for (const auto& [topic, payload] : peer.sent()) records.emplace_back(1, payload);  // selector 1: from peer 2
     const auto start = [](std::uint8_t kind, std::int64_t round) {
       Writer w;
-      w.u8(3);
+      w.u8(4);
       w.u8(kind);
-      w.i64(round);
+      w.uvar(static_cast<std::uint64_t>(round));
       return w;
     };
     Writer ready = start(1, 2);
-    ready.u64(0);
-    ready.i64(0);
+    ready.uvar(0);
+    ready.uvar(0);
     ready.u64(2);
-    ready.u64(1);
+    ready.uvar(1);
     ready.u8(0);
-    ready.str("192.0.2.2:7001");
+    link_address(ready, 2);
     records.emplace_back(1, ready.bytes());
     Writer whole = start(2, 3);
-    whole.u64(4);
+    whole.uvar(4);
     whole.u64(2);
-    whole.u32(0);
+    whole.uvar(0);
     whole.u8(0);
-    whole.u32(1);
+    whole.uvar(1);
     whole.u64(1);
-    whole.str("192.0.2.1:7001");
+    link_address(whole, 1);
     records.emplace_back(1, whole.bytes());
     Writer change = start(2, 4);
-    change.u64(5);
+    change.uvar(5);
     change.u64(2);
-    change.u32(0);
+    change.uvar(0);
     change.u8(1);
-    change.u64(4);
-    change.u32(2);
+    change.uvar(4);
+    change.uvar(2);
     change.u64(0);
-    change.u32(0);
-    change.u32(1);
+    change.uvar(0);
+    change.uvar(1);
     change.u64(3);
-    change.str("192.0.2.3:7001");
+    link_address(change, 3);
     records.emplace_back(1, change.bytes());
     Writer intent = start(3, 5);
     intent.u64(2);
@@ -91,7 +102,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     records.emplace_back(1, intent.bytes());
     records.emplace_back(1, start(4, 6).bytes());
     Writer abandon = start(5, 7);
-    abandon.u64(3);
+    abandon.uvar(3);
     records.emplace_back(1, abandon.bytes());
     fuzz::write_seed("round", fuzz::join_records(records));
   }
@@ -120,28 +131,49 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (dropped_now != dropped || gossip.directs() != directs || gossip.broadcasts() != broadcasts) __builtin_trap();
       continue;
     }
-    if (m.size() >= 10) last_round = std::max(last_round, static_cast<std::int64_t>(u64_at(m, 2)));
+    std::uint8_t version = 0, kind = 0;
+    std::uint64_t round = 0;
+    Reader r(m);
+    const bool head = read_head(r, version, kind, round);
+    if (head && round < static_cast<std::uint64_t>(kLastRoundChecked)) last_round = std::max(last_round, static_cast<std::int64_t>(round));
+    if (head && round >= static_cast<std::uint64_t>(kLastRoundChecked)) last_round = kLastRoundChecked;
     if (dropped_now != dropped) continue;
     // Taken: what it said must have been well-formed.
-    if (m.size() < 10 || m[0] != std::byte{3}) __builtin_trap();
-    const auto kind = static_cast<std::uint8_t>(m[1]);
-    const auto round = static_cast<std::int64_t>(u64_at(m, 2));
-    if (round < 0) __builtin_trap();
+    if (!head || version != 4) __builtin_trap();
     if (kind == 1) {
-      if (m.size() < 47 || ((static_cast<std::uint8_t>(m[42]) & 1) == 0 && u64_at(m, 26) != origin.value)) __builtin_trap();
+      (void)r.uvar();  // after epoch
+      (void)r.uvar();  // step
+      const std::uint64_t id = r.u64();
+      (void)r.uvar();  // known epoch
+      const std::uint8_t flags = r.u8();
+      (void)transport::read_address(r);
+      r.expect_end();
+      if (!r.ok() || ((flags & 1) == 0 && id != origin.value)) __builtin_trap();
     } else if (kind == 2) {
-      if (m.size() < 31) __builtin_trap();
-      const std::uint64_t epoch = u64_at(m, 10);
-      if (epoch == 0) __builtin_trap();
-      if (m[30] == std::byte{0}) {  // (after the epoch, the leader and the width)
-        if (m.size() < 47 || !coordinator->superseded(round, epoch - 1)) __builtin_trap();  // a group has a member
+      const std::uint64_t epoch = r.uvar();
+      (void)r.u64();   // leader
+      (void)r.uvar();  // width
+      const std::uint8_t form = r.u8();
+      if (!r.ok() || epoch == 0) __builtin_trap();
+      if (form == 0) {
+        if (r.uvar() == 0 || !r.ok() || !coordinator->superseded(static_cast<std::int64_t>(round), epoch - 1)) __builtin_trap();  // a group has a member
         largest_epoch = std::max(largest_epoch, epoch);
-      } else if (m[30] != std::byte{1} || m.size() < 59) {
+      } else if (form != 1) {
         __builtin_trap();
       }
     } else if (kind == 5) {
-      if (m.size() != 18 || !coordinator->superseded(round, u64_at(m, 10))) __builtin_trap();  // the epoch is abandoned
-    } else if (!(kind == 3 && m.size() == 19) && !(kind == 4 && m.size() == 10)) {
+      const std::uint64_t epoch = r.uvar();
+      r.expect_end();
+      if (!r.ok() || !coordinator->superseded(static_cast<std::int64_t>(round), epoch)) __builtin_trap();  // the epoch is abandoned
+    } else if (kind == 3) {
+      (void)r.u64();
+      (void)r.u8();
+      r.expect_end();
+      if (!r.ok()) __builtin_trap();
+    } else if (kind == 4) {
+      r.expect_end();
+      if (!r.ok()) __builtin_trap();
+    } else {
       __builtin_trap();
     }
   }

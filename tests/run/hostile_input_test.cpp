@@ -118,19 +118,26 @@ class LocalTransport final : public transport::Transport {
 // Round messages of version 3, by the layout in coordinator.h.
 Writer round_message(std::uint8_t kind, std::int64_t round) {
   Writer w;
-  w.u8(3);
+  w.u8(4);
   w.u8(kind);
-  w.i64(round);
+  w.uvar(static_cast<std::uint64_t>(round));
   return w;
+}
+// A link address as the round messages write it: a form (2: IPv4 and port), 4 bytes and a port.
+void link_address(Writer& w, std::uint64_t host) {
+  w.u8(2);
+  for (std::uint8_t b : {192, 0, 2}) w.u8(b);
+  w.u8(static_cast<std::uint8_t>(host));
+  w.u16(7001);
 }
 Bytes ready_message(std::int64_t round, std::uint64_t after, std::uint64_t id, std::uint64_t known, std::uint8_t flags) {
   Writer w = round_message(1, round);
-  w.u64(after);
-  w.i64(after > 0 ? 12 : 0);
+  w.uvar(after);
+  w.uvar(after > 0 ? 12 : 0);
   w.u64(id);
-  w.u64(known);
+  w.uvar(known);
   w.u8(flags);
-  w.str("192.0.2." + std::to_string(id % 250) + ":7001");
+  link_address(w, id % 250);
   return std::move(w).take();
 }
 
@@ -147,28 +154,28 @@ TEST_CASE("mutated READY, GROUP, INTENT, AT and ABANDON messages are dropped and
   valid.push_back(ready_message(2, 0, 1, 2, 0));  // to the leader
   valid.push_back(ready_message(2, 0, 7, 0, 1));  // passed on for peer 7
   Writer whole = round_message(2, 3);
-  whole.u64(4);
+  whole.uvar(4);
   whole.u64(1);
-  whole.u32(0);
+  whole.uvar(0);
   whole.u8(0);
-  whole.u32(2);
+  whole.uvar(2);
   for (std::uint64_t id : {1, 2}) {
     whole.u64(id);
-    whole.str("192.0.2." + std::to_string(id) + ":7001");
+    link_address(whole, id);
   }
   valid.push_back(whole.bytes());
   Writer change = round_message(2, 4);  // from epoch 1 (b's own group of one): peer 3 added
-  change.u64(5);
+  change.uvar(5);
   change.u64(2);
-  change.u32(0);
+  change.uvar(0);
   change.u8(1);
-  change.u64(1);
-  change.u32(2);
+  change.uvar(1);
+  change.uvar(2);
   change.u64(0x1234);  // (its check fails: not applied, the whole group asked for)
-  change.u32(0);
-  change.u32(1);
+  change.uvar(0);
+  change.uvar(1);
   change.u64(3);
-  change.str("192.0.2.3:7001");
+  link_address(change, 3);
   valid.push_back(change.bytes());
   Writer intent = round_message(3, 5);
   intent.u64(1);
@@ -176,7 +183,7 @@ TEST_CASE("mutated READY, GROUP, INTENT, AT and ABANDON messages are dropped and
   valid.push_back(intent.bytes());
   valid.push_back(round_message(4, 6).bytes());  // AT
   Writer abandon = round_message(5, 7);
-  abandon.u64(3);
+  abandon.uvar(3);
   valid.push_back(abandon.bytes());
 
   RecordingGossip b(2);
@@ -188,17 +195,14 @@ TEST_CASE("mutated READY, GROUP, INTENT, AT and ABANDON messages are dropped and
   CHECK(cb->stats().dropped > n / 4);
   // A GROUP whose epoch would wrap the next one to 0 is refused, not taken.
   const std::int64_t dropped = cb->stats().dropped;
-  Writer wrap;
-  wrap.u8(3);
-  wrap.u8(2);
-  wrap.i64(40);
-  wrap.u64(~std::uint64_t{0});
+  Writer wrap = round_message(2, 40);
+  wrap.uvar(~std::uint64_t{0});
   wrap.u64(1);
-  wrap.u32(0);
+  wrap.uvar(0);
   wrap.u8(0);
-  wrap.u32(1);
+  wrap.uvar(1);
   wrap.u64(1);
-  wrap.str("192.0.2.1:7001");
+  link_address(wrap, 1);
   b.deliver(a.self(), "gossamer.round", wrap.bytes());
   CHECK(cb->stats().dropped == dropped + 1);
   // Whatever the junk said about rounds 0 to 2, a later round is agreed as usual.
@@ -210,14 +214,14 @@ TEST_CASE("mutated READY, GROUP, INTENT, AT and ABANDON messages are dropped and
 TEST_CASE("a READY to everyone is answered by the group's leader alone, a READY to a member by any member holding the group") {
   // Peers 1 (the leader) and 2 both hold round 5's group of {1, 2}; peer 7 is still waiting for it.
   Writer whole = round_message(2, 5);
-  whole.u64(3);
+  whole.uvar(3);
   whole.u64(1);
-  whole.u32(0);
+  whole.uvar(0);
   whole.u8(0);
-  whole.u32(2);
+  whole.uvar(2);
   for (std::uint64_t id : {1, 2}) {
     whole.u64(id);
-    whole.str("192.0.2." + std::to_string(id) + ":7001");
+    link_address(whole, id);
   }
   const auto holder = [&](std::uint64_t self, std::uint64_t other) {
     auto g = std::make_unique<RecordingGossip>(self);

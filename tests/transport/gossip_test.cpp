@@ -12,6 +12,7 @@
 #include "core/wire.h"
 #include "support/eventually.h"
 #include "transport/gossip.h"
+#include "transport/endpoint.h"
 
 using namespace gossamer;
 using namespace gossamer::transport;
@@ -48,15 +49,16 @@ std::size_t count_state(const Gossip& g, MemberState s) {
 Bytes fake_table(std::uint64_t id, const std::string& address, std::uint32_t incarnation) {
   Writer w;
   w.raw(as_bytes("GSGP"));
-  w.u8(3);  // version
+  w.u8(4);  // version
   w.u8(6);  // news (kGossip)
   w.u64(id);
-  w.str(address);
-  w.u32(incarnation);
-  w.u8(0);  // health
-  w.u16(0);  // rto (ms)
-  w.u8(0);  // flags
-  w.u32(0);  // no updates
+  w.u8(1);  // flags: the address follows
+  w.u8(0);  // as text
+  w.vstr(address);
+  w.uvar(incarnation);
+  w.u8(0);    // health
+  w.uvar(0);  // rto (ms)
+  w.uvar(0);  // no updates
   return std::move(w).take();
 }
 
@@ -351,4 +353,32 @@ TEST_CASE("gossip: a dial-back check nobody answers ends at its deadline, or at 
   REQUIRE_FALSE(stopped.ok());
   CHECK(stopped.status().code() == ErrorCode::kAborted);
   CHECK(std::chrono::steady_clock::now() - t1 < 1s);
+}
+
+TEST_CASE("member and link addresses travel as 7 bytes when they are [tcp://]IPv4:port, as text otherwise, and come back unchanged") {
+  for (const std::string a : {"tcp://192.0.2.1:7000", "tcp://0.0.0.0:1", "tcp://255.255.255.255:65535", "tcp://10.0.0.1:0", "192.0.2.1:7001"}) {
+    Writer w;
+    transport::write_address(w, a);
+    CHECK(w.size() == 7);
+    Reader r(w.bytes());
+    CHECK(transport::read_address(r) == a);
+    CHECK(r.ok());
+  }
+  // Not written back the same from four bytes and a port: kept as text.
+  for (const std::string a : {"tcp://192.0.2.01:7000", "tcp://192.0.2.1:07000", "tcp://192.0.2.256:7000", "tcp://192.0.2.1:65536",
+                              "tcp://[2001:db8::1]:7000", "tcp://peer.example:7000", "tcp://192.0.2.1", "tcp://1.2.3:4", "ipc:///run/g", "",
+                              "udp://192.0.2.1:7000", "tcp://tcp://192.0.2.1:7000", "192.0.2.1:7001 "}) {
+    Writer w;
+    transport::write_address(w, a);
+    CHECK(w.size() == 2 + a.size());
+    Reader r(w.bytes());
+    CHECK(transport::read_address(r) == a);
+    r.expect_end();
+    CHECK(r.ok());
+  }
+  Writer bad;
+  bad.u8(9);  // no such form
+  Reader r(bad.bytes());
+  (void)transport::read_address(r);
+  CHECK(r.status().code() == ErrorCode::kMalformed);
 }

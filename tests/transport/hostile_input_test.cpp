@@ -92,7 +92,9 @@ TEST_CASE("mutated gossip tables and rumors are dropped and counted or merged wi
   // Valid messages of each kind: a's member table (after it heard b) and a rumor.
   std::vector<Bytes> valid;
   for (auto& s : a.tick()) valid.push_back(s.message);
-  for (auto& s : b.tick()) (void)a.handle(s.message, "192.0.2.2");
+  for (auto& s : b.tick()) {
+    for (auto& reply : a.handle(s.message, "192.0.2.2")) valid.push_back(reply.message);  // its rows, to b
+  }
   for (auto& s : a.tick()) valid.push_back(s.message);
   REQUIRE(a.broadcast("news", as_bytes(std::string("the run goes on"))).ok());
   for (auto& s : a.take_broadcasts()) valid.push_back(s.message);
@@ -125,26 +127,29 @@ TEST_CASE("a member table stays within max_members: new rows take the place of d
   const auto table_of = [](std::uint64_t first, int n, std::uint8_t kind = 0) {
     Writer w;
     w.raw(as_bytes(std::string_view("GSGP", 4)));
-    w.u8(3);  // version
+    w.u8(4);  // version
     w.u8(7);  // sync
     w.u64(first);
-    w.str("tcp://192.0.2.9:7000");
-    w.u32(0);  // incarnation
-    w.u8(0);   // health
-    w.u16(0);  // rto (ms)
-    w.u8(0);   // flags
-    w.u8(2);   // rows, no reply wanted
+    w.u8(1);  // flags: the address follows
+    w.u8(0);  // as text
+    w.vstr("tcp://192.0.2.9:7000");
+    w.uvar(0);  // incarnation
+    w.u8(0);    // health
+    w.uvar(0);  // rto (ms)
+    w.u8(2);    // rows, no reply wanted
     for (int b = 0; b < 32; ++b) w.u64(0);
-    w.u32(static_cast<std::uint32_t>(n));
+    w.uvar(static_cast<std::uint64_t>(n));
     for (int i = 0; i < n; ++i) {
       w.u8(kind);
       w.u64(first + static_cast<std::uint64_t>(i));
-      w.u32(0);
+      w.uvar(0);
       if (kind == 0) {
         w.u8(0);
-        w.str("tcp://192.0.2.9:" + std::to_string(7000 + i));
-        w.u8(0);   // health
-        w.u16(0);  // rto (ms)
+        w.u8(1);  // an IPv4 address and port
+        for (std::uint8_t b : {192, 0, 2, 9}) w.u8(b);
+        w.u16(static_cast<std::uint16_t>(7000 + i));
+        w.u8(0);    // health
+        w.uvar(0);  // rto (ms)
       }
     }
     return std::move(w).take();
