@@ -49,6 +49,7 @@ class SimGossip final : public transport::Gossip {
   transport::PeerId self() const override { return node_->core.self(); }
   std::string address() const override { return node_->core.bound(); }
   std::vector<transport::Member> members() const override { return node_->core.members(); }
+  std::uint64_t members_version() const override { return node_->core.members_version(); }
   std::vector<transport::Member> sample(std::size_t k) override { return node_->core.sample(k); }
   Status broadcast(const std::string& topic, ByteView payload) override {
     if (node_->silent) return error(ErrorCode::kAborted, "this node has left the gossip");

@@ -101,6 +101,7 @@ class ZmqGossip final : public Gossip {
   PeerId self() const override { return options_.self; }
   std::string address() const override { return core_->bound(); }
   std::vector<Member> members() const override { return core_->members(); }
+  std::uint64_t members_version() const override { return core_->members_version(); }
   std::vector<Member> sample(std::size_t k) override { return core_->sample(k); }
   Status broadcast(const std::string& topic, ByteView payload) override { return core_->broadcast(topic, payload); }
   Status send(PeerId to, const std::string& topic, ByteView payload) override { return core_->send(to, topic, payload); }

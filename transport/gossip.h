@@ -92,6 +92,9 @@ class Gossip {
   virtual std::string address() const = 0;
   // Every member this node knows of, itself excluded, with its current state.
   virtual std::vector<Member> members() const = 0;
+  // A number that changes whenever members() would (a member came or went, or changed its state or
+  // address), so a caller polling the view copies it only then; 0: not tracked, call members().
+  virtual std::uint64_t members_version() const { return 0; }
   // Up to k distinct live members, uniformly at random.
   virtual std::vector<Member> sample(std::size_t k) = 0;
   // Sends a small message (<= 64 KiB) to every live node that subscribes to `topic`.

@@ -69,6 +69,11 @@ std::vector<Member> GossipCore::members() const {
   return out;
 }
 
+std::uint64_t GossipCore::members_version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return table_.version();
+}
+
 std::vector<Member> GossipCore::sample(std::size_t k) {
   std::vector<Member> live_members;
   for (auto& m : members()) {

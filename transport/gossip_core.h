@@ -81,6 +81,7 @@ class GossipCore {
   const GossipOptions& options() const { return options_; }
 
   std::vector<Member> members() const;
+  std::uint64_t members_version() const;  // see Gossip::members_version
   std::vector<Member> sample(std::size_t k);
   // Queues a broadcast: take_broadcasts() (or the next tick) sends it; it is delivered here too.
   [[nodiscard]] Status broadcast(const std::string& topic, ByteView payload);

@@ -80,6 +80,7 @@ const MemberTable::Entry* MemberTable::find(std::uint64_t id) const {
 }
 
 void MemberTable::set_state(std::uint64_t id, Entry& e, MemberState state, Nanos now) {
+  ++version_;
   const MemberState was = e.state;
   if (!is_live(was)) gone_.erase({e.changed, id});
   e.state = state;
@@ -354,6 +355,7 @@ bool MemberTable::evict_one(Nanos now) {
   const std::uint64_t id = gone_.begin()->second;
   gone_.erase(gone_.begin());
   table_.erase(id);
+  ++version_;
   queue_.erase(id);
   return true;
 }

@@ -132,6 +132,8 @@ class MemberTable {
   const std::vector<std::uint64_t>& alive_ids() const;
 
   const std::map<std::uint64_t, Entry>& entries() const { return table_; }
+  // Changes whenever a member comes, goes or changes state or address (starts at 1).
+  std::uint64_t version() const { return version_; }
   Entry* find(std::uint64_t id);
   const Entry* find(std::uint64_t id) const;
   std::uint64_t full_drops() const { return full_drops_; }
@@ -175,6 +177,7 @@ class MemberTable {
   std::uint8_t self_health_ = 0;
   std::uint16_t self_rto_ms_ = 0;
   std::uint64_t full_drops_ = 0;
+  std::uint64_t version_ = 1;
   std::set<std::uint64_t> suspects_;
   std::size_t live_count_ = 1;                        // this node included
   std::vector<std::uint64_t> alive_ids_;              // in no particular order

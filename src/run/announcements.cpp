@@ -183,11 +183,18 @@ Result<Spec> receive_spec(HeardSpec& heard, Nanos timeout, const std::atomic<boo
 }
 
 bool RunGoneWatch::gone() {
-  const auto members = gossip_.members();
-  const bool alive = std::any_of(members.begin(), members.end(), [&](const transport::Member& m) {
-    return (m.state == transport::MemberState::kAlive || m.state == transport::MemberState::kSuspect) && !(outside_ && outside_(m.id));
-  });
-  if (alive || members.empty()) {
+  const std::uint64_t version = gossip_.members_version();
+  if (version == 0 || version != version_) {
+    version_ = version;
+    live_.clear();
+    const auto members = gossip_.members();
+    known_any_ = !members.empty();
+    for (const auto& m : members) {
+      if (m.state == transport::MemberState::kAlive || m.state == transport::MemberState::kSuspect) live_.push_back(m.id);
+    }
+  }
+  const bool alive = std::any_of(live_.begin(), live_.end(), [&](transport::PeerId id) { return !(outside_ && outside_(id)); });
+  if (alive || !known_any_) {
     if (alive) since_ = clock_.now();
     return false;
   }
@@ -286,7 +293,19 @@ std::optional<std::pair<std::int64_t, std::vector<Donor>>> JoinBoard::newest_off
     std::lock_guard lock(mu_);
     asked = targets_;
   }
-  for (const auto& m : gossip_.members()) others += asked.count(m.id) == 1 && m.state == transport::MemberState::kAlive ? 1 : 0;
+  {
+    // (Asked at every poll of a newcomer's wait: gossip's table is copied only when it changed.)
+    std::lock_guard lock(mu_);
+    const std::uint64_t version = gossip_.members_version();
+    if (version == 0 || version != alive_version_) {
+      alive_.clear();
+      for (const auto& m : gossip_.members()) {
+        if (m.state == transport::MemberState::kAlive) alive_.insert(m.id);
+      }
+      alive_version_ = version;
+    }
+    for (transport::PeerId id : asked) others += alive_.count(id);
+  }
   std::lock_guard lock(mu_);
   const Nanos now = clock_.now();
   for (auto it = offers_.rbegin(); it != offers_.rend(); ++it) {

@@ -104,6 +104,11 @@ class RunGoneWatch {
   const Nanos patience_;
   const std::function<bool(transport::PeerId)> outside_;
   Nanos since_;  // the last time a peer was alive, or when watching began
+  // The live members and whether any member is known, as of gossip's members_version (copied again
+  // only when it changes).
+  std::uint64_t version_ = 0;
+  std::vector<transport::PeerId> live_;
+  bool known_any_ = false;
 };
 
 // Waits for the run spec, asking for it every second (kTimeout, with what to check, when nobody
@@ -153,6 +158,9 @@ class JoinBoard {
   std::set<transport::PeerId> targets_;
   std::size_t target_count_ = kJoinTargets;
   std::optional<Nanos> asked_since_;
+  // newest_offer()'s copy of the alive members, as of gossip's members_version.
+  mutable std::set<transport::PeerId> alive_;
+  mutable std::uint64_t alive_version_ = 0;
   std::map<transport::PeerId, Nanos> absent_;  // peers that said they are not in the run, and when
   bool member_ = false;
   std::mt19937_64 rng_;  // seeded by this peer's id: a simulation stays deterministic

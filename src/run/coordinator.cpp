@@ -213,12 +213,16 @@ void Coordinator::send(std::vector<Outgoing> out) {
 }
 
 const std::set<transport::PeerId>& Coordinator::live_locked() const {
-  // Gossip's view changes within a period at most; copying its whole table at every poll of every
-  // waiting peer would cost O(N) each (the simulator runs a thousand of them).
+  // Copying gossip's whole table at every poll of every waiting peer would cost O(N) each (the
+  // simulator runs a thousand of them): it is copied when it changed, or, from a gossip that does not
+  // say, at most every kLiveRefresh.
   const Nanos now = clock_.now();
-  if (!live_at_ || now - *live_at_ >= kLiveRefresh) {
+  const std::uint64_t version = gossip_.members_version();
+  const bool changed = version == 0 ? (!live_at_ || now - *live_at_ >= kLiveRefresh) : (!live_at_ || version != live_version_);
+  if (changed) {
     live_ = live_ids(gossip_);
     live_at_ = now;
+    live_version_ = version;
   }
   return live_;
 }
@@ -507,7 +511,7 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
       // off) hears of the main group from its leader, and comes back to it.
       // A repeat goes to the leader alone; the others in line have it once.
       const Bytes m = ready_message_locked(round, after_epoch, step, 0);
-      const std::set<transport::PeerId> alive = live_locked();
+      const std::set<transport::PeerId>& alive = live_locked();
       std::vector<transport::PeerId> to = in_line_locked(alive);
       if (repeat && !to.empty()) told.erase(to.front());
       to.push_back(*alive.begin());

@@ -216,6 +216,7 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   std::map<std::int64_t, std::uint64_t> abandoned_;                    // round -> the latest epoch a retry abandoned
   mutable std::set<transport::PeerId> live_;                           // live_locked()'s copy
   mutable std::optional<Nanos> live_at_;
+  mutable std::uint64_t live_version_ = 0;
   CoordinatorStats stats_;
   bool stopping_ = false;
   std::deque<Nanos> lags_;  // the adaptive grace's history (leader side)

@@ -41,8 +41,12 @@ transport::PeerId Coordinator::leader_locked(std::int64_t round, std::uint64_t a
   // count), the lowest among the peers ready for this attempt.
   transport::PeerId leader = gossip_.self();
   if (last_ && !grace_over) {
-    for (const auto& m : last_->members) {
-      if (alive.count(m.id) == 1 && m.id < leader) leader = m.id;
+    for (const auto& m : last_->members) {  // (sorted by id: the first live one below this peer leads)
+      if (!(m.id < leader)) break;
+      if (alive.count(m.id) == 1) {
+        leader = m.id;
+        break;
+      }
     }
   } else if (!grace_over) {
     leader = std::min(leader, *alive.begin());
@@ -121,7 +125,9 @@ GroupView Coordinator::make_group_locked(std::int64_t round, std::uint64_t after
 }
 
 std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, Nanos ready_since) {
-  const std::set<transport::PeerId> alive = live_locked();
+  // (Every waiting peer asks at every poll: no copies of the live set, and a peer that does not lead
+  // finds out in a few look-ups.)
+  const std::set<transport::PeerId>& alive = live_locked();
   const transport::PeerId self = gossip_.self();
   // A peer in line (it hears every READY) may lead once its grace is over; any other a little later
   // (up to 2 s), when the READYs of the others waiting have come to everyone and a group from the
