@@ -83,6 +83,7 @@ TEST_CASE("SWIM at 64 and 1,024 members: all know all within 3 log2(n) periods, 
     const int crashed = 10;
     for (int i = 1; i <= crashed; ++i) s.crash(n - i);
     const Nanos at = s.now();
+    const std::uint64_t bytes_before = totals(s).bytes;
     Nanos all_dead{-1};
     s.run_until(at + 20s, [&] {
       if (all_dead >= Nanos{0}) return;
@@ -95,6 +96,11 @@ TEST_CASE("SWIM at 64 and 1,024 members: all know all within 3 log2(n) periods, 
     });
     REQUIRE(all_dead >= Nanos{0});
     MESSAGE(n << " members: " << crashed << " crashes known dead by every member after " << std::chrono::duration<double>(all_dead).count() << " s");
+    const double crash_bytes = static_cast<double>(totals(s).bytes - bytes_before) / (n - crashed) - cost[n] * 20;
+    MESSAGE(n << " members: the ten crashes cost each member " << crash_bytes / 1000 << " KB over its steady cost in 20 s");
+    // Each crash is news three ways (suspect, up to 8 confirmations, dead), each sent
+    // 4 ceil(log10(n + 1)) times by every member, at about 18 bytes: about a kilobyte a crash.
+    CHECK(crash_bytes < 1500.0 * crashed);
     CHECK(all_dead < 4s);
     // Nobody else was declared dead: each live member holds exactly the ten verdicts.
     CHECK(totals(s).declared_dead == static_cast<std::uint64_t>(crashed * (n - crashed)));
