@@ -11,12 +11,6 @@
 namespace gossamer::transport {
 
 namespace {
-constexpr char kMagic[4] = {'G', 'S', 'G', 'P'};
-// 3: SWIM membership (probes, incarnations, piggybacked updates, digests) in place of whole tables.
-// 4: compact: varints, an IPv4 address in 7 bytes, acks and nacks without the sender's address.
-constexpr std::uint8_t kVersion = 4;
-constexpr std::uint8_t kAddressFlag = 1, kOutboundFlag = 2;
-constexpr std::uint8_t kRelayedFlag = 1;  // kDirect's: passed on by a member, the origin follows
 constexpr std::size_t kMaxTopic = 64, kMaxPayload = 64 * 1024, kMaxUpdates = 65536;
 
 std::uint32_t differing(const Digest& a, const Digest& b) {
@@ -107,18 +101,6 @@ Status GossipCore::send(PeerId to, const std::string& topic, ByteView payload) {
   return Status();
 }
 
-Bytes GossipCore::direct_message(std::uint64_t origin, std::uint64_t to, const std::string& topic, ByteView payload) const {
-  Writer w;
-  write_header(w, MsgType::kDirect);
-  const bool relayed = origin != options_.self.value;
-  w.u8(relayed ? kRelayedFlag : 0);
-  if (relayed) w.u64(origin);
-  w.u64(to);
-  w.vstr(topic);
-  w.vblob(payload);
-  return std::move(w).take();
-}
-
 void GossipCore::subscribe(const std::string& topic, Gossip::Handler handler) {
   std::lock_guard<std::mutex> lock(mu_);
   handlers_[topic].push_back(std::move(handler));
@@ -143,74 +125,6 @@ std::optional<Nanos> GossipCore::round_trip() const {
 std::uint32_t GossipCore::incarnation() const {
   std::lock_guard<std::mutex> lock(mu_);
   return table_.incarnation();
-}
-
-void GossipCore::write_header(Writer& w, MsgType type) const {
-  w.raw(as_bytes(std::string_view(kMagic, 4)));
-  w.u8(kVersion);
-  w.u8(static_cast<std::uint8_t>(type));
-  w.u64(options_.self.value);
-  // An ack or nack answers a message sent to this node's address: its receiver knows where we are.
-  const bool with_address = type != MsgType::kAck && type != MsgType::kNack;
-  w.u8(static_cast<std::uint8_t>((outbound_only_ ? kOutboundFlag : 0) | (with_address ? kAddressFlag : 0)));
-  if (with_address) write_address(w, announced());
-  w.uvar(table_.incarnation());
-  w.u8(static_cast<std::uint8_t>(health_));
-  w.uvar(rto_ms());
-}
-
-void GossipCore::write_updates(Writer& w, std::size_t budget) {
-  const std::vector<Bytes> updates = table_.take_piggyback(budget);
-  w.uvar(updates.size());
-  for (const auto& u : updates) w.raw(u);
-}
-
-Bytes GossipCore::broadcast_message(std::uint64_t origin, std::uint64_t seq, std::uint8_t hops, const std::string& topic,
-                                    ByteView payload) const {
-  Writer w;
-  write_header(w, MsgType::kBroadcast);
-  w.u64(origin);
-  w.uvar(seq);
-  w.u8(hops);
-  w.vstr(topic);
-  w.vblob(payload);
-  return std::move(w).take();
-}
-
-Bytes GossipCore::ping_message(std::uint32_t seq, std::uint64_t target) {
-  Writer w;
-  write_header(w, MsgType::kPing);
-  w.u32(seq);
-  w.u64(target);
-  write_updates(w, kPiggybackBudget);
-  return std::move(w).take();
-}
-
-Bytes GossipCore::news_message(const MemberUpdate& u) const {
-  Writer w;
-  write_header(w, MsgType::kGossip);
-  w.uvar(1);
-  write_update(w, u);
-  return std::move(w).take();
-}
-
-Bytes GossipCore::seq_message(MsgType type, std::uint32_t seq, bool with_updates) {
-  Writer w;
-  write_header(w, type);
-  w.u32(seq);
-  if (with_updates) write_updates(w, kPiggybackBudget);
-  return std::move(w).take();
-}
-
-Bytes GossipCore::sync_message(std::uint8_t mode, std::uint32_t mask) const {
-  Writer w;
-  write_header(w, MsgType::kSync);
-  w.u8(mode);
-  for (std::uint64_t h : table_.digest()) w.u64(h);
-  const auto rows = mode == kSyncOffer ? std::vector<MemberUpdate>{} : table_.rows_in(mask);
-  w.uvar(rows.size());
-  for (const auto& row : rows) write_update(w, row);
-  return std::move(w).take();
 }
 
 std::optional<GossipCore::Target> GossipCore::target_of(std::uint64_t id) const {

@@ -168,6 +168,12 @@ class GossipCore {
     std::uint32_t seq = 0;
     Nanos nack_at{0};
   };
+  static constexpr char kMagic[4] = {'G', 'S', 'G', 'P'};
+  // 3: SWIM membership (probes, incarnations, piggybacked updates, digests) in place of whole tables.
+  // 4: compact: varints, an IPv4 address in 7 bytes, acks and nacks without the sender's address.
+  static constexpr std::uint8_t kVersion = 4;
+  static constexpr std::uint8_t kAddressFlag = 1, kOutboundFlag = 2;  // the header's sender flags
+  static constexpr std::uint8_t kRelayedFlag = 1;  // kDirect's: passed on by a member, the origin follows
   enum class MsgType : std::uint8_t { kPing = 1, kBroadcast = 2, kPingReq = 3, kAck = 4, kNack = 5, kGossip = 6, kSync = 7, kLeave = 8, kDirect = 9 };
   static constexpr int kRumorRounds = 3;
   static constexpr std::uint8_t kSyncOffer = 0, kSyncRowsReply = 1, kSyncRows = 2;  // kSync's modes
@@ -178,6 +184,7 @@ class GossipCore {
   static constexpr std::size_t kPushBudget = 8192;      // on news pushes, which go out only with fresh news
   static constexpr int kPushTimes = 2;  // news is pushed while it has been sent fewer times than this
 
+  // The messages (gossip_messages.cpp).
   void write_header(Writer& w, MsgType type) const;
   void write_updates(Writer& w, std::size_t budget);
   Bytes broadcast_message(std::uint64_t origin, std::uint64_t seq, std::uint8_t hops, const std::string& topic, ByteView payload) const;

@@ -130,6 +130,20 @@ void link_address(Writer& w, std::uint64_t host) {
   w.u8(static_cast<std::uint8_t>(host));
   w.u16(7001);
 }
+// GROUP of `round` over `epoch` from leader 1, whole: members 1 and 2, as a full mesh.
+Bytes whole_group(std::int64_t round, std::uint64_t epoch) {
+  Writer w = round_message(2, round);
+  w.uvar(epoch);
+  w.u64(1);
+  w.uvar(0);
+  w.u8(0);
+  w.uvar(2);
+  for (std::uint64_t id : {1, 2}) {
+    w.u64(id);
+    link_address(w, id);
+  }
+  return std::move(w).take();
+}
 Bytes ready_message(std::int64_t round, std::uint64_t after, std::uint64_t id, std::uint64_t known, std::uint8_t flags) {
   Writer w = round_message(1, round);
   w.uvar(after);
@@ -153,17 +167,7 @@ TEST_CASE("mutated READY, GROUP, INTENT, AT and ABANDON messages are dropped and
   CHECK(valid[0][1] == std::byte{5});
   valid.push_back(ready_message(2, 0, 1, 2, 0));  // to the leader
   valid.push_back(ready_message(2, 0, 7, 0, 1));  // passed on for peer 7
-  Writer whole = round_message(2, 3);
-  whole.uvar(4);
-  whole.u64(1);
-  whole.uvar(0);
-  whole.u8(0);
-  whole.uvar(2);
-  for (std::uint64_t id : {1, 2}) {
-    whole.u64(id);
-    link_address(whole, id);
-  }
-  valid.push_back(whole.bytes());
+  valid.push_back(whole_group(3, 4));
   Writer change = round_message(2, 4);  // from epoch 1 (b's own group of one): peer 3 added
   change.uvar(5);
   change.u64(2);
@@ -213,16 +217,7 @@ TEST_CASE("mutated READY, GROUP, INTENT, AT and ABANDON messages are dropped and
 
 TEST_CASE("a READY to everyone is answered by the group's leader alone, a READY to a member by any member holding the group") {
   // Peers 1 (the leader) and 2 both hold round 5's group of {1, 2}; peer 7 is still waiting for it.
-  Writer whole = round_message(2, 5);
-  whole.uvar(3);
-  whole.u64(1);
-  whole.uvar(0);
-  whole.u8(0);
-  whole.uvar(2);
-  for (std::uint64_t id : {1, 2}) {
-    whole.u64(id);
-    link_address(whole, id);
-  }
+  const Bytes whole = whole_group(5, 3);
   const auto holder = [&](std::uint64_t self, std::uint64_t other) {
     auto g = std::make_unique<RecordingGossip>(self);
     g->known.push_back(transport::Member{transport::PeerId{other}, "tcp://192.0.2.9:7000", 0, transport::MemberState::kAlive, false});
@@ -232,9 +227,9 @@ TEST_CASE("a READY to everyone is answered by the group's leader alone, a READY 
   auto leader = holder(1, 2), member = holder(2, 1);
   auto cl = Coordinator::make(*leader, "192.0.2.1:7001", CoordinatorOptions{});
   auto cm = Coordinator::make(*member, "192.0.2.2:7001", CoordinatorOptions{});
-  leader->deliver(transport::PeerId{1}, "gossamer.round", whole.bytes());  // (its own: ignored)
-  leader->deliver(transport::PeerId{2}, "gossamer.round", whole.bytes());
-  member->deliver(transport::PeerId{1}, "gossamer.round", whole.bytes());
+  leader->deliver(transport::PeerId{1}, "gossamer.round", whole);  // (its own: ignored)
+  leader->deliver(transport::PeerId{2}, "gossamer.round", whole);
+  member->deliver(transport::PeerId{1}, "gossamer.round", whole);
   const Bytes to_everyone = ready_message(5, 0, 7, 0, 2), to_one = ready_message(5, 0, 7, 0, 0);
   member->deliver(transport::PeerId{7}, "gossamer.round", to_everyone);
   CHECK(member->direct.empty());
