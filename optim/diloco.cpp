@@ -22,13 +22,30 @@ DiLoCo::DiLoCo(std::vector<at::Tensor> params, Group group, DiLoCoOptions option
 }
 
 Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
+  if (options_.token_weighted && inner_steps_done == 1 && options_.inner_steps > 1) {
+    CommStats stats;
+    fastest_step_s_ = calibrate(group_, meter_, kMaxWeightedWindows * options_.inner_steps, deadline, &stats);
+    comm_ += stats;
+  }
   if (inner_steps_done <= 0 || inner_steps_done % options_.inner_steps != 0) return false;
   at::Tensor delta = state_.outer - flatten(params_, options_.state_device);  // pseudo-gradient: outer - local
   CommStats stats;
-  const Status st = allreduce_mean(group_, delta, options_.codec, round_tag(kDiLoCoTag, inner_steps_done / options_.inner_steps), deadline, &stats,
-                                   kAllreduceSegmentValues, options_.aggregation);
+  const transport::Tag tag = round_tag(kDiLoCoTag, inner_steps_done / options_.inner_steps);
+  std::optional<RoundWeights> weights;
+  if (options_.token_weighted) {
+    auto w = exchange_contributions(group_, meter_.contribution(), kMaxWeightedWindows * options_.inner_steps, tag, deadline, &stats);
+    if (!w.ok()) {
+      comm_ += stats;
+      return w.status().with_context("DiLoCo round " + std::to_string(state_.rounds + 1));
+    }
+    weights = std::move(*w);
+    if (const double scale = weights->scale(group_.rank); scale != 1.0) delta.mul_(scale);
+  }
+  const Status st = allreduce_mean(group_, delta, options_.codec, tag, deadline, &stats, kAllreduceSegmentValues, options_.aggregation);
   comm_ += stats;  // a failed round's bytes were sent all the same
   if (!st.ok()) return st.with_context("DiLoCo round " + std::to_string(state_.rounds + 1));
+  if (weights) fastest_step_s_ = weights->fastest_step_seconds();
+  meter_.merged();
   if (sink_) sink_(inner_steps_done, delta);
   apply(delta);
   return true;

@@ -23,6 +23,7 @@
 #include "optim/collectives.h"
 #include "optim/flat_params.h"
 #include "optim/state_io.h"
+#include "optim/token_weights.h"
 #include "optim/updates.h"
 #include "quant/format.h"
 
@@ -36,6 +37,9 @@ struct DiLoCoOptions {
   quant::EncodeOptions codec;      // of the pseudo-gradient on the wire (fp32 by default)
   at::Device state_device = at::kCPU;  // where the outer state lives (the parameters may be elsewhere)
   Aggregation aggregation;  // how each chunk's owner combines the contributions (collectives.h)
+  // Members of unequal speed (token_weights.h): the round's mean weighs each member's Delta by the
+  // inner steps behind it (count_step()), exchanged before the all-reduce.
+  bool token_weighted = false;
 };
 
 class DiLoCo {
@@ -47,6 +51,10 @@ class DiLoCo {
   [[nodiscard]] Result<bool> step(std::int64_t inner_steps_done, Deadline deadline);
   // Marks a round as skipped after step() failed (counted; the local weights go on training).
   void skip_round() { ++state_.skipped; }
+  // An inner step this member computed, and its seconds (token-weighted rounds).
+  void count_step(double seconds) { meter_.add(seconds); }
+  // The group's fastest member's seconds per step, as of the last weighted round (0: unknown).
+  double fastest_step_seconds() const { return fastest_step_s_; }
   [[nodiscard]] Status regroup(Group group) {
     group_ = std::move(group);
     return Status();
@@ -78,6 +86,8 @@ class DiLoCo {
   DiLoCoOptions options_;
   OuterState state_;
   CommStats comm_;
+  WorkMeter meter_;
+  double fastest_step_s_ = 0.0;
 };
 
 }  // namespace gossamer::optim

@@ -64,6 +64,16 @@ class Adapter final : public OuterOptimizer {
     return static_cast<bool>(*r);
   }
   void skip_round() override { impl_.skip_round(); }
+  void count_step(double seconds) override {
+    if constexpr (requires { impl_.count_step(seconds); }) impl_.count_step(seconds);
+  }
+  double fastest_step_seconds() const override {
+    if constexpr (requires { impl_.fastest_step_seconds(); }) {
+      return impl_.fastest_step_seconds();
+    } else {
+      return 0.0;
+    }
+  }
   Status regroup(Group group) override { return impl_.regroup(std::move(group)); }
   std::int64_t rounds() const override { return impl_.rounds(); }
   std::int64_t skipped_rounds() const override { return impl_.skipped_rounds(); }

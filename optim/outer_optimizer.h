@@ -39,6 +39,13 @@ class OuterOptimizer {
   // True when this step applied communicated state (a round or a fragment).
   [[nodiscard]] virtual Result<bool> step(std::int64_t inner_steps_done, Deadline deadline) = 0;
   virtual void skip_round() = 0;
+  // Members of unequal speed (outer.round_budget = "time"): an inner step this member computed, and
+  // its seconds on the run's clock; methods with token-weighted rounds (token_weights.h) weigh each
+  // contribution by the steps behind it. The others ignore it.
+  virtual void count_step(double /*seconds*/) {}
+  // The seconds per step of the group's fastest member, as its last weighted round said (0: unknown,
+  // or a method without weighted rounds): what a member's budget of steps per round follows.
+  virtual double fastest_step_seconds() const { return 0.0; }
   // The members changed (a peer left or joined): later rounds run over `group`. Outer state is kept;
   // a round in flight over the old group is abandoned. Fails for engines that cannot change members.
   [[nodiscard]] virtual Status regroup(Group group) = 0;

@@ -61,12 +61,30 @@ SparseLoCo::SparseLoCo(std::vector<at::Tensor> params, Group group, SparseLoCoOp
 }
 
 Result<bool> SparseLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
+  if (options_.token_weighted && inner_steps_done == 1 && options_.inner_steps > 1) {
+    CommStats stats;
+    fastest_step_s_ = calibrate(group_, meter_, kMaxWeightedWindows * options_.inner_steps, deadline, &stats);
+    comm_ += stats;
+  }
   if (inner_steps_done <= 0 || inner_steps_done % options_.inner_steps != 0) return false;
   const std::int64_t round = inner_steps_done / options_.inner_steps;
   const std::int64_t n = state_.outer.numel();
   const bool robust = options_.aggregation.rule != Aggregation::Rule::kMean;
+  CommStats stats;
+  const transport::Tag tag = round_tag(kSparseLoCoTag, round);
+  at::Tensor delta = state_.outer - flatten(params_, options_.state_device);
+  std::optional<RoundWeights> weights;
+  if (options_.token_weighted) {  // Delta_r weighed by the steps behind it before it enters the accumulator
+    auto w = exchange_contributions(group_, meter_.contribution(), kMaxWeightedWindows * options_.inner_steps, tag, deadline, &stats);
+    if (!w.ok()) {
+      comm_ += stats;
+      return w.status().with_context("SparseLoCo round " + std::to_string(state_.rounds + 1));
+    }
+    weights = std::move(*w);
+    if (const double scale = weights->scale(group_.rank); scale != 1.0) delta.mul_(scale);
+  }
   // e <- beta e + (outer - local), on the host where the payload is made; committed only on success.
-  at::Tensor e = (state_.momentum * options_.error_decay + (state_.outer - flatten(params_, options_.state_device))).to(at::kCPU).contiguous();
+  at::Tensor e = (state_.momentum * options_.error_decay + delta).to(at::kCPU).contiguous();
   at::Tensor sent = torch::empty({n}, torch::kFloat);  // c_r as every receiver decodes it
   Bytes mine;
   const bool finite = e.isfinite().all().item<bool>();
@@ -77,8 +95,7 @@ Result<bool> SparseLoCo::step(std::int64_t inner_steps_done, Deadline deadline) 
     spdlog::warn("sparseloco: this replica's pseudo-gradient holds NaN or Inf: it abstains this round, and takes the others' result");
     sent.zero_();
   }
-  CommStats stats;
-  auto payloads = allgather(group_, std::move(mine), round_tag(kSparseLoCoTag, round), deadline, &stats);
+  auto payloads = allgather(group_, std::move(mine), tag, deadline, &stats);
   comm_ += stats;
   if (!payloads.ok()) return payloads.status().with_context("SparseLoCo round " + std::to_string(state_.rounds + 1));
   // Every rank sums the same bytes in rank order, so the mean is bit-identical everywhere.
@@ -113,6 +130,8 @@ Result<bool> SparseLoCo::step(std::int64_t inner_steps_done, Deadline deadline) 
   state_.outer.sub_(sum.to(options_.state_device) * options_.outer_lr);
   write_flat(params_, state_.outer);
   ++state_.rounds;
+  if (weights) fastest_step_s_ = weights->fastest_step_seconds();
+  meter_.merged();
   return true;
 }
 

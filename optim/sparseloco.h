@@ -29,6 +29,7 @@
 #include "core/status.h"
 #include "optim/collectives.h"
 #include "optim/state_io.h"
+#include "optim/token_weights.h"
 #include "optim/updates.h"
 #include "optim/flat_params.h"
 #include "quant/sparse.h"
@@ -42,6 +43,9 @@ struct SparseLoCoOptions {
   quant::SparseOptions sparse;    // chunk and top-k of the payload
   at::Device state_device = at::kCPU;
   Aggregation aggregation;        // kMean or kFiltered
+  // Members of unequal speed (token_weights.h): each Delta_r is weighed by the inner steps behind it
+  // before it enters the accumulator.
+  bool token_weighted = false;
 };
 
 class SparseLoCo {
@@ -50,6 +54,8 @@ class SparseLoCo {
 
   [[nodiscard]] Result<bool> step(std::int64_t inner_steps_done, Deadline deadline);
   void skip_round() { ++state_.skipped; }
+  void count_step(double seconds) { meter_.add(seconds); }  // as DiLoCo's
+  double fastest_step_seconds() const { return fastest_step_s_; }
   [[nodiscard]] Status regroup(Group group) {
     group_ = std::move(group);
     return Status();
@@ -83,6 +89,8 @@ class SparseLoCo {
   SparseLoCoOptions options_;
   OuterState state_;
   CommStats comm_;
+  WorkMeter meter_;
+  double fastest_step_s_ = 0.0;
 };
 
 }  // namespace gossamer::optim

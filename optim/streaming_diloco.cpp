@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <spdlog/spdlog.h>
+
 #include "core/check.h"
 #include "optim/flat_params.h"
 #include "optim/state_io.h"
@@ -22,13 +24,25 @@ StreamingDiLoCo::StreamingDiLoCo(std::vector<Fragment> fragments, AsyncCollectiv
   GOSSAMER_CHECK(options_.mixing >= 0 && options_.mixing <= 1, "StreamingDiLoCo: alpha must be in [0, 1]");
   for (std::size_t f = 0; f < fragments_.size(); ++f) {
     const at::Tensor flat = flatten(fragments_[f].tensors, options_.state_device);
-    state_.push_back(State{flat, torch::zeros_like(flat), nullptr});
+    State st;
+    st.outer = flat;
+    st.momentum = torch::zeros_like(flat);
+    state_.push_back(std::move(st));
   }
 }
 
 Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
   if (s <= 0) return 0;
   const std::int64_t h = options_.inner_steps, p = static_cast<std::int64_t>(fragments_.size()), tau = options_.overlap;
+  if (options_.token_weighted && s == 1 && h > 1) {  // calibrate (token_weights.h), before anything launches
+    auto w = comm_thread_->calibrate(state_[0].meter.contribution(), kMaxWeightedWindows * h, deadline);
+    if (Status st = w->wait(deadline); st.ok()) {
+      fastest_step_s_ = w->weights().fastest_step_seconds();
+    } else {
+      spdlog::warn("the members' first step times were not exchanged ({}): the first window runs in lockstep", st.to_string());
+    }
+    comm_ += w->stats();
+  }
   int done = 0;
   for (std::int64_t f = 0; f < p; ++f) {
     const std::int64_t t_f = (f + 1) * h / p;  // completion offset within each window of H steps
@@ -36,9 +50,13 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
     // LAUNCH tau steps before completion.
     if ((s - (t_f - tau)) % h == 0 && s >= t_f - tau && !st.pending) {
       const std::int64_t window = (s + tau) / h;
-      st.pending = comm_thread_->allreduce_mean(st.outer - flatten(fragments_[static_cast<std::size_t>(f)].tensors, options_.state_device), options_.codec,
-                                                round_tag(kStreamingTagBase | (static_cast<transport::Tag>(f & 0xFF) << 16), window), deadline,
-                                                options_.aggregation);
+      at::Tensor delta = st.outer - flatten(fragments_[static_cast<std::size_t>(f)].tensors, options_.state_device);
+      const transport::Tag tag = round_tag(kStreamingTagBase | (static_cast<transport::Tag>(f & 0xFF) << 16), window);
+      st.pending = options_.token_weighted
+                       ? comm_thread_->weighted_allreduce_mean(std::move(delta), st.meter.contribution(), kMaxWeightedWindows * h, options_.codec,
+                                                               tag, deadline, options_.aggregation)
+                       : comm_thread_->allreduce_mean(std::move(delta), options_.codec, tag, deadline, options_.aggregation);
+      st.meter.merged();
       st.pending_window = window;
     }
     // COMPLETE at t_f.
@@ -57,6 +75,7 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
     }
     comm_ += st.pending->stats();
     const at::Tensor delta = st.pending->tensor();
+    if (!st.pending->weights().members().empty()) fastest_step_s_ = st.pending->weights().fastest_step_seconds();
     st.pending.reset();
     if (sink_) sink_(s, delta);
     const double mu = options_.outer_momentum, lr = options_.outer_lr, alpha = options_.mixing;

@@ -22,6 +22,7 @@
 #include "core/bytes.h"
 #include "core/status.h"
 #include "optim/fragments.h"
+#include "optim/token_weights.h"
 #include "optim/updates.h"
 #include "optim/work.h"
 #include "quant/format.h"
@@ -37,6 +38,9 @@ struct StreamingDiLoCoOptions {
   quant::EncodeOptions codec;      // fp4 E3M0 in the paper
   at::Device state_device = at::kCPU;  // where the outer state lives (the parameters may be elsewhere)
   Aggregation aggregation;  // how each chunk's owner combines the contributions (collectives.h)
+  // Members of unequal speed (token_weights.h): each fragment's mean weighs every member's Delta_p
+  // by the inner steps it computed since that fragment last launched.
+  bool token_weighted = false;
 };
 
 class StreamingDiLoCo {
@@ -58,6 +62,12 @@ class StreamingDiLoCo {
   // A fragment's failed or dropped window is counted where it happens, once (see skipped_rounds()),
   // so the caller's skip adds nothing.
   void skip_round() {}
+  // An inner step this member computed (token-weighted rounds), and the group's fastest member's
+  // seconds per step as of the last weighted fragment (0: unknown).
+  void count_step(double seconds) {
+    for (auto& st : state_) st.meter.add(seconds);
+  }
+  double fastest_step_seconds() const { return fastest_step_s_; }
   // Fragments in flight over the old group are dropped (and counted); they launch again in their
   // next window.
   [[nodiscard]] Status regroup(Group group);
@@ -82,6 +92,7 @@ class StreamingDiLoCo {
     std::shared_ptr<Work> pending;
     std::int64_t pending_window = 0;  // the window (completion step / H) pending is for
     std::int64_t last_missed = 0;     // the last window counted as missed
+    WorkMeter meter;                  // steps since this fragment last launched
   };
   void missed(State& st, std::int64_t window);  // counts a fragment's window as skipped, once
 
@@ -90,6 +101,7 @@ class StreamingDiLoCo {
   StreamingDiLoCoOptions options_;
   std::vector<State> state_;
   std::int64_t completed_ = 0, skipped_ = 0;
+  double fastest_step_s_ = 0.0;
   CommStats comm_;
   UpdateSink sink_;
 };

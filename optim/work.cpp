@@ -39,15 +39,43 @@ AsyncCollectives::~AsyncCollectives() {
 
 std::shared_ptr<Work> AsyncCollectives::allreduce_mean(at::Tensor tensor, const quant::EncodeOptions& codec, transport::Tag tag,
                                                        Deadline deadline, const Aggregation& aggregation) {
+  return submit(std::move(tensor), std::nullopt, codec, tag, deadline, aggregation);
+}
+
+std::shared_ptr<Work> AsyncCollectives::weighted_allreduce_mean(at::Tensor tensor, Contribution mine, std::int64_t max_steps,
+                                                                const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
+                                                                const Aggregation& aggregation) {
+  return submit(std::move(tensor), std::make_pair(mine, max_steps), codec, tag, deadline, aggregation);
+}
+
+std::shared_ptr<Work> AsyncCollectives::calibrate(Contribution mine, std::int64_t max_steps, Deadline deadline) {
+  return submit(at::Tensor(), std::make_pair(mine, max_steps), quant::EncodeOptions{}, kCalibrationTag, deadline, Aggregation{});
+}
+
+std::shared_ptr<Work> AsyncCollectives::submit(at::Tensor tensor, std::optional<std::pair<Contribution, std::int64_t>> weighted,
+                                               const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
+                                               const Aggregation& aggregation) {
   auto work = std::make_shared<Work>(*clock_);  // group_ belongs to the communication thread
   work->tensor_ = std::move(tensor);
   std::lock_guard<std::mutex> lock(mu_);
-  jobs_.push_back([this, work, codec, tag, deadline, aggregation] {
+  jobs_.push_back([this, work, weighted, codec, tag, deadline, aggregation] {
     CommStats stats;
-    Status st = optim::allreduce_mean(group_, work->tensor_, codec, tag, deadline, &stats, kAllreduceSegmentValues, aggregation);
+    Status st;
+    RoundWeights weights;
+    if (weighted) {
+      auto w = exchange_contributions(group_, weighted->first, weighted->second, tag, deadline, &stats);
+      if (w.ok()) {
+        weights = std::move(*w);
+        if (const double scale = weights.scale(group_.rank); scale != 1.0 && work->tensor_.defined()) work->tensor_.mul_(scale);
+      } else {
+        st = w.status();
+      }
+    }
+    if (st.ok() && work->tensor_.defined()) st = optim::allreduce_mean(group_, work->tensor_, codec, tag, deadline, &stats, kAllreduceSegmentValues, aggregation);
     std::lock_guard<std::mutex> wl(work->mu_);
     work->status_ = std::move(st);
     work->stats_ = stats;
+    work->weights_ = std::move(weights);
     work->done_ = true;
     work->cv_->notify_all();
   });

@@ -15,6 +15,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 
@@ -22,6 +24,7 @@
 #include "core/signal.h"
 #include "core/status.h"
 #include "optim/collectives.h"
+#include "optim/token_weights.h"
 
 namespace gossamer::optim {
 
@@ -35,6 +38,8 @@ class Work {
   // The collective's result (valid once wait() returned ok).
   const at::Tensor& tensor() const { return tensor_; }
   const CommStats& stats() const { return stats_; }
+  // A token-weighted collective's exchange (valid once wait() returned ok; empty otherwise).
+  const RoundWeights& weights() const { return weights_; }
 
  private:
   friend class AsyncCollectives;
@@ -44,6 +49,7 @@ class Work {
   Status status_;
   at::Tensor tensor_;
   CommStats stats_;
+  RoundWeights weights_;
 };
 
 class AsyncCollectives {
@@ -59,8 +65,18 @@ class AsyncCollectives {
   // allreduce_mean (collectives.h) on the communication thread.
   std::shared_ptr<Work> allreduce_mean(at::Tensor tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
                                        const Aggregation& aggregation = {});
+  // calibrate() (token_weights.h) on the communication thread: Work::weights() holds what the members
+  // claimed (empty when the exchange failed).
+  std::shared_ptr<Work> calibrate(Contribution mine, std::int64_t max_steps, Deadline deadline);
+  // A token-weighted round (token_weights.h) on the communication thread: exchanges `mine` over the
+  // group, multiplies the tensor by this rank's scale, then allreduce_mean; Work::weights() holds
+  // what the members claimed.
+  std::shared_ptr<Work> weighted_allreduce_mean(at::Tensor tensor, Contribution mine, std::int64_t max_steps, const quant::EncodeOptions& codec,
+                                                transport::Tag tag, Deadline deadline, const Aggregation& aggregation = {});
 
  private:
+  std::shared_ptr<Work> submit(at::Tensor tensor, std::optional<std::pair<Contribution, std::int64_t>> weighted, const quant::EncodeOptions& codec,
+                               transport::Tag tag, Deadline deadline, const Aggregation& aggregation);
   void loop();
 
   Group group_;  // touched by the communication thread only, after construction

@@ -16,6 +16,7 @@
 #include "sim/gossip_fabric.h"
 #include "sim/transport_fabric.h"
 #include "skippipe/topology.h"
+#include "train/speeds.h"
 #include "train/worker.h"
 
 namespace gossamer::sim {
@@ -113,8 +114,10 @@ Result<ClusterResult> run_local(const train::RunConfig& config, const optim::Out
       lo.evaluate = r == 0;
       lo.round_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config.train.round_timeout_s));
       train::LoopHooks hooks;
-      hooks.pace = [&](double measured) {
-        const double s = step_seconds(config, worker.model().num_parameters(), measured);
+      lo.budget_period = train::budget_period(config);
+      const double slow = 1.0 / train::worker_speeds(config)[static_cast<std::size_t>(r)];
+      hooks.pace = [&, slow](double measured) {
+        const double s = step_seconds(config, worker.model().num_parameters(), measured) * slow;
         scheduler.sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(s)));
         return s;
       };
@@ -162,6 +165,9 @@ std::string link_address(int r) { return host_of(r) + ":7001"; }
 void add_life(train::WorkerAccount& total, const train::WorkerAccount& life) {
   total.steps = life.steps;
   total.tokens += life.tokens;
+  total.computed_steps += life.computed_steps;
+  total.merged_tokens += life.merged_tokens;
+  total.loop_s += life.loop_s;
   total.rounds += life.rounds;
   total.skipped_rounds += life.skipped_rounds;
   total.bytes_sent += life.bytes_sent;
@@ -343,7 +349,7 @@ class PeerCluster {
         return Status();
       };
     }
-    const double slow = r == config_.sim.straggler ? config_.sim.straggler_factor : 1.0;
+    const double slow = 1.0 / train::worker_speeds(config_)[static_cast<std::size_t>(r)];
     env.pace = [this, slow](double measured) {
       const double s = step_seconds(config_, result_.parameters, measured) * slow;
       scheduler_.sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(s)));

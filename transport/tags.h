@@ -26,6 +26,9 @@ inline constexpr Tag kNoLoCo = 0x0D020000u;
 inline constexpr Tag kCO2 = 0x0D030000u;
 inline constexpr Tag kDdp = 0x0D040000u;  // | (step mod 2^16)
 inline constexpr Tag kSparseLoCo = 0x0D050000u;
+// Token-weighted rounds (optim/token_weights.h): what stands behind each member's contribution,
+// exchanged before the round's collective: base | (the round's collective tag mod 2^24).
+inline constexpr Tag kTokenWeights = 0x0C000000u;
 // SkipPipe pipelines: activations and their gradients between stages, and each stage's replicas
 // synchronising, both | (iteration mod 2^16).
 inline constexpr Tag kPipeline = 0x0D700000u;
@@ -53,7 +56,7 @@ struct TagRange {
   bool collective;  // its tags also travel with kMeanPhase set
 };
 
-inline constexpr std::array<TagRange, 14> kRanges = {{
+inline constexpr std::array<TagRange, 15> kRanges = {{
     {"state requests (src/run/state_sync.h)", kStateRequest, kStateRequest, false},
     {"state responses (src/run/state_sync.h)", kStateResponse, kStateResponse, false},
     {"diloco rounds (optim/diloco.cpp)", kDiLoCo, kDiLoCo | 0xFFFFu, true},
@@ -61,6 +64,7 @@ inline constexpr std::array<TagRange, 14> kRanges = {{
     {"co2 rounds (optim/co2.cpp)", kCO2, kCO2 | 0xFFFFu, true},
     {"ddp steps (optim/data_parallel.cpp)", kDdp, kDdp | 0xFFFFu, true},
     {"sparseloco rounds (optim/sparseloco.cpp)", kSparseLoCo, kSparseLoCo | 0xFFFFu, false},
+    {"token weights (optim/token_weights.cpp)", kTokenWeights, kTokenWeights | 0xFFFFFFu, true},
     {"gloo rendezvous (optim/gloo_sync.h)", kGlooRendezvous, kGlooRendezvous, false},
     {"pipeline activations (src/train/pipeline.h)", kPipeline, kPipeline | 0xFFFFu, false},
     {"pipeline stage sync (src/train/pipeline.h)", kPipelineSync, kPipelineSync | 0xFFFFu, true},

@@ -54,6 +54,12 @@ void add_peer_command(CLI::App& app, PeerArgs& args) {
                   "fault drill: the process dies abruptly before this step, as if killed (no goodbye, no summary), to rehearse "
                   "recovery; restart it with --resume")
       ->check(integer_in(1, std::int64_t{1} << 40));
+  cmd->add_option("--throttle", args.throttle,
+                  "drill for a slower machine: every inner step takes this many times as long as it does here (the peer idles the "
+                  "rest after computing); with outer.round_budget = time this peer then runs only the steps that fit in the "
+                  "fastest peer's round")
+      ->check(number_in(1.0, 1000.0))
+      ->capture_default_str();
   cmd->add_option("--device", args.device,
                   "where this machine computes (auto, cpu, cuda, cuda:N), whatever the run's train.device says: peers of one run may differ");
   cmd->add_option("--join-timeout", args.join_timeout_s, "seconds to wait for the run spec from the peers joined")
@@ -99,6 +105,7 @@ int run_peer_command(const PeerArgs& args) {
   req.out_dir = args.out;
   req.resume = args.resume;
   req.crash_at_step = args.crash_at_step;
+  req.throttle = args.throttle;
   req.dead_after = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(args.dead_after_s));
   req.wait_for = static_cast<std::size_t>(args.wait_for);
   req.spec_timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(args.join_timeout_s));

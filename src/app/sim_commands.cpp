@@ -48,6 +48,9 @@ std::string network_text(const train::RunConfig& c) {
   if (c.sim.compute == "device") s += fmt::format("; compute {:g} TFLOP/s at {:g}% utilization", c.sim.device_tflops, 100 * c.sim.device_utilization);
   if (c.sim.compute == "measured") s += "; compute as measured on this machine (not deterministic)";
   if (c.sim.straggler >= 0) s += fmt::format("; worker {} is {:g}x slower", c.sim.straggler, c.sim.straggler_factor);
+  if (!c.sim.speeds.empty()) s += fmt::format("; speeds {}", c.sim.speeds);
+  if (c.sim.speed_spread > 0) s += fmt::format("; speeds spread log-normally (sigma {:g})", c.sim.speed_spread);
+  if (c.outer.round_budget == "time") s += "; rounds on a time budget";
   if (c.sim.crash_worker >= 0) {
     s += fmt::format("; worker {} crashes at step {}", c.sim.crash_worker, c.sim.crash_at_step);
     if (c.sim.crash_restart_s >= 0) s += fmt::format(" and restarts {:g} s later from its last checkpoint", c.sim.crash_restart_s);

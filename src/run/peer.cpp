@@ -276,6 +276,12 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   // A newcomer's state goes to the run folder as it arrives: bounded by the disk, and resumed by the
   // same command started again after a kill.
   env.snapshot_store = make_file_store(req.out_dir);
+  if (req.throttle > 1.0) {
+    env.pace = [factor = req.throttle](double measured) {
+      real_clock().sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>((factor - 1.0) * measured)));
+      return factor * measured;
+    };
+  }
   if (req.crash_at_step > 0) {
     env.alive = [at = req.crash_at_step](std::int64_t next) {
       if (next < at) return true;

@@ -64,6 +64,9 @@ struct PeerRequest {
   Nanos dead_after = std::chrono::seconds(1);
   // A fault drill: > 0, the process dies abruptly (std::_Exit, no goodbye) before this step.
   std::int64_t crash_at_step = 0;
+  // A drill for a slower machine: > 1, every inner step takes this many times as long (the peer
+  // sleeps the difference after computing it, and counts the whole as compute).
+  double throttle = 1.0;
   Nanos spec_timeout = std::chrono::seconds(60);
   std::optional<std::string> device;  // --device: this machine's train.device, overriding the run's
   Nanos start_timeout = std::chrono::minutes(10);

@@ -830,6 +830,7 @@ Result<train::WorkerAccount> Peer::rounds() {
   lo.eval_every = config_.train.eval_every;
   lo.evaluate = env_.evaluate;
   lo.round_timeout = round_timeout_;
+  lo.budget_period = train::budget_period(config_);
   train::LoopHooks hooks;
   hooks.pace = env_.pace;
   hooks.keep_going = [&](std::int64_t next) {

@@ -14,6 +14,7 @@
 #include "core/text.h"
 #include "optim/method.h"
 #include "quant/format.h"
+#include "train/speeds.h"
 
 namespace gossamer::train {
 
@@ -106,6 +107,7 @@ const std::vector<KeySpec>& schema() {
       IntKey{"outer.codec_block", "values per scale block of the scaled codecs (int8, fp8, int4, fp4)", [](RunConfig& c) -> std::int64_t& { return c.outer.codec_block; }, 1, 1 << 20},
       StringKey{"outer.aggregation", "how the workers' contributions are combined: mean; filtered (non-finite ones and outliers left out); trimmed_mean (per coordinate, outer.trim values dropped at each end); all-reduce methods", [](RunConfig& c) -> std::string& { return c.outer.aggregation; }, {"mean", "filtered", "trimmed_mean"}},
       FloatKey{"outer.outlier_factor", "filtered: a contribution farther from the coordinate-wise median than this many times the median distance is left out", [](RunConfig& c) -> double& { return c.outer.outlier_factor; }, 1.0, 1e6, false},
+      StringKey{"outer.round_budget", "steps: every member runs the method's inner steps each round (lockstep); time: a round lasts the inner steps of the group's fastest member, each member runs the steps that fit and the mean weighs each contribution by the steps behind it (diloco, streaming_diloco, sparseloco)", [](RunConfig& c) -> std::string& { return c.outer.round_budget; }, {"steps", "time"}},
       IntKey{"outer.trim", "trimmed_mean: values dropped at each end of every coordinate (fewer when too few workers remain)", [](RunConfig& c) -> std::int64_t& { return c.outer.trim; }, 0, 1 << 20},
       StringKey{"outer.state_device", "where the outer optimizer keeps its state: host (memory of the machine, sparing the GPU's) or device (train.device's memory)", [](RunConfig& c) -> std::string& { return c.outer.state_device; }, {"host", "device"}},
       StringKey{"ddp.codec", "codec of the gradients ddp all-reduces", [](RunConfig& c) -> std::string& { return c.ddp.codec; }, codec_names()},
@@ -183,6 +185,8 @@ const std::vector<KeySpec>& schema() {
       IntKey{"sim.join_at_step", "inner step from which sim.join_worker takes part (a round boundary joins cleanly)", [](RunConfig& c) -> std::int64_t& { return c.sim.join_at_step; }, 0, 1LL << 40},
       IntKey{"sim.straggler", "worker whose compute is sim.straggler_factor times slower; -1: none", [](RunConfig& c) -> std::int64_t& { return c.sim.straggler; }, -1, 4095},
       FloatKey{"sim.straggler_factor", "compute slowdown of the straggler", [](RunConfig& c) -> double& { return c.sim.straggler_factor; }, 1.0, 1e6, false},
+      StringKey{"sim.speeds", "per-worker compute speeds in worker order (1: as sim.compute says, 0.5: steps take twice as long), SPEED or SPEEDxCOUNT items separated by commas, e.g. 1x11,0.5x4,0.25; workers not listed run at 1", [](RunConfig& c) -> std::string& { return c.sim.speeds; }, {}},
+      FloatKey{"sim.speed_spread", "sigma of a seeded log-normal factor on each worker's speed (0: none)", [](RunConfig& c) -> double& { return c.sim.speed_spread; }, 0.0, 3.0, false},
       StringKey{"sim.poison", "what the poisoned workers send in all-reduces: none; scale (contributions times sim.poison_scale); sign (times -1); nan (a NaN in each, fp32 codec)", [](RunConfig& c) -> std::string& { return c.sim.poison; }, {"none", "scale", "sign", "nan"}},
       IntKey{"sim.poison_workers", "how many workers are poisoned (the last ones)", [](RunConfig& c) -> std::int64_t& { return c.sim.poison_workers; }, 1, 4095},
       FloatKey{"sim.poison_scale", "sim.poison = scale: the factor", [](RunConfig& c) -> double& { return c.sim.poison_scale; }, -1e6, 1e6, false},
@@ -443,6 +447,7 @@ Status validate(const RunConfig& c) {
   if (c.sim.straggler >= c.sim.workers) {
     return bad("sim.straggler (" + std::to_string(c.sim.straggler) + ") must name one of the " + std::to_string(c.sim.workers) + " workers");
   }
+  if (auto speeds = parse_speeds(c.sim.speeds, c.sim.workers); !speeds.ok()) return speeds.status();
   if (c.sim.sites > c.sim.workers) {
     return bad("sim.sites (" + std::to_string(c.sim.sites) + ") exceeds sim.workers (" + std::to_string(c.sim.workers) + "): every site needs a worker");
   }

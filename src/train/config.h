@@ -83,6 +83,11 @@ struct OuterSection {
   std::string aggregation = "mean";
   double outlier_factor = 3.0;  // filtered: left out beyond this many times the median distance
   std::int64_t trim = 1;        // trimmed_mean: values dropped at each end, per coordinate
+  // What a round is: "steps", every member runs the method's inner steps (lockstep among equals);
+  // "time", a round lasts the inner steps of the group's fastest member, each member runs the steps
+  // that fit, and the round's mean weighs each contribution by the steps behind it (diloco,
+  // streaming_diloco and sparseloco; train/step_budget.h, optim/token_weights.h).
+  std::string round_budget = "steps";
 };
 struct DdpSection {
   std::string codec = "fp32";
@@ -185,6 +190,10 @@ struct SimSection {
   std::int64_t join_at_step = 0;
   std::int64_t straggler = -1;            // -1: no straggler
   double straggler_factor = 2.0;          // its compute takes this many times longer
+  // Per-worker compute speeds (1: as sim.compute says; 0.5: steps take twice as long): a list in
+  // worker order, "SPEED" or "SPEEDxCOUNT" items separated by commas, the workers not listed at 1 ...
+  std::string speeds;
+  double speed_spread = 0.0;              // ... times a seeded log-normal draw of this sigma per worker (0: none)
   double churn_rate = 0.0;                // share of the workers that crash per 100 inner steps (seeded), each
   double churn_downtime_s = 30.0;         //   restarting this long after, from its last checkpoint
   std::string poison = "none";            // none, scale, sign or nan: what poisoned workers send

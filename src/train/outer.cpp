@@ -66,7 +66,22 @@ std::vector<std::string> config_warnings(const RunConfig& c) {
                   "): the whole model is one fragment, synchronized every streaming_diloco.inner_steps steps as DiLoCo would; set it to at most " +
                   std::to_string(c.model.layers) + " for fragments that take turns");
   }
+  if (c.outer.round_budget == "time" && method != optim::Method::kDiLoCo && method != optim::Method::kStreamingDiLoCo &&
+      method != optim::Method::kSparseLoCo) {
+    out.push_back("outer.round_budget = time applies to diloco, streaming_diloco and sparseloco; " + c.outer.method +
+                  " runs every member's steps in lockstep as with outer.round_budget = steps");
+  }
   return out;
+}
+
+std::int64_t budget_period(const RunConfig& c) {
+  if (c.outer.round_budget != "time") return 0;
+  switch (method_of(c)) {
+    case optim::Method::kDiLoCo: return c.diloco.inner_steps;
+    case optim::Method::kStreamingDiLoCo: return c.streaming_diloco.inner_steps;
+    case optim::Method::kSparseLoCo: return c.sparseloco.inner_steps;
+    default: return 0;
+  }
 }
 
 Result<optim::OuterConfig> outer_config(const RunConfig& c) {
@@ -131,6 +146,7 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   agg.outlier_factor = c.outer.outlier_factor;
   agg.trim = static_cast<int>(c.outer.trim);
   o.diloco.aggregation = o.streaming.aggregation = o.co2.aggregation = o.sparseloco.aggregation = o.ddp_aggregation = agg;
+  o.diloco.token_weighted = o.streaming.token_weighted = o.sparseloco.token_weighted = c.outer.round_budget == "time";
 
   o.noloco.inner_steps = c.noloco.inner_steps;
   o.noloco.outer_lr = c.noloco.outer_lr;
@@ -170,7 +186,9 @@ nlohmann::json WorkerAccount::to_json() const {
   nlohmann::json j = {{"steps", steps},           {"tokens", tokens},
                        {"rounds", rounds},         {"skipped_rounds", skipped_rounds},
                        {"bytes_sent", bytes_sent}, {"bytes_received", bytes_received},
-                       {"compute_s", compute_s},   {"blocked_s", blocked_s}};
+                       {"compute_s", compute_s},   {"blocked_s", blocked_s},
+                       {"computed_steps", computed_steps}, {"merged_tokens", merged_tokens},
+                       {"loop_s", loop_s}};
   if (state_bytes_sent > 0) j["state_bytes_sent"] = state_bytes_sent;
   if (state_bytes_received > 0) j["state_bytes_received"] = state_bytes_received;
   if (gossip_bytes_sent > 0) j["gossip_bytes_sent"] = gossip_bytes_sent;
@@ -187,9 +205,11 @@ namespace {
 class WorkerLoop {
  public:
   WorkerLoop(Worker& worker, optim::OuterSetup& setup, Clock& clock, const LoopOptions& o, const LoopHooks& hooks)
-      : worker_(worker), setup_(setup), outer_(*setup.outer), clock_(clock), o_(o), hooks_(hooks) {}
+      : worker_(worker), setup_(setup), outer_(*setup.outer), clock_(clock), o_(o), hooks_(hooks), budget_(o.budget_period),
+        shares_state_(outer_.name() != optim::method_name(optim::Method::kLocal)) {}
 
   WorkerAccount run() {
+    const Nanos started = clock_.now();
     while (worker_.steps_done() < o_.steps) {
       if (hooks_.keep_going && !hooks_.keep_going(worker_.steps_done() + 1)) break;
       {
@@ -197,17 +217,26 @@ class WorkerLoop {
         regroup(worker_.steps_done() + 1);
         blocked_since(t0);
       }
-      const StepResult r = inner_step();
-      if (r.replaced) continue;  // left behind, this worker took the members' state: it goes on from there
+      const StepResult r = budget_.take(worker_.steps_done() + 1) ? inner_step() : idle_step();
+      if (r.replaced) {  // left behind, this worker took the members' state: it goes on from there
+        pending_tokens_ = 0;  // what it computed since its last merge is lost
+        continue;
+      }
       if (!r.sync.ok()) {
         spdlog::warn("step {}: gradient averaging failed, the step used local gradients: {}", r.step, r.sync.to_string());
         outer_.skip_round();
       }
       const auto synced = outer_round(r.step);
-      if (!synced) continue;  // left behind, as above
+      if (!synced) {  // left behind, as above
+        pending_tokens_ = 0;
+        continue;
+      }
+      merge(r, *synced);
+      if (budget_.enabled() && (r.step % budget_.period() == 0 || r.step == 1)) adjust_budget();
       if (r.step == o_.steps) finish();
       record(r, *synced);
     }
+    acc_.loop_s = std::chrono::duration<double>(clock_.now() - started).count();
     take_counters();
     return acc_;
   }
@@ -248,6 +277,41 @@ class WorkerLoop {
     return true;
   }
 
+  // A slot in which this member, slower than the group's fastest, computes nothing (StepBudget).
+  StepResult idle_step() {
+    worker_.skip_step();
+    StepResult r;
+    r.step = worker_.steps_done();
+    r.loss = last_loss_;
+    r.lr = last_lr_;
+    acc_.steps = r.step;
+    return r;
+  }
+
+  // Goodput's numerator: a step's tokens reach the shared model when its gradients were averaged
+  // (ddp), or when a round that took in the work since the last one was applied (the other methods;
+  // a failed round's work rides on the next round's Delta). Independent workers each train their own.
+  void merge(const StepResult& r, const Result<bool>& synced) {
+    if (!shares_state_) {
+      acc_.merged_tokens += pending_tokens_;
+      pending_tokens_ = 0;
+    } else if (setup_.gradient_sync != nullptr) {
+      if (r.sync.ok()) acc_.merged_tokens += pending_tokens_;
+      pending_tokens_ = 0;
+    } else if (synced.ok() && *synced) {
+      acc_.merged_tokens += pending_tokens_;
+      pending_tokens_ = 0;
+    }
+  }
+
+  // At a round's end under a time budget (and after the run's first step, which the members time
+  // together): the steps of the next slots, from this member's pace and the group's fastest member's.
+  void adjust_budget() {
+    if (round_steps_ > 0) budget_.observe(round_compute_s_ / static_cast<double>(round_steps_), outer_.fastest_step_seconds());
+    round_steps_ = 0;
+    round_compute_s_ = 0;
+  }
+
   // One inner step; with data parallelism its gradients are averaged between backward and the update
   // (retried once over a new group), and the compute before and after that is paced apart.
   StepResult inner_step() {
@@ -268,12 +332,23 @@ class WorkerLoop {
         return average_gradients(params);
       };
     }
+    const double compute_before = acc_.compute_s;
     const StepResult r = worker_.step(hook);
     const double step_real = paced && after_sync ? before_sync + after_sync->elapsed_seconds() : measured.elapsed_seconds();
     acc_.step_wall_s += step_real;
     if (!paced) acc_.compute_s += pace(step_real);
     acc_.steps = r.step;
     acc_.tokens = worker_.tokens_seen();
+    if (!r.replaced) {
+      const double seconds = acc_.compute_s - compute_before;
+      ++acc_.computed_steps;
+      pending_tokens_ += r.tokens;
+      ++round_steps_;
+      round_compute_s_ += seconds;
+      outer_.count_step(seconds);
+      last_loss_ = r.loss;
+      last_lr_ = r.lr;
+    }
     return r;
   }
 
@@ -348,6 +423,12 @@ class WorkerLoop {
   const LoopOptions& o_;
   const LoopHooks& hooks_;
   WorkerAccount acc_;
+  StepBudget budget_;
+  const bool shares_state_;            // not independent workers
+  std::int64_t pending_tokens_ = 0;    // computed since this member's work last reached the shared model
+  std::int64_t round_steps_ = 0;       // computed in this round (the budget's pace)
+  double round_compute_s_ = 0.0;
+  double last_loss_ = 0.0, last_lr_ = 0.0;  // of the last computed step (an idle slot's record)
 };
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "model/language_model.h"
 #include "optim/outer_optimizer.h"
 #include "train/config.h"
+#include "train/step_budget.h"
 #include "train/worker.h"
 
 namespace gossamer::train {
@@ -34,6 +35,9 @@ optim::Method method_of(const RunConfig& config);
 // Settings that are legitimate but probably not what was meant, one sentence each (the commands
 // print them as warnings).
 std::vector<std::string> config_warnings(const RunConfig& config);
+// LoopOptions::budget_period for the config: the method's inner steps under outer.round_budget =
+// "time" (diloco, streaming_diloco, sparseloco), else 0.
+std::int64_t budget_period(const RunConfig& config);
 std::vector<optim::ParamBlock> param_blocks(const model::LanguageModel& model);
 
 // What one worker spent and sent so far.
@@ -50,8 +54,11 @@ struct WorkerAccount {
   std::uint64_t gossip_bytes_received = 0;
   std::uint64_t membership_bytes_sent = 0;  // of gossip_bytes_sent: membership itself (not rounds, announcements)
   std::uint64_t left_out = 0;       // contributions this worker, as a chunk's owner, left out (outer.aggregation)
+  std::int64_t computed_steps = 0;  // steps computed (fewer than `steps` for a member slower than the group's fastest under a time budget)
+  std::int64_t merged_tokens = 0;   // tokens of steps whose contribution reached the shared model (goodput's numerator)
   double compute_s = 0.0;           // inner steps (as the pace hook counts them)
   double blocked_s = 0.0;           // waiting on communication
+  double loop_s = 0.0;              // time in the loop, on its clock (goodput's denominator: what it trains alone in it)
   double eval_wall_s = 0.0;         // real time spent evaluating (not in the metrics: not deterministic)
   double step_wall_s = 0.0;         // real time spent in inner steps (forward, backward, update), gradient
                                     // averaging excluded (not in the metrics either)
@@ -63,6 +70,9 @@ struct LoopOptions {
   std::int64_t eval_every = 0;           // 0: never
   bool evaluate = false;                 // this worker evaluates (at eval_every and the end)
   Nanos round_timeout = std::chrono::minutes(10);
+  // outer.round_budget = "time": the inner steps of a round of the group's fastest member; this
+  // member computes the ones that fit (train/step_budget.h). 0: every step computes.
+  std::int64_t budget_period = 0;
 };
 
 struct LoopHooks {

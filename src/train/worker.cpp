@@ -198,6 +198,8 @@ Status Worker::replay_gradients(std::int64_t step, const at::Tensor& flat) {
   return Status();
 }
 
+void Worker::skip_step() { impl_->step += 1; }
+
 void Worker::move_to(std::int64_t step) {
   GOSSAMER_CHECK(step >= 0, "Worker::move_to: a negative step");
   impl_->step = step;

@@ -58,6 +58,10 @@ class Worker {
 
   // One inner step on the next batch of this worker's shard.
   StepResult step(const GradientHook& before_update = {});
+  // A slot of the round's time in which this worker computes nothing (a member slower than the
+  // group's fastest under outer.round_budget = "time"): the step count moves on, the data position,
+  // the model and the inner optimizer do not.
+  void skip_step();
   // Catch-up for ddp (optim/updates.h): step `step` (the next one) made with the members' averaged
   // gradients `flat` instead of its own, as step() makes it after the hook: clipped, then the inner
   // optimizer's update at that step's learning rate. No data is read and no token counted. The
