@@ -93,6 +93,7 @@ Result<ClusterResult> run_local(const train::RunConfig& config, const optim::Out
   result.accounts.resize(static_cast<std::size_t>(m));
   result.final_params.resize(static_cast<std::size_t>(m));
   result.crashed.assign(static_cast<std::size_t>(m), false);
+  result.started_s.assign(static_cast<std::size_t>(m), 0.0);
   Status failure;
   double compute_wall = 0;
   std::vector<std::unique_ptr<ClockThread>> threads;
@@ -207,6 +208,11 @@ class PeerCluster {
     for (int r = 0; r < m_; ++r) stores_.push_back(run::make_memory_store());
     result_.accounts.resize(static_cast<std::size_t>(m_));
     result_.final_params.resize(static_cast<std::size_t>(m_));
+    result_.started_s.assign(static_cast<std::size_t>(m_), -1.0);
+    for (int r = 0; r < m_; ++r) {
+      failure_rng_.emplace_back(static_cast<std::uint64_t>(config.sim.seed) * 0xA24BAED4963EE407ull + static_cast<std::uint64_t>(r) + 29);
+    }
+    fail_at_.resize(static_cast<std::size_t>(m_));
     while (m_ > 1 && (evaluator_ == config.sim.crash_worker || evaluator_ == joiner_)) ++evaluator_;
     if (evaluator_ >= m_) evaluator_ = 0;
     for (int r = 0; r < m_; ++r) {
@@ -276,6 +282,15 @@ class PeerCluster {
     return true;
   }
 
+  // Steady churn by time (sim.churn_per_minute): worker r, up since now, fails after an exponential
+  // wait of mean 10 / rate minutes, drawn from its own seeded stream.
+  void plan_timed_failure(int r) {
+    if (config_.sim.churn_per_minute <= 0 || r == evaluator_ || r == joiner_) return;
+    const double per_s = config_.sim.churn_per_minute / 10.0 / 60.0;
+    std::exponential_distribution<double> wait(per_s);
+    fail_at_[static_cast<std::size_t>(r)] = seconds_now() + wait(failure_rng_[static_cast<std::size_t>(r)]);
+  }
+
   // False when worker r dies before step `next` (its links and gossip cut first).
   bool alive(int r, std::int64_t next) {
     if (progress_) progress_(r, next - 1, config_.train.steps);
@@ -294,7 +309,10 @@ class PeerCluster {
       churned = churned || churn.front() == next;
       churn.erase(churn.begin());
     }
-    if (!scripted && !churned) return true;
+    auto& fail_at = fail_at_[static_cast<std::size_t>(r)];
+    const bool timed = fail_at && next >= 2 && seconds_now() >= *fail_at;  // (not before the run's first step)
+    if (timed) fail_at.reset();
+    if (!scripted && !churned && !timed) return true;
     auto& downtime = downtime_[static_cast<std::size_t>(r)];
     downtime.reset();
     if (!scripted) downtime = config_.sim.churn_downtime_s;
@@ -343,7 +361,7 @@ class PeerCluster {
       result_.records.push_back(std::move(out));
       return Status();
     };
-    if (config_.sim.churn_rate > 0 || (r == config_.sim.crash_worker && config_.sim.crash_restart_s >= 0)) {
+    if (config_.sim.churn_rate > 0 || config_.sim.churn_per_minute > 0 || (r == config_.sim.crash_worker && config_.sim.crash_restart_s >= 0)) {
       env.save_checkpoint = [this, r](const train::CheckpointState& cs) {
         saved_[static_cast<std::size_t>(r)] = cs;
         return Status();
@@ -399,6 +417,8 @@ class PeerCluster {
       plan.resumed_from = "worker " + std::to_string(r) + "'s last checkpoint";
     }
     killed_[static_cast<std::size_t>(r)] = false;
+    if (result_.started_s[static_cast<std::size_t>(r)] < 0) result_.started_s[static_cast<std::size_t>(r)] = seconds_now();
+    plan_timed_failure(r);
     plan.stop = &killed_[static_cast<std::size_t>(r)];  // a killed newcomer stops where it looks next
     run::PeerEnvironment env = environment(r, go.self);
     env.gossip = gossip->get();
@@ -476,6 +496,8 @@ class PeerCluster {
   std::vector<std::optional<train::CheckpointState>> saved_;  // each worker's last checkpoint (churn)
   std::vector<std::vector<std::int64_t>> churn_;              // each worker's planned crash steps
   std::vector<std::optional<double>> downtime_;               // after its last crash: how long it stays down (virtual s); none: for good
+  std::vector<std::mt19937_64> failure_rng_;                  // steady churn's draws, per worker
+  std::vector<std::optional<double>> fail_at_;                // steady churn: when it fails next (virtual s)
   std::vector<std::atomic<bool>> killed_;                     // stopped by a kill (the newcomer's); reset at each life
   std::atomic<bool> newcomer_killed_{false};
   std::vector<std::shared_ptr<run::SnapshotStore>> stores_;   // each worker's store of a state on its way (outlives a crash)

@@ -51,6 +51,7 @@ struct ClusterResult {
   std::vector<nlohmann::json> records;          // every worker's metrics records, in virtual-time order
   std::vector<train::WorkerAccount> accounts;   // per worker
   std::vector<bool> crashed;                    // per worker, from the scenario
+  std::vector<double> started_s;                // per worker: virtual time it first started (a late joiner's join; -1: never)
   double sim_time_s = 0;                        // virtual time at the end
   double wall_s = 0;                            // real time the simulation took
   double compute_wall_s = 0;                    // real time spent in model compute (inner steps, evaluation)

@@ -173,21 +173,28 @@ nlohmann::json method_summary(const MethodRun& run, double target_loss) {
   const auto& r = run.result;
   const int evaluator = evaluator_of(run);
   const auto curve = eval_curve(run);
-  double sent = 0, received = 0, util = 0, gossip = 0, membership = 0;
-  std::int64_t tokens = 0, rounds = 0, skipped = 0;
+  double sent = 0, received = 0, util = 0, gossip = 0, membership = 0, min_util = 1.0, alone = 0;
+  std::int64_t tokens = 0, rounds = 0, skipped = 0, merged = 0;
   std::uint64_t left_out = 0;
   int alive = 0;
   for (std::size_t i = 0; i < r.accounts.size(); ++i) {
     const auto& a = r.accounts[i];
     tokens += a.tokens;
+    merged += a.merged_tokens;
     left_out += a.left_out;
+    // Goodput's denominator: what this worker's hardware trains alone (at the pace its own steps
+    // took) from its start to the run's end, downtime and waiting included.
+    const double started = i < r.started_s.size() ? r.started_s[i] : 0.0;
+    if (a.compute_s > 0 && started >= 0) alone += static_cast<double>(a.tokens) / a.compute_s * std::max(0.0, r.sim_time_s - started);
     if (r.crashed[i]) continue;
     ++alive;
     sent += static_cast<double>(a.bytes_sent);
     gossip += static_cast<double>(a.gossip_bytes_sent);
     membership += static_cast<double>(a.membership_bytes_sent);
     received += static_cast<double>(a.bytes_received);
-    util += a.compute_s + a.blocked_s > 0 ? a.compute_s / (a.compute_s + a.blocked_s) : 1.0;
+    const double u = a.compute_s + a.blocked_s > 0 ? a.compute_s / (a.compute_s + a.blocked_s) : 1.0;
+    util += u;
+    min_util = std::min(min_util, u);
     rounds = std::max(rounds, a.rounds);
     skipped = std::max(skipped, a.skipped_rounds);
   }
@@ -203,6 +210,10 @@ nlohmann::json method_summary(const MethodRun& run, double target_loss) {
                       {"membership_bytes_sent_per_worker", alive > 0 ? membership / alive : 0.0},
                       {"sim_time_s", r.sim_time_s},
                       {"compute_utilization", alive > 0 ? util / alive : 0.0},
+                      {"min_compute_utilization", alive > 0 ? min_util : 0.0},  // of the worker that waited most
+                      // tokens that reached the shared model over those the same workers train alone in the run's time
+                      {"merged_tokens", merged},
+                      {"goodput", alone > 0 ? static_cast<double>(merged) / alone : 0.0},
                       {"rounds", rounds},
                       {"skipped_rounds", skipped},
                       {"left_out", left_out},  // contributions left out by robust aggregation, all owners
@@ -352,7 +363,7 @@ std::string report_html(const std::vector<MethodRun>& runs, const nlohmann::json
                  floor_label);
   o << svg_chart("Validation loss vs simulated wall-clock", "simulated time", by_time, false, human_seconds, ctx.entropy_floor, floor_label);
   o << "</div>\n<table><tr><th>method</th><th>final val loss</th><th>tokens</th><th>bytes sent / worker</th><th>vs ddp</th>"
-    << "<th>simulated time</th><th>compute utilization</th><th>time to " << fmt::format("{:.3f}", ctx.target_loss)
+    << "<th>simulated time</th><th>compute utilization</th><th>goodput</th><th>time to " << fmt::format("{:.3f}", ctx.target_loss)
     << "</th><th>rounds</th><th>skipped</th></tr>\n";
   double ddp_bytes = 0;
   for (const auto& m : summary["methods"]) {
@@ -366,6 +377,7 @@ std::string report_html(const std::vector<MethodRun>& runs, const nlohmann::json
       << (m["final_val_loss"].is_null() ? std::string("-") : fmt::format("{:.4f}", m["final_val_loss"].get<double>())) << "</td><td>"
       << m["tokens"].get<std::int64_t>() << "</td><td>" << human_bytes(bytes) << "</td><td>" << vs << "</td><td>"
       << human_seconds(m["sim_time_s"].get<double>()) << "</td><td>" << fmt::format("{:.1f}%", 100 * m["compute_utilization"].get<double>()) << "</td><td>"
+      << fmt::format("{:.1f}%", 100 * m.value("goodput", 0.0)) << "</td><td>"
       << (m["time_to_target_s"].is_null() ? std::string("not reached") : human_seconds(m["time_to_target_s"].get<double>())) << "</td><td>"
       << m["rounds"].get<std::int64_t>() << "</td><td>" << m["skipped_rounds"].get<std::int64_t>() << "</td></tr>\n";
   }

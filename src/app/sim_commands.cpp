@@ -56,6 +56,9 @@ std::string network_text(const train::RunConfig& c) {
     if (c.sim.crash_restart_s >= 0) s += fmt::format(" and restarts {:g} s later from its last checkpoint", c.sim.crash_restart_s);
   }
   if (c.sim.join_worker >= 0) s += fmt::format("; worker {} joins after step {}", c.sim.join_worker, c.sim.join_at_step);
+  if (c.sim.churn_per_minute > 0) {
+    s += fmt::format("; steady churn: {:g} failures per minute per 10 workers, each back {:g} s later", c.sim.churn_per_minute, c.sim.churn_downtime_s);
+  }
   if (c.sim.churn_rate > 0) {
     s += fmt::format("; churn: {:g}% of the workers crash per 100 steps, each back {:g} s later", 100 * c.sim.churn_rate, c.sim.churn_downtime_s);
   }
@@ -167,14 +170,14 @@ void print_summary(const nlohmann::json& summary) {
     }
     return;
   }
-  std::printf("%-18s %10s %14s %10s %12s %11s %14s\n", "method", "val loss", "sent/worker", "vs ddp", "sim time", "compute", "to target");
+  std::printf("%-18s %10s %14s %10s %12s %11s %9s %14s\n", "method", "val loss", "sent/worker", "vs ddp", "sim time", "compute", "goodput", "to target");
   for (const auto& m : summary["methods"]) {
     const double bytes = m["bytes_sent_per_worker"].get<double>();
     const std::string vs = ddp_bytes > 0 && bytes > 0 && m["name"] != "ddp" ? fmt::format("{:.0f}x less", ddp_bytes / bytes) : "";
     const std::string loss = m["final_val_loss"].is_null() ? "-" : fmt::format("{:.4f}", m["final_val_loss"].get<double>());
     const std::string target = m["time_to_target_s"].is_null() ? "not reached" : fmt::format("{:.1f} s", m["time_to_target_s"].get<double>());
-    std::printf("%-18s %10s %11.2f MB %10s %10.1f s %10.1f%% %14s\n", m["name"].get<std::string>().c_str(), loss.c_str(), bytes / 1e6, vs.c_str(),
-                m["sim_time_s"].get<double>(), 100 * m["compute_utilization"].get<double>(), target.c_str());
+    std::printf("%-18s %10s %11.2f MB %10s %10.1f s %10.1f%% %8.1f%% %14s\n", m["name"].get<std::string>().c_str(), loss.c_str(), bytes / 1e6, vs.c_str(),
+                m["sim_time_s"].get<double>(), 100 * m["compute_utilization"].get<double>(), 100 * m.value("goodput", 0.0), target.c_str());
   }
 }
 

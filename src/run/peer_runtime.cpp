@@ -925,6 +925,8 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
   summary["groups_led"] = cs.groups_announced;
   summary["left_out_by_this_leader"] = cs.left_out;
   summary["solo_rounds"] = solo_rounds_;
+  // Tokens that reached the shared model over what this machine trains alone in its time in the loop.
+  summary["goodput"] = train::goodput(account);
   summary["joins"] = joins_;
   summary["state_fetch_s"] = state_fetch_s_;
   summary["state_transfer_s"] = state_transfer_s_;

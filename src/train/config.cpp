@@ -191,6 +191,7 @@ const std::vector<KeySpec>& schema() {
       IntKey{"sim.poison_workers", "how many workers are poisoned (the last ones)", [](RunConfig& c) -> std::int64_t& { return c.sim.poison_workers; }, 1, 4095},
       FloatKey{"sim.poison_scale", "sim.poison = scale: the factor", [](RunConfig& c) -> double& { return c.sim.poison_scale; }, -1e6, 1e6, false},
       FloatKey{"sim.churn_rate", "share of the workers that crash per 100 inner steps, at seeded steps, each restarting sim.churn_downtime_s later from its last checkpoint; 0: none", [](RunConfig& c) -> double& { return c.sim.churn_rate; }, 0.0, 1.0, false},
+      FloatKey{"sim.churn_per_minute", "steady churn by time: failures per minute per 10 workers, each worker but the evaluating one failing at seeded virtual times (a Poisson process while it is up) and restarting sim.churn_downtime_s later from its last checkpoint; 0: none", [](RunConfig& c) -> double& { return c.sim.churn_per_minute; }, 0.0, 600.0, false},
       FloatKey{"sim.churn_downtime_s", "virtual seconds a worker crashed by churn stays down before it restarts", [](RunConfig& c) -> double& { return c.sim.churn_downtime_s; }, 0.0, 1e9, false},
       IntKey{"sim.seed", "seed of the network's jitter and loss draws", [](RunConfig& c) -> std::int64_t& { return c.sim.seed; }, 0, std::numeric_limits<std::int64_t>::max()},
   };
@@ -451,8 +452,9 @@ Status validate(const RunConfig& c) {
   if (c.sim.sites > c.sim.workers) {
     return bad("sim.sites (" + std::to_string(c.sim.sites) + ") exceeds sim.workers (" + std::to_string(c.sim.workers) + "): every site needs a worker");
   }
-  if (c.sim.churn_rate > 0 && c.sim.workers < 3) {
-    return bad("sim.churn_rate needs sim.workers >= 3: with fewer, a crash leaves no group to rejoin");
+  if ((c.sim.churn_rate > 0 || c.sim.churn_per_minute > 0) && c.sim.workers < 3) {
+    return bad(std::string(c.sim.churn_rate > 0 ? "sim.churn_rate" : "sim.churn_per_minute") +
+               " needs sim.workers >= 3: with fewer, a crash leaves no group to rejoin");
   }
   if (c.sim.join_worker >= 0) {
     if (c.sim.join_worker >= c.sim.workers) {

@@ -196,6 +196,8 @@ struct SimSection {
   double speed_spread = 0.0;              // ... times a seeded log-normal draw of this sigma per worker (0: none)
   double churn_rate = 0.0;                // share of the workers that crash per 100 inner steps (seeded), each
   double churn_downtime_s = 30.0;         //   restarting this long after, from its last checkpoint
+  double churn_per_minute = 0.0;          // steady churn by time: failures per minute per 10 workers (seeded), each
+                                          //   restarting sim.churn_downtime_s later from its last checkpoint
   std::string poison = "none";            // none, scale, sign or nan: what poisoned workers send
   std::int64_t poison_workers = 1;        //   the last N workers (when poison is not none)
   double poison_scale = 10.0;             //   scale: contributions multiplied by this

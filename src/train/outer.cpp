@@ -198,6 +198,11 @@ nlohmann::json WorkerAccount::to_json() const {
   return j;
 }
 
+double goodput(const WorkerAccount& a) {
+  if (a.compute_s <= 0 || a.loop_s <= 0 || a.tokens <= 0) return 0.0;
+  return static_cast<double>(a.merged_tokens) / (static_cast<double>(a.tokens) / a.compute_s * a.loop_s);
+}
+
 namespace {
 
 // The loop's state and its phases: agree the group, one inner step (gradients averaged inside it for

@@ -65,6 +65,11 @@ struct WorkerAccount {
   nlohmann::json to_json() const;
 };
 
+// Goodput of one worker (docs/methods.md): the tokens of its steps that reached the shared model over
+// the tokens it trains alone, at the pace its own steps took, in its time in the loop; 0 before it
+// computed anything.
+double goodput(const WorkerAccount& account);
+
 struct LoopOptions {
   std::int64_t steps = 0;                // run until this many inner steps are done
   std::int64_t eval_every = 0;           // 0: never
