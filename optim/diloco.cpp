@@ -22,7 +22,7 @@ DiLoCo::DiLoCo(std::vector<at::Tensor> params, Group group, DiLoCoOptions option
 }
 
 Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
-  if (options_.token_weighted && inner_steps_done == 1 && options_.inner_steps > 1) {
+  if (options_.token_weighted && inner_steps_done == kCalibrationStep && options_.inner_steps > kCalibrationStep) {
     CommStats stats;
     fastest_step_s_ = calibrate(group_, meter_, kMaxWeightedWindows * options_.inner_steps, deadline, &stats);
     comm_ += stats;

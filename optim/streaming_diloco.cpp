@@ -34,8 +34,8 @@ StreamingDiLoCo::StreamingDiLoCo(std::vector<Fragment> fragments, AsyncCollectiv
 Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
   if (s <= 0) return 0;
   const std::int64_t h = options_.inner_steps, p = static_cast<std::int64_t>(fragments_.size()), tau = options_.overlap;
-  if (options_.token_weighted && s == 1 && h > 1) {  // calibrate (token_weights.h), before anything launches
-    auto w = comm_thread_->calibrate(state_[0].meter.contribution(), kMaxWeightedWindows * h, deadline);
+  if (options_.token_weighted && s == kCalibrationStep && h > kCalibrationStep) {  // calibrate (token_weights.h)
+    auto w = comm_thread_->calibrate(state_[0].meter.latest(), kMaxWeightedWindows * h, deadline);
     if (Status st = w->wait(deadline); st.ok()) {
       fastest_step_s_ = w->weights().fastest_step_seconds();
     } else {

@@ -72,7 +72,7 @@ Result<RoundWeights> exchange_contributions(const Group& group, const Contributi
 }
 
 double calibrate(const Group& group, const WorkMeter& meter, std::int64_t max_steps, Deadline deadline, CommStats* stats) {
-  auto w = exchange_contributions(group, meter.contribution(), max_steps, kCalibrationTag, deadline, stats);
+  auto w = exchange_contributions(group, meter.latest(), max_steps, kCalibrationTag, deadline, stats);
   if (!w.ok()) {
     spdlog::warn("the members' first step times were not exchanged ({}): the first round runs in lockstep", w.status().to_string());
     return 0.0;

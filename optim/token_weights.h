@@ -59,8 +59,11 @@ class WorkMeter {
   void add(double seconds) {
     ++steps_;
     seconds_ += seconds;
+    last_ = seconds;
   }
   Contribution contribution() const;
+  // The steps since the last merge, and the seconds of the latest one alone (calibrate()).
+  Contribution latest() const { return Contribution{steps_, last_}; }
   // The contribution merged (or was handed over): counting starts again; the pace is remembered.
   void merged();
 
@@ -68,6 +71,7 @@ class WorkMeter {
   std::int64_t steps_ = 0;
   double seconds_ = 0.0;
   double last_step_seconds_ = 0.0;  // of the last window that had steps
+  double last_ = 0.0;               // of the latest step
 };
 
 // What a member may claim, in windows of the round's steps (H): a member whose last rounds failed
@@ -77,10 +81,12 @@ inline constexpr std::int64_t kMaxWeightedWindows = 4;
 // The tag of the exchange before a collective tagged `collective`.
 inline transport::Tag token_weights_tag(transport::Tag collective) { return transport::tags::kTokenWeights | (collective & 0xFFFFFFu); }
 
-// The run's first inner step (step 1): members exchange how long it took them (an exchange like a
-// round's), so that even the first round runs on the time budget
-// instead of waiting for the slowest member (tagged kCalibrationTag: nothing else is exchanged then). Returns the fastest member's seconds per step; 0 when
-// the exchange failed (logged: the first round then runs in lockstep, later ones on the budget).
+// The run's second inner step (kCalibrationStep; the first warms caches and allocators up and says
+// little): members exchange how long it took them (an exchange like a round's, tagged
+// kCalibrationTag: nothing else is exchanged then), so that even the first round runs on the time
+// budget instead of waiting for the slowest member. Returns the fastest member's seconds per step; 0
+// when the exchange failed (logged: the first round then runs in lockstep, later ones on the budget).
+inline constexpr std::int64_t kCalibrationStep = 2;
 inline constexpr transport::Tag kCalibrationTag = transport::tags::kTokenWeights | 0xFFFFFFu;
 double calibrate(const Group& group, const WorkMeter& meter, std::int64_t max_steps, Deadline deadline, CommStats* stats = nullptr);
 

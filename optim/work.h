@@ -67,7 +67,7 @@ class AsyncCollectives {
                                        const Aggregation& aggregation = {});
   // calibrate() (token_weights.h) on the communication thread: Work::weights() holds what the members
   // claimed (empty when the exchange failed).
-  std::shared_ptr<Work> calibrate(Contribution mine, std::int64_t max_steps, Deadline deadline);
+  std::shared_ptr<Work> calibrate(Contribution mine, std::int64_t max_steps, Deadline deadline);  // `mine`: WorkMeter::latest()
   // A token-weighted round (token_weights.h) on the communication thread: exchanges `mine` over the
   // group, multiplies the tensor by this rank's scale, then allreduce_mean; Work::weights() holds
   // what the members claimed.

@@ -237,7 +237,13 @@ class WorkerLoop {
         continue;
       }
       merge(r, *synced);
-      if (budget_.enabled() && (r.step % budget_.period() == 0 || r.step == 1)) adjust_budget();
+      if (budget_.enabled() && r.step == optim::kCalibrationStep) {
+        budget_.observe(last_step_s_, outer_.fastest_step_seconds());  // the members' second steps, timed together
+        round_steps_ = 0;
+        round_compute_s_ = 0;
+      } else if (budget_.enabled() && r.step % budget_.period() == 0) {
+        adjust_budget();
+      }
       if (r.step == o_.steps) finish();
       record(r, *synced);
     }
@@ -309,8 +315,8 @@ class WorkerLoop {
     }
   }
 
-  // At a round's end under a time budget (and after the run's first step, which the members time
-  // together): the steps of the next slots, from this member's pace and the group's fastest member's.
+  // At a round's end under a time budget: the steps of the next rounds, from this member's pace and
+  // the group's fastest member's.
   void adjust_budget() {
     if (round_steps_ > 0) budget_.observe(round_compute_s_ / static_cast<double>(round_steps_), outer_.fastest_step_seconds());
     round_steps_ = 0;
@@ -350,6 +356,7 @@ class WorkerLoop {
       pending_tokens_ += r.tokens;
       ++round_steps_;
       round_compute_s_ += seconds;
+      last_step_s_ = seconds;
       outer_.count_step(seconds);
       last_loss_ = r.loss;
       last_lr_ = r.lr;
@@ -433,6 +440,7 @@ class WorkerLoop {
   std::int64_t pending_tokens_ = 0;    // computed since this member's work last reached the shared model
   std::int64_t round_steps_ = 0;       // computed in this round (the budget's pace)
   double round_compute_s_ = 0.0;
+  double last_step_s_ = 0.0;  // the latest computed step's
   double last_loss_ = 0.0, last_lr_ = 0.0;  // of the last computed step (an idle slot's record)
 };
 

@@ -86,7 +86,7 @@ TEST_CASE("Token-weighted DiLoCo: the round's mean weighs each Delta by the step
     auto& opt_r = *opt[static_cast<std::size_t>(r)];
     for (int k = 0; k < steps[static_cast<std::size_t>(r)]; ++k) opt_r.count_step(0.1 * 4 / steps[static_cast<std::size_t>(r)]);
     params[static_cast<std::size_t>(r)][0].fill_(moved[static_cast<std::size_t>(r)]);
-    for (std::int64_t s = 1; s < 4; ++s) REQUIRE_FALSE(*opt_r.step(s, in(5s)));  // step 1 calibrates: no round
+    for (std::int64_t s = 1; s < 4; ++s) REQUIRE_FALSE(*opt_r.step(s, in(5s)));  // step 2 calibrates: no round
     auto did = opt_r.step(4, in(5s));
     REQUIRE(did.ok());
     CHECK(*did);

@@ -3,7 +3,7 @@
 # bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
 set -u
 G="$1"; shift
-SCENARIOS="${*:-four_peers sim_agrees methods ddp_gloo kill_one kill_leader leave late_join co2_join restart crash_rejoin shaped shaped_join resumed_join wrong_run wrong_key noise flood}"
+SCENARIOS="${*:-four_peers throttled sim_agrees methods ddp_gloo kill_one kill_leader leave late_join co2_join restart crash_rejoin shaped shaped_join resumed_join wrong_run wrong_key noise flood}"
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
 FAILED=0
@@ -53,6 +53,36 @@ four_peers() {
   local d0; d0=$(digest "$d/p0")
   grep -q '"rounds": 6' "$d/p0/summary.json" || fail "four_peers: peer 0 did not apply 6 rounds"
   echo "four_peers: 4 peers finished 6 rounds with identical parameters ($d0), val loss $(val_loss "$d/p0")"
+}
+
+# Four peers, one of them a machine four times slower (--throttle 4), with rounds on a time budget
+# (outer.round_budget = time): the slow one runs only the steps that fit in the fastest's round, so
+# it computes far fewer steps, and every peer computes about as much of the time (in lockstep the
+# fast ones would compute a quarter of it), all ending with the same parameters.
+json_num() { sed -n "s/.*\"$2\": \([0-9.e+-]*\).*/\1/p" "$1/summary.json" 2>/dev/null | head -n 1; }
+throttled() {
+  local d=$WORK/throttled
+  mkdir -p "$d"
+  local more=(--set outer.round_budget=time --set model.width=128 --set model.layers=2 --set model.context=64 --set train.batch_size=8
+              --set diloco.inner_steps=20 --set train.steps=120 --set train.eval_every=60)
+  start_first "$d/p0" 4 "${more[@]}"; local a; a=$(address_of "$d/p0") || { fail "throttled: no address"; return; }
+  start_joiner "$d/p1" "$a"; start_joiner "$d/p2" "$a"; start_joiner "$d/p3" "$a" --throttle 4
+  wait
+  local i
+  for i in 0 1 2 3; do
+    [ -f "$d/p$i/summary.json" ] || { fail "throttled: peer $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
+  done
+  same_params throttled "$d"/p{0,1,2,3} || return
+  local fast slow util
+  fast=$(for i in 0 1 2; do json_num "$d/p$i" computed_steps; done | sort -n | tail -n 1); slow=$(json_num "$d/p3" computed_steps)
+  util=$(awk -v c="$(json_num "$d/p3" compute_s)" -v b="$(json_num "$d/p3" blocked_s)" 'BEGIN { printf "%.3f", c / (c + b) }')
+  # (Four processes share this machine's cores, so even the others' paces differ; each computes what fits.)
+  awk -v f="$fast" -v s="$slow" 'BEGIN { exit !(f >= 90 && s > 0 && s < 0.6 * f) }' || fail "throttled: the fastest peer computed $fast steps, the slow one $slow"
+  awk -v u="$util" 'BEGIN { exit !(u >= 0.55) }' || fail "throttled: the slow peer's compute utilization is $util"
+  local fast_util
+  fast_util=$(awk -v c="$(json_num "$d/p0" compute_s)" -v b="$(json_num "$d/p0" blocked_s)" 'BEGIN { printf "%.3f", c / (c + b) }')
+  awk -v u="$fast_util" 'BEGIN { exit !(u >= 0.5) }' || fail "throttled: a fast peer's compute utilization is $fast_util (it waits for the slow one)"
+  echo "throttled: the 4x slower peer computed $slow of 120 steps at $util compute utilization, a fast one $fast at $fast_util; identical parameters ($(digest "$d/p0"))"
 }
 
 # The same diloco config run by `gossamer sim` (4 simulated workers) and by 4 real peers: the
