@@ -33,13 +33,12 @@ Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   const transport::Tag tag = round_tag(kDiLoCoTag, inner_steps_done / options_.inner_steps);
   std::optional<RoundWeights> weights;
   if (options_.token_weighted) {
-    auto w = exchange_contributions(group_, meter_.contribution(), kMaxWeightedWindows * options_.inner_steps, tag, deadline, &stats);
+    auto w = weigh(group_, meter_.contribution(), kMaxWeightedWindows * options_.inner_steps, tag, deadline, &stats, delta);
     if (!w.ok()) {
       comm_ += stats;
       return w.status().with_context("DiLoCo round " + std::to_string(state_.rounds + 1));
     }
     weights = std::move(*w);
-    if (const double scale = weights->scale(group_.rank); scale != 1.0) delta.mul_(scale);
   }
   const Status st = allreduce_mean(group_, delta, options_.codec, tag, deadline, &stats, kAllreduceSegmentValues, options_.aggregation);
   comm_ += stats;  // a failed round's bytes were sent all the same

@@ -75,13 +75,12 @@ Result<bool> SparseLoCo::step(std::int64_t inner_steps_done, Deadline deadline) 
   at::Tensor delta = state_.outer - flatten(params_, options_.state_device);
   std::optional<RoundWeights> weights;
   if (options_.token_weighted) {  // Delta_r weighed by the steps behind it before it enters the accumulator
-    auto w = exchange_contributions(group_, meter_.contribution(), kMaxWeightedWindows * options_.inner_steps, tag, deadline, &stats);
+    auto w = weigh(group_, meter_.contribution(), kMaxWeightedWindows * options_.inner_steps, tag, deadline, &stats, delta);
     if (!w.ok()) {
       comm_ += stats;
       return w.status().with_context("SparseLoCo round " + std::to_string(state_.rounds + 1));
     }
     weights = std::move(*w);
-    if (const double scale = weights->scale(group_.rank); scale != 1.0) delta.mul_(scale);
   }
   // e <- beta e + (outer - local), on the host where the payload is made; committed only on success.
   at::Tensor e = (state_.momentum * options_.error_decay + delta).to(at::kCPU).contiguous();

@@ -71,6 +71,14 @@ Result<RoundWeights> exchange_contributions(const Group& group, const Contributi
   return RoundWeights(std::move(members));
 }
 
+Result<RoundWeights> weigh(const Group& group, const Contribution& mine, std::int64_t max_steps, transport::Tag collective, Deadline deadline,
+                           CommStats* stats, at::Tensor& contribution) {
+  auto w = exchange_contributions(group, mine, max_steps, collective, deadline, stats);
+  if (!w.ok()) return w.status();
+  if (const double scale = w->scale(group.rank); scale != 1.0 && contribution.defined()) contribution.mul_(scale);
+  return w;
+}
+
 double calibrate(const Group& group, const WorkMeter& meter, std::int64_t max_steps, Deadline deadline, CommStats* stats) {
   auto w = exchange_contributions(group, meter.latest(), max_steps, kCalibrationTag, deadline, stats);
   if (!w.ok()) {

@@ -23,6 +23,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 #include "core/clock.h"
 #include "core/status.h"
 #include "optim/collectives.h"
@@ -89,6 +91,11 @@ inline transport::Tag token_weights_tag(transport::Tag collective) { return tran
 inline constexpr std::int64_t kCalibrationStep = 2;
 inline constexpr transport::Tag kCalibrationTag = transport::tags::kTokenWeights | 0xFFFFFFu;
 double calibrate(const Group& group, const WorkMeter& meter, std::int64_t max_steps, Deadline deadline, CommStats* stats = nullptr);
+
+// A round's weighing: exchanges `mine`, then multiplies `contribution` by this rank's scale (left as
+// it is when the scale is 1 or the tensor is undefined). The weights, or the exchange's error.
+[[nodiscard]] Result<RoundWeights> weigh(const Group& group, const Contribution& mine, std::int64_t max_steps, transport::Tag collective,
+                                         Deadline deadline, CommStats* stats, at::Tensor& contribution);
 
 // Exchanges `mine` with the group (see above). `collective`: the tag of the round's collective.
 [[nodiscard]] Result<RoundWeights> exchange_contributions(const Group& group, const Contribution& mine, std::int64_t max_steps,

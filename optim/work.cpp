@@ -63,10 +63,9 @@ std::shared_ptr<Work> AsyncCollectives::submit(at::Tensor tensor, std::optional<
     Status st;
     RoundWeights weights;
     if (weighted) {
-      auto w = exchange_contributions(group_, weighted->first, weighted->second, tag, deadline, &stats);
+      auto w = weigh(group_, weighted->first, weighted->second, tag, deadline, &stats, work->tensor_);
       if (w.ok()) {
         weights = std::move(*w);
-        if (const double scale = weights.scale(group_.rank); scale != 1.0 && work->tensor_.defined()) work->tensor_.mul_(scale);
       } else {
         st = w.status();
       }

@@ -5,7 +5,11 @@
 #include <chrono>
 #include <string>
 
+#include <doctest/doctest.h>
+
+#include "sim/cluster.h"
 #include "sim/network.h"
+#include "train/run.h"
 #include "train/config.h"
 
 namespace gossamer::sim::testing {
@@ -27,6 +31,15 @@ inline train::RunConfig tiny_run(const std::string& method, int workers, int ste
   c.sim.compute = "fixed";
   c.sim.step_time_s = 0.05;
   return c;
+}
+
+// Runs the simulation of `c`, failing the test (with the error) when it does not run.
+inline ClusterResult simulate(const train::RunConfig& c) {
+  auto corpus = train::load_corpus(c);
+  REQUIRE(corpus.ok());
+  auto r = run_cluster(c, *corpus);
+  if (!r.ok()) FAIL(r.status().to_string());
+  return std::move(*r);
 }
 
 // n nodes on 100 Mbit/s links of 10 ms one way with 1 ms of jitter, no shared uplinks.
