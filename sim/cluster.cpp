@@ -168,6 +168,7 @@ void add_life(train::WorkerAccount& total, const train::WorkerAccount& life) {
   total.tokens += life.tokens;
   total.computed_steps += life.computed_steps;
   total.merged_tokens += life.merged_tokens;
+  total.computed_tokens += life.computed_tokens;
   total.loop_s += life.loop_s;
   total.rounds += life.rounds;
   total.skipped_rounds += life.skipped_rounds;
@@ -213,6 +214,7 @@ class PeerCluster {
       failure_rng_.emplace_back(static_cast<std::uint64_t>(config.sim.seed) * 0xA24BAED4963EE407ull + static_cast<std::uint64_t>(r) + 29);
     }
     fail_at_.resize(static_cast<std::size_t>(m_));
+    dropped_.assign(static_cast<std::size_t>(m_), false);
     while (m_ > 1 && (evaluator_ == config.sim.crash_worker || evaluator_ == joiner_)) ++evaluator_;
     if (evaluator_ >= m_) evaluator_ = 0;
     for (int r = 0; r < m_; ++r) {
@@ -247,7 +249,7 @@ class PeerCluster {
     result_.sim_time_s = std::chrono::duration<double>(scheduler_.now()).count();
     result_.wall_s = wall.elapsed_seconds();
     result_.compute_wall_s = compute_wall_;
-    for (int r = 0; r < m_; ++r) result_.crashed.push_back(net_.crashed(r));
+    for (int r = 0; r < m_; ++r) result_.crashed.push_back(net_.crashed(r) || dropped_[static_cast<std::size_t>(r)]);
     return std::move(result_);
   }
 
@@ -435,6 +437,11 @@ class PeerCluster {
       // A newcomer (or a restarted worker) that cannot get in: the run goes on without it.
       if (r == joiner_ || life > 0) {
         spdlog::warn("sim: worker {} does not join: {}", r, out.status().to_string());
+      } else if (out.status().code() != ErrorCode::kInvalidArgument) {
+        // Lost on the way (it could not catch up with the members, say): as a real peer would exit,
+        // this worker leaves the run and the others go on; it counts as crashed.
+        spdlog::warn("sim: worker {} leaves the run: {}", r, out.status().to_string());
+        dropped_[static_cast<std::size_t>(r)] = true;
       } else if (failure_.ok()) {
         failure_ = out.status().with_context("worker " + std::to_string(r));
       }
@@ -498,6 +505,7 @@ class PeerCluster {
   std::vector<std::optional<double>> downtime_;               // after its last crash: how long it stays down (virtual s); none: for good
   std::vector<std::mt19937_64> failure_rng_;                  // steady churn's draws, per worker
   std::vector<std::optional<double>> fail_at_;                // steady churn: when it fails next (virtual s)
+  std::vector<bool> dropped_;                                 // left the run on an error of its own (not the scenario's)
   std::vector<std::atomic<bool>> killed_;                     // stopped by a kill (the newcomer's); reset at each life
   std::atomic<bool> newcomer_killed_{false};
   std::vector<std::shared_ptr<run::SnapshotStore>> stores_;   // each worker's store of a state on its way (outlives a crash)

@@ -185,7 +185,7 @@ nlohmann::json method_summary(const MethodRun& run, double target_loss) {
     // Goodput's denominator: what this worker's hardware trains alone (at the pace its own steps
     // took) from its start to the run's end, downtime and waiting included.
     const double started = i < r.started_s.size() ? r.started_s[i] : 0.0;
-    if (a.compute_s > 0 && started >= 0) alone += static_cast<double>(a.tokens) / a.compute_s * std::max(0.0, r.sim_time_s - started);
+    if (a.compute_s > 0 && started >= 0) alone += static_cast<double>(a.computed_tokens) / a.compute_s * std::max(0.0, r.sim_time_s - started);
     if (r.crashed[i]) continue;
     ++alive;
     sent += static_cast<double>(a.bytes_sent);

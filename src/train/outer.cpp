@@ -187,7 +187,7 @@ nlohmann::json WorkerAccount::to_json() const {
                        {"rounds", rounds},         {"skipped_rounds", skipped_rounds},
                        {"bytes_sent", bytes_sent}, {"bytes_received", bytes_received},
                        {"compute_s", compute_s},   {"blocked_s", blocked_s},
-                       {"computed_steps", computed_steps}, {"merged_tokens", merged_tokens},
+                       {"computed_steps", computed_steps}, {"computed_tokens", computed_tokens}, {"merged_tokens", merged_tokens},
                        {"loop_s", loop_s}};
   if (state_bytes_sent > 0) j["state_bytes_sent"] = state_bytes_sent;
   if (state_bytes_received > 0) j["state_bytes_received"] = state_bytes_received;
@@ -199,8 +199,8 @@ nlohmann::json WorkerAccount::to_json() const {
 }
 
 double goodput(const WorkerAccount& a) {
-  if (a.compute_s <= 0 || a.loop_s <= 0 || a.tokens <= 0) return 0.0;
-  return static_cast<double>(a.merged_tokens) / (static_cast<double>(a.tokens) / a.compute_s * a.loop_s);
+  if (a.compute_s <= 0 || a.loop_s <= 0 || a.computed_tokens <= 0) return 0.0;
+  return static_cast<double>(a.merged_tokens) / (static_cast<double>(a.computed_tokens) / a.compute_s * a.loop_s);
 }
 
 namespace {
@@ -214,7 +214,6 @@ class WorkerLoop {
         shares_state_(outer_.name() != optim::method_name(optim::Method::kLocal)) {}
 
   WorkerAccount run() {
-    const Nanos started = clock_.now();
     while (worker_.steps_done() < o_.steps) {
       if (hooks_.keep_going && !hooks_.keep_going(worker_.steps_done() + 1)) break;
       {
@@ -247,7 +246,6 @@ class WorkerLoop {
       if (r.step == o_.steps) finish();
       record(r, *synced);
     }
-    acc_.loop_s = std::chrono::duration<double>(clock_.now() - started).count();
     take_counters();
     return acc_;
   }
@@ -257,6 +255,7 @@ class WorkerLoop {
   void blocked_since(Nanos t0) { acc_.blocked_s += std::chrono::duration<double>(clock_.now() - t0).count(); }
 
   void take_counters() {  // the optimizer keeps the communication counters
+    acc_.loop_s = std::chrono::duration<double>(clock_.now() - started_).count();
     const optim::CommStats comm = outer_.comm();
     if (hooks_.state_traffic) std::tie(acc_.state_bytes_sent, acc_.state_bytes_received) = hooks_.state_traffic();
     if (hooks_.gossip_traffic) std::tie(acc_.gossip_bytes_sent, acc_.gossip_bytes_received) = hooks_.gossip_traffic();
@@ -353,6 +352,7 @@ class WorkerLoop {
     if (!r.replaced) {
       const double seconds = acc_.compute_s - compute_before;
       ++acc_.computed_steps;
+      acc_.computed_tokens += r.tokens;
       pending_tokens_ += r.tokens;
       ++round_steps_;
       round_compute_s_ += seconds;
@@ -436,6 +436,7 @@ class WorkerLoop {
   const LoopHooks& hooks_;
   WorkerAccount acc_;
   StepBudget budget_;
+  const Nanos started_ = clock_.now();  // (declared after clock_)
   const bool shares_state_;            // not independent workers
   std::int64_t pending_tokens_ = 0;    // computed since this member's work last reached the shared model
   std::int64_t round_steps_ = 0;       // computed in this round (the budget's pace)

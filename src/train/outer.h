@@ -55,7 +55,8 @@ struct WorkerAccount {
   std::uint64_t membership_bytes_sent = 0;  // of gossip_bytes_sent: membership itself (not rounds, announcements)
   std::uint64_t left_out = 0;       // contributions this worker, as a chunk's owner, left out (outer.aggregation)
   std::int64_t computed_steps = 0;  // steps computed (fewer than `steps` for a member slower than the group's fastest under a time budget)
-  std::int64_t merged_tokens = 0;   // tokens of steps whose contribution reached the shared model (goodput's numerator)
+  std::int64_t computed_tokens = 0; // tokens of the steps computed in this loop (`tokens` is the worker's count, a joiner's taken from its donor)
+  std::int64_t merged_tokens = 0;   // of those, the tokens whose contribution reached the shared model (goodput's numerator)
   double compute_s = 0.0;           // inner steps (as the pace hook counts them)
   double blocked_s = 0.0;           // waiting on communication
   double loop_s = 0.0;              // time in the loop, on its clock (goodput's denominator: what it trains alone in it)
