@@ -15,6 +15,8 @@
 //                  regroup() agrees the round's group (asked ahead, retried after a failure); after a
 //                  round, boundary() offers the shared state to newcomers and checkpoints when due
 //   finish         a last agreement as a barrier, the final checkpoint, the outcome and summary
+// Joining, in both roles (a newcomer's fetch, adoption and catch-up, a member's offer at each
+// boundary), and join_or_start are in peer_join.cpp; the rest in peer_runtime.cpp.
 // A pipeline run (pipeline.enabled) takes learn_run, then run_pipeline: the peers ready at the
 // start become the pipeline's nodes (run/pipeline_process.h), and nobody joins later.
 //
@@ -189,6 +191,7 @@ class Peer {
   std::shared_ptr<transport::Link> shape_state_link(std::shared_ptr<transport::Link> link);
   std::atomic<std::uint64_t> state_links_shaped_{0};  // seeds the shapers' loss draws
   Deadline after(Nanos d) const { return Deadline::after(clock_, d); }
+  static constexpr Nanos kLinkTimeout = std::chrono::seconds(30);  // to link up a group's members
 
   PeerPlan plan_;
   PeerEnvironment env_;
