@@ -344,6 +344,7 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
     for (int k = 1; k < m; ++k) {
       const int j = to(k);
       if (Status st = send_counted(link(j), mean_tag, mean, deadline, stats); !st.ok()) return rank_context(st, "sending the mean to", j);
+      if (g.crash_drill && s == segs - 1 && k == m / 2) g.crash_drill();
     }
   }
   for (std::int64_t s = 0; s < segs; ++s) {
@@ -393,6 +394,7 @@ Result<std::vector<Bytes>> allgather(const Group& g, Bytes mine, transport::Tag 
     if (Status st = send_counted(link(j), tag, mine, deadline, stats); !st.ok()) {
       return st.with_context("allgather: rank " + std::to_string(r) + " sending to rank " + std::to_string(j));
     }
+    if (g.crash_drill && k == m / 2) g.crash_drill();
   }
   std::vector<Bytes> out(static_cast<std::size_t>(m));
   for (int k = 1; k < m; ++k) {

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -74,6 +75,11 @@ struct Group {
   std::vector<std::shared_ptr<transport::Link>> peers;  // peers[rank] is unused; null where not linked
   Clock* clock = &real_clock();  // the time deadlines, timings and waits use (virtual in a simulation)
   std::optional<Poison> poison;  // a simulated poisoned worker's (never set in real runs)
+  // A fault drill's (`gossamer peer --crash-mid-round`, sim.crash_mid_round): called once this rank's
+  // own share of the result (its mean of the last segment in allreduce_mean, its piece in allgather)
+  // has gone to the first half of the ranks it sends it to, before the rest: between the exchange
+  // and the commit. It kills the process or the simulated node. Unset: nothing happens.
+  std::function<void()> crash_drill;
   // Where allreduce_mean leaves the codec's bytes of each mean while it is on (mean_tap.h): a member
   // keeping updates for a newcomer's catch-up. Null: nothing recorded.
   std::shared_ptr<MeanTap> mean_tap;

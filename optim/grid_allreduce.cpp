@@ -255,8 +255,10 @@ Status allreduce_grid(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
     Bytes& own_mean = parts[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)];
     own_mean = mean.head;
     own_mean.insert(own_mean.end(), mean.body.begin(), mean.body.end());
-    for (int to : routes.linked) {
+    for (std::size_t i = 0; i < routes.linked.size(); ++i) {
+      const int to = routes.linked[i];
       if (Status st = send_counted(link(to), mean_tag, bundle({{r, &own_mean}}), deadline, stats); !st.ok()) return rank_context(st, "sending the mean to", to);
+      if (g.crash_drill && s == segs - 1 && i + 1 == (routes.linked.size() + 1) / 2) g.crash_drill();
     }
   }
   // 6. The means: first-hand from each linked rank (every segment's: they were sent first), then

@@ -92,6 +92,7 @@ Result<ClusterResult> run_local(const train::RunConfig& config, const optim::Out
   ClusterResult result;
   result.accounts.resize(static_cast<std::size_t>(m));
   result.final_params.resize(static_cast<std::size_t>(m));
+  result.shared_digests.resize(static_cast<std::size_t>(m));
   result.crashed.assign(static_cast<std::size_t>(m), false);
   result.started_s.assign(static_cast<std::size_t>(m), 0.0);
   Status failure;
@@ -209,6 +210,7 @@ class PeerCluster {
     for (int r = 0; r < m_; ++r) stores_.push_back(run::make_memory_store());
     result_.accounts.resize(static_cast<std::size_t>(m_));
     result_.final_params.resize(static_cast<std::size_t>(m_));
+    result_.shared_digests.resize(static_cast<std::size_t>(m_));
     result_.started_s.assign(static_cast<std::size_t>(m_), -1.0);
     for (int r = 0; r < m_; ++r) {
       failure_rng_.emplace_back(static_cast<std::uint64_t>(config.sim.seed) * 0xA24BAED4963EE407ull + static_cast<std::uint64_t>(r) + 29);
@@ -341,6 +343,19 @@ class PeerCluster {
     killed_[static_cast<std::size_t>(r)] = true;
   }
 
+  // The fault drill (sim.crash_mid_round): worker r dies inside a collective, a moment after its own
+  // share of the average left for half the group (time for it to land, as a real peer's would). It
+  // then stops where it looks next.
+  void crash_mid_round(int r) {
+    scheduler_.sleep_for(std::chrono::seconds(1));
+    downtime_[static_cast<std::size_t>(r)].reset();
+    if (config_.sim.crash_restart_s >= 0) downtime_[static_cast<std::size_t>(r)] = config_.sim.crash_restart_s;
+    spdlog::info("sim: worker {} crashes inside round {}'s collective (t = {:.1f} s)", r, config_.sim.crash_mid_round, seconds_now());
+    gossip_fabric_.crash(gossip_address(r));
+    net_.crash(r);
+    killed_[static_cast<std::size_t>(r)] = true;
+  }
+
   run::PeerEnvironment environment(int r, transport::PeerId id) {
     run::PeerEnvironment env;
     env.clock = &scheduler_;
@@ -376,6 +391,7 @@ class PeerCluster {
       return s;
     };
     env.alive = [this, r](std::int64_t next) { return alive(r, next) && !killed_[static_cast<std::size_t>(r)]; };
+    if (r == config_.sim.crash_worker && config_.sim.crash_mid_round > 0) env.crash = [this, r] { crash_mid_round(r); };
     env.snapshot_store = stores_[static_cast<std::size_t>(r)];
     if (auto spec = network_spec(config_); spec.ok() && static_cast<std::size_t>(r) < spec->nodes.size()) {
       const double goodput = spec->nodes[static_cast<std::size_t>(r)].link.goodput_bytes_per_s();
@@ -419,6 +435,7 @@ class PeerCluster {
       plan.resumed_from = "worker " + std::to_string(r) + "'s last checkpoint";
     }
     killed_[static_cast<std::size_t>(r)] = false;
+    if (r == config_.sim.crash_worker && life == 0) plan.crash_mid_round = config_.sim.crash_mid_round;
     if (result_.started_s[static_cast<std::size_t>(r)] < 0) result_.started_s[static_cast<std::size_t>(r)] = seconds_now();
     plan_timed_failure(r);
     plan.stop = &killed_[static_cast<std::size_t>(r)];  // a killed newcomer stops where it looks next
@@ -430,6 +447,7 @@ class PeerCluster {
       if (out.ok()) {  // it finished before it saw it was killed
         add_life(result_.accounts[static_cast<std::size_t>(r)], out->account);
         result_.final_params[static_cast<std::size_t>(r)] = out->final_params;
+        result_.shared_digests[static_cast<std::size_t>(r)] = out->shared_digest;
       }
       return true;  // died: it restarts after its downtime
     }
@@ -449,6 +467,7 @@ class PeerCluster {
     }
     add_life(result_.accounts[static_cast<std::size_t>(r)], out->account);
     result_.final_params[static_cast<std::size_t>(r)] = out->final_params;
+    result_.shared_digests[static_cast<std::size_t>(r)] = out->shared_digest;
     compute_wall_ += out->account.step_wall_s + out->account.eval_wall_s;
     if (progress_) progress_(r, out->steps, config_.train.steps);
     return peer.crashed();

@@ -65,6 +65,7 @@ struct PeerArgs {
   double dead_after_s = 1.0;
   bool resume = false;
   std::int64_t crash_at_step = 0;  // 0: never
+  std::int64_t crash_mid_round = 0;  // 0: never
   double throttle = 1.0;           // > 1: every inner step takes this many times as long (a slower machine)
 };
 void add_peer_command(CLI::App& app, PeerArgs& args);

@@ -54,6 +54,11 @@ void add_peer_command(CLI::App& app, PeerArgs& args) {
                   "fault drill: the process dies abruptly before this step, as if killed (no goodbye, no summary), to rehearse "
                   "recovery; restart it with --resume")
       ->check(integer_in(1, std::int64_t{1} << 40));
+  cmd->add_option("--crash-mid-round", args.crash_mid_round,
+                  "fault drill: the process dies abruptly inside this outer round's all-reduce, once its own share of the average "
+                  "reached half the group and before the rest (some members then hold the round, others not); the members that "
+                  "missed it catch up, and every survivor goes on from the same state; restart it with --resume")
+      ->check(integer_in(1, std::int64_t{1} << 40));
   cmd->add_option("--throttle", args.throttle,
                   "drill for a slower machine: every inner step takes this many times as long as it does here (the peer idles the "
                   "rest after computing); with outer.round_budget = time this peer then runs only the steps that fit in the "
@@ -105,6 +110,7 @@ int run_peer_command(const PeerArgs& args) {
   req.out_dir = args.out;
   req.resume = args.resume;
   req.crash_at_step = args.crash_at_step;
+  req.crash_mid_round = args.crash_mid_round;
   req.throttle = args.throttle;
   req.dead_after = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(args.dead_after_s));
   req.wait_for = static_cast<std::size_t>(args.wait_for);

@@ -52,7 +52,8 @@ std::string network_text(const train::RunConfig& c) {
   if (c.sim.speed_spread > 0) s += fmt::format("; speeds spread log-normally (sigma {:g})", c.sim.speed_spread);
   if (c.outer.round_budget == "time") s += "; rounds on a time budget";
   if (c.sim.crash_worker >= 0) {
-    s += fmt::format("; worker {} crashes at step {}", c.sim.crash_worker, c.sim.crash_at_step);
+    s += c.sim.crash_mid_round > 0 ? fmt::format("; worker {} crashes inside round {}'s collective", c.sim.crash_worker, c.sim.crash_mid_round)
+                                   : fmt::format("; worker {} crashes at step {}", c.sim.crash_worker, c.sim.crash_at_step);
     if (c.sim.crash_restart_s >= 0) s += fmt::format(" and restarts {:g} s later from its last checkpoint", c.sim.crash_restart_s);
   }
   if (c.sim.join_worker >= 0) s += fmt::format("; worker {} joins after step {}", c.sim.join_worker, c.sim.join_at_step);

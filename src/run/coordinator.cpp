@@ -14,9 +14,9 @@ namespace {
 
 constexpr const char* kTopic = "gossamer.round";
 // 3: READY to the leader, GROUP to each peer as a change from the one it holds. 4: varints, and link
-// addresses in gossip's compact form.
-constexpr std::uint8_t kVersion = 4;
-enum class Kind : std::uint8_t { kReady = 1, kGroup = 2, kIntent = 3, kAt = 4, kAbandon = 5 };
+// addresses in gossip's compact form. 5: rounds committed all-or-nothing (DONE, COMMIT, a GROUP's prior).
+constexpr std::uint8_t kVersion = 5;
+enum class Kind : std::uint8_t { kReady = 1, kGroup = 2, kIntent = 3, kAt = 4, kAbandon = 5, kDone = 6, kCommit = 7 };
 constexpr std::uint8_t kPassedOn = 1, kToEveryone = 2;  // READY and INTENT flags
 constexpr std::uint8_t kWhole = 0, kChange = 1;         // GROUP forms
 constexpr std::size_t kMaxMembers = 4096;
@@ -137,6 +137,126 @@ bool Coordinator::superseded_locked(std::int64_t round, std::uint64_t epoch) con
   return false;
 }
 
+bool Coordinator::abandoned(std::int64_t round, std::uint64_t epoch) const {
+  std::lock_guard lock(mu_);
+  return abandoned_locked(round, epoch);
+}
+
+bool Coordinator::abandoned_locked(std::int64_t round, std::uint64_t epoch) const {
+  if (auto g = groups_.find(round); g != groups_.end() && g->second.epoch > epoch) return true;
+  auto a = abandoned_.find(round);
+  return a != abandoned_.end() && a->second >= epoch;
+}
+
+bool Coordinator::went_through(std::int64_t round, std::uint64_t epoch) const {
+  std::lock_guard lock(mu_);
+  auto c = committed_.find(round);
+  return c != committed_.end() && c->second.first == epoch;
+}
+
+void Coordinator::applied(std::int64_t round, std::uint64_t epoch) {
+  if (epoch == 0) return;
+  std::vector<Outgoing> out;
+  {
+    std::lock_guard lock(mu_);
+    applied_[round] = epoch;
+    if (!options_.commit_rounds) return;
+    done_[round][epoch].insert(gossip_.self());
+    Writer w = start_message(Kind::kDone, round);
+    w.uvar(epoch);
+    const Bytes m = std::move(w).take();
+    for (transport::PeerId id : deciders_locked(epoch)) {
+      if (id != gossip_.self()) out.push_back(Outgoing{id, m});
+    }
+    decide_locked(round, epoch, out);
+  }
+  send(std::move(out));
+}
+
+std::vector<transport::PeerId> Coordinator::deciders_locked(std::uint64_t epoch) const {
+  std::vector<transport::PeerId> line;
+  auto members = known_.find(epoch);
+  if (members == known_.end()) return line;
+  const std::set<transport::PeerId>& alive = live_locked();
+  for (const auto& m : members->second) {  // sorted by id
+    if (alive.count(m.id) == 1) line.push_back(m.id);
+    if (line.size() == kInLine) break;
+  }
+  return line;
+}
+
+Bytes Coordinator::commit_message_locked(std::int64_t round, std::uint64_t epoch, const std::set<transport::PeerId>& left) const {
+  Writer w = start_message(Kind::kCommit, round);
+  w.uvar(epoch);
+  w.uvar(left.size());
+  for (transport::PeerId id : left) w.u64(id.value);
+  return std::move(w).take();
+}
+
+void Coordinator::decide_locked(std::int64_t round, std::uint64_t epoch, std::vector<Outgoing>& out) {
+  if (!options_.commit_rounds) return;
+  auto doubted = doubted_.find(round);
+  if (doubted == doubted_.end() || doubted->second.count(epoch) == 0) return;  // nobody retries it
+  if (abandoned_locked(round, epoch)) return;
+  if (auto c = committed_.find(round); c != committed_.end() && c->second.first >= epoch) return;
+  const transport::PeerId self = gossip_.self();
+  const std::vector<transport::PeerId> deciders = deciders_locked(epoch);
+  if (deciders.empty() || deciders.front() != self) return;
+  // Every live member of the attempt's group has said it applied it or asks to retry it, or the
+  // decider's grace is over (a DONE lost on the way, or a member that hangs).
+  const std::vector<MemberInfo>& members = known_.at(epoch);
+  const std::set<transport::PeerId>& alive = live_locked();
+  const std::set<transport::PeerId>& done = done_[round][epoch];
+  std::set<transport::PeerId> retried;
+  for (const auto& [id, ready] : ready_[round]) {
+    if (ready.after_epoch >= epoch) retried.insert(id);
+  }
+  const bool all_said = std::all_of(members.begin(), members.end(), [&](const MemberInfo& m) {
+    return alive.count(m.id) == 0 || done.count(m.id) == 1 || retried.count(m.id) == 1;
+  });
+  if (!all_said && clock_.now() < doubted->second.at(epoch) + grace()) return;
+  if (!done.empty()) {
+    std::set<transport::PeerId> left;
+    for (const auto& m : members) {
+      if (retried.count(m.id) == 1 && done.count(m.id) == 0) left.insert(m.id);
+    }
+    ++stats_.committed;
+    spdlog::info("round {}: the attempt over epoch {} went through for {} member(s): the {} that retried it are left out and catch up", round,
+                 epoch, done.size(), left.size());
+    out.push_back(Outgoing{std::nullopt, commit_message_locked(round, epoch, left)});
+    if (last_ && last_->epoch == epoch) out_.insert(left.begin(), left.end());
+    committed_[round] = {epoch, std::move(left)};
+    return;
+  }
+  ++stats_.abandoned;
+  spdlog::info("round {}: no member applied the attempt over epoch {}{}: it is retried", round, epoch,
+               all_said ? "" : " (as far as the members that answered in time say)");
+  abandoned_[round] = std::max(abandoned_[round], epoch);
+  Writer w = start_message(Kind::kAbandon, round);
+  w.uvar(epoch);
+  out.push_back(Outgoing{std::nullopt, std::move(w).take()});
+}
+
+bool Coordinator::on_commit_locked(transport::PeerId origin, std::int64_t round, Reader& r) {
+  const std::uint64_t epoch = r.uvar();
+  const std::uint64_t count = r.uvar();
+  if (r.ok() && (epoch == 0 || epoch >= kMaxEpoch)) r.fail(ErrorCode::kMalformed, "epoch " + std::to_string(epoch) + " out of range");
+  if (r.ok() && count > kMaxMembers) r.fail(ErrorCode::kMalformed, std::to_string(count) + " members left out");
+  std::set<transport::PeerId> left;
+  for (std::uint64_t i = 0; r.ok() && i < count; ++i) left.insert(transport::PeerId{r.u64()});
+  r.expect_end();
+  if (!r.ok()) {
+    drop_locked("a malformed COMMIT", origin, r.status().to_string());
+    return false;
+  }
+  auto& c = committed_[round];
+  if (c.first < epoch) c = {epoch, {}};
+  if (c.first != epoch) return true;  // (a later attempt of the round is decided already)
+  c.second.insert(left.begin(), left.end());
+  if (last_ && last_->epoch == epoch) out_.insert(left.begin(), left.end());
+  return true;
+}
+
 void Coordinator::stop() {
   {
     std::lock_guard lock(mu_);
@@ -178,13 +298,21 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
     taken = r.ok();
     if (taken) run_at_ = std::max(run_at_, round);
     else drop_locked("a malformed AT", origin, r.status().to_string());
-  } else if (kind == Kind::kAbandon) {
+  } else if (kind == Kind::kAbandon || kind == Kind::kDone) {
     const std::uint64_t epoch = r.uvar();
     r.expect_end();
     if (r.ok() && (epoch == 0 || epoch >= kMaxEpoch)) r.fail(ErrorCode::kMalformed, "epoch " + std::to_string(epoch) + " out of range");
     taken = r.ok();
-    if (taken) abandoned_[round] = std::max(abandoned_[round], epoch);
-    else drop_locked("a malformed ABANDON", origin, r.status().to_string());
+    if (!taken) {
+      drop_locked(kind == Kind::kDone ? "a malformed DONE" : "a malformed ABANDON", origin, r.status().to_string());
+    } else if (kind == Kind::kAbandon) {
+      abandoned_[round] = std::max(abandoned_[round], epoch);
+    } else {
+      done_[round][epoch].insert(origin);
+      decide_locked(round, epoch, out);
+    }
+  } else if (kind == Kind::kCommit) {
+    taken = on_commit_locked(origin, round, r);
   } else {
     drop_locked("a round message of unknown kind " + std::to_string(static_cast<int>(kind)), origin, "");
   }
@@ -233,7 +361,7 @@ std::vector<transport::PeerId> Coordinator::in_line_locked(const std::set<transp
   std::vector<transport::PeerId> line;
   if (last_) {
     for (const auto& m : last_->members) {  // sorted by id
-      if (alive.count(m.id) == 1) line.push_back(m.id);
+      if (alive.count(m.id) == 1 && out_.count(m.id) == 0) line.push_back(m.id);
       if (line.size() == kInLine) break;
     }
     return line;
@@ -269,6 +397,7 @@ Bytes Coordinator::group_message_locked(const GroupView& g, std::uint64_t known)
   w.uvar(g.epoch);
   w.u64(g.leader.value);
   w.uvar(g.width);
+  w.uvar(g.prior);
   auto base = known == 0 ? known_.end() : known_.find(known);
   if (base == known_.end()) {
     w.u8(kWhole);
@@ -357,6 +486,8 @@ bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, 
   }
   auto& slot = ready_[round][id];
   if (!slot.heard || ready.after_epoch >= slot.after_epoch) slot = ready;
+  // The epochs in use, as far as its READY says: a group this peer leads never takes one again.
+  max_epoch_ = std::max({max_epoch_, ready.after_epoch, ready.known_epoch});
   // A peer still waiting for a group this peer holds (it may have missed it): it gets it now. A READY
   // to everyone is answered by the group's leader alone (or, with the leader gone, by the first in
   // line): every member holds the group, and a thousand answers would follow one question.
@@ -370,9 +501,24 @@ bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, 
   if (answers_it) answer_locked(id, round, ready, out);
   // Not in line for it in this peer's view (the sender's view differs, or it is a newcomer that knows
   // only a few members): passed on, once, to the leader and fallback this peer sees.
-  // A retry reaching the leader (first in line): everyone hears once that the epoch is abandoned
-  // (a member whose collective went through must not go on with a state the others do not share).
-  if (ready.after_epoch > 0) {
+  // A retry. All-or-nothing rounds: the attempt is decided once (decide_locked), and a retry of one
+  // that went through is told so. Otherwise, reaching the leader (first in line): everyone hears once
+  // that the epoch is abandoned (a member whose collective went through must not go on with a state
+  // the others do not share).
+  if (ready.after_epoch > 0 && options_.commit_rounds) {
+    doubted_[round].try_emplace(ready.after_epoch, ready.at);
+    decide_locked(round, ready.after_epoch, out);
+    if (auto c = committed_.find(round); c != committed_.end() && c->second.first == ready.after_epoch && id != gossip_.self()) {
+      const std::vector<transport::PeerId> deciders = deciders_locked(ready.after_epoch);
+      const bool decides = !deciders.empty() && deciders.front() == gossip_.self();
+      if (decides && c->second.second.insert(id).second) {
+        // Left out after the decision went out: everyone hears of it (nobody waits for it next round).
+        out.push_back(Outgoing{std::nullopt, commit_message_locked(round, c->second.first, {id})});
+      } else {
+        out.push_back(Outgoing{id, commit_message_locked(round, c->second.first, c->second.second)});
+      }
+    }
+  } else if (ready.after_epoch > 0) {
     const std::vector<transport::PeerId> line = in_line_locked();
     if (!line.empty() && line.front() == gossip_.self() && abandoned_[round] < ready.after_epoch) {
       abandoned_[round] = ready.after_epoch;
@@ -413,6 +559,7 @@ bool Coordinator::on_group_locked(transport::PeerId origin, std::int64_t round, 
   g.epoch = r.uvar();
   g.leader = transport::PeerId{r.u64()};
   g.width = static_cast<std::uint32_t>(r.uvar(kMaxMembers));
+  g.prior = r.uvar(kMaxEpoch - 1);
   const std::uint8_t form = r.u8();
   if (r.ok() && (g.width == 1 || g.width > kMaxMembers)) r.fail(ErrorCode::kMalformed, "a layout of width " + std::to_string(g.width));
   // (An epoch near 2^64 would wrap the next one to 0, which no peer ever takes: every later round would stall.)
@@ -493,8 +640,13 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
   std::unique_lock lock(mu_);
   if (after_epoch > 0) ++stats_.retries;
   ready_[round][self] = Ready{after_epoch, step, last_ ? last_->epoch : 0, address_, ready_since, true};
+  if (after_epoch > 0 && options_.commit_rounds) doubted_[round].try_emplace(after_epoch, ready_since);
   // Rounds long past are of no use any more.
   ready_.erase(ready_.begin(), ready_.lower_bound(round - 2));
+  done_.erase(done_.begin(), done_.lower_bound(round - 2));
+  doubted_.erase(doubted_.begin(), doubted_.lower_bound(round - 2));
+  committed_.erase(committed_.begin(), committed_.lower_bound(round - 2));
+  applied_.erase(applied_.begin(), applied_.lower_bound(round - 2));
   groups_.erase(groups_.begin(), groups_.lower_bound(round - 2));
   intents_.erase(intents_.begin(), intents_.lower_bound(round - 2));
   abandoned_.erase(abandoned_.begin(), abandoned_.lower_bound(round - 2));
@@ -523,7 +675,7 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
     send(std::move(out));
     lock.lock();
   };
-  if (after_epoch > 0) {  // the leader retrying: it tells everyone itself that the epoch is abandoned
+  if (after_epoch > 0 && !options_.commit_rounds) {  // the leader retrying: it tells everyone itself that the epoch is abandoned
     const std::vector<transport::PeerId> line = in_line_locked();
     if (!line.empty() && line.front() == self && abandoned_[round] < after_epoch) {
       abandoned_[round] = after_epoch;
@@ -542,6 +694,30 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
   int repeats_past_grace = 0;
   for (;;) {
     if (stopping_) return error(ErrorCode::kAborted, "this peer is leaving the run");
+    if (after_epoch > 0 && options_.commit_rounds) {
+      // The attempt is decided (by this peer, when it decides it): it went through for the others,
+      // or it is abandoned and a new group follows.
+      std::vector<Outgoing> out;
+      decide_locked(round, after_epoch, out);
+      if (!out.empty()) {
+        lock.unlock();
+        send(std::move(out));
+        lock.lock();
+        continue;
+      }
+      if (auto c = committed_.find(round); c != committed_.end() && c->second.first == after_epoch) {
+        ++stats_.missed_commits;
+        // It is out of its last group, as the others see it: it neither leads nor is waited for; its
+        // READYs and INTENTs go to those who lead the members now.
+        if (last_ && last_->epoch == after_epoch) {
+          out_ = c->second.second;
+          out_.insert(self);
+        }
+        return error(ErrorCode::kAborted, "round " + std::to_string(round) + " went through for the other members (epoch " +
+                                              std::to_string(after_epoch) + ") while this peer's collective failed: it is left out and "
+                                              "catches up with their state");
+      }
+    }
     auto it = groups_.find(round);
     if (it != groups_.end() && it->second.epoch > after_epoch) {
       const GroupView g = it->second;
@@ -549,7 +725,17 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
         return error(ErrorCode::kAborted, "left out of round " + std::to_string(round) + " by leader " + g.leader.to_string() +
                                               (after_epoch > 0 ? " (this peer was not ready in time, or retries an earlier step than the others)" : " (this peer was not ready in time)"));
       }
+      // The group goes on from the state its leader applied the round before: a member that applied
+      // that round over another epoch (it went on after an attempt the others abandoned) catches up.
+      if (auto mine = applied_.find(round - 1); g.prior != 0 && mine != applied_.end() && mine->second != g.prior) {
+        last_ = g;
+        out_ = {self};
+        return error(ErrorCode::kAborted, "this peer applied round " + std::to_string(round - 1) + " over epoch " + std::to_string(mine->second) +
+                                              ", the group of round " + std::to_string(round) + " goes on from epoch " + std::to_string(g.prior) +
+                                              ": it catches up with the members' state");
+      }
       last_ = g;
+      out_.clear();
       contacts_.clear();
       return g;
     }

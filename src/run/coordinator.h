@@ -18,32 +18,52 @@
 // a new one, so nothing of a failed round can reach a later one. A peer may ask for a round's group
 // ahead of time (agree() from another thread) to take the agreement off its critical path. When a
 // collective over epoch e fails, the members call agree(k, e) again (READY with "after e" and the
-// step whose collective failed; the leader, at the first such READY, tells everyone once that e is
-// abandoned: a member whose collective went through must not go on alone); the leader announces a
-// group with a larger epoch, without the peers that are gone, and without those retrying an earlier
-// step than others (a crash that cut a collective short for some members only: the rest went on to
-// the next step; those behind are left out and catch up through a state transfer). If the leader
+// step whose collective failed), and the attempt is decided once, all-or-nothing (below). When it is
+// abandoned, the leader announces a group with a larger epoch, without the peers that are gone, and
+// without those retrying an earlier step than others (ddp: a crash that cut a step's averaging short
+// for some members only, the rest went on to the next step; those behind are left out and catch up
+// through a state transfer). If the leader
 // dies, its fallback, which has every READY too, takes over, since every peer runs the same rule. A
 // peer that gets a READY it is not in line for (the sender's view of the members differs, or the
 // sender is a newcomer that knows only a few members) passes it on once to its own leader and
 // fallback. READYs are repeated to the leader until a GROUP answers, and whoever holds the round's
 // group answers a READY with it: a lost message only delays. A peer still waiting when its grace is
-// over says READY to everyone. Per round a peer sends one READY (to two or three) and the leader one
-// GROUP per member: O(N) messages in all, not O(N^2); a failed round adds one ABANDON to everyone.
+// over says READY to everyone. Per round a peer sends one READY (to two or three) and one DONE (to
+// two), and the leader one GROUP per member: O(N) messages in all, not O(N^2); a failed round adds
+// one decision to everyone.
+//
+// All-or-nothing rounds (CoordinatorOptions::commit_rounds: every method but ddp). A crash in the
+// middle of an all-reduce can leave some members with the average and others without it (the dead
+// member's share of the mean reached only some). Every member that applied round k over epoch e says
+// DONE(k, e) to the group's first two live members (the decider and its fallback). The decider of an
+// attempt is the lowest live member of its group; once a member asks to retry it, the decider waits
+// until every live member has said DONE or asked to retry (or its grace has passed), and decides
+// once for everyone: COMMIT when any member applied the round (it went through: those who retried
+// are left out, named in the COMMIT, and catch up through a state transfer to the committed state,
+// while the rest go on without waiting), else ABANDON (nobody applied it: it is retried over a new
+// group). A later retry of a committed attempt is answered with the COMMIT. The next round's GROUP
+// names the epoch its leader applied the round before over, and a member that applied it over
+// another (it missed an ABANDON) catches up instead of going on with a state the others do not hold.
+// So a round's outer step is taken by every member of the group that goes on, or by none. ddp
+// (commit_rounds off) keeps the step rule above: the first retry abandons the epoch at once.
 //
 // Messages (topic "gossamer.round", direct or broadcast; little-endian through core/wire; varint:
-// LEB128; address: a link address in gossip's compact form, transport/member_table.h), version 4:
-//   version u8 | type u8 (1 READY, 2 GROUP, 3 INTENT, 4 AT, 5 ABANDON) | round varint
+// LEB128; address: a link address in gossip's compact form, transport/member_table.h), version 5:
+//   version u8 | type u8 (1 READY, 2 GROUP, 3 INTENT, 4 AT, 5 ABANDON, 6 DONE, 7 COMMIT) | round varint
 //   READY:  after_epoch varint | step varint (of the retried collective; 0 first time) | id u64 |
 //           known epoch varint (the last group it took part in; 0 none) | flags u8 (1 passed on,
 //           2 sent to everyone) | link address
-//   GROUP:  epoch varint | leader u64 | width varint (the layout: 0 a full mesh) | form u8, then
+//   GROUP:  epoch varint | leader u64 | width varint (the layout: 0 a full mesh) | prior varint (the
+//           epoch its leader applied round-1 over; 0 none) | form u8, then
 //           form 0 (whole): count varint | count x (id u64, link address)
 //           form 1 (change): base epoch varint | count varint | check u64 (of the members it makes) |
 //                  removed varint x id u64 | added varint x (id u64, link address)
 //   INTENT: id u64 (a newcomer holding the state of round-1) | flags u8 (1 passed on)
 //   AT:     (nothing: the run is at `round`, past the one a READY asked about)
 //   ABANDON: epoch varint (the group of `round` over it failed and is retried; to everyone, once)
+//   DONE:   epoch varint (the sender applied `round` over it; to the decider and its fallback)
+//   COMMIT: epoch varint | count varint | count x id u64 (the attempt went through; the members
+//           named retried it and are left out; to everyone, and to each later retry)
 // A READY takes about 22 bytes (version 3: 67).
 // A message of another version or a malformed one is dropped, logged and counted (dropped()). A
 // change from a group this peer does not hold (or whose check fails) is not applied: the peer asks
@@ -88,6 +108,9 @@ struct GroupView {
   std::vector<MemberInfo> members;  // sorted by id
   // How the members link up for the collective (optim::grid_linked): 0, every one to every other.
   std::uint32_t width = 0;
+  // The epoch its leader applied the round before over (0: none, or not known): a member that applied
+  // that round over another holds a state the group does not share.
+  std::uint64_t prior = 0;
   int rank_of(transport::PeerId id) const;  // -1 when not a member
 };
 
@@ -103,6 +126,9 @@ struct CoordinatorOptions {
   // The layout of a group of so many members (GroupView::width), chosen by its leader; none: a full
   // mesh. A group with the same members and layout as the last keeps its epoch (and links).
   std::function<std::uint32_t(std::size_t members)> layout;
+  // Rounds are committed all-or-nothing (see the top of this file): members say applied(), and a
+  // retried attempt is decided COMMIT or ABANDON once. Off (ddp): the first retry abandons it.
+  bool commit_rounds = false;
 };
 
 struct CoordinatorStats {
@@ -112,6 +138,9 @@ struct CoordinatorStats {
   std::int64_t dropped = 0;           // malformed or foreign messages
   std::int64_t messages_sent = 0;     // READY, GROUP, INTENT and AT messages (a broadcast counts once)
   std::int64_t passed_on = 0;         // READYs and INTENTs passed on to this peer's leader
+  std::int64_t committed = 0;         // attempts this peer decided went through (COMMIT)
+  std::int64_t abandoned = 0;         // attempts this peer decided nobody applied (ABANDON)
+  std::int64_t missed_commits = 0;    // attempts that went through for the others but not here
 };
 
 class Coordinator : public std::enable_shared_from_this<Coordinator> {
@@ -137,6 +166,15 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // True when the group of `round` over `epoch` is abandoned: a later group for the round is out,
   // or some member is ready to retry after that epoch (its collective or its links failed).
   bool superseded(std::int64_t round, std::uint64_t epoch) const;
+  // True when the attempt (round, epoch) was decided abandoned, or a later group for the round is
+  // out: a member that applied it holds a state the others do not, and catches up.
+  bool abandoned(std::int64_t round, std::uint64_t epoch) const;
+  // This peer applied the collective of `round` over `epoch` (commit_rounds): DONE to the attempt's
+  // decider and fallback, and the decision when this peer decides it and a retry is waiting.
+  void applied(std::int64_t round, std::uint64_t epoch);
+  // True when the attempt (round, epoch) went through for the other members (COMMIT): a member whose
+  // collective failed there is left out, its contribution in the average the others applied.
+  bool went_through(std::int64_t round, std::uint64_t epoch) const;
   // Members of the run a newcomer knows (those it took the state from): until it takes part in a
   // group, its READYs and INTENTs go to them, and they pass them on to their leader.
   void join_through(std::vector<transport::PeerId> members);
@@ -193,7 +231,14 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // The group, to every peer ready for this attempt (under mu_).
   void announce_locked(const GroupView& g, std::uint64_t after_epoch, std::vector<Outgoing>& out);
   bool superseded_locked(std::int64_t round, std::uint64_t epoch) const;
+  bool abandoned_locked(std::int64_t round, std::uint64_t epoch) const;
   Nanos grace() const;  // the straggler grace now (under mu_)
+  // All-or-nothing rounds (under mu_): the first two live members of the group of `epoch` (its
+  // decider first), and the decision on a retried attempt when this peer is its decider and it is due.
+  std::vector<transport::PeerId> deciders_locked(std::uint64_t epoch) const;
+  void decide_locked(std::int64_t round, std::uint64_t epoch, std::vector<Outgoing>& out);
+  Bytes commit_message_locked(std::int64_t round, std::uint64_t epoch, const std::set<transport::PeerId>& left) const;
+  bool on_commit_locked(transport::PeerId origin, std::int64_t round, Reader& r);
 
   static constexpr std::size_t kKnownGroups = 8;  // groups held by epoch, to read changes from
 
@@ -211,9 +256,17 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   std::map<std::uint64_t, std::vector<MemberInfo>> known_;  // epoch -> members, the newest few
   std::vector<transport::PeerId> contacts_;                 // join_through()
   std::optional<GroupView> last_;                                      // the last group this peer took part in
+  std::set<transport::PeerId> out_;  // members of last_ a COMMIT left out (no longer in line, led or waited for)
   std::uint64_t max_epoch_ = 0;                                        // the largest epoch seen
   std::int64_t run_at_ = -1;                                           // the furthest round an AT named
   std::map<std::int64_t, std::uint64_t> abandoned_;                    // round -> the latest epoch a retry abandoned
+  // All-or-nothing rounds: round -> epoch -> who said they applied it (this peer too); round -> epoch
+  // -> when this peer first heard it retried; round -> the attempt committed and whom it left out
+  // (as far as this peer knows); round -> the epoch this peer applied it over.
+  std::map<std::int64_t, std::map<std::uint64_t, std::set<transport::PeerId>>> done_;
+  std::map<std::int64_t, std::map<std::uint64_t, Nanos>> doubted_;
+  std::map<std::int64_t, std::pair<std::uint64_t, std::set<transport::PeerId>>> committed_;
+  std::map<std::int64_t, std::uint64_t> applied_;
   mutable std::set<transport::PeerId> live_;                           // live_locked()'s copy
   mutable std::optional<Nanos> live_at_;
   mutable std::uint64_t live_version_ = 0;

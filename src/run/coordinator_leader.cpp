@@ -41,9 +41,12 @@ transport::PeerId Coordinator::leader_locked(std::int64_t round, std::uint64_t a
   // count), the lowest among the peers ready for this attempt.
   transport::PeerId leader = gossip_.self();
   if (last_ && !grace_over) {
-    for (const auto& m : last_->members) {  // (sorted by id: the first live one below this peer leads)
-      if (!(m.id < leader)) break;
-      if (alive.count(m.id) == 1) {
+    // (Sorted by id: the first live one below this peer leads; any live one, when this peer is out
+    // of the group, left out of a round that went through without it.)
+    const bool out = out_.count(leader) == 1;
+    for (const auto& m : last_->members) {
+      if (!out && !(m.id < leader)) break;
+      if (alive.count(m.id) == 1 && out_.count(m.id) == 0) {
         leader = m.id;
         break;
       }
@@ -65,7 +68,7 @@ std::set<transport::PeerId> Coordinator::expected_locked(std::int64_t round, con
   std::set<transport::PeerId> expected;
   if (last_) {
     for (const auto& m : last_->members) {
-      if (alive.count(m.id) == 1) expected.insert(m.id);
+      if (alive.count(m.id) == 1 && out_.count(m.id) == 0) expected.insert(m.id);
     }
   } else {
     expected = alive;
@@ -109,10 +112,11 @@ GroupView Coordinator::make_group_locked(std::int64_t round, std::uint64_t after
   // it goes on under its epoch, so its links (and a collective still in flight over them) are kept.
   std::uint32_t width = options_.layout ? options_.layout(g.members.size()) : 0;
   if (width == 1) width = 0;
-  const bool unchanged = last_ && after_epoch == 0 && g.members == last_->members && last_->epoch == max_epoch_ &&
+  const bool unchanged = last_ && after_epoch == 0 && g.members == last_->members && last_->epoch == max_epoch_ && out_.empty() &&
                          !superseded_locked(last_->round, last_->epoch) && width == last_->width;
   g.epoch = unchanged ? last_->epoch : std::max(max_epoch_, after_epoch) + 1;
   g.width = width;
+  if (auto prior = applied_.find(round - 1); prior != applied_.end()) g.prior = prior->second;
   max_epoch_ = std::max(max_epoch_, g.epoch);
   ++stats_.groups_announced;
   for (transport::PeerId id : expected) {
@@ -139,6 +143,9 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
   // A newcomer, which knows no last group (nor the epochs in use), does not lead before the grace is over.
   if (!last_ && round > 0 && !grace_over) return std::nullopt;
   if (leader_locked(round, after_epoch, alive, grace_over) != self) return std::nullopt;
+  // All-or-nothing rounds: a retried attempt is regrouped only once it is decided abandoned (nobody
+  // applied it); one that went through leaves those retrying it out instead.
+  if (options_.commit_rounds && after_epoch > 0 && !abandoned_locked(round, after_epoch)) return std::nullopt;
   std::map<transport::PeerId, std::string> ready;  // ready for this attempt, and alive
   for (const auto& [id, r] : ready_[round]) {
     if (r.after_epoch >= after_epoch && alive.count(id) == 1) ready[id] = r.address;

@@ -145,6 +145,7 @@ Result<PeerPlan> plan_of(const PeerRequest& req, std::optional<train::RunFolder>
   plan.start_timeout = req.start_timeout;
   plan.stop = req.stop;
   plan.outbound_only = req.outbound_only;
+  plan.crash_mid_round = req.crash_mid_round;
   return plan;
 }
 
@@ -288,6 +289,15 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
       spdlog::warn("--crash-at-step {}: dying now, as if killed", at);
       spdlog::default_logger()->flush();
       std::_Exit(137);  // what a kill -9 leaves: no farewell, no summary, sockets reset by the kernel
+    };
+  }
+  if (req.crash_mid_round > 0) {
+    env.crash = [] {
+      // A moment for what it sent to reach the members it went to, as it would before a power cut.
+      real_clock().sleep_for(std::chrono::seconds(1));
+      spdlog::warn("--crash-mid-round: dying now, as if killed");
+      spdlog::default_logger()->flush();
+      std::_Exit(137);
     };
   }
   Peer peer(std::move(*plan), std::move(env));

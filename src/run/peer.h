@@ -64,6 +64,9 @@ struct PeerRequest {
   Nanos dead_after = std::chrono::seconds(1);
   // A fault drill: > 0, the process dies abruptly (std::_Exit, no goodbye) before this step.
   std::int64_t crash_at_step = 0;
+  // A fault drill: > 0, the process dies abruptly in this round's collective, once its own share of
+  // the average reached half the group (between the exchange and the commit).
+  std::int64_t crash_mid_round = 0;
   // A drill for a slower machine: > 1, every inner step takes this many times as long (the peer
   // sleeps the difference after computing it, and counts the whole as compute).
   double throttle = 1.0;
@@ -80,6 +83,10 @@ struct PeerOutcome {
   std::int64_t retries = 0;
   std::optional<double> final_val_loss;
   std::string params_digest;  // BLAKE2b-256 of the final parameters (hex)
+  // BLAKE2b-256 of the state the members share (outer weights and momentum: OuterOptimizer::
+  // save_shared; hex): the same at every member that finished with the run, whatever the method
+  // (Streaming DiLoCo's members' own parameters differ by design). Empty where the peer stopped early.
+  std::string shared_digest;
   bool finished = false;
   bool pipeline = false;  // a pipeline run (pipeline.enabled): steps are iterations, the digest is this node's stage
   train::WorkerAccount account;  // what the training loop counted

@@ -96,6 +96,11 @@ void PeerLinks::tap_means(std::shared_ptr<optim::MeanTap> tap) {
   tap_ = std::move(tap);
 }
 
+void PeerLinks::crash_drill(std::function<void()> drill) {
+  std::lock_guard lock(mu_);
+  drill_ = std::move(drill);
+}
+
 Result<std::shared_ptr<transport::Link>> PeerLinks::open(const MemberInfo& m, const std::optional<MemberInfo>& relay, std::uint64_t epoch,
                                                          Deadline deadline) {
   const transport::PeerId self = transport_.self();
@@ -280,6 +285,7 @@ Result<optim::Group> PeerLinks::group(const GroupView& view, Deadline deadline, 
   std::lock_guard lock(mu_);
   g.poison = poison_;
   g.mean_tap = tap_;
+  g.crash_drill = drill_;
   for (std::size_t j = 0; j < view.members.size(); ++j) {
     if (view.members[j].id == self || !optim::grid_linked(rank, static_cast<int>(j), g.size, g.width)) continue;
     auto it = links_.find({view.epoch, view.members[j].id});

@@ -74,6 +74,8 @@ class PeerLinks {
   // From now on, group() hands out groups whose all-reduces leave their means' bytes in `tap`
   // (optim/mean_tap.h) while it is on.
   void tap_means(std::shared_ptr<optim::MeanTap> tap);
+  // From now on, group() hands out groups with this fault drill (optim::Group::crash_drill).
+  void crash_drill(std::function<void()> drill);
 
  private:
   class Dialing;  // the links this peer makes for a group, dialed side by side
@@ -111,6 +113,7 @@ class PeerLinks {
   std::optional<transport::LinkProfile> shape_;
   std::optional<optim::Poison> poison_;
   std::shared_ptr<optim::MeanTap> tap_;
+  std::function<void()> drill_;
   std::uint64_t shaped_ = 0;  // seeds the shapers' loss draws
   std::unique_ptr<ClockThread> acceptor_;
 };

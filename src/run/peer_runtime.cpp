@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <utility>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -166,6 +167,13 @@ Status Peer::link_up() {
       [g = &gossip_](transport::PeerId id, const std::string& announced) { return reachable_address(*g, id, announced); }, clock_);
   if (plan_.poison) links_->poison(*plan_.poison);
   links_->tap_means(tap_);
+  if (plan_.crash_mid_round > 0 && env_.crash) {
+    links_->crash_drill([this] {
+      if (current_round_.load() != plan_.crash_mid_round || drilled_.exchange(true)) return;
+      spdlog::warn("crash drill: dying in round {}'s collective, this peer's share of the average sent to half the group", plan_.crash_mid_round);
+      env_.crash();
+    });
+  }
   if (plan_.shape) {
     links_->shape(*plan_.shape);
     spdlog::info("links shaped like '{}'", plan_.shape->name);
@@ -174,6 +182,7 @@ Status Peer::link_up() {
   co.min_members = spec_.wait_for;
   co.straggler_grace = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config_.train.round_timeout_s / 2));
   co.layout = [this](std::size_t members) { return layout_for(members); };
+  co.commit_rounds = !ddp_;  // (ddp's members that went on retry a later step: the step rule decides)
   check_reachable(opened_.announced, "links");
   if (outbound_only_ && ddp_ && config_.ddp.engine == "gloo") {
     return error(ErrorCode::kInvalidArgument, "ddp.engine = \"gloo\" needs every peer to accept connections (Gloo dials the other ranks "
@@ -310,6 +319,7 @@ void Peer::ask_ahead(std::int64_t step) {
 // The group of each round, agreed just before the step after which its collective launches; asked
 // again for the same step, it is a retry after a failed collective (of the round in effect).
 std::optional<optim::Group> Peer::regroup(std::int64_t step) {
+  if (stop_requested()) return std::nullopt;
   const bool retry = step == last_asked_;  // asked again for the same step: its collective failed
   last_asked_ = step;
   if (!retry && schedule_.ends_round(step - 1)) boundary(step - 1);
@@ -320,10 +330,11 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
     if (!due || *due <= agreed_round_) return std::nullopt;
     round = *due;
   }
-  if (!retry && epoch_ > 0 && coordinator_->superseded(agreed_round_, epoch_)) {
+  if (!retry && epoch_ > 0 && (ddp_ ? coordinator_->superseded(agreed_round_, epoch_) : coordinator_->abandoned(agreed_round_, epoch_))) {
     // The round before was agreed again without this peer after its collective went through here
-    // (a peer died mid-way: the others failed and retried it among themselves): its state is not
-    // theirs any more, so it catches up with them as a peer left out does.
+    // (a peer died mid-way and no member told the decider in time that it applied the round: the
+    // others retried it among themselves): its state is not theirs any more, so it catches up with
+    // them as a peer left out does.
     return left_out(round, error(ErrorCode::kAborted, "round " + std::to_string(agreed_round_) +
                                                           " went through here but was retried without this peer"));
   }
@@ -350,6 +361,8 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
     }
     if (!view.ok() && view.status().code() == ErrorCode::kAborted) {
       if (stop_requested()) return std::nullopt;
+      // A round that went through for the others took this peer's contribution in.
+      merged_when_left_ = failed > 0 && coordinator_->went_through(round, failed);
       return left_out(round, view.status());
     }
     if (!view.ok()) {
@@ -421,6 +434,10 @@ Result<train::WorkerAccount> Peer::rounds() {
     return true;
   };
   hooks.regroup = [&](std::int64_t step) { return regroup(step); };
+  hooks.applied = [&](std::int64_t) {
+    if (!ddp_) coordinator_->applied(agreed_round_, epoch_);
+  };
+  hooks.merged_when_left = [&] { return std::exchange(merged_when_left_, false); };
   hooks.state_traffic = [&] { return std::make_pair(server_->bytes_served(), state_received_); };
   hooks.gossip_traffic = [&] { return gossip_.bytes(); };
   hooks.membership_traffic = [&] { return gossip_.membership_bytes_sent(); };
@@ -484,6 +501,7 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
   out.finished = !stopped_ && worker_->steps_done() >= config_.train.steps;
   const at::Tensor flat = optim::flatten(worker_->model().parameters());
   out.params_digest = digest_of(bytes_of(flat)).hex();
+  if (out.finished) out.shared_digest = digest_of(setup_.outer->save_shared()).hex();
   if (out.finished && env_.evaluate) out.final_val_loss = final_val_ ? *final_val_ : setup_.outer->evaluate_outer([&] { return worker_->evaluate(); });
   out.account = account;
   out.final_params = flat;
@@ -494,11 +512,17 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
   summary["shards"] = world_;
   summary["finished"] = out.finished;
   summary["params_digest"] = out.params_digest;
+  if (!out.shared_digest.empty()) summary["shared_digest"] = out.shared_digest;
   summary["retries"] = cs.retries;
   summary["dead_after_s"] = std::chrono::duration<double>(plan_.dead_after).count();
   summary["groups_led"] = cs.groups_announced;
   summary["left_out_by_this_leader"] = cs.left_out;
   summary["solo_rounds"] = solo_rounds_;
+  // All-or-nothing rounds: retried attempts this peer decided went through or abandoned, and rounds
+  // that went through for the others while its collective failed (it caught up).
+  summary["rounds_committed_by_this_peer"] = cs.committed;
+  summary["rounds_abandoned_by_this_peer"] = cs.abandoned;
+  summary["rounds_missed"] = cs.missed_commits;
   // Tokens that reached the shared model over what this machine trains alone in its time in the loop.
   summary["goodput"] = train::goodput(account);
   summary["joins"] = joins_;

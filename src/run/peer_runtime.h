@@ -73,6 +73,10 @@ struct PeerPlan {
   const std::atomic<bool>* stop = nullptr;  // checked between steps and while waiting
   // This machine accepts no connections (behind NAT), known beforehand: no dial-back check.
   bool outbound_only = false;
+  // Fault drill (`gossamer peer --crash-mid-round`, sim.crash_mid_round): in this round's collective,
+  // once this peer's own share of the average reached half the group, it dies (PeerEnvironment::
+  // crash). 0: never.
+  std::int64_t crash_mid_round = 0;
 };
 
 // The links' transport of a run, opened once the spec (and so the run id) is known.
@@ -110,6 +114,9 @@ struct PeerEnvironment {
   // checkpoint); the environment has cut its links and gossip already. (A real peer's fault drill
   // ends its process inside the call.)
   std::function<bool(std::int64_t next)> alive;
+  // The fault drill's death (PeerPlan::crash_mid_round), called from inside a collective: a real
+  // peer's process ends there; a simulation cuts the node's links and gossip and stops the peer.
+  std::function<void()> crash;
   // The bandwidth of this peer's link (bytes/s) where the environment knows it (a simulation's access
   // link): serving newcomers takes at most join.serve_share of it. A real peer knows it from --shape.
   std::optional<double> link_bytes_per_s;
@@ -255,6 +262,10 @@ class Peer {
   std::unique_ptr<Pending> ahead_;
   std::int64_t last_checkpoint_ = 0;
   std::int64_t joins_ = 0, solo_rounds_ = 0;
+  // Left out of a round that went through for the others, this peer's contribution in it: what it
+  // computed reached the shared model (LoopHooks::merged_when_left).
+  bool merged_when_left_ = false;
+  std::atomic<bool> drilled_{false};  // the crash drill fired (PeerPlan::crash_mid_round)
   std::uint64_t state_received_ = 0;
   std::uint64_t requests_seen_ = 0;  // the state server's requests at the last boundary
   int idle_boundaries_ = 0;          // boundaries since a newcomer last asked for anything

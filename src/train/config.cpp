@@ -180,6 +180,7 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"sim.device_utilization", "device compute: fraction of peak reached (MFU)", [](RunConfig& c) -> double& { return c.sim.device_utilization; }, 0.0, 1.0, true},
       IntKey{"sim.crash_worker", "worker that crashes at sim.crash_at_step; -1: none", [](RunConfig& c) -> std::int64_t& { return c.sim.crash_worker; }, -1, 4095},
       IntKey{"sim.crash_at_step", "inner step at which sim.crash_worker crashes (the newcomer, sim.join_worker: when the run reaches it, wherever it is, e.g. mid-transfer)", [](RunConfig& c) -> std::int64_t& { return c.sim.crash_at_step; }, 0, 1LL << 40},
+      IntKey{"sim.crash_mid_round", "fault drill: sim.crash_worker dies inside this outer round's all-reduce (or all-gather), once its own share of the average reached half the group and before the rest (instead of at sim.crash_at_step); 0: off", [](RunConfig& c) -> std::int64_t& { return c.sim.crash_mid_round; }, 0, 1LL << 40},
       FloatKey{"sim.crash_restart_s", "virtual seconds after which sim.crash_worker restarts from its last checkpoint and catches up with the members; -1: it stays down", [](RunConfig& c) -> double& { return c.sim.crash_restart_s; }, -1.0, 1e9, false},
       IntKey{"sim.join_worker", "worker that joins late, at sim.join_at_step, fetching the training state from a member; -1: none", [](RunConfig& c) -> std::int64_t& { return c.sim.join_worker; }, -1, 4095},
       IntKey{"sim.join_at_step", "inner step from which sim.join_worker takes part (a round boundary joins cleanly)", [](RunConfig& c) -> std::int64_t& { return c.sim.join_at_step; }, 0, 1LL << 40},
@@ -455,6 +456,17 @@ Status validate(const RunConfig& c) {
   if ((c.sim.churn_rate > 0 || c.sim.churn_per_minute > 0) && c.sim.workers < 3) {
     return bad(std::string(c.sim.churn_rate > 0 ? "sim.churn_rate" : "sim.churn_per_minute") +
                " needs sim.workers >= 3: with fewer, a crash leaves no group to rejoin");
+  }
+  if (c.sim.crash_mid_round > 0) {
+    if (c.sim.crash_worker < 0 || c.sim.crash_worker == c.sim.join_worker || c.sim.crash_at_step > 0) {
+      return bad("sim.crash_mid_round needs sim.crash_worker to name a worker of the run from its start (not sim.join_worker), and "
+                 "sim.crash_at_step = 0: the worker dies in that round instead");
+    }
+    if (c.outer.method == "local" || c.outer.method == "noloco" || (c.outer.method == "ddp" && c.ddp.engine == "gloo")) {
+      return bad("sim.crash_mid_round needs a method whose round is Gossamer's all-reduce or all-gather (diloco, streaming_diloco, "
+                 "sparseloco, co2, or ddp with ddp.engine = links), not outer.method = " + c.outer.method +
+                 (c.outer.method == "ddp" ? " on Gloo" : ""));
+    }
   }
   if (c.sim.join_worker >= 0) {
     if (c.sim.join_worker >= c.sim.workers) {

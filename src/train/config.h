@@ -185,6 +185,7 @@ struct SimSection {
   double device_utilization = 0.4;
   std::int64_t crash_worker = -1;         // -1: nobody crashes
   std::int64_t crash_at_step = 0;
+  std::int64_t crash_mid_round = 0;       // > 0: sim.crash_worker dies inside this outer round's collective instead
   double crash_restart_s = -1.0;          // >= 0: it restarts this long after, from its last checkpoint
   std::int64_t join_worker = -1;          // -1: nobody joins late; else absent until sim.join_at_step
   std::int64_t join_at_step = 0;

@@ -232,9 +232,11 @@ class WorkerLoop {
       }
       const auto synced = outer_round(r.step);
       if (!synced) {  // left behind, as above
+        if (hooks_.merged_when_left && hooks_.merged_when_left()) acc_.merged_tokens += pending_tokens_;
         pending_tokens_ = 0;
         continue;
       }
+      if (synced->ok() && **synced && hooks_.applied) hooks_.applied(r.step);
       merge(r, *synced);
       if (budget_.enabled() && r.step == optim::kCalibrationStep) {
         budget_.observe(last_step_s_, outer_.fastest_step_seconds());  // the members' second steps, timed together

@@ -96,6 +96,12 @@ struct LoopHooks {
   // simulation). After a failed round whose group changed, the round is retried once over the new
   // group.
   std::function<std::optional<optim::Group>(std::int64_t step)> regroup;
+  // After a round's collective went through and its outer step was applied, at step `step`.
+  std::function<void(std::int64_t step)> applied;
+  // After this worker was left behind at a failed round (it took the members' state instead): true
+  // when that round went through for the others with this worker's contribution in their average, so
+  // what it computed since its last merge reached the shared model after all.
+  std::function<bool()> merged_when_left;
   // Bytes this worker sent to and received from newcomers moving training state so far (first:
   // sent, second: received); counted into bytes_sent and bytes_received.
   std::function<std::pair<std::uint64_t, std::uint64_t>()> state_traffic;

@@ -1,11 +1,11 @@
-// libFuzzer target: round messages (READY, GROUP, INTENT, AT, ABANDON; src/run/coordinator.h) from
+// libFuzzer target: round messages (READY, GROUP, INTENT, AT, ABANDON, DONE, COMMIT; src/run/coordinator.h) from
 // arbitrary bytes, delivered to a Coordinator on topic "gossamer.round". The input is a sequence of
 // records (records.h): the selector picks the origin (peers 1 to 4; this peer is 1), the payload is
 // the message. The coordinator first leads round 0's group of one, so it is a member when the junk
 // comes. After each message: it was ignored (this peer's own, echoed back), or dropped and counted
-// once, or its header was well-formed (version 4, a known kind, a round below 2^62, a READY naming its
-// origin unless passed on, an INTENT, an AT and an ABANDON of exactly their size, the ABANDON's epoch
-// superseded after it); a whole GROUP taken supersedes the epoch before its own; a message causes no
+// once, or its header was well-formed (version 5, a known kind, a round below 2^62, a READY naming its
+// origin unless passed on, an INTENT, an AT, an ABANDON, a DONE and a COMMIT of exactly their size,
+// the ABANDON's epoch superseded after it, a COMMIT's epoch gone through after it); a whole GROUP taken supersedes the epoch before its own; a message causes no
 // broadcast beyond one ABANDON (a retry reaching it as leader) and at most two direct messages (an
 // answer, or a READY or INTENT passed on to two). At the end the coordinator still agrees at once on
 // a round after all the junk, as the only member, with an epoch no smaller than that of any whole
@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -61,7 +62,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     for (const auto& [topic, payload] : peer.sent()) records.emplace_back(1, payload);  // selector 1: from peer 2
     const auto start = [](std::uint8_t kind, std::int64_t round) {
       Writer w;
-      w.u8(4);
+      w.u8(5);
       w.u8(kind);
       w.uvar(static_cast<std::uint64_t>(round));
       return w;
@@ -78,6 +79,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     whole.uvar(4);
     whole.u64(2);
     whole.uvar(0);
+    whole.uvar(0);
     whole.u8(0);
     whole.uvar(1);
     whole.u64(1);
@@ -87,6 +89,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     change.uvar(5);
     change.u64(2);
     change.uvar(0);
+    change.uvar(4);
     change.u8(1);
     change.uvar(4);
     change.uvar(2);
@@ -104,6 +107,14 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     Writer abandon = start(5, 7);
     abandon.uvar(3);
     records.emplace_back(1, abandon.bytes());
+    Writer done = start(6, 8);
+    done.uvar(3);
+    records.emplace_back(1, done.bytes());
+    Writer commit = start(7, 8);
+    commit.uvar(3);
+    commit.uvar(1);
+    commit.u64(4);
+    records.emplace_back(1, commit.bytes());
     fuzz::write_seed("round", fuzz::join_records(records));
   }
   return 0;
@@ -118,6 +129,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   std::int64_t last_round = 0;
   std::uint64_t largest_epoch = first->epoch;
+  std::map<std::uint64_t, std::uint64_t> committed;  // round -> the latest epoch a COMMIT named
   for (const auto& record : fuzz::split_records(data, size)) {
     const transport::PeerId origin{1u + record.selector % 4u};
     const ByteView m = record.payload;
@@ -139,7 +151,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (head && round >= static_cast<std::uint64_t>(kLastRoundChecked)) last_round = kLastRoundChecked;
     if (dropped_now != dropped) continue;
     // Taken: what it said must have been well-formed.
-    if (!head || version != 4) __builtin_trap();
+    if (!head || version != 5) __builtin_trap();
     if (kind == 1) {
       (void)r.uvar();  // after epoch
       (void)r.uvar();  // step
@@ -153,6 +165,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const std::uint64_t epoch = r.uvar();
       (void)r.u64();   // leader
       (void)r.uvar();  // width
+      (void)r.uvar();  // prior
       const std::uint8_t form = r.u8();
       if (!r.ok() || epoch == 0) __builtin_trap();
       if (form == 0) {
@@ -165,6 +178,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const std::uint64_t epoch = r.uvar();
       r.expect_end();
       if (!r.ok() || !coordinator->superseded(static_cast<std::int64_t>(round), epoch)) __builtin_trap();  // the epoch is abandoned
+    } else if (kind == 6) {
+      const std::uint64_t epoch = r.uvar();
+      r.expect_end();
+      if (!r.ok() || epoch == 0) __builtin_trap();
+    } else if (kind == 7) {
+      const std::uint64_t epoch = r.uvar();
+      const std::uint64_t count = r.uvar();
+      for (std::uint64_t i = 0; r.ok() && i < count; ++i) (void)r.u64();
+      r.expect_end();
+      if (!r.ok() || epoch == 0 || count > 4096) __builtin_trap();
+      // Gone through, unless a later attempt of the round was committed before it.
+      auto& latest = committed[round];
+      if (epoch >= latest && !coordinator->went_through(static_cast<std::int64_t>(round), epoch)) __builtin_trap();
+      latest = std::max(latest, epoch);
     } else if (kind == 3) {
       (void)r.u64();
       (void)r.u8();

@@ -162,8 +162,22 @@ TEST_CASE("round messages of another protocol version, or malformed, are dropped
   truncated.i64(0);
   truncated.u64(5);  // a GROUP cut short
   REQUIRE(b->broadcast("gossamer.round", truncated.bytes()).ok());
-  CHECK(eventually([&] { return ca->stats().dropped >= 2; }, 10s));
-  CHECK(ca->stats().dropped == 2);
+  Writer commit;  // a COMMIT of this version naming epoch 0, which no group has
+  commit.u8(5);
+  commit.u8(7);
+  commit.uvar(1);
+  commit.uvar(0);
+  commit.uvar(0);
+  REQUIRE(b->broadcast("gossamer.round", commit.bytes()).ok());
+  Writer done;  // a DONE with bytes after its end
+  done.u8(5);
+  done.u8(6);
+  done.uvar(1);
+  done.uvar(3);
+  done.u8(0);
+  REQUIRE(b->broadcast("gossamer.round", done.bytes()).ok());
+  CHECK(eventually([&] { return ca->stats().dropped >= 4; }, 10s));
+  CHECK(ca->stats().dropped == 4);
   // And the round protocol still works between them.
   std::vector<std::shared_ptr<Coordinator>> cs{ca, cb};
   auto start = agree_all(cs, 0);
@@ -207,4 +221,135 @@ TEST_CASE("the leader's grace adapts to the usual lag: a straggler far past it i
   auto late = cs[straggler]->agree(5, 0, in(5s));
   REQUIRE_FALSE(late.ok());
   CHECK(late.status().code() == ErrorCode::kAborted);
+}
+
+// All-or-nothing rounds (commit_rounds): a crash mid-collective leaves some members with the round
+// applied and others without it.
+namespace {
+
+// Each node sees the other two alive (who leads is read from that view).
+bool all_know(const Trio& t) {
+  for (const auto& n : t.nodes) {
+    int alive = 0;
+    for (const auto& m : n->members()) alive += m.state == transport::MemberState::kAlive ? 1 : 0;
+    if (alive < 2) return false;
+  }
+  return true;
+}
+
+Trio committing(Nanos grace) {
+  CoordinatorOptions o;
+  o.straggler_grace = grace;
+  o.commit_rounds = true;
+  Trio t = trio(o);
+  REQUIRE(eventually([&] { return all_know(t); }, 10s));
+  return t;
+}
+
+std::size_t index_of_lowest(const Trio& t) {
+  std::size_t low = 0;
+  for (std::size_t i = 1; i < t.nodes.size(); ++i) {
+    if (t.nodes[i]->self() < t.nodes[low]->self()) low = i;
+  }
+  return low;
+}
+
+}  // namespace
+
+TEST_CASE("a round that went through for some members is committed: those retrying it are left out, the rest go on at once") {
+  // The one that missed it is the decider itself (the lowest id), or another member.
+  for (bool decider_missed : {true, false}) {
+    CAPTURE(decider_missed);
+    Trio t = committing(20s);
+    auto start = agree_all(t.cs, 0);
+    for (auto& r : start) REQUIRE(r.ok());
+    const std::uint64_t e = start[0]->epoch;
+    const std::size_t low = index_of_lowest(t);
+    const std::size_t missed = decider_missed ? low : (low + 1) % 3;
+    std::vector<std::shared_ptr<Coordinator>> holders;
+    for (std::size_t i = 0; i < 3; ++i) {
+      if (i != missed) holders.push_back(t.cs[i]);
+    }
+    // Two applied round 1 over e; the third's collective failed and it asks to retry.
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& c : holders) c->applied(1, e);
+    auto retried = t.cs[missed]->agree(1, e, in(20s), 10);
+    REQUIRE_FALSE(retried.ok());
+    CHECK(retried.status().code() == ErrorCode::kAborted);
+    CHECK(retried.status().message().find("went through for the other members") != std::string::npos);
+    CHECK(t.cs[missed]->went_through(1, e));
+    CHECK(t.cs[missed]->stats().missed_commits == 1);
+    std::int64_t commits = 0;
+    for (auto& c : t.cs) commits += c->stats().committed;
+    CHECK(commits == 1);
+    // The holders keep it: nothing abandoned, and the next round is theirs, without waiting out a
+    // grace for the one left out (it is alive, catching up).
+    for (auto& c : holders) CHECK_FALSE(c->abandoned(1, e));
+    auto next = agree_all(holders, 2);
+    for (auto& r : next) {
+      REQUIRE(r.ok());
+      CHECK(r->members.size() == 2);
+      CHECK(r->rank_of(t.nodes[missed]->self()) == -1);
+      CHECK(r->epoch > e);
+      CHECK(r->prior == e);
+    }
+    CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  }
+}
+
+TEST_CASE("an attempt no member applied is abandoned once every member asks to retry it, and retried over a new group") {
+  Trio t = committing(20s);
+  auto start = agree_all(t.cs, 0);
+  for (auto& r : start) REQUIRE(r.ok());
+  const std::uint64_t e = start[0]->epoch;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto retry = agree_all(t.cs, 1, e);
+  for (auto& r : retry) {
+    REQUIRE(r.ok());
+    CHECK(r->epoch > e);
+    CHECK(r->members.size() == 3);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);  // decided when all three had asked, not at the grace
+  std::int64_t abandons = 0, commits = 0;
+  for (auto& c : t.cs) {
+    abandons += c->stats().abandoned;
+    commits += c->stats().committed;
+    CHECK(c->abandoned(1, e));
+    CHECK_FALSE(c->went_through(1, e));
+  }
+  CHECK(abandons == 1);
+  CHECK(commits == 0);
+}
+
+TEST_CASE("a member that applied an attempt the others abandoned catches up: the next group names the epoch its leader went on from") {
+  Trio t = committing(2s);
+  auto start = agree_all(t.cs, 0);
+  for (auto& r : start) REQUIRE(r.ok());
+  const std::uint64_t e = start[0]->epoch;
+  const std::size_t low = index_of_lowest(t), late = (low + 1) % 3, other = (low + 2) % 3;
+  // Two ask to retry round 1; the third says nothing (its DONE lost, say): after the decider's grace
+  // the attempt is abandoned and retried over the two.
+  std::vector<std::shared_ptr<Coordinator>> two{t.cs[low], t.cs[other]};
+  auto retry = agree_all(two, 1, e);
+  for (auto& r : retry) {
+    REQUIRE(r.ok());
+    CHECK(r->members.size() == 2);
+  }
+  const std::uint64_t e2 = retry[0]->epoch;
+  for (auto& c : two) c->applied(1, e2);
+  // The third went on from e, and is ready for round 2 before the others.
+  t.cs[late]->applied(1, e);
+  CHECK(eventually([&] { return t.cs[late]->abandoned(1, e); }, 10s));  // what a peer checks before its next round
+  auto late_view = std::async(std::launch::async, [&] { return t.cs[late]->agree(2, 0, in(20s)); });
+  std::this_thread::sleep_for(300ms);
+  auto next = agree_all(two, 2);
+  for (auto& r : next) {
+    REQUIRE(r.ok());
+    CHECK(r->prior == e2);
+  }
+  // Had it missed the ABANDON, the group still tells it: it holds another state and catches up.
+  auto mine = late_view.get();
+  REQUIRE_FALSE(mine.ok());
+  CHECK(mine.status().code() == ErrorCode::kAborted);
+  CHECK(mine.status().message().find("goes on from epoch " + std::to_string(e2)) != std::string::npos);
 }

@@ -115,10 +115,10 @@ class LocalTransport final : public transport::Transport {
 
 }  // namespace
 
-// Round messages of version 3, by the layout in coordinator.h.
+// Round messages of version 5, by the layout in coordinator.h.
 Writer round_message(std::uint8_t kind, std::int64_t round) {
   Writer w;
-  w.u8(4);
+  w.u8(5);
   w.u8(kind);
   w.uvar(static_cast<std::uint64_t>(round));
   return w;
@@ -136,6 +136,7 @@ Bytes whole_group(std::int64_t round, std::uint64_t epoch) {
   w.uvar(epoch);
   w.u64(1);
   w.uvar(0);
+  w.uvar(0);  // prior
   w.u8(0);
   w.uvar(2);
   for (std::uint64_t id : {1, 2}) {
@@ -155,7 +156,7 @@ Bytes ready_message(std::int64_t round, std::uint64_t after, std::uint64_t id, s
   return std::move(w).take();
 }
 
-TEST_CASE("mutated READY, GROUP, INTENT, AT and ABANDON messages are dropped and counted or taken, and the coordinator still agrees") {
+TEST_CASE("mutated READY, GROUP, INTENT, AT, ABANDON, DONE and COMMIT messages are dropped and counted or taken, and the coordinator still agrees") {
   // Valid messages: what a coordinator leading a group of one sends, and the other kinds by their layout.
   RecordingGossip a(1);
   auto ca = Coordinator::make(a, "192.0.2.1:7001", CoordinatorOptions{});
@@ -172,6 +173,7 @@ TEST_CASE("mutated READY, GROUP, INTENT, AT and ABANDON messages are dropped and
   change.uvar(5);
   change.u64(2);
   change.uvar(0);
+  change.uvar(4);  // prior
   change.u8(1);
   change.uvar(1);
   change.uvar(2);
@@ -189,9 +191,20 @@ TEST_CASE("mutated READY, GROUP, INTENT, AT and ABANDON messages are dropped and
   Writer abandon = round_message(5, 7);
   abandon.uvar(3);
   valid.push_back(abandon.bytes());
+  Writer done = round_message(6, 7);
+  done.uvar(3);
+  valid.push_back(done.bytes());
+  Writer commit = round_message(7, 7);
+  commit.uvar(3);
+  commit.uvar(2);
+  commit.u64(1);
+  commit.u64(5);
+  valid.push_back(commit.bytes());
 
   RecordingGossip b(2);
-  auto cb = Coordinator::make(b, "192.0.2.2:7001", CoordinatorOptions{});
+  CoordinatorOptions committing;
+  committing.commit_rounds = true;
+  auto cb = Coordinator::make(b, "192.0.2.2:7001", committing);
   REQUIRE(cb->agree(0, 0, Deadline::after(real_clock(), 5s)).ok());  // a member, not a newcomer
   std::mt19937_64 rng(4);
   const int n = 20000;

@@ -3,7 +3,7 @@
 # bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
 set -u
 G="$1"; shift
-SCENARIOS="${*:-four_peers throttled sim_agrees methods ddp_gloo kill_one kill_leader leave late_join co2_join restart crash_rejoin shaped shaped_join resumed_join wrong_run wrong_key noise flood}"
+SCENARIOS="${*:-four_peers throttled sim_agrees methods ddp_gloo kill_one crash_mid_round kill_leader leave late_join co2_join restart crash_rejoin shaped shaped_join resumed_join wrong_run wrong_key noise flood}"
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
 FAILED=0
@@ -176,6 +176,36 @@ kill_one() {
   awk -v a="$got" -v b="$ref" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d; exit !(d <= 0.02) }' ||
     fail "kill_one: final val loss $got is not within 2% of the fault-free run's $ref"
   echo "kill_one: 3 survivors finished with identical parameters ($(grep -h -o '"retries": [0-9]*' "$d/p0/summary.json")); val loss $got vs $ref fault-free"
+}
+
+# The commit drill: peer 3 dies inside round 2's all-reduce once its share of the average reached
+# half the group (--crash-mid-round), so some survivors hold the round and others do not. The round
+# is committed once: those holding it go on, the one without it catches up to their state, and the
+# survivors end with the same parameters and the same shared state.
+shared_digest() { sed -n 's/.*"shared_digest": "\([0-9a-f]*\)".*/\1/p' "$1/summary.json" 2>/dev/null; }
+crash_mid_round() {
+  local d=$WORK/midround
+  mkdir -p "$d"
+  start_first "$d/p0" 4; local a; a=$(address_of "$d/p0") || { fail "crash_mid_round: no address"; return; }
+  start_joiner "$d/p1" "$a"; start_joiner "$d/p2" "$a"; start_joiner "$d/p3" "$a" --crash-mid-round 2
+  wait
+  local i
+  for i in 0 1 2; do
+    [ -f "$d/p$i/summary.json" ] || { fail "crash_mid_round: survivor $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
+  done
+  [ -f "$d/p3/summary.json" ] && { fail "crash_mid_round: the drilled peer finished"; return; }
+  grep -q "crash drill: dying in round 2" "$d/p3.log" || { fail "crash_mid_round: the drill never fired"; tail -n 20 "$d/p3.log"; return; }
+  same_params crash_mid_round "$d"/p{0,1,2} || return
+  local s0; s0=$(shared_digest "$d/p0")
+  for i in 1 2; do [ -n "$s0" ] && [ "$(shared_digest "$d/p$i")" = "$s0" ] || { fail "crash_mid_round: peer $i's shared state differs from peer 0's"; return; }; done
+  local committed missed joined
+  committed=$(for i in 0 1 2; do json_num "$d/p$i" rounds_committed_by_this_peer; done | awk '{ s += $1 } END { print s + 0 }')
+  missed=$(for i in 0 1 2; do json_num "$d/p$i" rounds_missed; done | awk '{ s += $1 } END { print s + 0 }')
+  joined=$(for i in 0 1 2; do json_num "$d/p$i" joins; done | awk '$1 > 0 { n++ } END { print n + 0 }')
+  # Those that missed the round are the only ones that caught up; those holding it went on.
+  [ "$joined" = "$missed" ] || fail "crash_mid_round: $joined survivor(s) caught up, $missed missed the round"
+  [ "$committed" -ge 1 ] && [ "$missed" -ge 1 ] || fail "crash_mid_round: round 2 was not committed for some and missed by others ($committed commits, $missed missed)"
+  echo "crash_mid_round: round 2 went through for $((3 - missed)) survivor(s) and was missed by $missed, who caught up; identical parameters and shared state ($(digest "$d/p0"))"
 }
 
 # The leader dies: the peer on shard 0 has the lowest id, so it leads every round. The next lowest
