@@ -17,7 +17,7 @@ constexpr const char* kTopic = "gossamer.round";
 // addresses in gossip's compact form. 5: rounds committed all-or-nothing (DONE, COMMIT, a GROUP's prior).
 constexpr std::uint8_t kVersion = 5;
 enum class Kind : std::uint8_t { kReady = 1, kGroup = 2, kIntent = 3, kAt = 4, kAbandon = 5, kDone = 6, kCommit = 7 };
-constexpr std::uint8_t kPassedOn = 1, kToEveryone = 2;  // READY and INTENT flags
+constexpr std::uint8_t kPassedOn = 1, kToEveryone = 2, kUnlinked = 4;  // READY and INTENT flags (kUnlinked: READY only)
 constexpr std::uint8_t kWhole = 0, kChange = 1;         // GROUP forms
 constexpr std::size_t kMaxMembers = 4096;
 constexpr std::uint64_t kMaxRound = std::uint64_t{1} << 62;  // rounds and steps, far beyond any run
@@ -214,7 +214,11 @@ void Coordinator::decide_locked(std::int64_t round, std::uint64_t epoch, std::ve
   const bool all_said = std::all_of(members.begin(), members.end(), [&](const MemberInfo& m) {
     return alive.count(m.id) == 0 || done.count(m.id) == 1 || retried.count(m.id) == 1;
   });
-  if (!all_said && clock_.now() < doubted->second.at(epoch) + grace()) return;
+  // A member whose links for the attempt never came up never joined its collective: nobody can have
+  // applied it (every share of the average needs every member's contribution).
+  bool never_ran = false;
+  for (const auto& [id, ready] : ready_[round]) never_ran = never_ran || (ready.after_epoch == epoch && ready.unlinked);
+  if (!all_said && !(never_ran && done.empty()) && clock_.now() < doubted->second.at(epoch) + grace()) return;
   if (!done.empty()) {
     std::set<transport::PeerId> left;
     for (const auto& m : members) {
@@ -380,6 +384,9 @@ std::vector<transport::PeerId> Coordinator::in_line_locked(const std::set<transp
 }
 
 Bytes Coordinator::ready_message_locked(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, std::uint8_t flags) const {
+  if (auto mine = ready_.find(round); mine != ready_.end()) {
+    if (auto it = mine->second.find(gossip_.self()); it != mine->second.end() && it->second.unlinked) flags |= kUnlinked;
+  }
   return encode_ready(round, after_epoch, step, gossip_.self(), last_ ? last_->epoch : 0, flags, address_);
 }
 
@@ -478,7 +485,8 @@ bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, 
   ready.heard = true;
   r.expect_end();
   if (r.ok() && (ready.after_epoch >= kMaxEpoch || ready.known_epoch >= kMaxEpoch)) r.fail(ErrorCode::kMalformed, "epoch out of range");
-  if (r.ok() && (flags & ~(kPassedOn | kToEveryone)) != 0) r.fail(ErrorCode::kMalformed, "unknown flags " + std::to_string(flags));
+  if (r.ok() && (flags & ~(kPassedOn | kToEveryone | kUnlinked)) != 0) r.fail(ErrorCode::kMalformed, "unknown flags " + std::to_string(flags));
+  ready.unlinked = (flags & kUnlinked) != 0 && ready.after_epoch > 0;
   if (r.ok() && (id.value == 0 || id == gossip_.self())) r.fail(ErrorCode::kMalformed, "it names peer " + id.to_string());
   if (!r.ok() || ((flags & kPassedOn) == 0 && id != origin)) {
     drop_locked("a malformed READY", origin, r.ok() ? "it names another peer" : r.status().to_string());
@@ -528,7 +536,8 @@ bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, 
     }
   }
   if ((flags & (kPassedOn | kToEveryone)) == 0 && out.size() == answers) {
-    pass_on_locked(id, encode_ready(round, ready.after_epoch, ready.step, id, ready.known_epoch, kPassedOn, ready.address), out);
+    pass_on_locked(id, encode_ready(round, ready.after_epoch, ready.step, id, ready.known_epoch, kPassedOn | (ready.unlinked ? kUnlinked : 0), ready.address),
+                   out);
   }
   return true;
 }
@@ -622,7 +631,8 @@ bool Coordinator::on_group_locked(transport::PeerId origin, std::int64_t round, 
     const auto mine = ready_.find(round);
     if (mine != ready_.end()) {
       if (auto it = mine->second.find(gossip_.self()); it != mine->second.end()) {
-        out.push_back(Outgoing{origin, encode_ready(round, it->second.after_epoch, it->second.step, gossip_.self(), 0, 0, address_)});
+        out.push_back(Outgoing{origin, encode_ready(round, it->second.after_epoch, it->second.step, gossip_.self(), 0,
+                                                    it->second.unlinked ? kUnlinked : 0, address_)});
       }
     }
     return true;
@@ -634,12 +644,12 @@ bool Coordinator::on_group_locked(transport::PeerId origin, std::int64_t round, 
   return true;
 }
 
-Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline, std::int64_t step) {
+Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline, std::int64_t step, bool unlinked) {
   const transport::PeerId self = gossip_.self();
   const Nanos ready_since = clock_.now();
   std::unique_lock lock(mu_);
   if (after_epoch > 0) ++stats_.retries;
-  ready_[round][self] = Ready{after_epoch, step, last_ ? last_->epoch : 0, address_, ready_since, true};
+  ready_[round][self] = Ready{after_epoch, step, last_ ? last_->epoch : 0, address_, ready_since, true, unlinked && after_epoch > 0};
   if (after_epoch > 0 && options_.commit_rounds) doubted_[round].try_emplace(after_epoch, ready_since);
   // Rounds long past are of no use any more.
   ready_.erase(ready_.begin(), ready_.lower_bound(round - 2));

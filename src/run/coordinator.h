@@ -52,7 +52,7 @@
 //   version u8 | type u8 (1 READY, 2 GROUP, 3 INTENT, 4 AT, 5 ABANDON, 6 DONE, 7 COMMIT) | round varint
 //   READY:  after_epoch varint | step varint (of the retried collective; 0 first time) | id u64 |
 //           known epoch varint (the last group it took part in; 0 none) | flags u8 (1 passed on,
-//           2 sent to everyone) | link address
+//           2 sent to everyone, 4 its links for after_epoch never came up) | link address
 //   GROUP:  epoch varint | leader u64 | width varint (the layout: 0 a full mesh) | prior varint (the
 //           epoch its leader applied round-1 over; 0 none) | form u8, then
 //           form 0 (whole): count varint | count x (id u64, link address)
@@ -155,8 +155,11 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   Coordinator& operator=(const Coordinator&) = delete;
 
   // The group of round `round`. after_epoch: 0 for the first attempt, else the epoch whose
-  // collective failed (the answer then has a larger epoch), and `step` the step of that collective.
-  [[nodiscard]] Result<GroupView> agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline, std::int64_t step = 0);
+  // collective failed (the answer then has a larger epoch), and `step` the step of that collective;
+  // `unlinked`: its links never all came up here, so this peer never joined that collective (and
+  // nobody can have applied it: an all-or-nothing attempt is abandoned at once).
+  [[nodiscard]] Result<GroupView> agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline, std::int64_t step = 0,
+                                        bool unlinked = false);
   // A newcomer that holds the state of round-1 announces it will take part in `round`: the leader
   // then waits for it like for a member (INTENT: version | 3 | round | id u64).
   void intend(std::int64_t round);
@@ -190,6 +193,7 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
     std::string address;  // empty: this peer accepts no connections (behind NAT)
     Nanos at{0};  // on the coordinator's clock
     bool heard = false;
+    bool unlinked = false;  // a retry whose links never came up (it never joined the collective)
   };
   struct Outgoing {  // a message to send once the lock is released
     std::optional<transport::PeerId> to;  // nothing: to everyone

@@ -345,6 +345,7 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
   }
   const Deadline deadline = after(round_timeout_);
   std::uint64_t failed = retry ? epoch_ : 0;
+  bool unlinked = false;  // the failed epoch's links never came up here
   for (int attempt = 0; attempt < 3; ++attempt) {
     if (failed > 0) links_->close_through(failed);
     Result<GroupView> view = error(ErrorCode::kTimeout, "not asked");
@@ -353,11 +354,12 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
       ahead_.reset();
       if (view.ok() && view->epoch < epoch_) {
         failed = view->epoch;  // overtaken by a retry since: ask again after it
+        unlinked = true;
         continue;
       }
       if (!view.ok() && view.status().code() == ErrorCode::kTimeout) view = coordinator_->agree(round, 0, deadline);
     } else {
-      view = coordinator_->agree(round, failed, deadline, step);
+      view = coordinator_->agree(round, failed, deadline, step, unlinked);
     }
     if (!view.ok() && view.status().code() == ErrorCode::kAborted) {
       if (stop_requested()) return std::nullopt;
@@ -384,6 +386,7 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
       }
       spdlog::warn("round {}: a group of other members under epoch {} (a newer leader's mistake): asking again", round, epoch_);
       failed = view->epoch;
+      unlinked = true;
       continue;
     }
     if (!retry && failed == 0) {
@@ -405,6 +408,7 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
     }
     spdlog::warn("round {}: linking the group of epoch {} failed: {}", round, view->epoch, g.status().to_string());
     failed = view->epoch;
+    unlinked = true;
   }
   return std::nullopt;
 }

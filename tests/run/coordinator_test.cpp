@@ -353,3 +353,28 @@ TEST_CASE("a member that applied an attempt the others abandoned catches up: the
   CHECK(mine.status().code() == ErrorCode::kAborted);
   CHECK(mine.status().message().find("goes on from epoch " + std::to_string(e2)) != std::string::npos);
 }
+
+TEST_CASE("an attempt whose links never came up at one member is abandoned at once: nobody can have applied it") {
+  Trio t = committing(20s);
+  auto start = agree_all(t.cs, 0);
+  for (auto& r : start) REQUIRE(r.ok());
+  const std::uint64_t e = start[0]->epoch;
+  const auto t0 = std::chrono::steady_clock::now();
+  // Member 1 could not link up for round 1 over e (a peer refused it); the others still wait for
+  // their links. The decider abandons the attempt without waiting for them or its grace, and they
+  // learn it (their wait for links ends) and ask again.
+  auto first = std::async(std::launch::async, [&] { return t.cs[1]->agree(1, e, in(20s), 10, /*unlinked=*/true); });
+  for (std::size_t i : {0, 2}) CHECK(eventually([&] { return t.cs[i]->abandoned(1, e); }, 10s));
+  std::vector<std::future<Result<GroupView>>> rest;
+  for (std::size_t i : {0, 2}) rest.push_back(std::async(std::launch::async, [&, i] { return t.cs[i]->agree(1, e, in(20s), 10, true); }));
+  auto mine = first.get();
+  REQUIRE(mine.ok());
+  CHECK(mine->epoch > e);
+  CHECK(mine->members.size() == 3);
+  for (auto& f : rest) {
+    auto r = f.get();
+    REQUIRE(r.ok());
+    CHECK(r->epoch == mine->epoch);
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+}
