@@ -220,7 +220,17 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
     }
     break;
   }
-  if (!ddp_) worker_->move_to(at);  // (ddp's replayed steps moved it)
+  // The members are already some steps into the round after `at` (the donors said where): this peer
+  // starts there with them, leaving out the slots they computed before it arrived (as a member
+  // slower than the fastest does), or the whole group would wait at the round's end while it
+  // computed them. Never past the step before the next round's group is due. (ddp: its replayed
+  // steps moved it, to a round's end.)
+  std::int64_t start = at;
+  if (!ddp_) {
+    const std::int64_t due = schedule_.first_round_after(at) * schedule_.period - schedule_.lead;
+    if (config_.join.align) start = std::clamp(session_->donors_step(), at, std::max(at, due - 1));
+    worker_->move_to(start);
+  }
   const std::int64_t first = schedule_.first_round_after(at);
   agreed_round_ = first - 1;
   current_round_ = schedule_.rounds_over(at);
@@ -229,8 +239,9 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
   state_fetch_s_ = std::chrono::duration<double>(clock_.now() - join_started_).count();
   if (intended != first) coordinator_->intend(first);  // (a run near its end: the last round)
   spdlog::info("joined at round {} (step {}); taking part from round {} (caught up: {} update(s) replayed, the run went on {} round(s) while the "
-               "state came, {:.1f} s)",
-               snapshot_round_, at, first, replayed, join_rounds_behind_, state_fetch_s_);
+               "state came, {:.1f} s){}",
+               snapshot_round_, at, first, replayed, join_rounds_behind_, state_fetch_s_,
+               start > at ? fmt::format("; starting at step {} with the members", start) : std::string());
   return Status();
 }
 

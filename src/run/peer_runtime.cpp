@@ -161,6 +161,7 @@ Status Peer::link_up() {
   log_ = std::make_shared<UpdateLog>(config_.join.keep_rounds * std::max<std::int64_t>(outer_period, 1), static_cast<std::uint64_t>(config_.join.keep_mb * 1e6),
                                      tap_);
   server_ = std::make_unique<StateServer>(clock_, log_);
+  server_->set_progress([this] { return progress_.load(); });
   if (auto link = own_link_bytes_per_s()) server_->set_rate(*link * config_.join.serve_share);
   links_ = std::make_unique<PeerLinks>(
       *opened_.transport, [this](std::shared_ptr<transport::Link> l) { server_->serve(shape_state_link(std::move(l))); },
@@ -425,6 +426,7 @@ Result<train::WorkerAccount> Peer::rounds() {
   train::LoopHooks hooks;
   hooks.pace = env_.pace;
   hooks.keep_going = [&](std::int64_t next) {
+    progress_ = next - 1;
     if (!failure_.ok()) return false;
     if (env_.alive && !env_.alive(next)) {
       crashed_ = true;

@@ -216,6 +216,7 @@ class Peer {
   bool ddp_ = false;
   Nanos round_timeout_{0};
   std::atomic<std::int64_t> current_round_{-1};
+  std::atomic<std::int64_t> progress_{-1};  // inner steps done, as the state server tells newcomers (-1: not training)
   std::unique_ptr<SpecAnnouncer> announcer_;
 
   // link_up (declared so that they go in the right order: links and server before the transport)

@@ -18,8 +18,9 @@ namespace gossamer::run {
 namespace {
 
 using namespace std::chrono_literals;
-// 2: the shared state's parts have u64 lengths (rounds.h), snapshots may pass 8 GiB.
-constexpr std::uint8_t kVersion = 2;
+// 2: the shared state's parts have u64 lengths (rounds.h), snapshots may pass 8 GiB. 3: an index
+// answer ends with the donor's inner step.
+constexpr std::uint8_t kVersion = 3;
 constexpr std::uint8_t kAskManifest = 1, kAskChunk = 2, kAskUpdateManifest = 3, kAskUpdateChunk = 4, kAskIndex = 5;
 // A snapshot goes to a SnapshotStore (on disk for a real peer), so its bound is only a sanity check;
 // an update is held in memory.
@@ -214,6 +215,8 @@ double Pacer::waited_s() const {
 
 void StateServer::set_rate(double bytes_per_s) { pacer_.set_rate(bytes_per_s); }
 
+void StateServer::set_progress(std::function<std::int64_t()> steps_done) { progress_ = std::move(steps_done); }
+
 double StateServer::rate() const { return pacer_.rate(); }
 
 std::uint64_t StateServer::offered_bytes() const {
@@ -243,6 +246,7 @@ Bytes StateServer::answer_request(std::uint8_t kind, std::int64_t at, std::uint3
       w.u32(u.chunk_bytes);
       put_digest(w, u.whole);
     }
+    w.i64(progress_ ? progress_() : -1);
     return answer(std::move(w).take());
   }
   const bool update = kind == kAskUpdateManifest || kind == kAskUpdateChunk;
@@ -571,6 +575,7 @@ Result<std::vector<UpdateInfo>> StateFetch::updates_after(std::int64_t step, Dea
   std::map<std::int64_t, std::map<std::tuple<Digest, std::uint64_t, std::uint32_t>, std::vector<std::size_t>>> listed;
   bool covered = false;
   std::string why;
+  donors_step_ = -1;
   for (std::size_t i = 0; i < sources_.size(); ++i) {
     Source& src = *sources_[i];
     if (!src.alive) continue;
@@ -604,11 +609,14 @@ Result<std::vector<UpdateInfo>> StateFetch::updates_after(std::int64_t step, Dea
       }
       index.push_back(u);
     }
+    const std::int64_t donor_step = r.i64();
     r.expect_end();
+    if (r.ok() && (donor_step < -1 || donor_step > (std::int64_t{1} << 40))) r.fail(ErrorCode::kMalformed, "a step out of range");
     if (!r.ok()) {
       drop(i, r.status().to_string());
       continue;
     }
+    donors_step_ = std::max(donors_step_, donor_step);
     if (complete_after > step) {  // it no longer holds every update after `step`
       why = "donor " + src.name + " keeps updates after step " + std::to_string(complete_after) + " only";
       continue;

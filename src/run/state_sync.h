@@ -129,6 +129,9 @@ class StateServer {
   double rate() const;
   // The size of the newest snapshot offered (0: none).
   std::uint64_t offered_bytes() const;
+  // Where this donor's training is (its inner steps done), said in every answer to an update index:
+  // a newcomer caught up to the members' last round end learns how far into the next round they are.
+  void set_progress(std::function<std::int64_t()> steps_done);
   // Answers the requests that arrive on `link` until it closes.
   void serve(std::shared_ptr<transport::Link> link);
   std::uint64_t bytes_served() const { return served_.load(); }
@@ -148,6 +151,7 @@ class StateServer {
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> served_{0}, requests_{0};
   Pacer pacer_;
+  std::function<std::int64_t()> progress_;  // (set before serving)
 };
 
 struct Donor {
@@ -205,6 +209,9 @@ class StateFetch {
   // some step than the most others do are dropped. kOutOfRange when no donor's log reaches back to
   // `step` (the newcomer fell too far behind: a newer snapshot is needed).
   [[nodiscard]] Result<std::vector<UpdateInfo>> updates_after(std::int64_t step, Deadline deadline);
+  // The furthest inner step the donors that answered the last updates_after() said they are at (-1:
+  // none said). Untrusted: a newcomer uses it only within the round it is in.
+  std::int64_t donors_step() const { return donors_step_; }
   // Updates listed by updates_after(), in that order, fetched like the snapshot (the chunks of all of
   // them at once, a few requests in flight per donor) and each verified against its hash: the first
   // ones, as many as some donors hold in common and at most 2 GiB together (at least one, or an
@@ -252,6 +259,7 @@ class StateFetch {
   Pacer pacer_;
   const std::atomic<bool>* stop_ = nullptr;
   std::uint64_t update_limit_ = std::uint64_t{8} << 30;
+  std::int64_t donors_step_ = -1;
   std::atomic<bool> closing_{false};
   std::unique_ptr<ClockThread> keepalive_;
 };

@@ -138,6 +138,7 @@ struct JoinSection {
   std::int64_t keep_rounds = 16;  // rounds of updates a donor keeps after its snapshot for newcomers to catch up
   double keep_mb = 4096.0;        // at most this much memory for them (the oldest go first)
   double serve_share = 0.5;       // share of a donor's link serving may take, where its bandwidth is known
+  bool align = true;              // a newcomer starts at the members' step (false: at the round end its state is from)
 };
 
 // SkipPipe pipelines (docs/skippipe.md): the model cut into stages hosted by different nodes,

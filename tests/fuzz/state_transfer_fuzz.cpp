@@ -32,7 +32,7 @@ namespace {
 using namespace gossamer;
 using namespace std::chrono_literals;
 
-constexpr std::uint8_t kVersion = 2;
+constexpr std::uint8_t kVersion = 3;
 constexpr std::uint64_t kLargestFuzzedState = std::uint64_t{1} << 20;
 
 Bytes state_of(std::size_t n, unsigned seed) {

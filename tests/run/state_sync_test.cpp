@@ -201,10 +201,15 @@ TEST_CASE("catch-up: the updates donors keep after a snapshot are listed, fetche
   REQUIRE(got.ok());
   CHECK(((*got)[0] == small));
   CHECK(((*got)[1] == large));
-  // Nothing newer after the last.
+  // Nothing newer after the last; the donors say how far their training is (the furthest counts),
+  // and a donor that says nothing counts as not knowing.
+  CHECK((*session)->donors_step() == -1);
+  donors[0]->server->set_progress([] { return std::int64_t{63}; });
+  donors[1]->server->set_progress([] { return std::int64_t{65}; });
   auto none = (*session)->updates_after(60, in(30s));
   REQUIRE(none.ok());
   CHECK(none->empty());
+  CHECK((*session)->donors_step() == 65);
   std::uint64_t served = 0;
   for (auto& d : donors) served += d->server->bytes_served();
   CHECK(served == (*session)->bytes_received());

@@ -1,9 +1,14 @@
 // Rounds committed all-or-nothing (run/coordinator.h), in the simulator: a worker dies inside a
 // round's collective once its own share of the average reached half the group (sim.crash_mid_round),
 // so some members hold the round and others do not. Those holding it go on without catching up, the
-// one that missed it catches up to their state, and every survivor ends with the same weights.
+// one that missed it catches up to their state, and every survivor ends with the same weights. And
+// what keeps churn cheap for those who stay: a newcomer starts at the members' step, not at the
+// round end its state is from.
 #include <doctest/doctest.h>
 
+#include <optional>
+
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include "sim/cluster.h"
@@ -76,4 +81,29 @@ TEST_CASE("a crash between the exchange and the commit: the members holding the 
     const auto& missed = r.accounts[static_cast<std::size_t>(k.missed)];
     CHECK(missed.merged_tokens >= missed.computed_tokens - 5 * 4 * 16);
   }
+}
+
+TEST_CASE("a newcomer whose state arrives steps into a round starts there with the members: nobody waits at the round's end for it") {
+  // The newcomer's link is slow (10 Mbit/s): its state takes some steps to come, and the members go
+  // on meanwhile. It leaves out the slots they computed before it arrived, as a slower member does.
+  train::RunConfig c = testing::tiny_run("diloco", 4, 36);
+  c.diloco.inner_steps = 12;
+  c.sim.join_worker = 3;
+  c.sim.join_at_step = 13;
+  c.sim.slow_link_workers = 1;
+  const ClusterResult r = testing::simulate(c);
+  CHECK(r.accounts[3].steps == 36);
+  // Its first round: fewer steps computed than the round holds, none of them after the round's end.
+  std::optional<nlohmann::json> first;
+  for (const auto& rec : r.records) {
+    if (rec["worker"] == 3 && !first) first = rec;
+  }
+  REQUIRE(first.has_value());
+  CHECK((*first)["step"].get<int>() % 12 == 0);
+  const auto computed = (*first)["computed_steps"].get<std::int64_t>();
+  CHECK(computed > 0);
+  CHECK(computed < 12);
+  // The members did not wait for the steps it left out: what they waited in all is well below them.
+  for (int w = 0; w < 3; ++w) CHECK(r.accounts[static_cast<std::size_t>(w)].blocked_s < (12 - computed) * 0.05 + 1.0);
+  for (int w = 1; w < 4; ++w) CHECK(torch::equal(r.final_params[static_cast<std::size_t>(w)], r.final_params[0]));
 }
