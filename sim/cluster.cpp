@@ -334,13 +334,8 @@ class PeerCluster {
   void kill_newcomer() {
     bool expected = false;
     if (!newcomer_killed_.compare_exchange_strong(expected, true)) return;
-    const int r = joiner_;
-    downtime_[static_cast<std::size_t>(r)].reset();
-    if (config_.sim.crash_restart_s >= 0) downtime_[static_cast<std::size_t>(r)] = config_.sim.crash_restart_s;
-    spdlog::info("sim: newcomer {} is killed (the run reached step {}, t = {:.1f} s)", r, config_.sim.crash_at_step, seconds_now());
-    gossip_fabric_.crash(gossip_address(r));
-    net_.crash(r);
-    killed_[static_cast<std::size_t>(r)] = true;
+    spdlog::info("sim: newcomer {} is killed (the run reached step {}, t = {:.1f} s)", joiner_, config_.sim.crash_at_step, seconds_now());
+    kill(joiner_);
   }
 
   // The fault drill (sim.crash_mid_round): worker r dies inside a collective, a moment after its own
@@ -348,9 +343,15 @@ class PeerCluster {
   // then stops where it looks next.
   void crash_mid_round(int r) {
     scheduler_.sleep_for(std::chrono::seconds(1));
+    spdlog::info("sim: worker {} crashes inside round {}'s collective (t = {:.1f} s)", r, config_.sim.crash_mid_round, seconds_now());
+    kill(r);
+  }
+
+  // Worker r's process dies wherever it is (sim.crash_restart_s brings it back): its links and
+  // gossip are cut at once, and its peer stops at the next point it looks.
+  void kill(int r) {
     downtime_[static_cast<std::size_t>(r)].reset();
     if (config_.sim.crash_restart_s >= 0) downtime_[static_cast<std::size_t>(r)] = config_.sim.crash_restart_s;
-    spdlog::info("sim: worker {} crashes inside round {}'s collective (t = {:.1f} s)", r, config_.sim.crash_mid_round, seconds_now());
     gossip_fabric_.crash(gossip_address(r));
     net_.crash(r);
     killed_[static_cast<std::size_t>(r)] = true;

@@ -405,7 +405,9 @@ Bytes Coordinator::group_message_locked(const GroupView& g, std::uint64_t known)
   w.u64(g.leader.value);
   w.uvar(g.width);
   w.uvar(g.prior);
-  auto base = known == 0 ? known_.end() : known_.find(known);
+  // (A change only from an epoch up to the group's own: one from a later group, which a peer that
+  // went on holds while it asks about an earlier round, is refused by its reader.)
+  auto base = known == 0 || known > g.epoch ? known_.end() : known_.find(known);
   if (base == known_.end()) {
     w.u8(kWhole);
     w.uvar(g.members.size());
