@@ -6,60 +6,19 @@
 
 #include "core/hash.h"
 #include "core/wire.h"
+#include "run/coordinator_parts.h"
 #include "transport/endpoint.h"
 
 namespace gossamer::run {
 
 namespace {
 
+using namespace coordinator_parts;
+
 constexpr const char* kTopic = "gossamer.round";
-// 3: READY to the leader, GROUP to each peer as a change from the one it holds. 4: varints, and link
-// addresses in gossip's compact form. 5: rounds committed all-or-nothing (DONE, COMMIT, a GROUP's prior).
-constexpr std::uint8_t kVersion = 5;
-enum class Kind : std::uint8_t { kReady = 1, kGroup = 2, kIntent = 3, kAt = 4, kAbandon = 5, kDone = 6, kCommit = 7 };
-constexpr std::uint8_t kPassedOn = 1, kToEveryone = 2, kUnlinked = 4;  // READY and INTENT flags (kUnlinked: READY only)
-constexpr std::uint8_t kWhole = 0, kChange = 1;         // GROUP forms
-constexpr std::size_t kMaxMembers = 4096;
-constexpr std::uint64_t kMaxRound = std::uint64_t{1} << 62;  // rounds and steps, far beyond any run
-constexpr std::uint64_t kMaxEpoch = std::uint64_t{1} << 62;  // epochs grow by one per group change
 constexpr auto kPoll = std::chrono::milliseconds(20);
-constexpr std::size_t kInLine = 2;       // a READY goes to the leader and its fallback
 constexpr std::size_t kContacts = 3;     // a newcomer's, at most
 constexpr auto kLiveRefresh = std::chrono::milliseconds(50);  // gossip's view of who is live, copied at most this often
-
-// Every round message starts the same way.
-Writer start_message(Kind kind, std::int64_t round) {
-  Writer w;
-  w.u8(kVersion);
-  w.u8(static_cast<std::uint8_t>(kind));
-  w.uvar(static_cast<std::uint64_t>(round));
-  return w;
-}
-
-Bytes encode_ready(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, transport::PeerId id, std::uint64_t known_epoch,
-                   std::uint8_t flags, const std::string& address) {
-  Writer w = start_message(Kind::kReady, round);
-  w.uvar(after_epoch);
-  w.uvar(static_cast<std::uint64_t>(step));
-  w.u64(id.value);
-  w.uvar(known_epoch);
-  w.u8(flags);
-  transport::write_address(w, address);
-  return std::move(w).take();
-}
-
-// What a change's receiver checks the members it made against.
-std::uint64_t check_of(const std::vector<MemberInfo>& members) {
-  Writer w;
-  for (const auto& m : members) {
-    w.u64(m.id.value);
-    w.str(m.address);
-  }
-  const Digest d = digest_of(w.bytes());
-  std::uint64_t v = 0;
-  for (std::size_t i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(d.bytes[i]) << (8 * i);
-  return v;
-}
 
 std::set<transport::PeerId> live_ids(const transport::Gossip& gossip) {
   std::set<transport::PeerId> ids{gossip.self()};
@@ -127,138 +86,13 @@ bool Coordinator::superseded(std::int64_t round, std::uint64_t epoch) const {
 }
 
 bool Coordinator::superseded_locked(std::int64_t round, std::uint64_t epoch) const {
-  if (auto g = groups_.find(round); g != groups_.end() && g->second.epoch > epoch) return true;
-  if (auto a = abandoned_.find(round); a != abandoned_.end() && a->second >= epoch) return true;
+  if (abandoned_locked(round, epoch)) return true;
   if (auto r = ready_.find(round); r != ready_.end()) {
     for (const auto& [id, ready] : r->second) {
       if (ready.after_epoch >= epoch) return true;
     }
   }
   return false;
-}
-
-bool Coordinator::abandoned(std::int64_t round, std::uint64_t epoch) const {
-  std::lock_guard lock(mu_);
-  return abandoned_locked(round, epoch);
-}
-
-bool Coordinator::abandoned_locked(std::int64_t round, std::uint64_t epoch) const {
-  if (auto g = groups_.find(round); g != groups_.end() && g->second.epoch > epoch) return true;
-  auto a = abandoned_.find(round);
-  return a != abandoned_.end() && a->second >= epoch;
-}
-
-bool Coordinator::went_through(std::int64_t round, std::uint64_t epoch) const {
-  std::lock_guard lock(mu_);
-  auto c = committed_.find(round);
-  return c != committed_.end() && c->second.first == epoch;
-}
-
-void Coordinator::applied(std::int64_t round, std::uint64_t epoch) {
-  if (epoch == 0) return;
-  std::vector<Outgoing> out;
-  {
-    std::lock_guard lock(mu_);
-    applied_[round] = epoch;
-    if (!options_.commit_rounds) return;
-    done_[round][epoch].insert(gossip_.self());
-    Writer w = start_message(Kind::kDone, round);
-    w.uvar(epoch);
-    const Bytes m = std::move(w).take();
-    for (transport::PeerId id : deciders_locked(epoch)) {
-      if (id != gossip_.self()) out.push_back(Outgoing{id, m});
-    }
-    decide_locked(round, epoch, out);
-  }
-  send(std::move(out));
-}
-
-std::vector<transport::PeerId> Coordinator::deciders_locked(std::uint64_t epoch) const {
-  std::vector<transport::PeerId> line;
-  auto members = known_.find(epoch);
-  if (members == known_.end()) return line;
-  const std::set<transport::PeerId>& alive = live_locked();
-  for (const auto& m : members->second) {  // sorted by id
-    if (alive.count(m.id) == 1) line.push_back(m.id);
-    if (line.size() == kInLine) break;
-  }
-  return line;
-}
-
-Bytes Coordinator::commit_message_locked(std::int64_t round, std::uint64_t epoch, const std::set<transport::PeerId>& left) const {
-  Writer w = start_message(Kind::kCommit, round);
-  w.uvar(epoch);
-  w.uvar(left.size());
-  for (transport::PeerId id : left) w.u64(id.value);
-  return std::move(w).take();
-}
-
-void Coordinator::decide_locked(std::int64_t round, std::uint64_t epoch, std::vector<Outgoing>& out) {
-  if (!options_.commit_rounds) return;
-  auto doubted = doubted_.find(round);
-  if (doubted == doubted_.end() || doubted->second.count(epoch) == 0) return;  // nobody retries it
-  if (abandoned_locked(round, epoch)) return;
-  if (auto c = committed_.find(round); c != committed_.end() && c->second.first >= epoch) return;
-  const transport::PeerId self = gossip_.self();
-  const std::vector<transport::PeerId> deciders = deciders_locked(epoch);
-  if (deciders.empty() || deciders.front() != self) return;
-  // Every live member of the attempt's group has said it applied it or asks to retry it, or the
-  // decider's grace is over (a DONE lost on the way, or a member that hangs).
-  const std::vector<MemberInfo>& members = known_.at(epoch);
-  const std::set<transport::PeerId>& alive = live_locked();
-  const std::set<transport::PeerId>& done = done_[round][epoch];
-  std::set<transport::PeerId> retried;
-  for (const auto& [id, ready] : ready_[round]) {
-    if (ready.after_epoch >= epoch) retried.insert(id);
-  }
-  const bool all_said = std::all_of(members.begin(), members.end(), [&](const MemberInfo& m) {
-    return alive.count(m.id) == 0 || done.count(m.id) == 1 || retried.count(m.id) == 1;
-  });
-  // A member whose links for the attempt never came up never joined its collective: nobody can have
-  // applied it (every share of the average needs every member's contribution).
-  bool never_ran = false;
-  for (const auto& [id, ready] : ready_[round]) never_ran = never_ran || (ready.after_epoch == epoch && ready.unlinked);
-  if (!all_said && !(never_ran && done.empty()) && clock_.now() < doubted->second.at(epoch) + grace()) return;
-  if (!done.empty()) {
-    std::set<transport::PeerId> left;
-    for (const auto& m : members) {
-      if (retried.count(m.id) == 1 && done.count(m.id) == 0) left.insert(m.id);
-    }
-    ++stats_.committed;
-    spdlog::info("round {}: the attempt over epoch {} went through for {} member(s): the {} that retried it are left out and catch up", round,
-                 epoch, done.size(), left.size());
-    out.push_back(Outgoing{std::nullopt, commit_message_locked(round, epoch, left)});
-    if (last_ && last_->epoch == epoch) out_.insert(left.begin(), left.end());
-    committed_[round] = {epoch, std::move(left)};
-    return;
-  }
-  ++stats_.abandoned;
-  spdlog::info("round {}: no member applied the attempt over epoch {}{}: it is retried", round, epoch,
-               all_said ? "" : " (as far as the members that answered in time say)");
-  abandoned_[round] = std::max(abandoned_[round], epoch);
-  Writer w = start_message(Kind::kAbandon, round);
-  w.uvar(epoch);
-  out.push_back(Outgoing{std::nullopt, std::move(w).take()});
-}
-
-bool Coordinator::on_commit_locked(transport::PeerId origin, std::int64_t round, Reader& r) {
-  const std::uint64_t epoch = r.uvar();
-  const std::uint64_t count = r.uvar();
-  if (r.ok() && (epoch == 0 || epoch >= kMaxEpoch)) r.fail(ErrorCode::kMalformed, "epoch " + std::to_string(epoch) + " out of range");
-  if (r.ok() && count > kMaxMembers) r.fail(ErrorCode::kMalformed, std::to_string(count) + " members left out");
-  std::set<transport::PeerId> left;
-  for (std::uint64_t i = 0; r.ok() && i < count; ++i) left.insert(transport::PeerId{r.u64()});
-  r.expect_end();
-  if (!r.ok()) {
-    drop_locked("a malformed COMMIT", origin, r.status().to_string());
-    return false;
-  }
-  auto& c = committed_[round];
-  if (c.first < epoch) c = {epoch, {}};
-  if (c.first != epoch) return true;  // (a later attempt of the round is decided already)
-  c.second.insert(left.begin(), left.end());
-  if (last_ && last_->epoch == epoch) out_.insert(left.begin(), left.end());
-  return true;
 }
 
 void Coordinator::stop() {
@@ -399,57 +233,6 @@ void Coordinator::pass_on_locked(transport::PeerId id, const Bytes& message, std
   ++stats_.passed_on;
 }
 
-Bytes Coordinator::group_message_locked(const GroupView& g, std::uint64_t known) const {
-  Writer w = start_message(Kind::kGroup, g.round);
-  w.uvar(g.epoch);
-  w.u64(g.leader.value);
-  w.uvar(g.width);
-  w.uvar(g.prior);
-  // (A change only from an epoch up to the group's own: one from a later group, which a peer that
-  // went on holds while it asks about an earlier round, is refused by its reader.)
-  auto base = known == 0 || known > g.epoch ? known_.end() : known_.find(known);
-  if (base == known_.end()) {
-    w.u8(kWhole);
-    w.uvar(g.members.size());
-    for (const auto& m : g.members) {
-      w.u64(m.id.value);
-      transport::write_address(w, m.address);
-    }
-    return std::move(w).take();
-  }
-  std::vector<transport::PeerId> removed;
-  std::vector<MemberInfo> added;
-  const std::map<transport::PeerId, std::string> before = [&] {
-    std::map<transport::PeerId, std::string> b;
-    for (const auto& m : base->second) b[m.id] = m.address;
-    return b;
-  }();
-  std::set<transport::PeerId> now;
-  for (const auto& m : g.members) {
-    now.insert(m.id);
-    auto it = before.find(m.id);
-    if (it != before.end() && it->second == m.address) continue;
-    if (it != before.end()) removed.push_back(m.id);  // (a new address: out and in again)
-    added.push_back(m);
-  }
-  for (const auto& [id, address] : before) {
-    if (now.count(id) == 0) removed.push_back(id);
-  }
-  std::sort(removed.begin(), removed.end());
-  w.u8(kChange);
-  w.uvar(known);
-  w.uvar(g.members.size());
-  w.u64(check_of(g.members));
-  w.uvar(removed.size());
-  for (transport::PeerId id : removed) w.u64(id.value);
-  w.uvar(added.size());
-  for (const auto& m : added) {
-    w.u64(m.id.value);
-    transport::write_address(w, m.address);
-  }
-  return std::move(w).take();
-}
-
 void Coordinator::remember_locked(const GroupView& g) {
   known_[g.epoch] = g.members;
   while (known_.size() > kKnownGroups) known_.erase(known_.begin());
@@ -561,88 +344,6 @@ bool Coordinator::on_intent_locked(transport::PeerId origin, std::int64_t round,
     w.u8(kPassedOn);
     pass_on_locked(id, w.bytes(), out);
   }
-  return true;
-}
-
-bool Coordinator::on_group_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::vector<Outgoing>& out) {
-  GroupView g;
-  g.round = round;
-  g.epoch = r.uvar();
-  g.leader = transport::PeerId{r.u64()};
-  g.width = static_cast<std::uint32_t>(r.uvar(kMaxMembers));
-  g.prior = r.uvar(kMaxEpoch - 1);
-  const std::uint8_t form = r.u8();
-  if (r.ok() && (g.width == 1 || g.width > kMaxMembers)) r.fail(ErrorCode::kMalformed, "a layout of width " + std::to_string(g.width));
-  // (An epoch near 2^64 would wrap the next one to 0, which no peer ever takes: every later round would stall.)
-  if (r.ok() && (g.epoch == 0 || g.epoch >= kMaxEpoch)) r.fail(ErrorCode::kMalformed, "epoch " + std::to_string(g.epoch) + " out of range");
-  if (r.ok() && form != kWhole && form != kChange) r.fail(ErrorCode::kMalformed, "unknown group form " + std::to_string(form));
-  const auto read_member = [&] {
-    MemberInfo m;
-    m.id = transport::PeerId{r.u64()};
-    m.address = transport::read_address(r);
-    return m;
-  };
-  bool readable = true;  // a change from a group this peer holds, which checks out
-  if (r.ok() && form == kWhole) {
-    const std::uint64_t count = r.uvar();
-    if (r.ok() && (count == 0 || count > kMaxMembers)) r.fail(ErrorCode::kMalformed, "a group of " + std::to_string(count) + " members");
-    for (std::uint64_t i = 0; r.ok() && i < count; ++i) {
-      MemberInfo m = read_member();
-      if (r.ok() && i > 0 && !(g.members.back().id < m.id)) r.fail(ErrorCode::kMalformed, "members not sorted by id");
-      g.members.push_back(std::move(m));
-    }
-    r.expect_end();
-  } else if (r.ok()) {
-    const std::uint64_t base = r.uvar();
-    const std::uint64_t count = r.uvar();
-    const std::uint64_t check = r.u64();
-    if (r.ok() && (count == 0 || count > kMaxMembers)) r.fail(ErrorCode::kMalformed, "a group of " + std::to_string(count) + " members");
-    if (r.ok() && (base == 0 || base > g.epoch)) r.fail(ErrorCode::kMalformed, "a change from epoch " + std::to_string(base));
-    std::map<transport::PeerId, std::string> members;
-    auto held = known_.find(base);
-    readable = held != known_.end();
-    if (readable) {
-      for (const auto& m : held->second) members[m.id] = m.address;
-    }
-    const std::uint64_t removed = r.uvar();
-    if (r.ok() && removed > kMaxMembers) r.fail(ErrorCode::kMalformed, std::to_string(removed) + " members removed");
-    for (std::uint64_t i = 0; r.ok() && i < removed; ++i) {
-      const transport::PeerId id{r.u64()};
-      if (r.ok() && readable && members.erase(id) == 0) readable = false;
-    }
-    const std::uint64_t added = r.uvar();
-    if (r.ok() && added > kMaxMembers) r.fail(ErrorCode::kMalformed, std::to_string(added) + " members added");
-    for (std::uint64_t i = 0; r.ok() && i < added; ++i) {
-      MemberInfo m = read_member();
-      if (r.ok() && readable && !members.emplace(m.id, m.address).second) readable = false;
-    }
-    r.expect_end();
-    if (r.ok() && readable) {
-      for (auto& [id, address] : members) g.members.push_back(MemberInfo{id, std::move(address)});
-      readable = g.members.size() == count && check_of(g.members) == check;
-    }
-  }
-  // (Any peer holding the group may answer with it, so the origin need not be the leader.)
-  if (!r.ok()) {
-    drop_locked("a malformed GROUP", origin, r.status().to_string());
-    return false;
-  }
-  max_epoch_ = std::max(max_epoch_, g.epoch);
-  if (!readable) {
-    // A change from a group this peer does not hold: it asks the sender for the whole group.
-    const auto mine = ready_.find(round);
-    if (mine != ready_.end()) {
-      if (auto it = mine->second.find(gossip_.self()); it != mine->second.end()) {
-        out.push_back(Outgoing{origin, encode_ready(round, it->second.after_epoch, it->second.step, gossip_.self(), 0,
-                                                    it->second.unlinked ? kUnlinked : 0, address_)});
-      }
-    }
-    return true;
-  }
-  remember_locked(g);
-  auto& slot = groups_[round];
-  // Two leaders at once (views differ for a moment): the larger epoch wins, then the lower leader.
-  if (slot.members.empty() || g.epoch > slot.epoch || (g.epoch == slot.epoch && g.leader < slot.leader)) slot = std::move(g);
   return true;
 }
 
