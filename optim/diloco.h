@@ -10,7 +10,19 @@
 // the outer weights and momentum (fp32, flat). Threading: the training thread calls step() between
 // inner steps. Errors: a failed round (lost or slow peer) returns its Status and changes nothing:
 // the caller may retry it or skip it; skipped rounds are counted.
+//
+// Staleness (docs/methods.md, "Stale contributions"). `delay_rounds` d > 0 applies each round's mean
+// Delta d rounds later (a controlled delay, as asynchronous DiLoCo's pseudo-gradients arrive; the
+// first d rounds apply nothing), and `outer_step = kCGAD` replaces Nesterov SGD with Cosine-Gated
+// Adam-Decay (Shah and Sun 2026, arXiv 2605.09126): a Delta tau rounds old is scaled by the age gate
+// sigma(tau) (age_gate.h) before it enters Adam's moments,
+//   s = sigma(tau) Delta;  m <- b1 m + (1 - b1) s;  v <- b2 v + (1 - b2) s^2
+//   outer <- outer - lr m^ / (sqrt(v^) + eps)   (m^, v^ bias-corrected by the Adam steps taken)
+// which is plain Adam at tau = 0; nothing is applied from the gate's cutoff on.
 #pragma once
+
+#include <deque>
+#include <string_view>
 
 #include <cstdint>
 #include <utility>
@@ -21,6 +33,7 @@
 #include "core/bytes.h"
 #include "core/status.h"
 #include "optim/collectives.h"
+#include "optim/age_gate.h"
 #include "optim/flat_params.h"
 #include "optim/state_io.h"
 #include "optim/token_weights.h"
@@ -29,11 +42,23 @@
 
 namespace gossamer::optim {
 
+enum class OuterStep { kNesterov, kCGAD };
+
+struct CGADOptions {
+  double lr = 0.0;        // 0: the caller's rule (train/outer.cpp: the inner peak lr times sqrt(H))
+  double beta2 = 0.999;   // (beta1 is outer_momentum)
+  double eps = 1e-8;
+  AgeGate gate;
+};
+
 struct DiLoCoOptions {
   std::int64_t inner_steps = 500;  // H
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
   bool nesterov = true;
+  OuterStep outer_step = OuterStep::kNesterov;
+  CGADOptions cgad;
+  std::int64_t delay_rounds = 0;  // each round's mean Delta is applied this many rounds later
   quant::EncodeOptions codec;      // of the pseudo-gradient on the wire (fp32 by default)
   at::Device state_device = at::kCPU;  // where the outer state lives (the parameters may be elsewhere)
   Aggregation aggregation;  // how each chunk's owner combines the contributions (collectives.h)
@@ -55,6 +80,10 @@ class DiLoCo {
   void count_step(double seconds) { meter_.add(seconds); }
   // The group's fastest member's seconds per step, as of the last weighted round (0: unknown).
   double fastest_step_seconds() const { return fastest_step_s_; }
+  // The steps behind each member's Delta in the last weighted round, by rank (empty: none yet).
+  const std::vector<std::int64_t>& round_steps() const { return round_steps_; }
+  // Left out and caught up: `fraction` of the work since the last merge rides on (WorkMeter::keep).
+  void keep_work(double fraction) { meter_.keep(fraction); }
   [[nodiscard]] Status regroup(Group group) {
     group_ = std::move(group);
     return Status();
@@ -68,9 +97,10 @@ class DiLoCo {
   std::int64_t skipped_rounds() const { return state_.skipped; }
   const CommStats& comm() const { return comm_; }
 
-  // Outer weights, momentum and counters; load() checks sizes (bytes from a checkpoint are untrusted).
-  Bytes save() const { return state_.save("diloco"); }
-  [[nodiscard]] Status load(ByteView bytes) { return state_.load(bytes, "diloco"); }
+  // Outer weights, momentum and counters (and, with CGAD or a delay, the second moment and the Deltas
+  // still waiting); load() checks sizes (bytes from a checkpoint are untrusted).
+  Bytes save() const;
+  [[nodiscard]] Status load(ByteView bytes);
 
   // Catch-up (updates.h): a round's update is its averaged pseudo-gradient (the outer weights' size).
   void record_updates(UpdateSink sink) { sink_ = std::move(sink); }
@@ -78,16 +108,23 @@ class DiLoCo {
   void take_shared_weights() { write_flat(params_, state_.outer); }
 
  private:
-  void apply(const at::Tensor& delta);  // the outer step with the round's mean Delta
+  void apply(const at::Tensor& delta);  // the outer step with the round's mean Delta (after its delay)
+  void outer_step(const at::Tensor& delta, std::int64_t age);
+  std::string_view kind() const;  // of a state that is not plain()
+  bool plain() const { return options_.outer_step == OuterStep::kNesterov && options_.delay_rounds == 0; }
 
   UpdateSink sink_;
   std::vector<at::Tensor> params_;
   Group group_;
   DiLoCoOptions options_;
   OuterState state_;
+  at::Tensor second_;                 // CGAD: Adam's second moment (state_.momentum is its first)
+  std::int64_t adam_steps_ = 0;       // CGAD: the Adam steps taken (bias correction)
+  std::deque<at::Tensor> waiting_;    // delay_rounds: the means not applied yet, oldest first
   CommStats comm_;
   WorkMeter meter_;
   double fastest_step_s_ = 0.0;
+  std::vector<std::int64_t> round_steps_;
 };
 
 }  // namespace gossamer::optim

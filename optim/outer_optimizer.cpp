@@ -74,6 +74,16 @@ class Adapter final : public OuterOptimizer {
       return 0.0;
     }
   }
+  std::vector<std::int64_t> round_steps() const override {
+    if constexpr (requires { impl_.round_steps(); }) {
+      return impl_.round_steps();
+    } else {
+      return {};
+    }
+  }
+  void keep_work(double fraction) override {
+    if constexpr (requires { impl_.keep_work(fraction); }) impl_.keep_work(fraction);
+  }
   Status regroup(Group group) override { return impl_.regroup(std::move(group)); }
   std::int64_t rounds() const override { return impl_.rounds(); }
   std::int64_t skipped_rounds() const override { return impl_.skipped_rounds(); }

@@ -46,6 +46,12 @@ class OuterOptimizer {
   // The seconds per step of the group's fastest member, as its last weighted round said (0: unknown,
   // or a method without weighted rounds): what a member's budget of steps per round follows.
   virtual double fastest_step_seconds() const { return 0.0; }
+  // The inner steps behind each member's contribution (by rank) to the last weighted round this
+  // member applied; empty: none yet, or a method without weighted rounds.
+  virtual std::vector<std::int64_t> round_steps() const { return {}; }
+  // This member was left out of a round and caught up: only `fraction` of its work since its last
+  // merge rides on into its next contribution (a late contribution merged by age, 0: dropped).
+  virtual void keep_work(double /*fraction*/) {}
   // The members changed (a peer left or joined): later rounds run over `group`. Outer state is kept;
   // a round in flight over the old group is abandoned. Fails for engines that cannot change members.
   [[nodiscard]] virtual Status regroup(Group group) = 0;

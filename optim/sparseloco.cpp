@@ -129,7 +129,10 @@ Result<bool> SparseLoCo::step(std::int64_t inner_steps_done, Deadline deadline) 
   state_.outer.sub_(sum.to(options_.state_device) * options_.outer_lr);
   write_flat(params_, state_.outer);
   ++state_.rounds;
-  if (weights) fastest_step_s_ = weights->fastest_step_seconds();
+  if (weights) {
+    fastest_step_s_ = weights->fastest_step_seconds();
+    round_steps_ = steps_by_rank(*weights);
+  }
   meter_.merged();
   return true;
 }

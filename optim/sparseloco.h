@@ -56,6 +56,8 @@ class SparseLoCo {
   void skip_round() { ++state_.skipped; }
   void count_step(double seconds) { meter_.add(seconds); }  // as DiLoCo's
   double fastest_step_seconds() const { return fastest_step_s_; }
+  const std::vector<std::int64_t>& round_steps() const { return round_steps_; }  // as DiLoCo's
+  void keep_work(double fraction) { meter_.keep(fraction); }
   [[nodiscard]] Status regroup(Group group) {
     group_ = std::move(group);
     return Status();
@@ -91,6 +93,7 @@ class SparseLoCo {
   CommStats comm_;
   WorkMeter meter_;
   double fastest_step_s_ = 0.0;
+  std::vector<std::int64_t> round_steps_;
 };
 
 }  // namespace gossamer::optim

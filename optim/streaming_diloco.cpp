@@ -75,7 +75,10 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
     }
     comm_ += st.pending->stats();
     const at::Tensor delta = st.pending->tensor();
-    if (!st.pending->weights().members().empty()) fastest_step_s_ = st.pending->weights().fastest_step_seconds();
+    if (!st.pending->weights().members().empty()) {
+      fastest_step_s_ = st.pending->weights().fastest_step_seconds();
+      round_steps_ = steps_by_rank(st.pending->weights());
+    }
     st.pending.reset();
     if (sink_) sink_(s, delta);
     const double mu = options_.outer_momentum, lr = options_.outer_lr, alpha = options_.mixing;
@@ -127,13 +130,17 @@ Status StreamingDiLoCo::regroup(Group group) {
   return Status();
 }
 
-Bytes StreamingDiLoCo::save() const {
+Bytes StreamingDiLoCo::save() const { return save_counting(skipped_); }
+
+Bytes StreamingDiLoCo::save_shared() const { return save_counting(0); }
+
+Bytes StreamingDiLoCo::save_counting(std::int64_t skipped) const {
   std::vector<at::Tensor> tensors;
   for (const auto& st : state_) {
     tensors.push_back(st.outer);
     tensors.push_back(st.momentum);
   }
-  return save_state("streaming_diloco", {completed_, skipped_}, tensors);
+  return save_state("streaming_diloco", {completed_, skipped}, tensors);
 }
 
 Status StreamingDiLoCo::load(ByteView bytes) {
@@ -155,3 +162,4 @@ Status StreamingDiLoCo::load(ByteView bytes) {
 }
 
 }  // namespace gossamer::optim
+

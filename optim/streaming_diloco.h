@@ -68,6 +68,11 @@ class StreamingDiLoCo {
     for (auto& st : state_) st.meter.add(seconds);
   }
   double fastest_step_seconds() const { return fastest_step_s_; }
+  // As DiLoCo's, of the last fragment applied.
+  const std::vector<std::int64_t>& round_steps() const { return round_steps_; }
+  void keep_work(double fraction) {
+    for (auto& st : state_) st.meter.keep(fraction);
+  }
   // Fragments in flight over the old group are dropped (and counted); they launch again in their
   // next window.
   [[nodiscard]] Status regroup(Group group);
@@ -77,6 +82,10 @@ class StreamingDiLoCo {
 
   // Outer weights and momentum of every fragment; fragments in flight are not saved (they launch anew).
   Bytes save() const;
+  // What every member holds alike (for newcomers, and the members' digest): the skipped windows,
+  // which are this replica's own count (a member left out of a round misses windows the others
+  // completed), as 0.
+  Bytes save_shared() const;
   [[nodiscard]] Status load(ByteView bytes);
 
   // Catch-up (updates.h): an update is the averaged Delta of the fragment that completes at its step
@@ -94,7 +103,8 @@ class StreamingDiLoCo {
     std::int64_t last_missed = 0;     // the last window counted as missed
     WorkMeter meter;                  // steps since this fragment last launched
   };
-  void missed(State& st, std::int64_t window);  // counts a fragment's window as skipped, once
+  void missed(State& st, std::int64_t window);
+  Bytes save_counting(std::int64_t skipped) const;  // save() with `skipped` as the skipped count  // counts a fragment's window as skipped, once
 
   std::vector<Fragment> fragments_;
   AsyncCollectives* comm_thread_;
@@ -102,6 +112,7 @@ class StreamingDiLoCo {
   std::vector<State> state_;
   std::int64_t completed_ = 0, skipped_ = 0;
   double fastest_step_s_ = 0.0;
+  std::vector<std::int64_t> round_steps_;
   CommStats comm_;
   UpdateSink sink_;
 };

@@ -37,6 +37,19 @@ Contribution WorkMeter::contribution() const {
   return c;
 }
 
+void WorkMeter::keep(double fraction) {
+  fraction = std::clamp(fraction, 0.0, 1.0);
+  if (steps_ > 0) last_step_seconds_ = seconds_ / static_cast<double>(steps_);
+  steps_ = std::llround(static_cast<double>(steps_) * fraction);
+  seconds_ = static_cast<double>(steps_) * last_step_seconds_;
+}
+
+std::vector<std::int64_t> steps_by_rank(const RoundWeights& weights) {
+  std::vector<std::int64_t> steps;
+  for (const auto& m : weights.members()) steps.push_back(m.steps);
+  return steps;
+}
+
 void WorkMeter::merged() {
   if (steps_ > 0) last_step_seconds_ = seconds_ / static_cast<double>(steps_);
   steps_ = 0;

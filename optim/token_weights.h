@@ -54,6 +54,9 @@ class RoundWeights {
   std::vector<Contribution> members_;
 };
 
+// The steps behind each member's contribution, by rank (what a leader's quorum counts).
+std::vector<std::int64_t> steps_by_rank(const RoundWeights& weights);
+
 // What this member computed since its contribution last merged. Threading: one thread (the training
 // thread adds; a method reads it when it launches a round).
 class WorkMeter {
@@ -68,6 +71,9 @@ class WorkMeter {
   Contribution latest() const { return Contribution{steps_, last_}; }
   // The contribution merged (or was handed over): counting starts again; the pace is remembered.
   void merged();
+  // Only `fraction` of the work since the last merge rides on (a late contribution carried into a
+  // later round at a weight below 1; 0: dropped). The pace is kept.
+  void keep(double fraction);
 
  private:
   std::int64_t steps_ = 0;

@@ -169,6 +169,8 @@ void add_life(train::WorkerAccount& total, const train::WorkerAccount& life) {
   total.tokens += life.tokens;
   total.computed_steps += life.computed_steps;
   total.merged_tokens += life.merged_tokens;
+  total.late_tokens_carried += life.late_tokens_carried;
+  total.late_tokens_lost += life.late_tokens_lost;
   total.computed_tokens += life.computed_tokens;
   total.loop_s += life.loop_s;
   total.rounds += life.rounds;
@@ -216,6 +218,8 @@ class PeerCluster {
       failure_rng_.emplace_back(static_cast<std::uint64_t>(config.sim.seed) * 0xA24BAED4963EE407ull + static_cast<std::uint64_t>(r) + 29);
     }
     fail_at_.resize(static_cast<std::size_t>(m_));
+    stall_at_.resize(static_cast<std::size_t>(m_));
+    for (int r = 0; r < m_; ++r) stall_rng_.emplace_back(static_cast<std::uint64_t>(config.sim.seed) * 0x9FB21C651E98DF25ull + static_cast<std::uint64_t>(r) + 31);
     dropped_.assign(static_cast<std::size_t>(m_), false);
     while (m_ > 1 && (evaluator_ == config.sim.crash_worker || evaluator_ == joiner_)) ++evaluator_;
     if (evaluator_ >= m_) evaluator_ = 0;
@@ -293,6 +297,22 @@ class PeerCluster {
     const double per_s = config_.sim.churn_per_minute / 10.0 / 60.0;
     std::exponential_distribution<double> wait(per_s);
     fail_at_[static_cast<std::size_t>(r)] = seconds_now() + wait(failure_rng_[static_cast<std::size_t>(r)]);
+  }
+
+  // Stalls (sim.stalls_per_minute): the seconds worker r stops for after its step now, 0 mostly. Each
+  // worker's stalls come at exponential waits of mean 10 / rate minutes, from its own seeded stream.
+  double stall(int r) {
+    if (config_.sim.stalls_per_minute <= 0 || r == evaluator_) return 0.0;
+    auto& due = stall_at_[static_cast<std::size_t>(r)];
+    auto& rng = stall_rng_[static_cast<std::size_t>(r)];
+    std::exponential_distribution<double> wait(config_.sim.stalls_per_minute / 10.0 / 60.0);
+    const double now = seconds_now();
+    if (!due) due = now + wait(rng);
+    if (now < *due) return 0.0;
+    due = now + config_.sim.stall_s + wait(rng);
+    ++result_.stalls;
+    spdlog::info("sim: worker {} stalls for {:.1f} s (t = {:.1f} s)", r, config_.sim.stall_s, now);
+    return config_.sim.stall_s;
   }
 
   // False when worker r dies before step `next` (its links and gossip cut first).
@@ -386,10 +406,10 @@ class PeerCluster {
       };
     }
     const double slow = 1.0 / train::worker_speeds(config_)[static_cast<std::size_t>(r)];
-    env.pace = [this, slow](double measured) {
+    env.pace = [this, slow, r](double measured) {
       const double s = step_seconds(config_, result_.parameters, measured) * slow;
-      scheduler_.sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(s)));
-      return s;
+      scheduler_.sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(s + stall(r))));
+      return s;  // (a stall is not compute)
     };
     env.alive = [this, r](std::int64_t next) { return alive(r, next) && !killed_[static_cast<std::size_t>(r)]; };
     if (r == config_.sim.crash_worker && config_.sim.crash_mid_round > 0) env.crash = [this, r] { crash_mid_round(r); };
@@ -525,6 +545,8 @@ class PeerCluster {
   std::vector<std::optional<double>> downtime_;               // after its last crash: how long it stays down (virtual s); none: for good
   std::vector<std::mt19937_64> failure_rng_;                  // steady churn's draws, per worker
   std::vector<std::optional<double>> fail_at_;                // steady churn: when it fails next (virtual s)
+  std::vector<std::mt19937_64> stall_rng_;                    // stalls' draws, per worker
+  std::vector<std::optional<double>> stall_at_;               // when it stalls next (virtual s)
   std::vector<bool> dropped_;                                 // left the run on an error of its own (not the scenario's)
   std::vector<std::atomic<bool>> killed_;                     // stopped by a kill (the newcomer's); reset at each life
   std::atomic<bool> newcomer_killed_{false};

@@ -57,6 +57,7 @@ struct ClusterResult {
   double compute_wall_s = 0;                    // real time spent in model compute (inner steps, evaluation)
   std::int64_t parameters = 0;
   std::vector<at::Tensor> final_params;         // each worker's parameters at its end, flattened
+  std::int64_t stalls = 0;                      // sim.stalls_per_minute's stalls
   std::vector<std::string> shared_digests;      // each worker's digest of the members' shared state at its end (PeerOutcome::shared_digest; empty: none)
   nlohmann::json pipeline;                      // a pipeline's run: makespans, per-node time, timeline (sim/pipeline_cluster.h); null otherwise
 };

@@ -174,13 +174,15 @@ nlohmann::json method_summary(const MethodRun& run, double target_loss) {
   const int evaluator = evaluator_of(run);
   const auto curve = eval_curve(run);
   double sent = 0, received = 0, util = 0, gossip = 0, membership = 0, min_util = 1.0, alone = 0;
-  std::int64_t tokens = 0, rounds = 0, skipped = 0, merged = 0;
+  std::int64_t tokens = 0, rounds = 0, skipped = 0, merged = 0, carried = 0, lost = 0;
   std::uint64_t left_out = 0;
   int alive = 0;
   for (std::size_t i = 0; i < r.accounts.size(); ++i) {
     const auto& a = r.accounts[i];
     tokens += a.tokens;
     merged += a.merged_tokens;
+    carried += a.late_tokens_carried;
+    lost += a.late_tokens_lost;
     left_out += a.left_out;
     // Goodput's denominator: what this worker's hardware trains alone (at the pace its own steps
     // took) from its start to the run's end, downtime and waiting included.
@@ -214,8 +216,12 @@ nlohmann::json method_summary(const MethodRun& run, double target_loss) {
                       // tokens that reached the shared model over those the same workers train alone in the run's time
                       {"merged_tokens", merged},
                       {"goodput", alone > 0 ? static_cast<double>(merged) / alone : 0.0},
+                      // of workers left out of a round (late): tokens carried into a later round at their age's weight, and tokens lost
+                      {"late_tokens_carried", carried},
+                      {"late_tokens_lost", lost},
                       {"rounds", rounds},
                       {"skipped_rounds", skipped},
+                      {"stalls", r.stalls},  // sim.stalls_per_minute
                       {"left_out", left_out},  // contributions left out by robust aggregation, all owners
                       {"parameters", r.parameters},
                       {"evaluated_worker", evaluator},

@@ -50,6 +50,11 @@ std::shared_ptr<Coordinator> Coordinator::make(transport::Gossip& gossip, std::s
   return c;
 }
 
+void Coordinator::set_work(std::map<transport::PeerId, std::int64_t> work) {
+  std::lock_guard<std::mutex> lock(mu_);
+  work_ = std::move(work);
+}
+
 void Coordinator::intend(std::int64_t round) {
   Writer w = start_message(Kind::kIntent, round);
   w.u64(gossip_.self().value);

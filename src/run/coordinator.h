@@ -8,9 +8,9 @@
 // The leader is the lowest live id (gossip's view; live: alive or suspect, not yet declared dead)
 // among the previous group's members (at the start, and once a straggler's grace is over, among the
 // ready peers; a newcomer never leads before that); it waits until every live peer of the previous
-// group is ready (at round 0: until `min_members` peers are), or until an adaptive grace has passed
-// since it became ready itself (a few times the usual lag of the last members; see
-// CoordinatorOptions), and sends GROUP(k) to each ready peer: the members, sorted by id, and an
+// group is ready (at round 0: until `min_members` peers are), or until a quorum of their work is
+// ready and an adaptive grace has passed since (the usual lag of the last members plus a few times
+// its spread; see CoordinatorOptions), and sends GROUP(k) to each ready peer: the members, sorted by id, and an
 // epoch. A GROUP is sent as the change from a group its receiver holds (it says which in its
 // READY): a few bytes when the members stay, the whole list only to a newcomer. The epoch names the
 // group's links: a group with the same members as the last one, which nobody retries, keeps its
@@ -116,12 +116,21 @@ struct GroupView {
 
 struct CoordinatorOptions {
   std::size_t min_members = 1;                      // round 0 waits for this many peers
-  // How long a leader waits for the rest: `grace_factor` times the largest lag of the last 8 rounds
-  // it led whole (how long after it the last member became ready), within [min_grace,
-  // straggler_grace]; straggler_grace itself until it has led 3 such rounds.
+  // How long a leader waits for the rest (docs/peer.md, "Quorum and grace"). A round closes when
+  // every expected member is ready; or once `quorum` of the expected work (the inner steps behind
+  // each member's last contribution, set_work(); equal shares where unknown) is ready and a grace
+  // has passed since; or, short of a quorum, at straggler_grace. The grace is learned from the last
+  // 8 rounds this peer led whole: the median of their lags (how long after the quorum the last
+  // member became ready) plus `grace_spread` times their spread (1.4826 times the median absolute
+  // deviation, the standard deviation's robust estimate, and at least a quarter of the median: a
+  // few rounds under-state it), within [min_grace, straggler_grace]; straggler_grace itself until
+  // it has led 3 such rounds. The defaults follow a rule, not a tuning: a quorum of half the work
+  // (no round closes on a minority of it), and 3 spreads (a lag drawn from the same spread as the
+  // recent ones exceeds it about once in 700 rounds).
   Nanos straggler_grace = std::chrono::seconds(60);
   Nanos min_grace = std::chrono::seconds(2);
-  double grace_factor = 4.0;
+  double quorum = 0.5;
+  double grace_spread = 3.0;
   Nanos repeat_every = std::chrono::milliseconds(300);  // the first repeat of a READY; then doubling, up to 5 s
   // The layout of a group of so many members (GroupView::width), chosen by its leader; none: a full
   // mesh. A group with the same members and layout as the last keeps its epoch (and links).
@@ -141,6 +150,7 @@ struct CoordinatorStats {
   std::int64_t committed = 0;         // attempts this peer decided went through (COMMIT)
   std::int64_t abandoned = 0;         // attempts this peer decided nobody applied (ABANDON)
   std::int64_t missed_commits = 0;    // attempts that went through for the others but not here
+  std::int64_t quorum_closes = 0;     // groups this leader closed on a quorum and its grace, someone missing
 };
 
 class Coordinator : public std::enable_shared_from_this<Coordinator> {
@@ -178,6 +188,9 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // True when the attempt (round, epoch) went through for the other members (COMMIT): a member whose
   // collective failed there is left out, its contribution in the average the others applied.
   bool went_through(std::int64_t round, std::uint64_t epoch) const;
+  // The inner steps behind each member's contribution to the last round (its token weights): the
+  // work a leader expects of each member in the next one, which its quorum counts.
+  void set_work(std::map<transport::PeerId, std::int64_t> work);
   // Members of the run a newcomer knows (those it took the state from): until it takes part in a
   // group, its READYs and INTENTs go to them, and they pass them on to their leader.
   void join_through(std::vector<transport::PeerId> members);
@@ -237,6 +250,10 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   bool superseded_locked(std::int64_t round, std::uint64_t epoch) const;
   bool abandoned_locked(std::int64_t round, std::uint64_t epoch) const;
   Nanos grace() const;  // the straggler grace now (under mu_)
+  // When `quorum` of the work of the expected and ready peers was ready (the arrival that made it),
+  // or nothing while it is not (under mu_).
+  std::optional<Nanos> quorum_at_locked(std::int64_t round, const std::set<transport::PeerId>& expected,
+                                        const std::map<transport::PeerId, std::string>& ready, Nanos ready_since) const;
   // All-or-nothing rounds (under mu_): the first two live members of the group of `epoch` (its
   // decider first), and the decision on a retried attempt when this peer is its decider and it is due.
   std::vector<transport::PeerId> deciders_locked(std::uint64_t epoch) const;
@@ -277,6 +294,7 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   CoordinatorStats stats_;
   bool stopping_ = false;
   std::deque<Nanos> lags_;  // the adaptive grace's history (leader side)
+  std::map<transport::PeerId, std::int64_t> work_;  // set_work()
 };
 
 }  // namespace gossamer::run

@@ -1,6 +1,7 @@
 // Coordinator, the leader's side (coordinator.h): how long it waits for the rest (the adaptive
 // grace), who leads an attempt, whom the leader waits for, the group it makes, and sending it.
 #include <algorithm>
+#include <cmath>
 
 #include <spdlog/spdlog.h>
 
@@ -29,9 +30,51 @@ void Coordinator::announce_locked(const GroupView& g, std::uint64_t after_epoch,
 
 Nanos Coordinator::grace() const {
   if (lags_.size() < kLagsToAdapt) return options_.straggler_grace;
-  const Nanos typical = *std::max_element(lags_.begin(), lags_.end());
-  const auto scaled = std::chrono::duration_cast<Nanos>(typical * options_.grace_factor);
-  return std::clamp(scaled, std::min(options_.min_grace, options_.straggler_grace), options_.straggler_grace);
+  // The median lag plus grace_spread robust spreads (CoordinatorOptions).
+  const auto median_of = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  };
+  std::vector<double> lags;
+  for (Nanos l : lags_) lags.push_back(std::chrono::duration<double>(l).count());
+  const double median = median_of(lags);
+  std::vector<double> deviations;
+  for (double l : lags) deviations.push_back(std::abs(l - median));
+  const double spread = std::max(1.4826 * median_of(deviations), median / 4);
+  const auto learned = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(median + options_.grace_spread * spread));
+  return std::clamp(learned, std::min(options_.min_grace, options_.straggler_grace), options_.straggler_grace);
+}
+
+std::optional<Nanos> Coordinator::quorum_at_locked(std::int64_t round, const std::set<transport::PeerId>& expected,
+                                                   const std::map<transport::PeerId, std::string>& ready, Nanos ready_since) const {
+  // Each peer's share: its work in the last round where known (and not nothing), else the median of
+  // the known ones (a newcomer's, or everyone's at the start: equal shares).
+  std::set<transport::PeerId> counted = expected;
+  for (const auto& [id, address] : ready) counted.insert(id);
+  std::vector<std::int64_t> known;
+  for (transport::PeerId id : counted) {
+    if (auto w = work_.find(id); w != work_.end() && w->second > 0) known.push_back(w->second);
+  }
+  std::sort(known.begin(), known.end());
+  const double usual = known.empty() ? 1.0 : static_cast<double>(known[known.size() / 2]);
+  const auto share = [&](transport::PeerId id) {
+    auto w = work_.find(id);
+    return w != work_.end() && w->second > 0 ? static_cast<double>(w->second) : usual;
+  };
+  double total = 0;
+  for (transport::PeerId id : counted) total += share(id);
+  // The ready peers in the order they became ready.
+  std::vector<std::pair<Nanos, transport::PeerId>> arrivals;
+  const auto& announced = ready_.at(round);
+  for (const auto& [id, address] : ready) arrivals.emplace_back(id == gossip_.self() ? ready_since : announced.at(id).at, id);
+  std::sort(arrivals.begin(), arrivals.end());
+  double arrived = 0;
+  for (const auto& [at, id] : arrivals) {
+    arrived += share(id);
+    if (arrived >= options_.quorum * total) return at;
+  }
+  return std::nullopt;
 }
 
 transport::PeerId Coordinator::leader_locked(std::int64_t round, std::uint64_t after_epoch, const std::set<transport::PeerId>& alive,
@@ -156,17 +199,24 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
   const std::set<transport::PeerId> expected = expected_locked(round, alive, ready, newcomer_wait);
   const bool complete = std::all_of(expected.begin(), expected.end(), [&](transport::PeerId id) { return ready.count(id) == 1; });
   const bool enough = last_ || ready.size() >= options_.min_members;
-  const bool waited_enough = newcomer_wait ? clock_.now() >= ready_since + std::max(*newcomer_wait, grace()) : grace_over;
-  if (!enough || (!complete && !waited_enough)) return std::nullopt;
-  if (complete && last_ && after_epoch == 0) {
-    // How long after this leader the last member became ready: the lag the grace adapts to.
+  if (!enough) return std::nullopt;
+  // Short of everyone: once a quorum of the work is ready and the grace has passed since (at the
+  // latest at straggler_grace).
+  const Nanos now = clock_.now();
+  const std::optional<Nanos> quorum_at = quorum_at_locked(round, expected, ready, ready_since);
+  const bool waited_enough = newcomer_wait ? now >= ready_since + std::max(*newcomer_wait, grace())
+                                           : (quorum_at && now >= *quorum_at + grace()) || now >= ready_since + options_.straggler_grace;
+  if (!complete && !waited_enough) return std::nullopt;
+  if (complete && last_ && after_epoch == 0 && quorum_at) {
+    // How long after the quorum the last member became ready: the lag the grace learns from.
     Nanos lag{0};
     for (transport::PeerId id : expected) {
-      if (id != self) lag = std::max(lag, ready_[round][id].at - ready_since);
+      if (id != self) lag = std::max(lag, ready_[round][id].at - *quorum_at);
     }
     lags_.push_back(lag);
     if (lags_.size() > kLagHistory) lags_.pop_front();
   }
+  if (!complete && !newcomer_wait && quorum_at && now >= *quorum_at + grace()) ++stats_.quorum_closes;
   return make_group_locked(round, after_epoch, step, ready, expected);
 }
 

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "optim/age_gate.h"
 #include "optim/flat_params.h"
 #include "run/peer_runtime.h"
 #include "run/state_store.h"
@@ -154,6 +155,7 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
   session_->set_update_limit(static_cast<std::uint64_t>(worker_->model().num_parameters()) * 8 + kUpdateHeaderBytes);
   std::int64_t at = worker_->steps_done();
   std::optional<std::int64_t> intended;
+  bool to_the_end = false;
   std::int64_t replayed = 0;
   std::size_t last_batch = std::numeric_limits<std::size_t>::max();  // updates listed the loop before
   for (;;) {
@@ -210,11 +212,16 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
     // wait for it there, and replays up to that round's start: ddp's members hold one state only at
     // a round's end, and with `slack` (it was not in time for the round it named before) it names
     // the round after the next, whose group is not being agreed yet.
+    const std::int64_t last = schedule_.last_round(config_.train.steps);
     if (!intended) {
-      intended = std::min(schedule_.first_round_after(at) + (slack ? 1 : 0), schedule_.last_round(config_.train.steps));
-      coordinator_->intend(*intended);
+      intended = std::min(schedule_.first_round_after(at) + (slack ? 1 : 0), last);
+      // No round left for it (it was not in time for the last one): it replays the members' updates
+      // through the run's end instead, and they wait for it at their closing agreement (round last + 1).
+      to_the_end = slack && schedule_.first_round_after(at) + 1 > last;
+      coordinator_->intend(to_the_end ? last + 1 : *intended);
     }
-    if (schedule_.first_round_after(at) < *intended || (ddp_ && at % schedule_.period != 0)) {
+    const bool more = to_the_end ? schedule_.first_round_after(at) <= last : schedule_.first_round_after(at) < *intended;
+    if (more || (ddp_ && at % schedule_.period != 0)) {
       clock_.sleep_for(20ms);
       continue;
     }
@@ -228,7 +235,7 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
   std::int64_t start = at;
   if (!ddp_) {
     const std::int64_t due = schedule_.first_round_after(at) * schedule_.period - schedule_.lead;
-    if (config_.join.align) start = std::clamp(session_->donors_step(), at, std::max(at, due - 1));
+    if (config_.join.align) start = std::min(std::clamp(session_->donors_step(), at, std::max(at, due - 1)), std::max(at, config_.train.steps));
     worker_->move_to(start);
   }
   const std::int64_t first = schedule_.first_round_after(at);
@@ -254,12 +261,12 @@ bool needs_newer_snapshot(const Status& st) {
 }
 }  // namespace
 
-Status Peer::join(Deadline deadline) {
+Status Peer::join(Deadline deadline, bool slack) {
   for (;;) {
     auto got = fetch_newest(deadline);
     if (!got.ok()) return got.status();
     if (Status st = adopt(*got); !st.ok()) return st;
-    Status st = catch_up(deadline);
+    Status st = catch_up(deadline, slack);
     if (st.ok() && env_.snapshot_store) env_.snapshot_store->clear();
     if (!needs_newer_snapshot(st)) return st;
     spdlog::warn("{}: this peer fell more than join.keep_rounds ({}) rounds behind while the state came; fetching a newer one "
@@ -443,18 +450,58 @@ void Peer::boundary(std::int64_t done_step) {
 // Left out of a round (too slow, or a newcomer not in time for the round it named). A newcomer still
 // linked to its donors catches up from the updates they keep; otherwise it joins again as a newcomer
 // does.
-std::optional<optim::Group> Peer::left_out(std::int64_t round, const Status& why) {
+std::optional<optim::Group> Peer::left_out(std::int64_t round, const Status& why, bool merged) {
   spdlog::warn("round {}: {}; catching up with the members", round, why.to_string());
+  // What it computed since the shared weights it holds (its drift from them; none for the methods
+  // whose model is the shared state): set aside, unless the round took it in already.
+  auto params = worker_->model().parameters();
+  at::Tensor drift;
+  const std::int64_t from_round = current_round_;
+  if (!merged && config_.outer.late_work == "merge") {
+    at::Tensor local = optim::flatten(params);
+    at::Tensor shared;
+    setup_.outer->evaluate_outer([&] {
+      shared = optim::flatten(params);
+      return 0.0;
+    });
+    drift = local - shared;
+    if (!drift.abs().max().gt(0).item<bool>()) drift = at::Tensor();
+  }
   if (!session_) join_started_ = clock_.now();
   Status st = catch_up(after(round_timeout_), /*slack=*/true);
   if (needs_newer_snapshot(st)) {
     session_.reset();
     join_started_ = clock_.now();
-    st = join(after(round_timeout_));
+    st = join(after(round_timeout_), /*slack=*/true);
   }
   if (!st.ok()) failure_ = st.with_context("catching up after being left out");
+  train::LeftBehind left;
+  if (merged) {
+    left.merged = 1.0;
+  } else {
+    // A late contribution: merged into this peer's next one at the weight of its age (the rounds the
+    // members applied over the weights it started from), or dropped (outer.late_work, the gate's cutoff).
+    const std::int64_t age = std::max<std::int64_t>(1, current_round_ - from_round);
+    // (Caught up to the run's end, it has no next contribution: nothing rides on.)
+    const bool next = st.ok() && drift.defined() && worker_->steps_done() < config_.train.steps;
+    const double weight = next ? optim::AgeGate{config_.outer.age_decay, config_.outer.age_cutoff}.weight(static_cast<double>(age)) : 0.0;
+    if (weight > 0) {
+      // From the weights the members share (a Streaming DiLoCo fragment not replayed still holds this
+      // peer's own), plus the share of its drift that rides on.
+      setup_.outer->take_shared_weights();
+      optim::write_flat(params, optim::flatten(params) + drift * weight);
+      left.carried = weight;
+      ++late_carried_;
+      spdlog::info("round {}: what this peer computed rides on into its next contribution at weight {:.3f} ({} round(s) late)", round, weight, age);
+    } else {
+      ++late_dropped_;
+    }
+    setup_.outer->keep_work(weight);
+  }
+  left_behind_ = left;
   epoch_ = 0;
   return solo_group(clock_);
 }
 
 }  // namespace gossamer::run
+

@@ -35,6 +35,8 @@ Result<PeerOutcome> Peer::run_pipeline() {
   CoordinatorOptions co;
   co.min_members = spec_.wait_for;
   co.straggler_grace = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config_.train.round_timeout_s / 2));
+  co.quorum = config_.train.quorum;
+  co.grace_spread = config_.train.grace_spread;
   coordinator_ = Coordinator::make(gossip_, opened_.announced, co, clock_);
   auto corpus = env_.corpus(config_);
   if (!corpus.ok()) return corpus.status();

@@ -182,6 +182,8 @@ Status Peer::link_up() {
   CoordinatorOptions co;
   co.min_members = spec_.wait_for;
   co.straggler_grace = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config_.train.round_timeout_s / 2));
+  co.quorum = config_.train.quorum;
+  co.grace_spread = config_.train.grace_spread;
   co.layout = [this](std::size_t members) { return layout_for(members); };
   co.commit_rounds = !ddp_;  // (ddp's members that went on retry a later step: the step rule decides)
   check_reachable(opened_.announced, "links");
@@ -365,8 +367,7 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
     if (!view.ok() && view.status().code() == ErrorCode::kAborted) {
       if (stop_requested()) return std::nullopt;
       // A round that went through for the others took this peer's contribution in.
-      merged_when_left_ = failed > 0 && coordinator_->went_through(round, failed);
-      return left_out(round, view.status());
+      return left_out(round, view.status(), failed > 0 && coordinator_->went_through(round, failed));
     }
     if (!view.ok()) {
       spdlog::warn("round {}: {}; this peer applies the round on its own", round, view.status().to_string());
@@ -441,9 +442,17 @@ Result<train::WorkerAccount> Peer::rounds() {
   };
   hooks.regroup = [&](std::int64_t step) { return regroup(step); };
   hooks.applied = [&](std::int64_t) {
-    if (!ddp_) coordinator_->applied(agreed_round_, epoch_);
+    if (ddp_) return;
+    coordinator_->applied(agreed_round_, epoch_);
+    // What each member brought to this round: the work a leader's quorum expects of it next.
+    const std::vector<std::int64_t> steps = setup_.outer->round_steps();
+    if (steps.size() == members_.size()) {
+      std::map<transport::PeerId, std::int64_t> work;
+      for (std::size_t i = 0; i < steps.size(); ++i) work[members_[i].id] = steps[i];
+      coordinator_->set_work(std::move(work));
+    }
   };
-  hooks.merged_when_left = [&] { return std::exchange(merged_when_left_, false); };
+  hooks.left_behind = [&] { return std::exchange(left_behind_, std::nullopt); };
   hooks.state_traffic = [&] { return std::make_pair(server_->bytes_served(), state_received_); };
   hooks.gossip_traffic = [&] { return gossip_.bytes(); };
   hooks.membership_traffic = [&] { return gossip_.membership_bytes_sent(); };
@@ -523,6 +532,7 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
   summary["dead_after_s"] = std::chrono::duration<double>(plan_.dead_after).count();
   summary["groups_led"] = cs.groups_announced;
   summary["left_out_by_this_leader"] = cs.left_out;
+  summary["quorum_closes_by_this_leader"] = cs.quorum_closes;
   summary["solo_rounds"] = solo_rounds_;
   // All-or-nothing rounds: retried attempts this peer decided went through or abandoned, and rounds
   // that went through for the others while its collective failed (it caught up).
@@ -532,6 +542,8 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
   // Tokens that reached the shared model over what this machine trains alone in its time in the loop.
   summary["goodput"] = train::goodput(account);
   summary["joins"] = joins_;
+  summary["late_contributions_carried"] = late_carried_;
+  summary["late_contributions_dropped"] = late_dropped_;
   summary["state_fetch_s"] = state_fetch_s_;
   summary["state_transfer_s"] = state_transfer_s_;
   summary["state_snapshot_bytes"] = state_snapshot_bytes_;
@@ -563,3 +575,4 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
 }
 
 }  // namespace gossamer::run
+

@@ -168,7 +168,8 @@ class Peer {
   // slack: it was not in time for the round it named before; it names the round after the next.
   [[nodiscard]] Status catch_up(Deadline deadline, bool slack = false);
   // A newcomer's whole join: a snapshot (a newer one when it fell too far behind), then catch_up().
-  [[nodiscard]] Status join(Deadline deadline);
+  // `slack`: as catch_up()'s (a member left out of a round, joining again).
+  [[nodiscard]] Status join(Deadline deadline, bool slack = false);
   // A newcomer's update, recorded by a member (optim/updates.h), replayed on this peer's state.
   [[nodiscard]] Status replay(std::int64_t step, ByteView update);
   // The updates this member applies, kept for newcomers while it offers a snapshot.
@@ -177,7 +178,10 @@ class Peer {
   void boundary(std::int64_t done_step);
   void ask_ahead(std::int64_t step);
   std::optional<optim::Group> regroup(std::int64_t step);
-  std::optional<optim::Group> left_out(std::int64_t round, const Status& why);
+  // `merged`: the round went through for the others with this peer's contribution in it; otherwise
+  // what it computed since its last merge is carried into its next contribution at its age's weight
+  // (outer.late_work = "merge") or dropped.
+  std::optional<optim::Group> left_out(std::int64_t round, const Status& why, bool merged = false);
   bool stop_requested() const { return plan_.stop != nullptr && plan_.stop->load(); }
   // Whether the others can open connections to `address` of this peer (`what`: "gossip", "links")
   // by a dial-back check; when they cannot, the peer becomes outbound-only from then on.
@@ -263,9 +267,9 @@ class Peer {
   std::unique_ptr<Pending> ahead_;
   std::int64_t last_checkpoint_ = 0;
   std::int64_t joins_ = 0, solo_rounds_ = 0;
-  // Left out of a round that went through for the others, this peer's contribution in it: what it
-  // computed reached the shared model (LoopHooks::merged_when_left).
-  bool merged_when_left_ = false;
+  // Left out of a round since the loop last asked: what became of its work (LoopHooks::left_behind).
+  std::optional<train::LeftBehind> left_behind_;
+  std::int64_t late_carried_ = 0, late_dropped_ = 0;  // late contributions carried into a later round, and dropped
   std::atomic<bool> drilled_{false};  // the crash drill fired (PeerPlan::crash_mid_round)
   std::uint64_t state_received_ = 0;
   std::uint64_t requests_seen_ = 0;  // the state server's requests at the last boundary

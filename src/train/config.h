@@ -68,6 +68,11 @@ struct TrainSection {
   std::string device = "auto";     // auto, cpu, cuda, cuda:N (train/device.h)
   std::string precision = "fp32";  // fp32, or bf16 (autocast forward, fp32 master weights)
   double round_timeout_s = 600;  // a synchronization round gives up after this long
+  // Real runs and the simulator: a round closes once every member is ready, or once this share of
+  // the members' expected work is and a grace learned from recent arrivals (their median lag plus
+  // grace_spread robust spreads) has passed since (run/coordinator.h; docs/peer.md).
+  double quorum = 0.5;
+  double grace_spread = 3.0;
 };
 
 // The outer method and each method's options (the spec's defaults). Codecs are codec names
@@ -88,6 +93,15 @@ struct OuterSection {
   // that fit, and the round's mean weighs each contribution by the steps behind it (diloco,
   // streaming_diloco and sparseloco; train/step_budget.h, optim/token_weights.h).
   std::string round_budget = "steps";
+  // A member left out of a round (late) and caught up: what it computed since its last merge
+  // rides on into its next contribution at the age gate's weight (optim/age_gate.h; "merge"), or is
+  // dropped ("drop"); counted either way (diloco, streaming_diloco, sparseloco in real runs and
+  // the simulator).
+  std::string late_work = "merge";
+  // The age gate sigma(tau) = gamma(tau) e^{-decay tau}, gamma zero from `age_cutoff` rounds on
+  // (CGAD's; defaults by the rule in optim/age_gate.h).
+  double age_decay = 0.10536051565782628;
+  double age_cutoff = 20.0;
 };
 struct DdpSection {
   std::string codec = "fp32";
@@ -99,6 +113,12 @@ struct DiLoCoSection {
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
   std::string codec = "fp32";
+  // The outer step: "nesterov" (the paper's SGD) or "cgad" (Adam on age-gated pseudo-gradients,
+  // optim/diloco.h; its lr: cgad_lr, or 0 for the rule train.lr x sqrt(inner_steps)), and a
+  // controlled delay: each round's mean applied this many rounds later (docs/methods.md).
+  std::string outer_step = "nesterov";
+  double cgad_lr = 0.0;
+  std::int64_t delay_rounds = 0;
 };
 struct StreamingSection {
   std::int64_t inner_steps = 100;
@@ -200,6 +220,8 @@ struct SimSection {
   double churn_downtime_s = 30.0;         //   restarting this long after, from its last checkpoint
   double churn_per_minute = 0.0;          // steady churn by time: failures per minute per 10 workers (seeded), each
                                           //   restarting sim.churn_downtime_s later from its last checkpoint
+  double stalls_per_minute = 0.0;         // stalls per minute per 10 workers (seeded): a worker stops computing for
+  double stall_s = 10.0;                  //   this many virtual seconds and goes on (a hiccup: it neither dies nor restarts)
   std::string poison = "none";            // none, scale, sign or nan: what poisoned workers send
   std::int64_t poison_workers = 1;        //   the last N workers (when poison is not none)
   double poison_scale = 10.0;             //   scale: contributions multiplied by this

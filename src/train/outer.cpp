@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "train/device.h"
 
@@ -105,6 +106,14 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   o.diloco.outer_lr = c.diloco.outer_lr;
   o.diloco.outer_momentum = c.diloco.outer_momentum;
   o.diloco.codec = *diloco_codec;
+  o.diloco.delay_rounds = c.diloco.delay_rounds;
+  if (c.diloco.outer_step == "cgad") {
+    o.diloco.outer_step = optim::OuterStep::kCGAD;
+    // The rule: an Adam step moves each weight by about its lr; H inner steps of random sign move it
+    // by about sqrt(H) inner lrs.
+    o.diloco.cgad.lr = c.diloco.cgad_lr > 0 ? c.diloco.cgad_lr : c.train.lr * std::sqrt(static_cast<double>(c.diloco.inner_steps));
+    o.diloco.cgad.gate = optim::AgeGate{c.outer.age_decay, c.outer.age_cutoff};
+  }
 
   const auto& sd = c.streaming_diloco;
   o.fragments.pattern = sd.pattern == "sequential" ? optim::FragmentPattern::kSequential : optim::FragmentPattern::kStrided;
@@ -195,6 +204,8 @@ nlohmann::json WorkerAccount::to_json() const {
   if (gossip_bytes_received > 0) j["gossip_bytes_received"] = gossip_bytes_received;
   if (membership_bytes_sent > 0) j["membership_bytes_sent"] = membership_bytes_sent;
   if (left_out > 0) j["left_out"] = left_out;
+  if (late_tokens_carried > 0) j["late_tokens_carried"] = late_tokens_carried;
+  if (late_tokens_lost > 0) j["late_tokens_lost"] = late_tokens_lost;
   return j;
 }
 
@@ -231,11 +242,7 @@ class WorkerLoop {
         outer_.skip_round();
       }
       const auto synced = outer_round(r.step);
-      if (!synced) {  // left behind, as above
-        if (hooks_.merged_when_left && hooks_.merged_when_left()) acc_.merged_tokens += pending_tokens_;
-        pending_tokens_ = 0;
-        continue;
-      }
+      if (!synced) continue;  // left behind, as above (its tokens were settled when it was)
       if (synced->ok() && **synced && hooks_.applied) hooks_.applied(r.step);
       merge(r, *synced);
       if (budget_.enabled() && r.step == optim::kCalibrationStep) {
@@ -281,12 +288,26 @@ class WorkerLoop {
   bool regroup(std::int64_t step) {
     if (!hooks_.regroup) return false;
     auto group = hooks_.regroup(step);
+    settle_left_behind();
     if (!group) return false;
     if (Status st = outer_.regroup(std::move(*group)); !st.ok()) {
       spdlog::warn("members changed but {} cannot follow: {}", outer_.name(), st.to_string());
       return false;
     }
     return true;
+  }
+
+  // Left behind since the last regroup: what it computed since its last merge is merged, carried into
+  // its next contribution, or lost (LoopHooks::left_behind).
+  void settle_left_behind() {
+    if (!hooks_.left_behind) return;
+    const auto left = hooks_.left_behind();
+    if (!left) return;
+    const auto share = [&](double s) { return std::llround(static_cast<double>(pending_tokens_) * std::clamp(s, 0.0, 1.0)); };
+    acc_.merged_tokens += share(left->merged);
+    acc_.late_tokens_carried += share(left->carried);
+    acc_.late_tokens_lost += pending_tokens_ - share(left->merged) - share(left->carried);
+    pending_tokens_ = share(left->carried);
   }
 
   // A slot in which this member, slower than the group's fastest, computes nothing (StepBudget).

@@ -56,7 +56,11 @@ struct WorkerAccount {
   std::uint64_t left_out = 0;       // contributions this worker, as a chunk's owner, left out (outer.aggregation)
   std::int64_t computed_steps = 0;  // steps computed (fewer than `steps` for a member slower than the group's fastest under a time budget)
   std::int64_t computed_tokens = 0; // tokens of the steps computed in this loop (`tokens` is the worker's count, a joiner's taken from its donor)
-  std::int64_t merged_tokens = 0;   // of those, the tokens whose contribution reached the shared model (goodput's numerator)
+  std::int64_t merged_tokens = 0;
+  // Of a worker left behind (LoopHooks::left_behind): tokens carried into its next contribution at
+  // their age's weight (the weighted share; they count as merged when that merges), and tokens lost.
+  std::int64_t late_tokens_carried = 0;
+  std::int64_t late_tokens_lost = 0;   // of those, the tokens whose contribution reached the shared model (goodput's numerator)
   double compute_s = 0.0;           // inner steps (as the pace hook counts them)
   double blocked_s = 0.0;           // waiting on communication
   double loop_s = 0.0;              // time in the loop, on its clock (goodput's denominator: what it trains alone in it)
@@ -81,6 +85,15 @@ struct LoopOptions {
   std::int64_t budget_period = 0;
 };
 
+// What became of a left-behind worker's work since its last merge, as shares of its tokens:
+// `merged` reached the shared model already (the round went through for the others with its
+// contribution in), `carried` rides on into its next contribution (a late contribution merged at its
+// age's weight); the rest is lost.
+struct LeftBehind {
+  double merged = 0.0;
+  double carried = 0.0;
+};
+
 struct LoopHooks {
   // After the compute of each inner step, with its measured seconds: waits out the step's modelled
   // time (simulation) and returns the seconds it counts as. Default: the measured time.
@@ -98,10 +111,9 @@ struct LoopHooks {
   std::function<std::optional<optim::Group>(std::int64_t step)> regroup;
   // After a round's collective went through and its outer step was applied, at step `step`.
   std::function<void(std::int64_t step)> applied;
-  // After this worker was left behind at a failed round (it took the members' state instead): true
-  // when that round went through for the others with this worker's contribution in their average, so
-  // what it computed since its last merge reached the shared model after all.
-  std::function<bool()> merged_when_left;
+  // After each regroup: when this worker was left behind since the last call (it took the members'
+  // state), what became of what it computed since its last merge (LeftBehind); nothing otherwise.
+  std::function<std::optional<LeftBehind>()> left_behind;
   // Bytes this worker sent to and received from newcomers moving training state so far (first:
   // sent, second: received); counted into bytes_sent and bytes_received.
   std::function<std::pair<std::uint64_t, std::uint64_t>()> state_traffic;

@@ -378,3 +378,98 @@ TEST_CASE("an attempt whose links never came up at one member is abandoned at on
   }
   CHECK(std::chrono::steady_clock::now() - t0 < 10s);
 }
+
+// Quorum and grace (CoordinatorOptions): a round closes short of a member once a quorum of the
+// expected work is ready and the learned grace has passed; never on a minority of the work before
+// straggler_grace.
+namespace {
+
+std::size_t index_of_highest(const std::vector<std::unique_ptr<transport::Gossip>>& nodes) {
+  std::size_t high = 0;
+  for (std::size_t i = 1; i < nodes.size(); ++i) {
+    if (nodes[high]->self() < nodes[i]->self()) high = i;
+  }
+  return high;
+}
+
+// agree(round) on every coordinator, the one at `late` `delay` after the others; nothing from it when
+// it is skipped.
+std::vector<Result<GroupView>> agree_late(std::vector<std::shared_ptr<Coordinator>>& cs, std::int64_t round, std::size_t late, Nanos delay,
+                                          bool skip_late = false) {
+  std::vector<Result<GroupView>> out(cs.size(), error(ErrorCode::kAborted, "not run"));
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    if (i == late && skip_late) continue;
+    threads.emplace_back([&, i] {
+      if (i == late) std::this_thread::sleep_for(delay);
+      out[i] = cs[i]->agree(round, 0, in(30s));
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the grace is learned from the usual lag and its spread: a member always late by about as much is waited for, a sudden delay is not") {
+  CoordinatorOptions o;
+  o.straggler_grace = 20s;
+  o.min_grace = 100ms;
+  auto [nodes, cs] = trio(o);
+  const std::size_t late = index_of_highest(nodes);
+  for (auto& r : agree_all(cs, 0)) REQUIRE(r.ok());
+  // Rounds 1-6: it is ready 600 ms after the others every time; the grace learns median 0.6 s plus
+  // 3 spreads (at least a quarter of the median each): about 1.05 s. It is never left out.
+  for (std::int64_t round = 1; round <= 6; ++round) {
+    CAPTURE(round);
+    for (auto& r : agree_late(cs, round, late, 600ms)) {
+      REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+      CHECK(r->members.size() == 3);
+    }
+  }
+  std::int64_t left = 0;
+  for (auto& c : cs) left += c->stats().left_out;
+  CHECK(left == 0);
+  // Round 7: it does not come. The others wait about the learned grace, far below the 20 s cap.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto next = agree_late(cs, 7, late, 0ms, /*skip_late=*/true);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    if (i == late) continue;
+    REQUIRE(next[i].ok());
+    CHECK(next[i]->members.size() == 2);
+  }
+  CHECK(waited > 0.5);  // above the usual lag (a member that late was waited for) ...
+  CHECK(waited < 3.0);  // ... and far below the cap
+  std::int64_t quorum_closes = 0;
+  for (auto& c : cs) quorum_closes += c->stats().quorum_closes;
+  CHECK(quorum_closes == 1);
+}
+
+TEST_CASE("a round never closes on a minority of the expected work before straggler_grace") {
+  CoordinatorOptions o;
+  o.straggler_grace = 4s;
+  o.min_grace = 100ms;
+  auto [nodes, cs] = trio(o);
+  const std::size_t late = index_of_highest(nodes);
+  for (std::int64_t round = 0; round < 5; ++round) {
+    for (auto& r : agree_all(cs, round)) REQUIRE(r.ok());
+  }
+  // The member that does not come brought 8 of the last round's 10 steps (a fast machine beside two
+  // slow ones, under a time budget): the two others are 20% of the work, short of the quorum.
+  std::map<transport::PeerId, std::int64_t> work;
+  for (std::size_t i = 0; i < nodes.size(); ++i) work[nodes[i]->self()] = i == late ? 8 : 1;
+  for (auto& c : cs) c->set_work(work);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto next = agree_late(cs, 5, late, 0ms, /*skip_late=*/true);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (std::size_t i = 0; i < cs.size(); ++i) {
+    if (i == late) continue;
+    REQUIRE(next[i].ok());
+    CHECK(next[i]->members.size() == 2);
+  }
+  CHECK(waited > 3.5);  // straggler_grace, not the learned 100 ms
+  std::int64_t quorum_closes = 0;
+  for (auto& c : cs) quorum_closes += c->stats().quorum_closes;
+  CHECK(quorum_closes == 0);
+}
