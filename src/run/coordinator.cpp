@@ -17,6 +17,9 @@ using namespace coordinator_parts;
 
 constexpr const char* kTopic = "gossamer.round";
 constexpr auto kPoll = std::chrono::milliseconds(20);
+// A wait loop that did not run for this long (it wakes every kPoll) was stopped with its process (a
+// stopped or swapping machine): its own stall is nobody else's lateness.
+constexpr auto kStalled = std::chrono::seconds(2);
 constexpr std::size_t kContacts = 3;     // a newcomer's, at most
 constexpr auto kLiveRefresh = std::chrono::milliseconds(50);  // gossip's view of who is live, copied at most this often
 
@@ -354,7 +357,7 @@ bool Coordinator::on_intent_locked(transport::PeerId origin, std::int64_t round,
 
 Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline, std::int64_t step, bool unlinked) {
   const transport::PeerId self = gossip_.self();
-  const Nanos ready_since = clock_.now();
+  Nanos ready_since = clock_.now();
   std::unique_lock lock(mu_);
   if (after_epoch > 0) ++stats_.retries;
   ready_[round][self] = Ready{after_epoch, step, last_ ? last_->epoch : 0, address_, ready_since, true, unlinked && after_epoch > 0};
@@ -410,8 +413,23 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
   Nanos repeat_every = options_.repeat_every;
   Nanos last_view_check = clock_.now();
   int repeats_past_grace = 0;
+  Nanos awake = clock_.now();
   for (;;) {
     if (stopping_) return error(ErrorCode::kAborted, "this peer is leaving the run");
+    if (const Nanos now = clock_.now(); now - awake > kStalled) {
+      // This peer did not run for a while: what it waited for went on without it, and the others'
+      // messages went to whoever leads. Its waits start afresh (it must not lead a group of those it
+      // happens to have heard of), and its READY goes out again.
+      spdlog::warn("round {}: this peer did not run for {:.1f} s (stopped or swapping): waiting for the others afresh", round,
+                   std::chrono::duration<double>(now - awake).count());
+      ready_since += now - awake;
+      ready_[round][self].at = ready_since;
+      awake = now;
+      told.clear();
+      say_ready(false, false);
+      continue;
+    }
+    awake = clock_.now();
     if (after_epoch > 0 && options_.commit_rounds) {
       // The attempt is decided (by this peer, when it decides it): it went through for the others,
       // or it is abandoned and a new group follows.

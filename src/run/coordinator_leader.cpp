@@ -221,3 +221,4 @@ std::optional<GroupView> Coordinator::leader_decision(std::int64_t round, std::u
 }
 
 }  // namespace gossamer::run
+

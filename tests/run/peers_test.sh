@@ -3,7 +3,7 @@
 # bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
 set -u
 G="$1"; shift
-SCENARIOS="${*:-four_peers throttled sim_agrees methods ddp_gloo kill_one crash_mid_round kill_leader leave late_join co2_join restart crash_rejoin shaped shaped_join resumed_join wrong_run wrong_key noise flood}"
+SCENARIOS="${*:-four_peers throttled sim_agrees methods ddp_gloo kill_one crash_mid_round stalled kill_leader leave late_join co2_join restart crash_rejoin shaped shaped_join resumed_join wrong_run wrong_key noise flood}"
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
 FAILED=0
@@ -206,6 +206,40 @@ crash_mid_round() {
   [ "$joined" = "$missed" ] || fail "crash_mid_round: $joined survivor(s) caught up, $missed missed the round"
   [ "$committed" -ge 1 ] && [ "$missed" -ge 1 ] || fail "crash_mid_round: round 2 was not committed for some and missed by others ($committed commits, $missed missed)"
   echo "crash_mid_round: round 2 went through for $((3 - missed)) survivor(s) and was missed by $missed, who caught up; identical parameters and shared state ($(digest "$d/p0"))"
+}
+
+# A stall: the process of the peer with the highest id (never the leader, the lowest) is stopped
+# (SIGSTOP) for 5 s mid-run and then goes on, as a preempted or swapping machine does. Failure
+# detection is slow enough (--dead-after 60) that it is a late member, not a dead one: the others
+# close their rounds on a quorum and the learned grace without it, and once it runs again it learns
+# it was left out, catches up, and what it computed rides on into its next contribution at the age
+# gate's weight. All four end with the same parameters.
+peer_id() { sed -n 's/.*peer \([0-9a-f]\{16\}\): gossip on.*/\1/p' "$1.log" | head -n 1; }
+stalled() {
+  local d=$WORK/stalled
+  mkdir -p "$d"
+  local more=(--set train.steps=1500 --set train.eval_every=500 --set diloco.inner_steps=50 --dead-after 60)
+  start_first "$d/p0" 4 "${more[@]}"; local a; a=$(address_of "$d/p0") || { fail "stalled: no address"; return; }
+  for i in 1 2 3; do start_joiner "$d/p$i" "$a" --dead-after 60; done
+  for _ in $(seq 400); do [ -n "$(peer_id "$d/p1")" ] && [ -n "$(peer_id "$d/p2")" ] && [ -n "$(peer_id "$d/p3")" ] && break; sleep 0.05; done
+  local i top=0
+  for i in 1 2 3; do [[ "$(peer_id "$d/p$i")" > "$(peer_id "$d/p$top")" ]] && top=$i; done
+  # Stopped just after a round's end: in the middle of computing the next one, before it says READY.
+  for _ in $(seq 600); do grep -q '"step":250,' "$d/p$top/metrics.jsonl" 2>/dev/null && break; sleep 0.02; done
+  local pid; pid=$(pgrep -f -- "peer .*--out $d/p$top( |$)" | tail -n 1)
+  [ -n "$pid" ] || { fail "stalled: found no peer $top to stop"; return; }
+  kill -STOP "$pid"; sleep 5; kill -CONT "$pid"
+  wait
+  for i in 0 1 2 3; do
+    [ -f "$d/p$i/summary.json" ] || { fail "stalled: peer $i did not finish"; tail -n 20 "$d/p$i.log"; return; }
+  done
+  same_params stalled "$d"/p{0,1,2,3} || return
+  local carried closes
+  carried=$(json_num "$d/p$top" late_contributions_carried)
+  closes=$(for i in 0 1 2 3; do json_num "$d/p$i" quorum_closes_by_this_leader; done | awk '{ s += $1 } END { print s + 0 }')
+  [ "${carried:-0}" -ge 1 ] || { fail "stalled: the stopped peer carried no late work (${carried:-none})"; tail -n 30 "$d/p$top.log"; return; }
+  [ "$closes" -ge 1 ] || fail "stalled: no round closed on its quorum without the stopped peer"
+  echo "stalled: $closes round(s) closed on a quorum without the stopped peer $top, which carried its late work $carried time(s); identical parameters ($(digest "$d/p0"))"
 }
 
 # The leader dies: the peer on shard 0 has the lowest id, so it leads every round. The next lowest
