@@ -28,7 +28,9 @@
 // sender is a newcomer that knows only a few members) passes it on once to its own leader and
 // fallback. READYs are repeated to the leader until a GROUP answers, and whoever holds the round's
 // group answers a READY with it: a lost message only delays. A peer still waiting when its grace is
-// over says READY to everyone. Per round a peer sends one READY (to two or three) and one DONE (to
+// over says READY to everyone. A peer that did not run for 2 s (its process was stopped, its machine
+// swapped) starts its waits afresh and says READY again: its own stall is nobody else's lateness,
+// and it must not lead a group of the few peers it happens to have heard of meanwhile. Per round a peer sends one READY (to two or three) and one DONE (to
 // two), and the leader one GROUP per member: O(N) messages in all, not O(N^2); a failed round adds
 // one decision to everyone.
 //
