@@ -1,5 +1,12 @@
 #include "app/args.h"
 
+#include <algorithm>
+#include <array>
+#include <filesystem>
+#include <string_view>
+
+#include "train/run_folder.h"
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -89,5 +96,26 @@ Result<transport::LinkProfile> parse_shape(const std::string& text) {
   return p;
 }
 
+
+Status check_output_file(const std::string& out, bool force) {
+  namespace fs = std::filesystem;
+  const fs::path path(out);
+  const fs::path parent = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  std::error_code ec;
+  const bool run_folder = fs::exists(parent / train::kRunMarkerFile, ec) || fs::exists(parent / "checkpoint.bin", ec);
+  static constexpr std::array<std::string_view, 7> kRunFiles = {"run.json", "summary.json", "metrics.jsonl", "checkpoint.bin", "report.html", "config.toml", "address"};
+  const std::string name = path.filename().string();
+  if (run_folder && std::find(kRunFiles.begin(), kRunFiles.end(), name) != kRunFiles.end()) {
+    return error(ErrorCode::kInvalidArgument, "--out " + out + " is a file of the run in " + parent.string() +
+                                                  ", which no other command replaces (not even with --force): choose another name, for example " +
+                                                  (parent / "model.out").string());
+  }
+  if (!fs::is_directory(parent, ec)) {
+    return error(ErrorCode::kInvalidArgument, "--out " + out + ": folder " + parent.string() + " does not exist (create it first)");
+  }
+  if (fs::is_directory(path, ec)) return error(ErrorCode::kInvalidArgument, "--out " + out + " is a folder: name a file");
+  if (!force && fs::exists(path, ec)) return error(ErrorCode::kInvalidArgument, out + " already exists: pass --force to replace it");
+  return Status();
+}
 
 }  // namespace gossamer::app

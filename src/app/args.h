@@ -26,6 +26,13 @@ CLI::Validator integer_in(std::int64_t min, std::int64_t max);
 // host:port for the given use (transport/endpoint.h).
 CLI::Validator host_port(transport::EndpointUse use);
 
+// A file a command is about to write (--out of export, schedule): refused when it is one of a run's
+// own files (run.json, summary.json, metrics.jsonl, checkpoint.bin, report.html, config.toml or
+// address in a folder holding run.json or checkpoint.bin), even with `force`: a result is never
+// replaced by another command. Refused too when it exists and `force` is off, or its folder does not
+// exist. kInvalidArgument with what to do.
+[[nodiscard]] Status check_output_file(const std::string& out, bool force);
+
 // --shape: a link profile preset, or "MBIT,MS" (bandwidth in Mbit/s, one-way latency in ms).
 [[nodiscard]] Result<transport::LinkProfile> parse_shape(const std::string& text);
 

@@ -149,6 +149,7 @@ struct ScheduleArgs {
   std::uint64_t seed = 5;
   int gcma_trials = 8000;
   std::string out;
+  bool force = false;
 };
 void add_schedule_command(CLI::App& app, ScheduleArgs& args);
 int run_schedule_command(const ScheduleArgs& args);

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "app/args.h"
 #include "app/commands.h"
 #include "core/file.h"
 #include "model/gpt.h"
@@ -64,11 +65,11 @@ void add_sample_command(CLI::App& app, SampleArgs& args) {
   cmd->add_option("--from", args.from, "run folder of gossamer train, peer or pipeline")->required();
   cmd->add_option("--prompt", args.prompt, "text to continue (byte-level models)");
   cmd->add_option("--prompt-tokens", args.prompt_tokens, "token ids to continue, separated by spaces (models of token files)");
-  cmd->add_option("--tokens", args.tokens, "tokens to generate")->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--tokens", args.tokens, "tokens to generate")->capture_default_str()->check(integer_in(0, 1 << 20));
   cmd->add_option("--temperature", args.temperature, "0: always the most likely token; higher: more varied")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 100.0));
-  cmd->add_option("--top-k", args.top_k, "draw from the k most likely tokens only (0: all)")->capture_default_str()->check(CLI::Range(0, 1 << 30));
+      ->check(number_in(0.0, 100.0));
+  cmd->add_option("--top-k", args.top_k, "draw from the k most likely tokens only (0: all)")->capture_default_str()->check(integer_in(0, 1 << 30));
   cmd->add_option("--seed", args.seed, "seed of the draws: the same seed gives the same text")->capture_default_str();
 }
 
@@ -112,13 +113,7 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
 
 int run_export_command(const ExportArgs& args) {
   std::error_code ec;
-  if (!args.force && fs::exists(args.out, ec)) {
-    return report_failure(error(ErrorCode::kInvalidArgument, args.out + " already exists: pass --force to replace it"));
-  }
-  const fs::path parent = fs::path(args.out).parent_path();
-  if (!parent.empty() && !fs::is_directory(parent, ec)) {
-    return report_failure(error(ErrorCode::kInvalidArgument, "--out " + args.out + ": folder " + parent.string() + " does not exist (create it first)"));
-  }
+  if (Status st = check_output_file(args.out, args.force); !st.ok()) return report_failure(st);
   auto trained = train::load_trained_model(args.from);
   if (!trained.ok()) return report_failure(trained.status());
   auto& m = *trained->model;

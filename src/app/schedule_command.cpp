@@ -34,10 +34,14 @@ void add_schedule_command(CLI::App& app, ScheduleArgs& a) {
   cmd->add_option("--seed", a.seed, "seed of the assignment and the cost-blind draws")->capture_default_str();
   cmd->add_option("--gcma-trials", a.gcma_trials, "children the genetic assignment tries")->capture_default_str()->check(integer_in(0, 1 << 24));
   cmd->add_option("--out", a.out, "write the SkipPipe schedule's bytes here");
+  cmd->add_flag("--force", a.force, "replace an existing --out file");
 }
 
 int run_schedule_command(const ScheduleArgs& a) {
   using namespace skippipe;
+  if (!a.out.empty()) {  // before the work: a refusal should not come after minutes of planning
+    if (Status st = check_output_file(a.out, a.force); !st.ok()) return report_failure(st);
+  }
   Options o;
   o.stages = a.stages;
   o.path_length = a.path_length;

@@ -178,6 +178,26 @@ snapshot "$tmp/run"
 run 0 "$G" train --out "$tmp/run" --resume
 says "nothing to do"
 unchanged "$tmp/run" "resume of a finished run"
+# The newer commands: a run's own files are never written over, not even with --force; another
+# existing file only with --force; numbers that are not finite refused.
+run 2 "$G" export --from "$tmp/run" --out "$tmp/run/checkpoint.bin" --force
+says "is a file of the run in"; says "choose another name"
+unchanged "$tmp/run" "export over the run's checkpoint"
+run 2 "$G" export --from "$tmp/run" --out "$tmp/run/summary.json" --force
+unchanged "$tmp/run" "export over the run's summary"
+run 2 "$G" sample --from "$tmp/run" --prompt "a" --temperature nan
+says "--temperature"; says "not a finite number"
+run 2 "$G" sample --from "$tmp/run" --prompt "a" --temperature inf
+says "--temperature"
+echo "not a schedule" > "$tmp/kept.bin"
+run 2 "$G" schedule --nodes 20 --gcma-trials 10 --out "$tmp/kept.bin"
+says "already exists: pass --force"
+[ "$(cat "$tmp/kept.bin")" = "not a schedule" ] || fail "schedule wrote over an existing file without --force"
+run 2 "$G" schedule --nodes 20 --gcma-trials 10 --out "$tmp/run/run.json" --force
+unchanged "$tmp/run" "schedule over the run's run.json"
+run 0 "$G" schedule --nodes 20 --gcma-trials 10 --out "$tmp/kept.bin" --force
+says "wrote"
+[ "$(cat "$tmp/kept.bin")" != "not a schedule" ] || fail "schedule --force did not replace the file"
 # Fewer steps than the checkpoint: refused.
 run 2 "$G" train --out "$tmp/run" --resume --set train.steps=5
 says "cannot go backwards"
