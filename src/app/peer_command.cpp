@@ -79,6 +79,14 @@ int run_peer_command(const PeerArgs& args) {
   req.advertise = args.advertise;
   if (args.link_port >= 0) req.link_port = static_cast<std::uint16_t>(args.link_port);
   req.outbound_only = args.outbound_only;
+  if (args.outbound_only && !args.advertise.empty()) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "--outbound-only says nobody can connect to this machine and --advertise says where they "
+                                                             "can: pass one of them (docs/peer.md, \"Behind NAT\")"));
+  }
+  if (args.outbound_only && args.join.empty()) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "the first peer of a run must accept connections (the others dial it to join): start it "
+                                                             "on a machine they can reach, without --outbound-only, and --join it from this one"));
+  }
   if (args.resume && (!args.source.config_file.empty() || !args.source.overrides.empty())) {
     return report_failure(error(ErrorCode::kInvalidArgument, "--resume takes the run's config from the checkpoint: drop --config and --set"));
   }
@@ -90,6 +98,11 @@ int run_peer_command(const PeerArgs& args) {
       if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
     }
     for (const auto& w : train::config_warnings(*config)) spdlog::warn("{}", w);
+    // A drill that can never fire would rehearse nothing, silently.
+    if (args.crash_at_step > config->train.steps) {
+      return report_failure(error(ErrorCode::kInvalidArgument, "--crash-at-step " + std::to_string(args.crash_at_step) + " is past the run's last step (train.steps = " +
+                                                                   std::to_string(config->train.steps) + "): the drill would never fire"));
+    }
     train::RunConfig here = *config;
     if (!args.device.empty()) here.train.device = args.device;
     if (Status st = train::check_resources(here, /*workers=*/1); !st.ok()) return report_failure(st);

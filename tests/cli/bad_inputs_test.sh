@@ -80,6 +80,14 @@ run 2 "$G" peer --set model.layers=1 --join-timeout nan --out "$tmp/x"
 says "--join-timeout"
 run 2 "$G" peer --set model.layers=1 --dead-after inf --out "$tmp/x"
 says "--dead-after"
+# Peer options that contradict each other, or a drill that could never fire: refused before anything starts.
+run 2 "$G" peer "${PEERTINY[@]}" --listen 127.0.0.1:0 --join 127.0.0.1:7 --outbound-only --advertise 198.51.100.7 --out "$tmp/x"
+says "--outbound-only"; says "--advertise"
+run 2 "$G" peer "${PEERTINY[@]}" --listen 127.0.0.1:0 --outbound-only --out "$tmp/x"
+says "the first peer of a run must accept connections"
+run 2 "$G" peer "${PEERTINY[@]}" --listen 127.0.0.1:0 --crash-at-step 100 --out "$tmp/x"
+says "--crash-at-step 100 is past the run's last step (train.steps = 12)"
+[ -e "$tmp/x" ] && fail "a refused peer must not create its run folder"
 [ -e "$tmp/x" ] && fail "a refused command must not create its run folder"
 
 # --- Strings: a path that looks like a number is a path.
