@@ -128,6 +128,17 @@ Result<std::unique_ptr<TorchScriptModel>> TorchScriptModel::load(const TorchScri
     return error(ErrorCode::kInvalidArgument, fmt::format("{}: forward(tokens: int64 [1, {}]) failed: {} (the module must map tokens [B, T] "
                                                           "to logits [B, T, vocab] for T up to model.context)",
                                                           where, o.context, e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    // An error raised inside the scripted code (torch::jit::JITException): its message is the
+    // module's traceback, whose last line says what went wrong (an index past a position table
+    // shorter than model.context, say).
+    std::string what = e.what();
+    while (!what.empty() && (what.back() == '\n' || what.back() == ' ')) what.pop_back();
+    if (auto nl = what.rfind('\n'); nl != std::string::npos) what = what.substr(nl + 1);
+    return error(ErrorCode::kInvalidArgument, fmt::format("{}: forward(tokens: int64 [1, {}]) failed in the module's own code: {} (the module "
+                                                          "must map tokens [B, T] to logits [B, T, vocab] for T up to model.context: is its "
+                                                          "position table shorter than model.context?)",
+                                                          where, o.context, what));
   }
   return model;
 }

@@ -110,6 +110,10 @@ test -f "$tmp/ts-peer/summary.json" || fail "the TorchScript peer wrote no summa
 # A module whose vocabulary is not the run's is refused with the shapes.
 run 2 "$G" train "${TS[@]}" --set model.path="$tmp/ng_tokens.pt" --out "$tmp/ts-bad"
 says "expected [1, 16, 256]"
+# A module whose position table is shorter than model.context: refused at load, in one line.
+run 2 "$G" train "${TS[@]}" --set model.path="$tmp/ng.pt" --set model.context=32 --out "$tmp/ts-short"
+says "position table shorter than model.context"
+[ -e "$tmp/ts-short" ] && fail "a refused TorchScript run must not create its run folder"
 
 # Using the result: sample (deterministic per seed), export to safetensors and TorchScript, and
 # PyTorch reads both: the same weights bit for bit, a forward pass written from the safetensors
