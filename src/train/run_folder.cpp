@@ -113,8 +113,14 @@ Status check_contents(const fs::path& path, RunKind kind) {
     return error(ErrorCode::kInvalidArgument, "--out " + path.string() + " is a folder with other files in it (" + all.front() +
                                                   (all.size() > 1 ? ", ..." : "") + "): choose a new or empty folder, so that nothing in it is overwritten");
   }
+  const bool resumable = kind == RunKind::kTrain || kind == RunKind::kPeer;
+  if (resumable && !exists_quietly(path / "checkpoint.bin")) {
+    // (--resume would be refused too: there is no checkpoint to continue from.)
+    return error(ErrorCode::kInvalidArgument, "run folder " + path.string() + " holds a run that ended before its first checkpoint, so there is "
+                                                  "nothing to resume: choose another --out, or delete the folder to start over in it");
+  }
   return error(ErrorCode::kInvalidArgument, "run folder " + path.string() + " already holds a run" +
-                                                (kind == RunKind::kTrain || kind == RunKind::kPeer ? ": pass --resume to continue it, or choose another --out"
+                                                (resumable ? ": pass --resume to continue it, or choose another --out"
                                                                                                     : ": choose another --out (" + resume_hint(kind, path) + ")"));
 }
 

@@ -81,3 +81,24 @@ TEST_CASE("run folders: a resume checks without writing, recognises older folder
   CHECK(RunFolder::open_to_resume(dir, RunKind::kPeer).status().message().find("`gossamer train` run") != std::string::npos);
   fs::remove_all(dir);
 }
+
+TEST_CASE("run folders: a run that ended before its first checkpoint is not offered a resume it would be refused") {
+  const fs::path dir = scratch("no-checkpoint");
+  fs::remove_all(dir);
+  {
+    auto folder = RunFolder::create(dir, RunKind::kPeer);
+    REQUIRE(folder.ok());
+  }
+  touch(dir / "metrics.jsonl");  // it trained a little, then died before its first checkpoint
+  const Status again = RunFolder::check_new(dir, RunKind::kPeer);
+  CHECK(again.code() == ErrorCode::kInvalidArgument);
+  CHECK(again.message().find("ended before its first checkpoint") != std::string::npos);
+  CHECK(again.message().find("pass --resume") == std::string::npos);
+  const auto resumed = RunFolder::open_to_resume(dir, RunKind::kPeer, /*claim=*/false);
+  REQUIRE_FALSE(resumed.ok());
+  CHECK(resumed.status().message().find("nothing to resume") != std::string::npos);
+  // With a checkpoint, --resume is the way on.
+  touch(dir / "checkpoint.bin");
+  CHECK(RunFolder::check_new(dir, RunKind::kPeer).message().find("pass --resume") != std::string::npos);
+  fs::remove_all(dir);
+}
