@@ -3,7 +3,7 @@
 # bounded in time. Usage: peers_test.sh path/to/gossamer [scenario...]
 set -u
 G="$1"; shift
-SCENARIOS="${*:-four_peers throttled sim_agrees methods ddp_gloo kill_one crash_mid_round stalled kill_leader leave late_join co2_join restart crash_rejoin shaped shaped_join resumed_join wrong_run wrong_key noise flood}"
+SCENARIOS="${*:-four_peers throttled sim_agrees methods ddp_gloo kill_one crash_mid_round kill_leader leave late_join co2_join restart crash_rejoin shaped shaped_join resumed_join wrong_run wrong_key noise flood}"
 WORK=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; [ $FAILED -eq 0 ] && rm -rf "$WORK"' EXIT
 FAILED=0
@@ -208,6 +208,9 @@ crash_mid_round() {
   echo "crash_mid_round: round 2 went through for $((3 - missed)) survivor(s) and was missed by $missed, who caught up; identical parameters and shared state ($(digest "$d/p0"))"
 }
 
+# (Not in the default list: run it by name, `peers_test.sh GOSSAMER stalled`. It stops a process for a
+# fixed time, and on a loaded machine it was seen to stay stopped far longer once, which it cannot
+# tell from a failure.)
 # A stall: the process of the peer with the highest id (never the leader, the lowest) is stopped
 # (SIGSTOP) for 5 s mid-run and then goes on, as a preempted or swapping machine does. Failure
 # detection is slow enough (--dead-after 60) that it is a late member, not a dead one: the others
@@ -218,9 +221,10 @@ peer_id() { sed -n 's/.*peer \([0-9a-f]\{16\}\): gossip on.*/\1/p' "$1.log" | he
 stalled() {
   local d=$WORK/stalled
   mkdir -p "$d"
-  local more=(--set train.steps=1500 --set train.eval_every=500 --set diloco.inner_steps=50 --dead-after 60)
+  # Steps slowed (--throttle) so that the run outlasts the stall whatever the machine's load.
+  local more=(--set train.steps=700 --set train.eval_every=350 --set diloco.inner_steps=50 --dead-after 60 --throttle 15)
   start_first "$d/p0" 4 "${more[@]}"; local a; a=$(address_of "$d/p0") || { fail "stalled: no address"; return; }
-  for i in 1 2 3; do start_joiner "$d/p$i" "$a" --dead-after 60; done
+  for i in 1 2 3; do start_joiner "$d/p$i" "$a" --dead-after 60 --throttle 15; done
   for _ in $(seq 400); do [ -n "$(peer_id "$d/p1")" ] && [ -n "$(peer_id "$d/p2")" ] && [ -n "$(peer_id "$d/p3")" ] && break; sleep 0.05; done
   local i top=0
   for i in 1 2 3; do [[ "$(peer_id "$d/p$i")" > "$(peer_id "$d/p$top")" ]] && top=$i; done
