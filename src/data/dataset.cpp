@@ -35,6 +35,16 @@ Result<std::string> load_corpus(const fs::path& path, std::size_t max_bytes) {
   return out;
 }
 
+double control_byte_share(std::string_view text) {
+  if (text.empty()) return 0.0;
+  std::size_t control = 0;
+  for (const char ch : text) {
+    const auto b = static_cast<unsigned char>(ch);
+    control += (b < 0x20 && (b < 0x09 || b > 0x0D)) || b == 0x7F ? 1 : 0;
+  }
+  return static_cast<double>(control) / static_cast<double>(text.size());
+}
+
 Result<Dataset> Dataset::from_text(std::string text, double val_fraction, std::int64_t context) {
   return from_tokens(Tokens::of_text(std::move(text)), val_fraction, context);
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,13 @@ namespace gossamer::data {
 // Reads one text file, or every regular file in a folder (recursively, in sorted path order,
 // concatenated). Refuses more than max_bytes in total.
 [[nodiscard]] Result<std::string> load_corpus(const std::filesystem::path& path, std::size_t max_bytes);
+
+// The share of bytes that text almost never holds: NUL and the other control characters but tab,
+// line feed, vertical tab, form feed and carriage return (and DEL). Text in any language has next to
+// none (UTF-8's other bytes are >= 0x80); random bytes have about 11%. 0 for an empty string.
+double control_byte_share(std::string_view text);
+// Above this share a corpus read as text is said not to look like text (a warning, not a refusal).
+inline constexpr double kNotTextShare = 0.02;
 
 struct Batch {
   at::Tensor tokens;   // int64 (B, T)

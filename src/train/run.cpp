@@ -71,6 +71,11 @@ Result<Corpus> load_corpus(const RunConfig& config) {
     if (!loaded.ok()) return data_path_error(loaded.status());
     text = std::move(*loaded);
     description = fmt::format("{} ({} bytes)", config.data.path, text.size());
+    if (const double share = data::control_byte_share(text); share > data::kNotTextShare) {
+      spdlog::warn("data.path {} does not look like text: {:.1f}% of its bytes are NUL or control characters (text has next to none, random "
+                   "bytes about 11%); it is trained on as bytes all the same. A token file wants data.format = \"tokens\"",
+                   config.data.path, 100 * share);
+    }
   }
   auto dataset = data::Dataset::from_text(std::move(text), config.data.val_fraction, config.model.context);
   if (!dataset.ok()) return dataset.status();

@@ -94,6 +94,13 @@ says "--crash-at-step 100 is past the run's last step (train.steps = 12)"
 run 2 "$G" train "${TINY[@]}" --set data.path=123 --out "$tmp/x"
 says "data.path"; says "123"
 grep -qF "wrong type" "$tmp/out" && fail "data.path=123 taken for an integer"
+# Data that is not text is trained on as bytes, with a warning that gives the figure.
+head -c 60000 /dev/urandom > "$tmp/random.bin"
+run 0 "$G" train "${TINY[@]}" --set data.path="$tmp/random.bin" --out "$tmp/rnd"
+says "does not look like text"
+head -c 60000 /dev/zero > "$tmp/zeros.bin"
+run 0 "$G" train "${TINY[@]}" --set data.path="$tmp/zeros.bin" --out "$tmp/zeros"
+says "100.0% of its bytes are NUL or control characters"
 
 # --- Addresses: refused within a second of start, before anything starts. Loading LibTorch alone
 # takes most of a second here, so the second is counted from a bare start (`--version`, fastest of 3).

@@ -133,3 +133,21 @@ TEST_CASE("load_corpus reads a file or a sorted folder and reports what is wrong
   CHECK_FALSE(data::load_corpus(dir, 10).ok());
   fs::remove_all(dir);
 }
+
+TEST_CASE("control bytes tell text from data that is not text") {
+  CHECK(data::control_byte_share("") == 0.0);
+  CHECK(data::control_byte_share("First Citizen:\nBefore we proceed any further, hear me speak.\r\n\tAll: Speak, speak.\f") == 0.0);
+  CHECK(data::control_byte_share("na\xc3\xafve caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e") == 0.0);  // UTF-8 text
+  CHECK(data::control_byte_share(std::string(1000, '\0')) == 1.0);
+  std::string random;
+  std::uint64_t x = 88172645463325252ull;
+  for (int i = 0; i < 100000; ++i) {  // xorshift bytes
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    random.push_back(static_cast<char>(x & 0xFF));
+  }
+  const double share = data::control_byte_share(random);
+  CHECK(share == doctest::Approx(28.0 / 256).epsilon(0.05));  // 27 control bytes and DEL of 256
+  CHECK(share > data::kNotTextShare);
+}
