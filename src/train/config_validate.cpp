@@ -1,0 +1,131 @@
+// The checks of a whole run config (validate(), train/config.h): what no key's own range can say,
+// the keys taken together.
+#include "train/config.h"
+
+#include <cmath>
+#include <string>
+
+#include "train/speeds.h"
+
+namespace gossamer::train {
+
+Status validate(const RunConfig& c) {
+  auto bad = [](const std::string& m) { return error(ErrorCode::kInvalidArgument, m); };
+  if (c.model.width % c.model.heads != 0) {
+    return bad("model.width (" + std::to_string(c.model.width) + ") must be divisible by model.heads (" + std::to_string(c.model.heads) + ")");
+  }
+  if (c.train.warmup_steps > c.train.steps) {
+    return bad("train.warmup_steps (" + std::to_string(c.train.warmup_steps) + ") must not exceed train.steps (" + std::to_string(c.train.steps) + ")");
+  }
+  if (c.data.shard_block != 0 && c.data.shard_block <= c.model.context) {
+    return bad("data.shard_block (" + std::to_string(c.data.shard_block) + ") must exceed model.context (" + std::to_string(c.model.context) +
+               ") so that a window fits in a block, or be 0 for contiguous shards");
+  }
+  if (const auto& d = c.train.device; d != "auto" && d != "cpu" && d != "cuda" &&
+                                      !(d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.find_first_not_of("0123456789", 5) == std::string::npos)) {
+    return bad("train.device = " + d + ": use auto, cpu, cuda or cuda:N");
+  }
+  if (c.model.kind == "torchscript" && c.model.path.empty()) {
+    return bad("model.kind = torchscript needs model.path: the file torch.jit.script(model).save(path) wrote");
+  }
+  if (c.data.format == "tokens" && c.data.path.empty()) {
+    return bad("data.format = tokens needs data.path: a token file, or a folder holding train.bin and val.bin");
+  }
+  if (c.data.format == "tokens" && c.data.vocab_size == 0) {
+    return bad("data.format = tokens needs data.vocab_size: the size of the tokenizer's vocabulary (50257 for GPT-2's, 128256 for Llama 3's)");
+  }
+  if (c.data.format == "text" && c.data.vocab_size != 0 && c.data.vocab_size < 256) {
+    return bad("data.vocab_size (" + std::to_string(c.data.vocab_size) + ") is below 256: text is read as bytes, which need 256 ids; use 0");
+  }
+  if (c.data.synthetic.classes > c.data.synthetic.words) {
+    return bad("data.synthetic.classes (" + std::to_string(c.data.synthetic.classes) + ") must not exceed data.synthetic.words (" +
+               std::to_string(c.data.synthetic.words) + ")");
+  }
+  if (c.pipeline.crash_node >= 0 && c.pipeline.stage_sync != "ddp") {
+    return bad("pipeline.crash_node needs pipeline.stage_sync = ddp: with an outer method inside the stages, replicas step on their own before an "
+               "iteration is known to have failed, so running it again without the lost node would step them twice");
+  }
+  if (c.pipeline.crash_node >= c.pipeline.nodes) {
+    return bad("pipeline.crash_node (" + std::to_string(c.pipeline.crash_node) + ") must name one of the " + std::to_string(c.pipeline.nodes) + " pipeline nodes");
+  }
+  if (c.sim.crash_worker >= c.sim.workers) {
+    return bad("sim.crash_worker (" + std::to_string(c.sim.crash_worker) + ") must name one of the " + std::to_string(c.sim.workers) + " workers");
+  }
+  if (c.sim.slow_link_workers > c.sim.workers) {
+    return bad("sim.slow_link_workers (" + std::to_string(c.sim.slow_link_workers) + ") exceeds sim.workers (" + std::to_string(c.sim.workers) + ")");
+  }
+  if (c.sim.straggler >= c.sim.workers) {
+    return bad("sim.straggler (" + std::to_string(c.sim.straggler) + ") must name one of the " + std::to_string(c.sim.workers) + " workers");
+  }
+  if (auto speeds = parse_speeds(c.sim.speeds, c.sim.workers); !speeds.ok()) return speeds.status();
+  if (c.sim.sites > c.sim.workers) {
+    return bad("sim.sites (" + std::to_string(c.sim.sites) + ") exceeds sim.workers (" + std::to_string(c.sim.workers) + "): every site needs a worker");
+  }
+  if ((c.sim.churn_rate > 0 || c.sim.churn_per_minute > 0) && c.sim.workers < 3) {
+    return bad(std::string(c.sim.churn_rate > 0 ? "sim.churn_rate" : "sim.churn_per_minute") +
+               " needs sim.workers >= 3: with fewer, a crash leaves no group to rejoin");
+  }
+  if (c.sim.crash_mid_round > 0) {
+    if (c.sim.crash_worker < 0 || c.sim.crash_worker == c.sim.join_worker || c.sim.crash_at_step > 0) {
+      return bad("sim.crash_mid_round needs sim.crash_worker to name a worker of the run from its start (not sim.join_worker), and "
+                 "sim.crash_at_step = 0: the worker dies in that round instead");
+    }
+    if (c.outer.method == "local" || c.outer.method == "noloco" || (c.outer.method == "ddp" && c.ddp.engine == "gloo")) {
+      return bad("sim.crash_mid_round needs a method whose round is Gossamer's all-reduce or all-gather (diloco, streaming_diloco, "
+                 "sparseloco, co2, or ddp with ddp.engine = links), not outer.method = " + c.outer.method +
+                 (c.outer.method == "ddp" ? " on Gloo" : ""));
+    }
+  }
+  if (c.sim.join_worker >= 0) {
+    if (c.sim.join_worker >= c.sim.workers) {
+      return bad("sim.join_worker (" + std::to_string(c.sim.join_worker) + ") must name one of the " + std::to_string(c.sim.workers) + " workers");
+    }
+    if (c.sim.workers < 2) return bad("sim.join_worker needs sim.workers >= 2: a newcomer joins a running group");
+    if (c.sim.join_worker == c.sim.crash_worker && c.sim.crash_at_step <= c.sim.join_at_step) {
+      return bad("sim.crash_at_step (" + std::to_string(c.sim.crash_at_step) + ") must come after sim.join_at_step (" + std::to_string(c.sim.join_at_step) +
+                 ") when the newcomer is the one killed: it is killed once the run reaches that step");
+    }
+    if (c.sim.join_at_step < 2 || c.sim.join_at_step > c.train.steps) {
+      return bad("sim.join_at_step (" + std::to_string(c.sim.join_at_step) + ") must lie in [2, train.steps = " + std::to_string(c.train.steps) +
+                 "]: the newcomer takes the state after step sim.join_at_step - 1");
+    }
+  }
+  if (c.outer.aggregation != "mean" && c.outer.method == "ddp" && c.ddp.engine == "gloo") {
+    return bad("outer.aggregation = " + c.outer.aggregation + " needs ddp.engine = links: Gloo's all-reduce only sums");
+  }
+  if (c.outer.aggregation != "mean" && c.outer.method == "noloco") {
+    return bad("outer.aggregation = " + c.outer.aggregation + " does not apply to noloco, which averages pairs (a partner's malformed or non-finite "
+               "contribution already fails that round alone); use mean");
+  }
+  if (c.sparseloco.topk > c.sparseloco.chunk) {
+    return bad("sparseloco.topk (" + std::to_string(c.sparseloco.topk) + ") must not exceed sparseloco.chunk (" + std::to_string(c.sparseloco.chunk) + ")");
+  }
+  if (c.outer.aggregation == "trimmed_mean" && c.outer.method == "sparseloco") {
+    return bad("outer.aggregation = trimmed_mean does not apply to sparseloco (a coordinate-wise trim of sparse updates is mostly of zeros); use mean or filtered");
+  }
+  if (c.sim.poison != "none") {
+    if (c.sim.poison_workers >= c.sim.workers) {
+      return bad("sim.poison_workers (" + std::to_string(c.sim.poison_workers) + ") must leave at least one of the " + std::to_string(c.sim.workers) +
+                 " workers honest");
+    }
+    if (c.outer.method == "noloco" || c.outer.method == "local" || (c.outer.method == "ddp" && c.ddp.engine == "gloo")) {
+      return bad("sim.poison applies to all-reduces over our links: ddp (links), diloco, streaming_diloco, co2 and sparseloco, not " + c.outer.method);
+    }
+    if (c.sim.poison == "nan" && c.outer.method == "sparseloco") {
+      return bad("sim.poison = nan writes a NaN into fp32 payloads; sparseloco's are sparse 2-bit ones: use scale or sign");
+    }
+    const std::string& codec = c.outer.method == "ddp" ? c.ddp.codec : c.outer.method == "diloco" ? c.diloco.codec
+                               : c.outer.method == "co2" ? c.co2.codec : c.streaming_diloco.codec;
+    if (c.sim.poison == "nan" && codec != "fp32") {
+      return bad("sim.poison = nan writes a NaN into fp32 payloads: set the method's codec to fp32 (it is " + codec + ")");
+    }
+  }
+  const auto& sd = c.streaming_diloco;
+  if (sd.overlap >= sd.inner_steps) {
+    return bad("streaming_diloco.overlap (" + std::to_string(sd.overlap) + ") must be below streaming_diloco.inner_steps (" +
+               std::to_string(sd.inner_steps) + ")");
+  }
+  return Status();
+}
+
+}  // namespace gossamer::train
