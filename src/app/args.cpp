@@ -99,11 +99,12 @@ Result<transport::LinkProfile> parse_shape(const std::string& text) {
 
 Status check_output_file(const std::string& out, bool force) {
   namespace fs = std::filesystem;
+  if (out.empty()) return error(ErrorCode::kInvalidArgument, "--out is empty: name the file to write");
   const fs::path path(out);
   const fs::path parent = path.parent_path().empty() ? fs::path(".") : path.parent_path();
   std::error_code ec;
   const bool run_folder = fs::exists(parent / train::kRunMarkerFile, ec) || fs::exists(parent / "checkpoint.bin", ec);
-  static constexpr std::array<std::string_view, 7> kRunFiles = {"run.json", "summary.json", "metrics.jsonl", "checkpoint.bin", "report.html", "config.toml", "address"};
+  static constexpr std::array<std::string_view, 8> kRunFiles = {"run.json", "summary.json", "metrics.jsonl", "checkpoint.bin", "report.html", "config.toml", "inputs.json", "address"};
   const std::string name = path.filename().string();
   if (run_folder && std::find(kRunFiles.begin(), kRunFiles.end(), name) != kRunFiles.end()) {
     return error(ErrorCode::kInvalidArgument, "--out " + out + " is a file of the run in " + parent.string() +
@@ -115,6 +116,22 @@ Status check_output_file(const std::string& out, bool force) {
   }
   if (fs::is_directory(path, ec)) return error(ErrorCode::kInvalidArgument, "--out " + out + " is a folder: name a file");
   if (!force && fs::exists(path, ec)) return error(ErrorCode::kInvalidArgument, out + " already exists: pass --force to replace it");
+  return Status();
+}
+
+void OptionScopes::add(const CLI::Option* option, std::vector<std::string> modes) { scoped_.emplace_back(option, std::move(modes)); }
+
+Status OptionScopes::check(const std::string& mode) const {
+  auto name = [&](const std::string& m) {
+    auto it = names_.find(m);
+    return it == names_.end() ? m : it->second;
+  };
+  for (const auto& [option, modes] : scoped_) {
+    if (option->count() == 0 || std::find(modes.begin(), modes.end(), mode) != modes.end()) continue;
+    std::string where;
+    for (std::size_t i = 0; i < modes.size(); ++i) where += (i == 0 ? "" : i + 1 == modes.size() ? " and " : ", ") + ("`" + name(modes[i]) + "`");
+    return error(ErrorCode::kInvalidArgument, option->get_name() + " applies to " + where + " only; it would do nothing for `" + name(mode) + "`: drop it");
+  }
   return Status();
 }
 

@@ -6,6 +6,10 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -27,11 +31,27 @@ CLI::Validator integer_in(std::int64_t min, std::int64_t max);
 CLI::Validator host_port(transport::EndpointUse use);
 
 // A file a command is about to write (--out of export, schedule): refused when it is one of a run's
-// own files (run.json, summary.json, metrics.jsonl, checkpoint.bin, report.html, config.toml or
-// address in a folder holding run.json or checkpoint.bin), even with `force`: a result is never
+// own files (run.json, summary.json, metrics.jsonl, checkpoint.bin, report.html, config.toml, inputs.json
+// or address in a folder holding run.json or checkpoint.bin), even with `force`: a result is never
 // replaced by another command. Refused too when it exists and `force` is off, or its folder does not
 // exist. kInvalidArgument with what to do.
 [[nodiscard]] Status check_output_file(const std::string& out, bool force);
+
+// Options that apply to some of a command's modes only (bench's benchmark, schedule's --network,
+// plan's report): one given in a mode it does not apply to would do nothing, silently, so it is
+// refused with where it applies. `names` maps each mode to how the user asks for it ("bench quant").
+class OptionScopes {
+ public:
+  explicit OptionScopes(std::map<std::string, std::string> names = {}) : names_(std::move(names)) {}
+  // `option` does something in `modes` only.
+  void add(const CLI::Option* option, std::vector<std::string> modes);
+  // kInvalidArgument for the first option given on the command line that does not apply to `mode`.
+  [[nodiscard]] Status check(const std::string& mode) const;
+
+ private:
+  std::map<std::string, std::string> names_;
+  std::vector<std::pair<const CLI::Option*, std::vector<std::string>>> scoped_;
+};
 
 // --shape: a link profile preset, or "MBIT,MS" (bandwidth in Mbit/s, one-way latency in ms).
 [[nodiscard]] Result<transport::LinkProfile> parse_shape(const std::string& text);

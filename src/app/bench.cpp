@@ -13,6 +13,7 @@
 #include "app/args.h"
 #include "app/commands.h"
 #include "core/clock.h"
+#include "train/memory.h"
 #include "train/run.h"
 #include "train/worker.h"
 
@@ -28,23 +29,32 @@ void add_bench_command(CLI::App& app, BenchArgs& args) {
       ->check(CLI::IsMember({"train", "model", "memory", "quant", "transport", "allreduce", "grid"}))
       ->capture_default_str();
   add_config_source(*cmd, args.source);
-  cmd->add_option("--steps", args.steps, "train: steps per timed block")->check(integer_in(1, 1000000))->capture_default_str();
-  cmd->add_option("--rounds", args.rounds, "train: interleaved rounds (the median is reported)")->check(integer_in(1, 10000))->capture_default_str();
-  cmd->add_option("--elements", args.elements, "quant: fp32 values per buffer")->check(integer_in(1, std::int64_t{1} << 31))->capture_default_str();
-  cmd->add_option("--block", args.block, "quant: elements per scale block")->check(integer_in(1, 1 << 20))->capture_default_str();
-  cmd->add_option("--min-time", args.min_time, "quant: seconds per measurement")->check(number_in(0.0, 3600.0, true))->capture_default_str();
-  cmd->add_flag("!--no-naive", args.naive, "quant: skip the naive LibTorch-ops rows");
-  cmd->add_flag("!--no-bf16", args.bf16, "model: skip the bf16 rows (slow on CPUs without bf16 instructions)");
-  cmd->add_option("--message-mib", args.message_mib, "transport: message size in MiB")->check(integer_in(1, 1024))->capture_default_str();
-  cmd->add_option("--ranks", args.ranks, "allreduce: in-process ranks")->check(integer_in(2, 16))->capture_default_str();
-  cmd->add_option("--values", args.elements_allreduce, "allreduce: fp32 values in the tensor")->check(integer_in(1, std::int64_t{1} << 31))->capture_default_str();
-  cmd->add_option("--sim-ranks", args.sim_ranks, "grid: simulated peer counts")->check(integer_in(2, 4096))->delimiter(',')->capture_default_str();
-  cmd->add_option("--grid-values", args.grid_values, "grid: fp32 values all-reduced")->check(integer_in(1, std::int64_t{1} << 26))->capture_default_str();
-  cmd->add_option("--network", args.network, "grid: the simulated links (a sim.network preset)")->capture_default_str();
-  cmd->add_option("--codec", args.codec, "grid: the codec on the wire")->capture_default_str();
-  cmd->add_flag("!--insecure", args.encrypted, "transport: measure plain links only (no encrypted rows)");
-  cmd->add_flag("--relay", args.relay, "transport: two peers linked directly and through a relay (goodput ratio, added round trip)");
-  cmd->add_option("--gossip-peers", args.gossip_peers, "transport: gossip nodes for the convergence time")->check(integer_in(2, 512))->capture_default_str();
+  auto& sc = args.scopes;
+  sc.add(cmd->get_option("--config"), {"train", "model", "memory"});
+  sc.add(cmd->get_option("--set"), {"train", "model", "memory"});
+  sc.add(cmd->add_option("--steps", args.steps, "train, model, memory: steps per timed block (memory: steps trained)")->check(integer_in(1, 1000000))->capture_default_str(),
+         {"train", "model", "memory"});
+  sc.add(cmd->add_option("--rounds", args.rounds, "train, model, transport, allreduce: interleaved rounds (the median is reported)")
+             ->check(integer_in(1, 10000))
+             ->capture_default_str(),
+         {"train", "model", "transport", "transport-relay", "allreduce"});
+  sc.add(cmd->add_option("--elements", args.elements, "quant: fp32 values per buffer")->check(integer_in(1, std::int64_t{1} << 31))->capture_default_str(), {"quant"});
+  sc.add(cmd->add_option("--block", args.block, "quant: elements per scale block")->check(integer_in(1, 1 << 20))->capture_default_str(), {"quant"});
+  sc.add(cmd->add_option("--min-time", args.min_time, "quant: seconds per measurement")->check(number_in(0.0, 3600.0, true))->capture_default_str(), {"quant"});
+  sc.add(cmd->add_flag("!--no-naive", args.naive, "quant: skip the naive LibTorch-ops rows"), {"quant"});
+  sc.add(cmd->add_flag("!--no-bf16", args.bf16, "model: skip the bf16 rows (slow on CPUs without bf16 instructions)"), {"model"});
+  sc.add(cmd->add_option("--message-mib", args.message_mib, "transport: message size in MiB")->check(integer_in(1, 1024))->capture_default_str(), {"transport", "transport-relay"});
+  sc.add(cmd->add_option("--ranks", args.ranks, "allreduce: in-process ranks")->check(integer_in(2, 16))->capture_default_str(), {"allreduce"});
+  sc.add(cmd->add_option("--values", args.elements_allreduce, "allreduce: fp32 values in the tensor")->check(integer_in(1, std::int64_t{1} << 31))->capture_default_str(),
+         {"allreduce"});
+  sc.add(cmd->add_option("--sim-ranks", args.sim_ranks, "grid: simulated peer counts")->check(integer_in(2, 4096))->delimiter(',')->capture_default_str(), {"grid"});
+  sc.add(cmd->add_option("--grid-values", args.grid_values, "grid: fp32 values all-reduced")->check(integer_in(1, std::int64_t{1} << 26))->capture_default_str(), {"grid"});
+  sc.add(cmd->add_option("--network", args.network, "grid: the simulated links (a sim.network preset)")->capture_default_str(), {"grid"});
+  sc.add(cmd->add_option("--codec", args.codec, "grid: the codec on the wire")->capture_default_str(), {"grid"});
+  sc.add(cmd->add_flag("!--insecure", args.encrypted, "transport: measure plain links only (no encrypted rows)"), {"transport"});
+  sc.add(cmd->add_flag("--relay", args.relay, "transport: two peers linked directly and through a relay (goodput ratio, added round trip)"), {"transport", "transport-relay"});
+  sc.add(cmd->add_option("--gossip-peers", args.gossip_peers, "transport: gossip nodes for the convergence time")->check(integer_in(2, 512))->capture_default_str(),
+         {"transport"});
 }
 
 namespace {
@@ -53,6 +63,12 @@ int bench_train(const BenchArgs& args) {
   auto config = build_config(args.source);
   if (!config.ok()) return report_failure(config.status());
   train::RunConfig cfg = *config;
+  if (cfg.model.kind != "gpt") {
+    return report_failure(error(ErrorCode::kInvalidArgument, "bench train sets the inner loop beside a bare LibTorch loop of the built-in GPT of model.*; "
+                                                             "model.kind = " + cfg.model.kind + " would time two different models: drop it (`gossamer bench "
+                                                             "memory` measures a TorchScript model's memory)"));
+  }
+  if (Status st = train::check_resources(cfg, /*workers=*/2, ""); !st.ok()) return report_failure(st);  // the framework's model and the bare one
   cfg.train.steps = 1LL << 40;  // keep the schedule in its plateau-free cosine regime; we only time steps
   cfg.train.warmup_steps = 0;
   if (cfg.train.threads > 0) torch::set_num_threads(static_cast<int>(cfg.train.threads));
@@ -127,6 +143,7 @@ int bench_train(const BenchArgs& args) {
 }  // namespace
 
 int run_bench_command(const BenchArgs& args) {
+  if (Status st = args.scopes.check(args.what == "transport" && args.relay ? "transport-relay" : args.what); !st.ok()) return report_failure(st);
   if (args.what == "train") return bench_train(args);
   if (args.what == "model") return bench_model(args);
   if (args.what == "memory") return bench_memory(args);

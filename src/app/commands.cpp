@@ -105,7 +105,9 @@ int run_train_command(const TrainArgs& args) {
 void add_config_command(CLI::App& app, ConfigArgs& args) {
   auto* cmd = app.add_subcommand("config", "Print the effective run configuration as TOML (defaults, --config, --set)");
   add_config_source(*cmd, args.source);
-  cmd->add_flag("--keys", args.keys, "list every key with its type, allowed values and meaning");
+  cmd->add_flag("--keys", args.keys, "list every key with its type, allowed values and meaning")
+      ->excludes(cmd->get_option("--config"))
+      ->excludes(cmd->get_option("--set"));
 }
 
 int run_config_command(const ConfigArgs& args) {
@@ -142,6 +144,7 @@ int run_keygen_command(const KeygenArgs& args) {
   if (!args.force && std::filesystem::exists(args.out)) {
     return report_failure(error(ErrorCode::kInvalidArgument, args.out + " already exists: pass --force to replace it (peers holding the old key will be refused)"));
   }
+  if (Status st = check_output_file(args.out, args.force); !st.ok()) return report_failure(st);  // never a run's own file
   if (Status st = transport::write_run_key(args.out, transport::generate_run_key()); !st.ok()) return report_failure(st);
   spdlog::info("wrote a new run key to {}; copy it to every peer of the run over a trusted channel", args.out);
   return 0;

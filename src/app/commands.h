@@ -8,6 +8,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "app/args.h"
 #include "core/status.h"
 #include "train/config.h"
 
@@ -113,6 +114,7 @@ struct PlanArgs {
   bool table4 = false;
   bool memory = false;  // memory per worker of the config's model for each method, instead of bandwidth
   ConfigSource source;
+  OptionScopes scopes{{{"bandwidth", "plan"}, {"memory", "plan --memory"}, {"table4", "plan --table4"}}};
 };
 void add_plan_command(CLI::App& app, PlanArgs& args);
 int run_plan_command(const PlanArgs& args);
@@ -149,7 +151,9 @@ struct ScheduleArgs {
   std::uint64_t seed = 5;
   int gcma_trials = 8000;
   std::string out;
+  const CLI::Option* out_option = nullptr;
   bool force = false;
+  OptionScopes scopes{{{"geo", "--network geo"}, {"uniform", "--network uniform"}}};
 };
 void add_schedule_command(CLI::App& app, ScheduleArgs& args);
 int run_schedule_command(const ScheduleArgs& args);
@@ -178,6 +182,8 @@ struct BenchArgs {
   std::int64_t grid_values = 34688;  // examples/configs/sim_256_churn.toml's model
   std::string network = "wan-100m-80ms";
   std::string codec = "fp32";
+  OptionScopes scopes{{{"train", "bench train"}, {"model", "bench model"}, {"memory", "bench memory"}, {"quant", "bench quant"},
+                       {"transport", "bench transport"}, {"transport-relay", "bench transport --relay"}, {"allreduce", "bench allreduce"}, {"grid", "bench grid"}}};
 };
 void add_bench_command(CLI::App& app, BenchArgs& args);
 int run_bench_command(const BenchArgs& args);

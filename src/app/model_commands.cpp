@@ -63,9 +63,9 @@ Result<std::vector<std::int64_t>> prompt_of(const SampleArgs& args, const train:
 void add_sample_command(CLI::App& app, SampleArgs& args) {
   auto* cmd = app.add_subcommand("sample", "Generate text from a trained run's model (the weights in its checkpoint.bin)");
   cmd->add_option("--from", args.from, "run folder of gossamer train, peer or pipeline")->required();
-  cmd->add_option("--prompt", args.prompt, "text to continue (byte-level models)");
-  cmd->add_option("--prompt-tokens", args.prompt_tokens, "token ids to continue, separated by spaces (models of token files)");
-  cmd->add_option("--tokens", args.tokens, "tokens to generate")->capture_default_str()->check(integer_in(0, 1 << 20));
+  auto* text = cmd->add_option("--prompt", args.prompt, "text to continue (byte-level models)");
+  cmd->add_option("--prompt-tokens", args.prompt_tokens, "token ids to continue, separated by spaces (models of token files)")->excludes(text);
+  cmd->add_option("--tokens", args.tokens, "tokens to generate")->capture_default_str()->check(integer_in(1, 1 << 20));
   cmd->add_option("--temperature", args.temperature, "0: always the most likely token; higher: more varied")
       ->capture_default_str()
       ->check(number_in(0.0, 100.0));

@@ -10,8 +10,10 @@
 #include "app/commands.h"
 #include "train/device.h"
 #include "run/peer.h"
+#include "run/rounds.h"
 #include "train/memory.h"
 #include "train/outer.h"
+#include "train/pipeline_trainer.h"
 #include "transport/link_profile.h"
 
 namespace gossamer::app {
@@ -102,6 +104,10 @@ int run_peer_command(const PeerArgs& args) {
     if (args.crash_at_step > config->train.steps) {
       return report_failure(error(ErrorCode::kInvalidArgument, "--crash-at-step " + std::to_string(args.crash_at_step) + " is past the run's last step (train.steps = " +
                                                                    std::to_string(config->train.steps) + "): the drill would never fire"));
+    }
+    if (Status st = run::check_round_drill(*config, args.crash_mid_round, "--crash-mid-round"); !st.ok()) return report_failure(st);
+    if (config->pipeline.enabled) {
+      if (Status st = train::check_pipeline_shape(*config); !st.ok()) return report_failure(st);
     }
     train::RunConfig here = *config;
     if (!args.device.empty()) here.train.device = args.device;

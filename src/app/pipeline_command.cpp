@@ -13,6 +13,7 @@
 #include "app/commands.h"
 #include "app/stop.h"
 #include "run/pipeline_process.h"
+#include "train/memory.h"
 #include "train/metrics.h"
 #include "train/pipeline_trainer.h"
 #include "train/run.h"
@@ -78,6 +79,8 @@ int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const st
     return report_failure(error(ErrorCode::kInvalidArgument, "--node " + std::to_string(a.node) + ": pipeline.nodes is " + std::to_string(c.pipeline.nodes) +
                                                                  ", so use 0 .. " + std::to_string(c.pipeline.nodes - 1)));
   }
+  // One node here builds the whole model (it keeps only its stage's part training).
+  if (Status st = train::check_resources(c, /*workers=*/1); !st.ok()) return report_failure(st);
   auto folder = train::RunFolder::create(out, train::RunKind::kPipeline);
   if (!folder.ok()) return report_failure(folder.status());
   if (Status st = folder->write_text("config.toml", train::to_toml(c)); !st.ok()) return report_failure(st);
@@ -136,10 +139,13 @@ int run_pipeline_command(const PipelineArgs& a) {
   for (int s : a.omit) {
     if (s <= 0 || s >= c.pipeline.stages) return report_failure(error(ErrorCode::kInvalidArgument, "--omit: stage " + std::to_string(s) + " is not one of 1 .. pipeline.stages - 1"));
   }
+  if (Status st = train::check_pipeline_shape(c); !st.ok()) return report_failure(st);
   const std::vector<int> omit = a.omit.empty() ? train::default_omitted_stages(c.pipeline.stages) : a.omit;
   const std::string out = a.out_option != nullptr && a.out_option->count() > 0 ? a.out : dated_out("pipeline");
   if (a.node >= 0) return run_pipeline_node(a, c, out);
   if (Status st = train::check_network_in_one_process(c); !st.ok()) return report_failure(st);
+  // Every node builds the whole model (it keeps only its stage's part training), all in this process.
+  if (Status st = train::check_resources(c, c.pipeline.nodes, "pipeline.nodes"); !st.ok()) return report_failure(st);
   auto folder = train::RunFolder::create(out, train::RunKind::kPipeline);
   if (!folder.ok()) return report_failure(folder.status());
   if (Status st = folder->write_text("config.toml", train::to_toml(c)); !st.ok()) return report_failure(st);

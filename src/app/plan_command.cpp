@@ -2,6 +2,7 @@
 // and the reproduction of Streaming DiLoCo's Table 4.
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -10,6 +11,7 @@
 #include "quant/format.h"
 #include "sim/plan.h"
 #include "train/memory.h"
+#include "train/worker.h"
 
 namespace gossamer::app {
 
@@ -76,27 +78,34 @@ void add_plan_command(CLI::App& app, PlanArgs& a) {
   auto* cmd = app.add_subcommand("plan",
                                  "Bandwidth each method needs to keep workers computing a target share of the time (analytic; the model is in "
                                  "sim/plan.h, checked against the simulator)");
-  cmd->add_option("--params", a.params, "model parameters")->capture_default_str()->check(number_in(1.0, 1e15));
-  cmd->add_option("--layers", a.layers, "transformer blocks")->capture_default_str()->check(integer_in(1, 100000));
-  cmd->add_option("--step-time", a.step_time, "seconds per inner step")->capture_default_str()->check(positive_number());
-  cmd->add_option("--workers", a.workers, "replicas")->capture_default_str()->check(integer_in(2, 1 << 20));
-  cmd->add_option("--inner-steps", a.inner_steps, "H: inner steps between synchronizations")->capture_default_str()->check(integer_in(1, 1 << 30));
-  cmd->add_option("--fragment-layers", a.fragment_layers, "streaming_diloco: blocks per fragment")->capture_default_str()->check(integer_in(1, 100000));
-  cmd->add_option("--overlap", a.overlap, "streaming_diloco: tau, steps a fragment's all-reduce may overlap")->capture_default_str()->check(integer_in(0, 1 << 30));
-  cmd->add_option("--codec", a.codec, "codec of ddp, diloco, noloco and co2")->capture_default_str();
-  cmd->add_option("--streaming-codec", a.streaming_codec, "codec of streaming_diloco")->capture_default_str();
-  cmd->add_option("--utilization", a.utilization, "target compute utilization")->capture_default_str()->check(number_in(0.01, 0.9999));
-  cmd->add_option("--backward-overlap", a.backward_overlap,
-                  "share of a step during which the last step's gradients may already be sent (2/3 for layer-by-layer sends "
-                  "during backward; 0 for Gossamer today)")
-      ->capture_default_str()
-      ->check(number_in(0.0, 1.0));
-  cmd->add_option("--latency-ms", a.latency_ms, "one-way latency per hop")->capture_default_str()->check(number_in(0.0, 1e6));
-  cmd->add_flag("--memory", a.memory,
-                "memory one worker needs for each method with the model and batch of --config/--set (e.g. --set model.preset=gpt2-124m), "
-                "against what this machine has");
+  auto& sc = a.scopes;
+  const std::vector<std::string> bandwidth{"bandwidth"};
+  sc.add(cmd->add_option("--params", a.params, "model parameters")->capture_default_str()->check(number_in(1.0, 1e15)), bandwidth);
+  sc.add(cmd->add_option("--layers", a.layers, "transformer blocks")->capture_default_str()->check(integer_in(1, 100000)), bandwidth);
+  sc.add(cmd->add_option("--step-time", a.step_time, "seconds per inner step")->capture_default_str()->check(positive_number()), bandwidth);
+  sc.add(cmd->add_option("--workers", a.workers, "replicas")->capture_default_str()->check(integer_in(2, 1 << 20)), bandwidth);
+  sc.add(cmd->add_option("--inner-steps", a.inner_steps, "H: inner steps between synchronizations")->capture_default_str()->check(integer_in(1, 1 << 30)), bandwidth);
+  sc.add(cmd->add_option("--fragment-layers", a.fragment_layers, "streaming_diloco: blocks per fragment")->capture_default_str()->check(integer_in(1, 100000)),
+         bandwidth);
+  sc.add(cmd->add_option("--overlap", a.overlap, "streaming_diloco: tau, steps a fragment's all-reduce may overlap")->capture_default_str()->check(integer_in(0, 1 << 30)),
+         bandwidth);
+  sc.add(cmd->add_option("--codec", a.codec, "codec of ddp, diloco, noloco and co2")->capture_default_str(), bandwidth);
+  sc.add(cmd->add_option("--streaming-codec", a.streaming_codec, "codec of streaming_diloco")->capture_default_str(), bandwidth);
+  sc.add(cmd->add_option("--utilization", a.utilization, "target compute utilization")->capture_default_str()->check(number_in(0.01, 0.9999)), bandwidth);
+  sc.add(cmd->add_option("--backward-overlap", a.backward_overlap,
+                         "share of a step during which the last step's gradients may already be sent (2/3 for layer-by-layer sends "
+                         "during backward; 0 for Gossamer today)")
+             ->capture_default_str()
+             ->check(number_in(0.0, 1.0)),
+         bandwidth);
+  sc.add(cmd->add_option("--latency-ms", a.latency_ms, "one-way latency per hop")->capture_default_str()->check(number_in(0.0, 1e6)), bandwidth);
+  auto* memory = cmd->add_flag("--memory", a.memory,
+                               "memory one worker needs for each method with the model and batch of --config/--set (e.g. --set model.preset=gpt2-124m), "
+                               "against what this machine has");
   add_config_source(*cmd, a.source);
-  cmd->add_flag("--table4", a.table4, "reproduce Table 4 of Streaming DiLoCo with this model, beside the paper's figures");
+  sc.add(cmd->get_option("--config"), {"memory"});
+  sc.add(cmd->get_option("--set"), {"memory"});
+  cmd->add_flag("--table4", a.table4, "reproduce Table 4 of Streaming DiLoCo (its 1B, 10B and 100B models), beside the paper's figures")->excludes(memory);
 }
 
 namespace {
@@ -106,10 +115,23 @@ int memory_table(const PlanArgs& a) {
   if (!config.ok()) return report_failure(config.status());
   const auto avail = train::available_memory_bytes();
   const auto& c = *config;
-  std::printf("memory per worker: %lld layers, width %lld, context %lld, batch %lld, vocabulary %lld, fp32 weights and AdamW\n",
-              static_cast<long long>(c.model.layers), static_cast<long long>(c.model.width), static_cast<long long>(c.model.context),
-              static_cast<long long>(c.train.batch_size), static_cast<long long>(train::vocab_size(c)));
-  const bool gpu = train::estimate_memory(c, 1).on_gpu;
+  // A user's TorchScript module: its parameters counted in it, its activations unknown beyond the
+  // logits (train/memory.h).
+  std::optional<double> parameters;
+  if (c.model.kind != "gpt") {
+    auto model = train::make_model(c, 0);
+    if (!model.ok()) return report_failure(model.status());
+    parameters = static_cast<double>((*model)->num_parameters());
+    std::printf("memory per worker: the TorchScript module %s, %.4g parameters, context %lld, batch %lld, vocabulary %lld, fp32 weights and AdamW; "
+                "activations counted for its logits only (its layers are not known)\n",
+                c.model.path.c_str(), *parameters, static_cast<long long>(c.model.context), static_cast<long long>(c.train.batch_size),
+                static_cast<long long>(train::vocab_size(c)));
+  } else {
+    std::printf("memory per worker: %lld layers, width %lld, context %lld, batch %lld, vocabulary %lld, fp32 weights and AdamW\n",
+                static_cast<long long>(c.model.layers), static_cast<long long>(c.model.width), static_cast<long long>(c.model.context),
+                static_cast<long long>(c.train.batch_size), static_cast<long long>(train::vocab_size(c)));
+  }
+  const bool gpu = train::estimate_memory(c, 1, parameters).on_gpu;
   if (gpu) {
     std::printf("on a GPU (train.device = %s), outer state in %s memory; host memory is checked here, the GPU's is not\n", c.train.device.c_str(),
                 c.outer.state_device == "host" ? "host" : "the GPU's");
@@ -120,7 +142,7 @@ int memory_table(const PlanArgs& a) {
   for (const char* method : {"local", "ddp", "diloco", "streaming_diloco", "noloco", "co2", "sparseloco"}) {
     train::RunConfig m = c;
     m.outer.method = method;
-    const auto e = train::estimate_memory(m, 1);
+    const auto e = train::estimate_memory(m, 1, parameters);
     const double peak = e.state_bytes + e.activation_bytes;
     const char* fits = avail ? (e.host_bytes <= *avail ? "yes" : "no") : "?";
     if (gpu) {
@@ -140,6 +162,7 @@ int memory_table(const PlanArgs& a) {
 }  // namespace
 
 int run_plan_command(const PlanArgs& a) {
+  if (Status st = a.scopes.check(a.table4 ? "table4" : a.memory ? "memory" : "bandwidth"); !st.ok()) return report_failure(st);
   if (a.table4) return table4();
   if (a.memory) return memory_table(a);
   auto bits = bits_of(a.codec, "--codec");

@@ -25,22 +25,35 @@ void add_schedule_command(CLI::App& app, ScheduleArgs& a) {
   cmd->add_option("--network", a.network, "geo (the reference's 12 locations, node i at location i mod 12) or uniform")
       ->capture_default_str()
       ->check(CLI::IsMember({"geo", "uniform"}));
-  cmd->add_flag("--fix-nl-ldn", a.fix_nl_ldn, "geo: replace the table's NL-LDN bandwidth (0.000237 GiB/s, likely a typo) by BE-LDN's");
-  cmd->add_option("--latency-ms", a.latency_ms, "uniform: one-way latency")->capture_default_str()->check(number_in(0.0, 1e6));
-  cmd->add_option("--bandwidth-mbit", a.bandwidth_mbit, "uniform: bandwidth of every pair")->capture_default_str()->check(positive_number());
+  a.scopes.add(cmd->add_flag("--fix-nl-ldn", a.fix_nl_ldn, "geo: replace the table's NL-LDN bandwidth (0.000237 GiB/s, likely a typo) by BE-LDN's"), {"geo"});
+  a.scopes.add(cmd->add_option("--latency-ms", a.latency_ms, "uniform: one-way latency")->capture_default_str()->check(number_in(0.0, 1e6)), {"uniform"});
+  a.scopes.add(cmd->add_option("--bandwidth-mbit", a.bandwidth_mbit, "uniform: bandwidth of every pair")->capture_default_str()->check(positive_number()),
+               {"uniform"});
   cmd->add_option("--forward-s", a.forward_s, "seconds of one stage's forward of one micro-batch")->capture_default_str()->check(positive_number());
   cmd->add_option("--activation-mib", a.activation_mib, "MiB one hop carries")->capture_default_str()->check(number_in(0.0, 1e6));
   cmd->add_option("--hop-overhead-s", a.hop_overhead_s, "seconds added to every hop (the reference's 0.35)")->capture_default_str()->check(number_in(0.0, 1e6));
   cmd->add_option("--seed", a.seed, "seed of the assignment and the cost-blind draws")->capture_default_str();
   cmd->add_option("--gcma-trials", a.gcma_trials, "children the genetic assignment tries")->capture_default_str()->check(integer_in(0, 1 << 24));
-  cmd->add_option("--out", a.out, "write the SkipPipe schedule's bytes here");
-  cmd->add_flag("--force", a.force, "replace an existing --out file");
+  auto* out = cmd->add_option("--out", a.out, "write the SkipPipe schedule's bytes here");
+  a.out_option = out;
+  cmd->add_flag("--force", a.force, "replace an existing --out file")->needs(out);
 }
 
 int run_schedule_command(const ScheduleArgs& a) {
   using namespace skippipe;
-  if (!a.out.empty()) {  // before the work: a refusal should not come after minutes of planning
+  if (Status st = a.scopes.check(a.network); !st.ok()) return report_failure(st);
+  const bool write = a.out_option != nullptr && a.out_option->count() > 0;
+  if (write) {  // before the work: a refusal should not come after minutes of planning
     if (Status st = check_output_file(a.out, a.force); !st.ok()) return report_failure(st);
+  }
+  // The options' own names where the planner's checks would name pipeline.* keys.
+  if (a.path_length > a.stages) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "--path-length (" + std::to_string(a.path_length) + ") must be at most --stages (" +
+                                                                 std::to_string(a.stages) + "): a micro-batch visits each stage once at most"));
+  }
+  if (a.mbs_per_origin % a.mbs_per_agent != 0) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "--mbs-per-origin (" + std::to_string(a.mbs_per_origin) + ") must be a multiple of --mbs-per-agent (" +
+                                                                 std::to_string(a.mbs_per_agent) + ")"));
   }
   Options o;
   o.stages = a.stages;
@@ -88,7 +101,7 @@ int run_schedule_command(const ScheduleArgs& a) {
   }
   std::printf("skippipe schedule: %zu bytes, hash %s; scheduler total %.2f s\n", chosen->schedule.encode().size(), chosen->schedule.hash().hex().substr(0, 16).c_str(),
               seconds());
-  if (!a.out.empty()) {
+  if (write) {
     if (Status st = write_file_atomic(a.out, chosen->schedule.encode()); !st.ok()) return report_failure(st);
     std::printf("wrote %s\n", a.out.c_str());
   }

@@ -14,6 +14,7 @@
 #include "app/args.h"
 #include "app/commands.h"
 #include "optim/method.h"
+#include "run/rounds.h"
 #include "sim/cluster.h"
 #include "sim/pipeline_cluster.h"
 #include "sim/report.h"
@@ -186,10 +187,14 @@ int run_and_report(const std::vector<Job>& jobs, const std::string& out, double 
   if (Status st = train::RunFolder::check_new(out, kind); !st.ok()) return report_failure(st);
   for (const auto& j : jobs) {
     if (j.pipeline) {
+      if (Status st = train::check_pipeline_shape(j.config); !st.ok()) return report_failure(st);
       if (Status st = train::check_network_in_one_process(j.config); !st.ok()) return report_failure(st);
     }
+    if (!j.pipeline) {
+      if (Status st = run::check_round_drill(j.config, j.config.sim.crash_mid_round, "sim.crash_mid_round"); !st.ok()) return report_failure(st);
+    }
     // A pipeline's every node builds the whole model (it keeps only its stage's part training).
-    if (Status st = train::check_resources(j.config, j.pipeline ? j.config.pipeline.nodes : j.config.sim.workers); !st.ok()) return report_failure(st);
+    if (Status st = train::check_resources(j.config, j.pipeline ? j.config.pipeline.nodes : j.config.sim.workers, j.pipeline ? "pipeline.nodes" : "sim.workers"); !st.ok()) return report_failure(st);
   }
   const train::RunConfig& first = jobs.front().config;
   const std::string network = jobs.front().pipeline ? pipeline_network_text(first) : network_text(first);

@@ -1,11 +1,14 @@
 #include "core/file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <vector>
 
 namespace gossamer {
 
@@ -81,6 +84,50 @@ Result<std::string> read_text_file(const std::filesystem::path& path, std::size_
   auto bytes = read_file(path, max_bytes);
   if (!bytes.ok()) return bytes.status();
   return std::string(as_string_view(*bytes));
+}
+
+Result<FileDigest> digest_file(const std::filesystem::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return os_error("cannot open", path);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const Status failed = os_error("cannot stat", path);
+    ::close(fd);
+    return failed;
+  }
+  constexpr std::uint64_t kBlock = 1 << 20;
+  FileDigest out;
+  out.size = static_cast<std::uint64_t>(st.st_size);
+  out.sampled = out.size > kWholeDigestBytes;
+  Hasher hasher;
+  std::vector<std::byte> block(kBlock);
+  // Reads [offset, offset + length) into the digest; false on a read error.
+  auto take = [&](std::uint64_t offset, std::uint64_t length) {
+    while (length > 0) {
+      const ssize_t n = ::pread(fd, block.data(), static_cast<std::size_t>(std::min(length, kBlock)), static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return n == 0;  // a file that shrank while read: digested as it was read
+      hasher.update(ByteView(block.data(), static_cast<std::size_t>(n)));
+      offset += static_cast<std::uint64_t>(n);
+      length -= static_cast<std::uint64_t>(n);
+    }
+    return true;
+  };
+  bool ok = true;
+  if (!out.sampled) {
+    ok = take(0, out.size);
+  } else {
+    const std::uint64_t size_le = out.size;  // the size is part of what is digested
+    hasher.update(ByteView(reinterpret_cast<const std::byte*>(&size_le), sizeof size_le));
+    const std::uint64_t span = out.size - kBlock;
+    const std::uint64_t gaps = kDigestSamples - 1;  // offset span * i / gaps, without overflow
+    for (std::uint64_t i = 0; i < kDigestSamples && ok; ++i) ok = take(span / gaps * i + span % gaps * i / gaps, kBlock);
+  }
+  const Status failed = ok ? Status() : os_error("cannot read", path);
+  ::close(fd);
+  if (!failed.ok()) return failed;
+  out.digest = hasher.finish();
+  return out;
 }
 
 }  // namespace gossamer

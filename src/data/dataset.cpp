@@ -12,12 +12,12 @@ namespace gossamer::data {
 
 namespace fs = std::filesystem;
 
-Result<std::string> load_corpus(const fs::path& path, std::size_t max_bytes) {
+Result<std::vector<fs::path>> corpus_files(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
     return error(ErrorCode::kNotFound, "corpus " + path.string() + " does not exist: pass a text file or a folder of text files");
   }
-  if (fs::is_regular_file(path, ec)) return read_text_file(path, max_bytes);
+  if (fs::is_regular_file(path, ec)) return std::vector<fs::path>{path};
   if (!fs::is_directory(path, ec)) return error(ErrorCode::kInvalidArgument, "corpus " + path.string() + " is neither a file nor a folder");
   std::vector<fs::path> files;
   for (auto it = fs::recursive_directory_iterator(path, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
@@ -26,8 +26,16 @@ Result<std::string> load_corpus(const fs::path& path, std::size_t max_bytes) {
   if (ec) return error(ErrorCode::kIoError, "cannot list " + path.string() + ": " + ec.message());
   if (files.empty()) return error(ErrorCode::kNotFound, "corpus folder " + path.string() + " holds no files");
   std::sort(files.begin(), files.end());
+  return files;
+}
+
+Result<std::string> load_corpus(const fs::path& path, std::size_t max_bytes) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return read_text_file(path, max_bytes);
+  auto files = corpus_files(path);
+  if (!files.ok()) return files.status();
   std::string out;
-  for (const auto& f : files) {
+  for (const auto& f : *files) {
     auto text = read_text_file(f, max_bytes - out.size());
     if (!text.ok()) return text.status().with_context("reading corpus");
     out += *text;

@@ -25,6 +25,8 @@ namespace gossamer::data {
 // Reads one text file, or every regular file in a folder (recursively, in sorted path order,
 // concatenated). Refuses more than max_bytes in total.
 [[nodiscard]] Result<std::string> load_corpus(const std::filesystem::path& path, std::size_t max_bytes);
+// The files load_corpus reads, in its order.
+[[nodiscard]] Result<std::vector<std::filesystem::path>> corpus_files(const std::filesystem::path& path);
 
 // The share of bytes that text almost never holds: NUL and the other control characters but tab,
 // line feed, vertical tab, form feed and carriage return (and DEL). Text in any language has next to

@@ -128,11 +128,41 @@ std::string names(const std::vector<fs::path>& files) {
 
 }  // namespace
 
-Result<TokenCorpus> load_token_corpus(const fs::path& path) {
+Result<TokenCorpusFiles> token_corpus_files(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) {
     return error(ErrorCode::kNotFound, path.string() + " does not exist: pass a token file, or a folder holding train and val token files");
   }
+  TokenCorpusFiles out;
+  if (fs::is_regular_file(path, ec)) {
+    out.train.push_back(path);
+    return out;
+  }
+  if (!fs::is_directory(path, ec)) return error(ErrorCode::kInvalidArgument, path.string() + " is neither a file nor a folder");
+  for (auto it = fs::directory_iterator(path, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const auto name = it->path().filename().string();
+    if (it->path().extension() != ".bin" || !it->is_regular_file(ec)) continue;
+    const bool is_train = name.find("train") != std::string::npos, is_val = name.find("val") != std::string::npos;
+    if (is_train && is_val) {
+      return error(ErrorCode::kInvalidArgument, "token file " + it->path().string() + " is named both train and val: rename it for one split");
+    }
+    if (is_train) out.train.push_back(it->path());
+    if (is_val) out.val.push_back(it->path());
+  }
+  if (ec) return error(ErrorCode::kIoError, "cannot list " + path.string() + ": " + ec.message());
+  if (out.train.empty()) {
+    return error(ErrorCode::kInvalidArgument, "folder " + path.string() +
+                                                  " holds no *.bin file named for training (train.bin, or *_train*.bin as llm.c names them)");
+  }
+  std::sort(out.train.begin(), out.train.end());
+  std::sort(out.val.begin(), out.val.end());
+  return out;
+}
+
+Result<TokenCorpus> load_token_corpus(const fs::path& path) {
+  std::error_code ec;
+  auto files = token_corpus_files(path);
+  if (!files.ok()) return files.status();
   TokenCorpus out;
   if (fs::is_regular_file(path, ec)) {
     auto file = read_token_file(path);
@@ -142,25 +172,9 @@ Result<TokenCorpus> load_token_corpus(const fs::path& path) {
     out.description = fmt::format("{} ({}): {} tokens", path.string(), layout_name(file->layout), out.train.size());
     return out;
   }
-  if (!fs::is_directory(path, ec)) return error(ErrorCode::kInvalidArgument, path.string() + " is neither a file nor a folder");
   Split train, val;
-  for (auto it = fs::directory_iterator(path, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
-    const auto name = it->path().filename().string();
-    if (it->path().extension() != ".bin" || !it->is_regular_file(ec)) continue;
-    const bool is_train = name.find("train") != std::string::npos, is_val = name.find("val") != std::string::npos;
-    if (is_train && is_val) {
-      return error(ErrorCode::kInvalidArgument, "token file " + it->path().string() + " is named both train and val: rename it for one split");
-    }
-    if (is_train) train.files.push_back(it->path());
-    if (is_val) val.files.push_back(it->path());
-  }
-  if (ec) return error(ErrorCode::kIoError, "cannot list " + path.string() + ": " + ec.message());
-  if (train.files.empty()) {
-    return error(ErrorCode::kInvalidArgument, "folder " + path.string() +
-                                                  " holds no *.bin file named for training (train.bin, or *_train*.bin as llm.c names them)");
-  }
-  std::sort(train.files.begin(), train.files.end());
-  std::sort(val.files.begin(), val.files.end());
+  train.files = std::move(files->train);
+  val.files = std::move(files->val);
   if (Status st = read_split(train); !st.ok()) return st;
   out.train = train.tokens;
   out.max_token = train.max_token;

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "data/tokens.h"
@@ -50,5 +51,12 @@ struct TokenCorpus {
 };
 
 [[nodiscard]] Result<TokenCorpus> load_token_corpus(const std::filesystem::path& path);
+
+// The files load_token_corpus reads: the file itself, or a folder's training files then its
+// validation files, each in sorted order.
+struct TokenCorpusFiles {
+  std::vector<std::filesystem::path> train, val;
+};
+[[nodiscard]] Result<TokenCorpusFiles> token_corpus_files(const std::filesystem::path& path);
 
 }  // namespace gossamer::data

@@ -12,6 +12,7 @@
 #include "run/peer_runtime.h"
 #include "run/state_store.h"
 #include "train/checkpoint.h"
+#include "train/inputs.h"
 #include "train/memory.h"
 #include "train/metrics.h"
 #include "train/run_folder.h"
@@ -216,7 +217,16 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   env.gossip = gossip->get();
   env.name = (*gossip)->self().to_string();
   env.check_run = [&](const train::RunConfig& config) -> Status {
+    // The files it reads, pinned (train/inputs.h): a resume on other files is refused before they load.
+    Result<std::string> inputs = req.resume ? train::check_inputs(req.out_dir, config) : Result<std::string>(std::string());
+    if (!inputs.ok()) return inputs.status();
     if (Status st = train::check_resources(config, /*workers=*/1); !st.ok()) return st;
+    if (!req.resume) {
+      auto pinned = train::pin_inputs(config);
+      if (!pinned.ok()) return pinned.status();
+      *inputs = train::inputs_json(*pinned);
+    }
+    if (Status st = write_file_atomic(req.out_dir / train::kInputsFile, as_bytes(*inputs)); !st.ok()) return st;
     return check_gloo_listen(config, req.listen);
   };
   env.keep_spec = [&](const std::string& spec) { return write_file_atomic(req.out_dir / "config.toml", as_bytes(spec)); };

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "core/wire.h"
@@ -21,6 +22,25 @@ Result<RoundSchedule> round_schedule(const train::RunConfig& c, const optim::Out
     case optim::Method::kLocal: break;
   }
   return error(ErrorCode::kInvalidArgument, "outer.method = \"" + c.outer.method + "\": independent workers need no peers; use gossamer train");
+}
+
+Status check_round_drill(const train::RunConfig& c, std::int64_t round, const std::string& option) {
+  if (round <= 0) return Status();
+  const std::string what = option + " " + std::to_string(round);
+  if (c.pipeline.enabled) return error(ErrorCode::kInvalidArgument, what + ": a pipeline has no outer rounds to crash in; use --crash-at-step");
+  auto outer = train::outer_config(c);
+  if (!outer.ok()) return outer.status();
+  if (outer->method == optim::Method::kNoLoCo || outer->method == optim::Method::kLocal || (outer->method == optim::Method::kDdp && c.ddp.engine == "gloo")) {
+    return error(ErrorCode::kInvalidArgument, what + " needs a method whose round is Gossamer's all-reduce or all-gather (diloco, streaming_diloco, "
+                                              "sparseloco, co2, or ddp with ddp.engine = links), not outer.method = " + c.outer.method +
+                                              (outer->method == optim::Method::kDdp ? " on Gloo" : ""));
+  }
+  auto schedule = round_schedule(c, *outer);
+  if (!schedule.ok()) return schedule.status();
+  const std::int64_t last = schedule->rounds_over(c.train.steps);
+  if (round <= last) return Status();
+  return error(ErrorCode::kInvalidArgument, fmt::format("{} is past the run's last round ({}: a round every {} steps, train.steps = {}): the drill "
+                                                        "would never fire", what, last, schedule->period, c.train.steps));
 }
 
 optim::Group solo_group(Clock& clock) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -44,6 +45,12 @@ struct RoundSchedule {
 
 // kInvalidArgument for `local`, which needs no peers.
 [[nodiscard]] Result<RoundSchedule> round_schedule(const train::RunConfig& config, const optim::OuterConfig& outer);
+
+// The mid-round crash drill (`gossamer peer --crash-mid-round`, sim.crash_mid_round, named by
+// `option`) set to a round the run never reaches, or for a method without Gossamer's collective
+// (noloco, ddp on Gloo) or a pipeline: kInvalidArgument saying so, since a drill that cannot fire
+// rehearses nothing. `round` 0 (off) is fine.
+[[nodiscard]] Status check_round_drill(const train::RunConfig& config, std::int64_t round, const std::string& option);
 
 // A group of this peer alone (a round applied on its own).
 optim::Group solo_group(Clock& clock);

@@ -123,7 +123,7 @@ std::string format_bytes(double bytes) {
   return fmt::format("{:.3g} MB", bytes / 1e6);
 }
 
-Status check_resources(const RunConfig& c, std::int64_t workers) {
+Status check_resources(const RunConfig& c, std::int64_t workers, const std::string& workers_key) {
   if (auto device = resolve_device(c.train.device); !device.ok()) return device.status();
   std::optional<double> parameters;
   if (c.model.kind != "gpt") {
@@ -146,19 +146,19 @@ Status check_resources(const RunConfig& c, std::int64_t workers) {
                  fmt::format("this configuration needs about {} of host memory and this machine has {} available: the outer optimizer's state takes {} per worker{}; "
                              "set outer.state_device = \"device\" to keep it on the GPU, or lower model.width or model.layers",
                              format_bytes(e.host_bytes), format_bytes(*avail), format_bytes(e.outer_bytes),
-                             workers > 1 ? fmt::format(" for {} workers", workers) : std::string()));
+                             workers > 1 ? fmt::format(" for {} workers{}", workers, workers_key.empty() ? "" : " (" + workers_key + ")") : std::string()));
   }
   std::string lower;
   if (e.activation_bytes >= e.state_bytes * static_cast<double>(workers)) {
     lower = "lower train.batch_size, model.context or model.width";
   } else {
-    lower = workers > 1 ? "lower model.width or model.layers, or sim.workers" : "lower model.width or model.layers";
+    lower = workers > 1 && !workers_key.empty() ? "lower model.width or model.layers, or " + workers_key : "lower model.width or model.layers";
   }
   return error(ErrorCode::kInvalidArgument,
                fmt::format("this configuration needs about {} of memory and this machine has {} available: {:.3g} parameters take {} per worker "
                            "(weights, gradients, AdamW and the outer optimizer's state){}, and the activations of one batch of {} x {} take {}; {}",
                            format_bytes(e.total_bytes), format_bytes(*avail), e.parameters, format_bytes(e.state_bytes),
-                           workers > 1 ? fmt::format(" for {} workers", workers) : std::string(), c.train.batch_size, c.model.context,
+                           workers > 1 ? fmt::format(" for {} workers{}", workers, workers_key.empty() ? "" : " (" + workers_key + ")") : std::string(), c.train.batch_size, c.model.context,
                            format_bytes(e.activation_bytes), lower));
 }
 

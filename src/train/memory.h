@@ -49,8 +49,9 @@ std::optional<double> available_memory_bytes();
 // What a run needs before it starts, checked at once so that a command fails in its first second:
 // the device train.device names exists (device.h); a TorchScript model loads and fits the run (it is
 // loaded to count its parameters); and the memory estimate fits what is available (else
-// kInvalidArgument with the figures and what to lower).
-[[nodiscard]] Status check_resources(const RunConfig& config, std::int64_t workers);
+// kInvalidArgument with the figures and what to lower). `workers_key`: the key that sets `workers`,
+// named in the advice (empty: none sets it, as for a benchmark's models side by side).
+[[nodiscard]] Status check_resources(const RunConfig& config, std::int64_t workers, const std::string& workers_key = "sim.workers");
 
 std::string format_bytes(double bytes);
 

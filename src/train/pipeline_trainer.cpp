@@ -74,6 +74,21 @@ double measure_stage_forward_s(const RunConfig& c, int runs) {
   return times.empty() ? 0.0 : times[times.size() / 2];
 }
 
+Status check_pipeline_shape(const RunConfig& c) {
+  const auto& p = c.pipeline;
+  if (c.model.kind != "gpt") return error(ErrorCode::kInvalidArgument, "pipelines cut the built-in GPT into stages: set model.kind = gpt");
+  if (c.model.layers % p.stages != 0) {
+    return error(ErrorCode::kInvalidArgument,
+                 fmt::format("model.layers ({}) must be divisible by pipeline.stages ({}), each stage holding as many layers: set model.layers to a "
+                             "multiple of {} (--set model.layers={}) or pipeline.stages to a divisor of {}",
+                             c.model.layers, p.stages, p.stages, p.stages * ((c.model.layers + p.stages - 1) / p.stages), c.model.layers));
+  }
+  if (p.path_length > p.stages) {
+    return error(ErrorCode::kInvalidArgument, fmt::format("pipeline.path_length ({}) must be at most pipeline.stages ({})", p.path_length, p.stages));
+  }
+  return Status();
+}
+
 Status check_network_in_one_process(const RunConfig& c) {
   if (c.pipeline.network != "measured") return Status();
   return error(ErrorCode::kInvalidArgument, "pipeline.network = measured plans on the links the nodes measure between their processes: run it with "
@@ -240,11 +255,7 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   impl->env = env;
   impl->data = &data;
   const auto& p = c.pipeline;
-  if (c.model.kind != "gpt") return error(ErrorCode::kInvalidArgument, "pipelines cut the built-in GPT into stages: set model.kind = gpt");
-  if (c.model.layers % p.stages != 0) {
-    return error(ErrorCode::kInvalidArgument, "model.layers (" + std::to_string(c.model.layers) + ") must be divisible by pipeline.stages (" + std::to_string(p.stages) + ")");
-  }
-  if (p.path_length > p.stages) return error(ErrorCode::kInvalidArgument, "pipeline.path_length must be at most pipeline.stages");
+  if (Status st = check_pipeline_shape(c); !st.ok()) return st;
   auto mode = pipeline_mode(p.mode);
   if (!mode.ok()) return mode.status();
   auto codec_id = quant::codec_from_name(p.activation_codec);

@@ -160,6 +160,10 @@ class PipelineTrainer {
 // What the scheduler assumes of the nodes' links (pipeline.network: the geo table or a uniform one)
 // and of the work (pipeline.forward_s, pipeline.activation_mib, the reference's per-hop overhead).
 skippipe::Network pipeline_network(const RunConfig& config);
+// What a pipeline needs of the model and its keys, checked before anything starts: the built-in GPT
+// (model.kind = gpt), model.layers a multiple of pipeline.stages, pipeline.path_length at most
+// pipeline.stages. kInvalidArgument naming the keys and what to set.
+[[nodiscard]] Status check_pipeline_shape(const RunConfig& config);
 // pipeline.network = measured needs links between processes to measure: refused (with what to use
 // instead) where every node is in one process or simulated.
 [[nodiscard]] Status check_network_in_one_process(const RunConfig& config);

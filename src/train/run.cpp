@@ -12,6 +12,7 @@
 #include "core/file.h"
 #include "data/synthetic.h"
 #include "data/token_files.h"
+#include "train/inputs.h"
 #include "train/memory.h"
 #include "train/metrics.h"
 #include "train/run_folder.h"
@@ -146,6 +147,9 @@ Result<CheckpointState> checked_resume(const TrainRequest& req) {
 Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
   const RunConfig& config = req.config;
   if (Status st = validate(config); !st.ok()) return st;
+  // A resume on files other than the run's is refused before any of them is loaded.
+  Result<std::string> inputs = req.resume ? check_inputs(req.out_dir, config) : Result<std::string>(std::string());
+  if (!inputs.ok()) return inputs.status();
   if (Status st = check_resources(config, /*workers=*/1); !st.ok()) return st;
   const fs::path ckpt_path = req.out_dir / kCheckpointFile;
   std::optional<CheckpointState> resumed;
@@ -170,6 +174,11 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
   auto corpus = load_corpus(config);
   if (!corpus.ok()) return corpus.status();
   spdlog::info("data: {}", corpus->description);
+  if (!req.resume) {  // pinned as loaded
+    auto pinned = pin_inputs(config);
+    if (!pinned.ok()) return pinned.status();
+    *inputs = inputs_json(*pinned);
+  }
   auto folder = req.resume ? RunFolder::open_to_resume(req.out_dir, RunKind::kTrain) : RunFolder::create(req.out_dir, RunKind::kTrain);
   if (!folder.ok()) return folder.status();
   if (config.train.threads > 0) torch::set_num_threads(static_cast<int>(config.train.threads));
@@ -181,6 +190,7 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
   auto write_config = [&]() -> Status {
     if (config_written) return Status();
     config_written = true;
+    if (Status st = folder->write_text(kInputsFile, *inputs); !st.ok()) return st;
     return folder->write_text("config.toml", config_toml);
   };
   if (!req.resume) {

@@ -25,7 +25,7 @@ constexpr std::array<std::string_view, 5> kKindNames = {"train", "peer", "sim", 
 
 // Files a run writes before it has any result: a start that failed leaves only these, and the same
 // command may start again in that folder.
-constexpr std::array<std::string_view, 5> kStartFiles = {kRunMarkerFile, "config.toml", "address", kJoinStateFile, kJoinManifestFile};
+constexpr std::array<std::string_view, 6> kStartFiles = {kRunMarkerFile, "config.toml", "inputs.json", "address", kJoinStateFile, kJoinManifestFile};
 
 std::string resume_hint(RunKind kind, const fs::path& path) {
   switch (kind) {

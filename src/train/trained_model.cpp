@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "train/checkpoint.h"
+#include "train/inputs.h"
 #include "train/run.h"
 #include "train/worker.h"
 
@@ -15,7 +16,12 @@ namespace fs = std::filesystem;
 Result<TrainedModel> load_trained_model(const fs::path& run_dir) {
   const fs::path path = run_dir / kCheckpointFile;
   std::error_code ec;
-  if (!fs::is_directory(run_dir, ec)) return error(ErrorCode::kInvalidArgument, run_dir.string() + " is not a run folder");
+  if (!fs::exists(run_dir, ec)) {
+    return error(ErrorCode::kInvalidArgument, run_dir.string() + " does not exist: pass the run folder (the --out) of a gossamer train, peer or pipeline run");
+  }
+  if (!fs::is_directory(run_dir, ec)) {
+    return error(ErrorCode::kInvalidArgument, run_dir.string() + " is a file, not a run folder: pass the --out of a gossamer train, peer or pipeline run");
+  }
   if (!fs::exists(path, ec)) {
     return error(ErrorCode::kInvalidArgument, run_dir.string() + " holds no checkpoint.bin: the weights come from a run of gossamer train, "
                                                                  "peer or pipeline (sim and compare keep none)");
@@ -24,6 +30,8 @@ Result<TrainedModel> load_trained_model(const fs::path& run_dir) {
   if (!state.ok()) return state.status();
   TrainedModel out;
   if (Status st = apply_toml(out.config, state->config_toml, path.string() + " (stored config)"); !st.ok()) return st;
+  // A TorchScript module is read from model.path again: the one the run trained, or refused.
+  if (Status st = check_model_input(run_dir, out.config); !st.ok()) return st;
   auto model = make_model(out.config, 0);
   if (!model.ok()) return model.status().with_context("rebuilding the model of " + run_dir.string());
   try {

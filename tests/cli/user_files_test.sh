@@ -74,6 +74,26 @@ says "nats/token"
 loss=$(grep -o 'val loss [0-9.]*' "$tmp/out" | awk '{print $3}')
 awk -v l="$loss" 'BEGIN { exit !(l < 8.0) }' || fail "val loss $loss on the nanoGPT corpus is not below 8 (uniform: 10.8)"
 
+# The files a run reads are pinned when it starts (inputs.json): a resume after a token file changed
+# (the same size, other content) or after one was added to the folder is refused, naming the file,
+# and leaves the run folder as it was; put back, the run resumes.
+mkdir -p "$tmp/pinned" && cp "$tmp/nanogpt/train.bin" "$tmp/nanogpt/val.bin" "$tmp/pinned/"
+run 0 "$G" train "${SMALL[@]}" --set data.path="$tmp/pinned" --stop-at 10 --out "$tmp/pin"
+grep -qF '"blake2b"' "$tmp/pin/inputs.json" || fail "the run did not pin its token files"
+cp "$tmp/pinned/train.bin" "$tmp/train.bin.orig"
+printf '\x01\x02' | dd of="$tmp/pinned/train.bin" bs=1 seek=5000 conv=notrunc status=none
+cp -a "$tmp/pin" "$tmp/pin.before"
+run 2 "$G" train --out "$tmp/pin" --resume
+says "train.bin changed: the same 120000 bytes but other content"; says "put the files back"
+diff -r "$tmp/pin.before" "$tmp/pin" >/dev/null || fail "a refused resume changed the run folder"
+cp "$tmp/train.bin.orig" "$tmp/pinned/train.bin"
+cp "$tmp/pinned/val.bin" "$tmp/pinned/more_train.bin"
+run 2 "$G" train --out "$tmp/pin" --resume
+says "more_train.bin is new"
+rm "$tmp/pinned/more_train.bin"
+run 0 "$G" train --out "$tmp/pin" --resume
+says "step 60/60"
+
 # llm.c's files train in the simulator with DiLoCo, and a real peer reads them too.
 run 0 "$G" sim "${SMALL[@]}" --set data.path="$tmp/llmc" --set sim.workers=2 --set diloco.inner_steps=20 --out "$tmp/sim"
 grep -q '"final_val_loss"' "$tmp/sim/summary.json" || fail "sim wrote no final validation loss"
@@ -107,6 +127,24 @@ cmp -s "$tmp/ts-sim/streaming_diloco/metrics.jsonl" "$tmp/ts-sim2/streaming_dilo
 run 0 "$G" peer "${TS[@]}" --set model.path="$tmp/ng_tokens.pt" --set data.format=tokens --set data.vocab_size=50257 \
   --set data.path="$tmp/nanogpt" --set train.steps=20 --set diloco.inner_steps=10 --listen 127.0.0.1:0 --wait-for 1 --out "$tmp/ts-peer"
 test -f "$tmp/ts-peer/summary.json" || fail "the TorchScript peer wrote no summary"
+# A TorchScript model replaced between a stop and its resume (another shape, then the same shape
+# with other weights): refused before it is loaded, naming model.path; a peer's resume alike.
+cp "$tmp/ng.pt" "$tmp/ng_pin.pt"
+run 0 "$G" train "${TS[@]}" --set model.path="$tmp/ng_pin.pt" --stop-at 5 --out "$tmp/ts-pin"
+"$PY" "$EX" --out "$tmp/ng_pin.pt" --vocab 256 --context 16 --layers 2 --width 32 --heads 2 >/dev/null || fail "export script failed"
+run 2 "$G" train --out "$tmp/ts-pin" --resume
+says "model.path $tmp/ng_pin.pt changed"
+"$PY" "$EX" --out "$tmp/ng_pin.pt" --vocab 256 --context 16 --layers 3 --width 32 --heads 2 --dropout 0.1 --seed 99 >/dev/null || fail "export script failed"
+run 2 "$G" train --out "$tmp/ts-pin" --resume
+says "model.path $tmp/ng_pin.pt changed"
+grep -qF "internal" "$tmp/out" && fail "a changed TorchScript file reached the model's load"
+cp "$tmp/ng.pt" "$tmp/ng_pin.pt"
+"$G" peer "${TS[@]}" --set model.path="$tmp/ng_pin.pt" --set train.steps=20 --set diloco.inner_steps=10 --set train.checkpoint_every=10 \
+  --listen 127.0.0.1:0 --wait-for 1 --crash-at-step 12 --out "$tmp/ts-peer-pin" >"$tmp/out" 2>&1
+[ $? -eq 137 ] || { cat "$tmp/out"; fail "the peer's crash drill did not fire"; }
+"$PY" "$EX" --out "$tmp/ng_pin.pt" --vocab 256 --context 16 --layers 3 --width 32 --heads 2 --dropout 0.1 --seed 99 >/dev/null || fail "export script failed"
+run 2 "$G" peer --listen 127.0.0.1:0 --resume --out "$tmp/ts-peer-pin"
+says "model.path $tmp/ng_pin.pt changed"
 # A module whose vocabulary is not the run's is refused with the shapes.
 run 2 "$G" train "${TS[@]}" --set model.path="$tmp/ng_tokens.pt" --out "$tmp/ts-bad"
 says "expected [1, 16, 256]"

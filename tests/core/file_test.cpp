@@ -1,6 +1,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "core/file.h"
@@ -48,4 +49,49 @@ TEST_CASE("BLAKE2b-256 digest matches the reference vector and incremental hashi
   h.update(as_bytes("def"));
   CHECK(h.finish() == digest_of(as_bytes("abcdef")));
   CHECK_FALSE(digest_of(as_bytes("abcdef")) == digest_of(as_bytes("abcdeg")));
+}
+
+TEST_CASE("digest_file: the content's digest, whole up to 1 GiB, by samples beyond") {
+  const fs::path dir = temp_dir("digest");
+  const fs::path f = dir / "data.bin";
+  REQUIRE(write_file_atomic(f, as_bytes("some text to pin")).ok());
+  auto a = digest_file(f);
+  REQUIRE(a.ok());
+  CHECK(a->size == 16);
+  CHECK_FALSE(a->sampled);
+  CHECK(a->digest == digest_of(as_bytes("some text to pin")));
+  REQUIRE(write_file_atomic(f, as_bytes("some text to pIn")).ok());  // same size, one byte other
+  auto b = digest_file(f);
+  REQUIRE(b.ok());
+  CHECK(b->digest != a->digest);
+  CHECK(digest_file(dir / "missing.bin").status().code() == ErrorCode::kIoError);
+
+  // A sparse file over the limit: digested by samples (quickly), its size included; a byte changed
+  // in a sampled block shows, one between the samples does not (the documented limit).
+  const fs::path big = dir / "big.bin";
+  const std::uint64_t size = kWholeDigestBytes + (std::uint64_t{3} << 20);
+  { std::ofstream create(big); }
+  fs::resize_file(big, size);
+  auto s1 = digest_file(big);
+  REQUIRE(s1.ok());
+  CHECK(s1->sampled);
+  CHECK(s1->size == size);
+  auto poke = [&](std::uint64_t offset) {
+    std::fstream io(big, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(static_cast<std::streamoff>(offset));
+    io.put('x');
+  };
+  poke(size - 1);  // the last block is always sampled
+  auto s2 = digest_file(big);
+  REQUIRE(s2.ok());
+  CHECK(s2->digest != s1->digest);
+  poke(size / 512 + (1 << 20) + 100);  // between the first and the second sample
+  auto s3 = digest_file(big);
+  REQUIRE(s3.ok());
+  CHECK(s3->digest == s2->digest);
+  fs::resize_file(big, size + 1);
+  auto s4 = digest_file(big);
+  REQUIRE(s4.ok());
+  CHECK(s4->digest != s2->digest);
+  fs::remove_all(dir);
 }
