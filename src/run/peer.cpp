@@ -146,6 +146,7 @@ Result<PeerPlan> plan_of(const PeerRequest& req, std::optional<train::RunFolder>
   plan.start_timeout = req.start_timeout;
   plan.stop = req.stop;
   plan.outbound_only = req.outbound_only;
+  plan.keyed = req.key.has_value();
   plan.crash_mid_round = req.crash_mid_round;
   return plan;
 }

@@ -194,6 +194,7 @@ Status Peer::link_up() {
                                               "itself), and this peer accepts none (behind NAT): run with ddp.engine = \"links\", or give "
                                               "this machine a port forward and --advertise");
   }
+  if (Status st = check_relay_needs_key(); !st.ok()) return st;
   // Announced without an address when nobody can dial it: the others then wait for its links.
   coordinator_ = Coordinator::make(gossip_, outbound_only_ ? std::string() : opened_.announced, co, clock_);
   auto corpus = env_.corpus(config_);
@@ -222,9 +223,9 @@ void Peer::check_reachable(const std::string& address, const std::string& what) 
   }
   const std::string seen = reach->observed_ip.empty() ? std::string() : " (it sees this peer as " + reach->observed_ip + ")";
   spdlog::warn("a member{} could not connect back to this peer's {}: {}. Taking part as outbound-only: this peer dials the others, and "
-               "its links to other outbound-only peers go through a relay. To accept connections, forward both ports to this machine "
+               "its links to other outbound-only peers go through a relay{}. To accept connections, forward both ports to this machine "
                "and pass --advertise PUBLIC_ADDRESS:PORT (docs/deploy.md)",
-               seen, what, fmt::format("{}", fmt::join(reach->failed, "; ")));
+               seen, what, fmt::format("{}", fmt::join(reach->failed, "; ")), plan_.keyed ? "" : " (in a run with a key only: --key)");
   outbound_only_ = true;
   if (Status st = gossip_.set_outbound_only(true); !st.ok()) spdlog::warn("gossip: {}", st.to_string());
 }
@@ -284,6 +285,28 @@ Status Peer::check_not_stranded() const {
   return error(ErrorCode::kUnavailable, "every peer that accepts connections has left or died, and this peer accepts none (behind NAT, "
                                         "outbound-only): it can reach no other member, nor they it. Start a peer with a reachable address "
                                         "(a public IP, or a port forward and --advertise; see docs/deploy.md), then restart this one with --resume");
+}
+
+Status Peer::check_relay_needs_key() {
+  if (!outbound_only_ || plan_.keyed) return Status();
+  // The others' outbound-only flags travel with gossip rows: a few periods for them to arrive (two
+  // peers found outbound-only at the same moment see each other).
+  clock_.sleep_for(1s);
+  bool under_way = false;
+  {
+    std::lock_guard lock(heard_->mu);
+    under_way = heard_->latest_round >= 0;
+  }
+  const transport::PeerId self = gossip_.self();
+  for (const auto& m : gossip_.members()) {
+    if (m.id == self || !m.outbound_only || (m.state != transport::MemberState::kAlive && m.state != transport::MemberState::kSuspect)) continue;
+    if (!under_way && self < m.id) continue;  // both at the start: the smaller id stays
+    return error(ErrorCode::kInvalidArgument,
+                 "this peer accepts no connections (behind NAT), nor does peer " + m.id.to_string() + " in this run, so their link would go through " +
+                     "a relay, and a run without a key relays nothing: start the run's peers with --key FILE (the same file on every peer; "
+                     "gossamer keygen writes one), or give this machine a port forward and --advertise (docs/deploy.md)");
+  }
+  return Status();
 }
 
 // Round 0's group, or nothing when the run started without this peer.

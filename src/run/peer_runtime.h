@@ -73,6 +73,8 @@ struct PeerPlan {
   const std::atomic<bool>* stop = nullptr;  // checked between steps and while waiting
   // This machine accepts no connections (behind NAT), known beforehand: no dial-back check.
   bool outbound_only = false;
+  // The run has a run key (--key): relays forward only links of a keyed run (transport/relay.h).
+  bool keyed = false;
   // Fault drill (`gossamer peer --crash-mid-round`, sim.crash_mid_round): in this round's collective,
   // once this peer's own share of the average reached half the group, it dies (PeerEnvironment::
   // crash). 0: never.
@@ -189,6 +191,11 @@ class Peer {
   // An outbound-only peer with no live member that accepts connections can reach nobody: the error
   // saying so, or ok.
   Status check_not_stranded() const;
+  // An outbound-only peer in a run without a key can link with the members that accept connections
+  // only (a relay needs the key): kInvalidArgument, with what to do, where another outbound-only
+  // member is in the run before it (already there when the run is under way; at the start, the one
+  // with the smallest id stays). Called before this peer takes part, so the others go on.
+  Status check_relay_needs_key();
   // This peer's link speed where it is known (a simulation's access link, --shape).
   std::optional<double> own_link_bytes_per_s() const;
   // The layout of a group of `members` (CoordinatorOptions::layout): optim::choose_width on the

@@ -162,6 +162,38 @@ fwd=$(summary_num p0 relay_forwarded_bytes)
 grep -q '"skipped_rounds": 0' p1/summary.json || { cat p1/summary.json; fail "two NATs: rounds were skipped"; }
 echo "netns: two peers behind different NATs and one public peer trained to the end with the same parameters ($fwd bytes relayed by the public one)"
 
+# Scenario: the same without a key, as docs/peer.md reads without --key. Relays need the key, so of
+# the two behind NAT only one can take part (its links go to the public peer directly): the other is
+# refused in one line that says what to pass, and the two that can train finish, identical. A third
+# behind NAT joining the run under way is refused alike, and the run goes on.
+cd "$WORK" && mkdir -p nokey && cd nokey
+ip netns exec "${H[0]}" timeout 120 "$G" peer --listen 0.0.0.0:7000 "${SETS[@]}" --set train.steps=1500 --set train.eval_every=500 --wait-for 2 --out p0 > p0.log 2>&1 &
+sleep 1.5
+ip netns exec "$P" timeout 120 "$G" peer --listen 0.0.0.0:7000 --join "${NETS[0]}.2:7000" --out p1 > p1.log 2>&1 &
+pid1=$!
+ip netns exec "$Q" timeout 120 "$G" peer --listen 0.0.0.0:7000 --join "${NETS[0]}.2:7000" --out p2 > p2.log 2>&1 &
+pid2=$!
+# The refused one ends within seconds; the other trains on.
+wait -n $pid1 $pid2; rc=$?
+if kill -0 $pid1 2>/dev/null; then refused=2; kept=1; kept_pid=$pid1; else refused=1; kept=2; kept_pid=$pid2; fi
+kill -0 $kept_pid 2>/dev/null || { tail -n 5 p1.log p2.log; fail "no key: both peers behind NAT ended at once"; }
+[ "$rc" -eq 2 ] || { tail -n 20 "p$refused.log"; fail "no key: the refused peer exited with $rc, not 2"; }
+grep -q "a run without a key relays nothing: start the run's peers with --key FILE" "p$refused.log" || { tail -n 5 "p$refused.log"; fail "no key: the refused peer did not say what to pass"; }
+[ "$(grep -c ' E\]' "p$refused.log")" -eq 1 ] || { cat "p$refused.log"; fail "no key: the refusal is not one line"; }
+# A third behind NAT (the second site again, its first peer gone) joins the run under way: refused.
+for i in $(seq 1 100); do grep -q '"rounds":3' "p$kept/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+other=$([ "$kept" = 1 ] && echo "$Q" || echo "$P")
+rc3=0
+ip netns exec "$other" timeout 60 "$G" peer --listen 0.0.0.0:7000 --join "${NETS[0]}.2:7000" --out p3 > p3.log 2>&1 || rc3=$?
+[ "$rc3" -eq 2 ] && grep -q "a run without a key relays nothing" p3.log || { tail -n 5 p3.log; fail "no key: a late peer behind NAT exited $rc3 without the reason"; }
+kill -0 $kept_pid 2>/dev/null || fail "no key: the run ended before the late peer was refused (the check is then untested)"
+wait $kept_pid; rc=$?
+wait
+[ "$rc" -eq 0 ] && [ -f p0/summary.json ] && [ -f "p$kept/summary.json" ] || { tail -n 20 p0.log "p$kept.log"; fail "no key: the peers that can train did not finish"; }
+[ "$(digest p0)" = "$(digest "p$kept")" ] || fail "no key: the two that trained ended with different parameters"
+grep -q "relays only in a run with a key" p0.log && fail "no key: a relay was asked for after all"
+echo "netns: without a key, one peer behind NAT trained with the public one; the second, and a third joining later, were refused in one line"
+
 # Scenario: a pipeline's peer behind NAT without a port forward: pipeline nodes must accept
 # connections, so it is refused, saying what to do, instead of hanging the pipeline.
 cd "$WORK" && mkdir -p pipenat && cd pipenat
