@@ -34,10 +34,11 @@ struct RelayHub::Pair {
 RelayHub::RelayHub(asio::io_context& io, PeerId self, RunId run, std::optional<RunKey> key, RelayOptions options)
     : io_(io), self_(self), run_(run), key_(std::move(key)), options_(options) {}
 
-void RelayHub::take(tcp::socket socket, ByteView first4, Nanos read_timeout, std::shared_ptr<void> hold) {
+std::function<void()> RelayHub::take(tcp::socket socket, ByteView first4, Nanos read_timeout, std::shared_ptr<void> hold) {
   if (waiting_.size() >= options_.max_waiting) {
     refused_.fetch_add(1);
-    return answer_and_close(std::make_shared<tcp::socket>(std::move(socket)), RelayStatus::kBusy);
+    answer_and_close(std::make_shared<tcp::socket>(std::move(socket)), RelayStatus::kBusy);
+    return [] {};
   }
   auto w = std::make_shared<Waiting>(std::move(socket));
   std::memcpy(w->bytes.data(), first4.data(), 4);
@@ -60,6 +61,12 @@ void RelayHub::take(tcp::socket socket, ByteView first4, Nanos read_timeout, std
     }
     self->on_request(w);
   });
+  return [weak = std::weak_ptr<Waiting>(w)] {
+    if (auto alive = weak.lock(); alive && !alive->read) {
+      asio::error_code ignored;
+      alive->socket->close(ignored);
+    }
+  };
 }
 
 void RelayHub::answer_and_close(std::shared_ptr<tcp::socket> socket, RelayStatus status) {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -32,8 +33,9 @@ class RelayHub : public std::enable_shared_from_this<RelayHub> {
  public:
   RelayHub(asio::io_context& io, PeerId self, RunId run, std::optional<RunKey> key, RelayOptions options);
   // A connection whose first bytes were the relay magic (`first4` already read). `hold` is kept until
-  // the whole request is read (the transport's place for a connection in its handshake). I/O thread.
-  void take(asio::ip::tcp::socket socket, ByteView first4, Nanos read_timeout, std::shared_ptr<void> hold = nullptr);
+  // the whole request is read (the transport's place for a connection in its handshake). Returns
+  // what closes the connection while its request is read (the place evicted). I/O thread.
+  std::function<void()> take(asio::ip::tcp::socket socket, ByteView first4, Nanos read_timeout, std::shared_ptr<void> hold = nullptr);
   // Closes every waiting and paired connection. I/O thread.
   void shutdown();
 

@@ -24,10 +24,12 @@ struct TcpOptions {
   std::uint64_t max_message_bytes = std::uint64_t{1} << 30;   // larger frames are a protocol error
   std::uint64_t max_buffered_bytes = std::uint64_t{2} << 30;  // per link: reading pauses beyond this
   Nanos handshake_timeout = std::chrono::seconds(10);
-  // Connections accepted but not through their handshake yet: beyond this many, new ones are closed
-  // at once (counted, logged at a bounded rate), so junk connections held open cannot pile up.
+  // Connections accepted but not through their handshake yet: beyond this many, the oldest is
+  // closed to make room (counted, logged at a bounded rate), so junk connections held open cannot
+  // pile up, nor keep a genuine handshake (a round trip or two) out by their number.
   std::size_t max_handshakes = 256;
-  // The same from one source IP: one host cannot take every place.
+  // The same from one source IP (an IPv6 /64): beyond it, new ones are closed at once, evicting
+  // nobody; one host cannot take every place.
   std::size_t max_handshakes_per_ip = 32;
   // Links through their handshake that accept() has not taken yet: beyond this, closed.
   std::size_t max_accepted = 1024;

@@ -58,13 +58,20 @@ std::pair<Result<std::shared_ptr<Link>>, Result<std::shared_ptr<Link>>> relayed_
   return {std::move(from_a), std::move(from_b)};
 }
 
-int raw_connect(const std::string& address) {
+// A TCP connection that sends nothing, from `source` (an address of this machine; empty: any).
+int raw_connect(const std::string& address, const std::string& source = "") {
   const auto colon = address.rfind(':');
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<std::uint16_t>(std::stoi(address.substr(colon + 1))));
   ::inet_pton(AF_INET, address.substr(0, colon).c_str(), &sa.sin_addr);
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (!source.empty()) {
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    ::inet_pton(AF_INET, source.c_str(), &from.sin_addr);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)) == 0);
+  }
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0);
   return fd;
 }
@@ -183,7 +190,7 @@ TEST_CASE("transport: connections held open without a handshake are bounded, clo
   auto peer = make(2, std::nullopt);
   std::vector<int> junk;
   for (int i = 0; i < 12; ++i) junk.push_back(raw_connect(t->address()));
-  // Beyond the bound they are refused at once.
+  // Beyond the bound the oldest give their places to the newer ones at once.
   CHECK(eventually([&] { return t->stats().refused >= 8; }, 5s));
   // The ones held are closed at the handshake deadline (1 s), and a real peer then connects.
   CHECK(eventually([&] { return t->stats().refused >= 12; }, 5s));
@@ -269,4 +276,34 @@ TEST_CASE("dial-back messages: mutated ones are refused or re-encode to their by
   CHECK(reach_target("127.0.0.1:22", "203.0.113.5").status().code() == ErrorCode::kNotFound);
   CHECK(*reach_target("localhost:7000", "127.0.0.1") == "127.0.0.1:7000");
   CHECK_FALSE(reach_target("203.0.113.5:0", "203.0.113.5").ok());
+}
+
+TEST_CASE("transport: a flood of silent connections from many addresses does not keep a peer's handshake out") {
+  // Places for 8 handshakes, 2 per address, and a deadline far off (30 s): 24 connections from 12
+  // loopback addresses that send nothing would hold every place until then. The oldest are evicted
+  // instead, so a genuine peer connecting in the middle of the flood gets its handshake done.
+  TcpOptions o;
+  o.run = run_of(7);
+  o.self = PeerId{1};
+  o.handshake_timeout = 30s;
+  o.max_handshakes = 8;
+  o.max_handshakes_per_ip = 2;
+  auto t = make_tcp_transport(o);
+  REQUIRE(t.ok());
+  auto peer = make(2, std::nullopt);
+  std::vector<int> junk;
+  for (int i = 0; i < 24; ++i) junk.push_back(raw_connect((*t)->address(), "127.0.0." + std::to_string(2 + i % 12)));
+  CHECK(eventually([&] { return (*t)->stats().refused >= 16; }, 5s));  // 16 evicted, 8 held
+  const auto start = std::chrono::steady_clock::now();
+  auto link = peer->connect((*t)->address(), in(5s));
+  CHECK(link.ok());
+  CHECK((*t)->accept(in(5s)).ok());
+  CHECK(std::chrono::steady_clock::now() - start < 3s);
+  // One address beyond its share is refused without evicting anyone.
+  const auto before = (*t)->stats().refused;
+  for (int i = 0; i < 3; ++i) junk.push_back(raw_connect((*t)->address(), "127.0.0.99"));
+  // (7 places held after the peer's went: the first takes the free one, the second evicts the
+  // oldest, the third is refused.)
+  CHECK(eventually([&] { return (*t)->stats().refused >= before + 2; }, 5s));
+  for (int fd : junk) ::close(fd);
 }
