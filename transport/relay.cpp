@@ -1,5 +1,6 @@
 #include "transport/relay.h"
 
+#include <chrono>
 #include <cstring>
 
 #include <sodium.h>
@@ -11,12 +12,12 @@ namespace gossamer::transport {
 namespace {
 
 constexpr char kMagic[4] = {'G', 'S', 'R', 'Y'};
-constexpr std::uint8_t kVersion = 1;
-constexpr std::size_t kSignedBytes = 64;
+constexpr std::uint8_t kVersion = 2;
+constexpr std::size_t kSignedBytes = 80;
 
 // The tag's key: the run key, labelled for this use only.
 std::array<std::uint8_t, crypto_auth_hmacsha256_BYTES> relay_tag(const RunKey& key, const std::uint8_t* signed_bytes) {
-  static constexpr char kLabel[] = "gossamer-relay-v1";
+  static constexpr char kLabel[] = "gossamer-relay-v2";
   std::array<std::uint8_t, 32> derived{};
   crypto_generichash(derived.data(), derived.size(), reinterpret_cast<const unsigned char*>(kLabel), sizeof(kLabel) - 1, key.bytes.data(),
                      key.bytes.size());
@@ -27,6 +28,10 @@ std::array<std::uint8_t, crypto_auth_hmacsha256_BYTES> relay_tag(const RunKey& k
 }
 
 }  // namespace
+
+std::uint64_t relay_time_now() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+}
 
 bool is_relay_magic(ByteView first4) { return first4.size() >= 4 && std::memcmp(first4.data(), kMagic, 4) == 0; }
 
@@ -40,6 +45,8 @@ Bytes encode_relay_request(const RelayRequest& request, const std::optional<RunK
   w.u64(request.from.value);
   w.u64(request.to.value);
   w.u64(request.session);
+  w.u64(request.relay.value);
+  w.u64(request.time_ms);
   w.raw(ByteView(reinterpret_cast<const std::byte*>(request.nonce.data()), request.nonce.size()));
   Bytes out = std::move(w).take();
   std::array<std::uint8_t, crypto_auth_hmacsha256_BYTES> tag{};
@@ -60,6 +67,8 @@ Result<RelayRequest> decode_relay_request(ByteView bytes, const std::optional<Ru
   out.from = PeerId{r.u64()};
   out.to = PeerId{r.u64()};
   out.session = r.u64();
+  out.relay = PeerId{r.u64()};
+  out.time_ms = r.u64();
   ByteView nonce = r.raw(out.nonce.size());
   ByteView tag = r.raw(crypto_auth_hmacsha256_BYTES);
   r.expect_end();
@@ -74,6 +83,7 @@ Result<RelayRequest> decode_relay_request(ByteView bytes, const std::optional<Ru
   if (sodium_memcmp(want.data(), tag.data(), want.size()) != 0) {
     return error(ErrorCode::kUnauthenticated, key ? "relay request not signed with this run's key" : "a signed relay request in a run without a key");
   }
+  if (out.relay.value == 0) return error(ErrorCode::kMalformed, "relay request naming no relay");
   if (out.from.value == 0 || out.to.value == 0 || out.from == out.to) return error(ErrorCode::kMalformed, "relay request between peers " + out.from.to_string() + " and " + out.to.to_string());
   return out;
 }
@@ -90,7 +100,7 @@ Bytes encode_relay_answer(RelayStatus status) {
 Result<RelayStatus> decode_relay_answer(ByteView bytes) {
   if (bytes.size() != kRelayAnswerBytes || !is_relay_magic(bytes)) return error(ErrorCode::kMalformed, "not a relay answer");
   const auto status = static_cast<std::uint8_t>(bytes[4]);
-  if (status > static_cast<std::uint8_t>(RelayStatus::kBusy) || bytes[5] != std::byte{0} || bytes[6] != std::byte{0} || bytes[7] != std::byte{0}) {
+  if (status > static_cast<std::uint8_t>(RelayStatus::kStale) || bytes[5] != std::byte{0} || bytes[6] != std::byte{0} || bytes[7] != std::byte{0}) {
     return error(ErrorCode::kMalformed, "relay answer with status " + std::to_string(status));
   }
   return static_cast<RelayStatus>(status);

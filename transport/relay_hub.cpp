@@ -22,9 +22,13 @@ struct RelayHub::Waiting {
 
 // Two spliced connections.
 struct RelayHub::Pair {
+  explicit Pair(asio::any_io_executor ex) : idle_timer(ex) {}
   std::shared_ptr<tcp::socket> socket[2];
   std::vector<std::uint8_t> buffer[2];  // buffer[i]: bytes read from socket[i]
   int running = 2;
+  std::uint64_t session = 0;
+  bool moved = false;  // bytes went through since the idle timer was last armed
+  asio::steady_timer idle_timer;
   void close() {
     asio::error_code ignored;
     for (auto& s : socket) s->close(ignored);
@@ -87,6 +91,15 @@ void RelayHub::on_request(std::shared_ptr<Waiting> w) {
     spdlog::debug("relay: refused a request: {}", request.status().to_string());
     return answer_and_close(w->socket, RelayStatus::kRefused);
   }
+  if (request->relay != self_) {
+    refused_.fetch_add(1);
+    spdlog::debug("relay: refused a request meant for relay {}", request->relay.to_string());
+    return answer_and_close(w->socket, RelayStatus::kRefused);
+  }
+  if (!fresh(*request)) {
+    refused_.fetch_add(1);
+    return answer_and_close(w->socket, RelayStatus::kStale);
+  }
   w->request = *request;
   const Key mine{request->session, request->from.value, request->to.value};
   const Key theirs{request->session, request->to.value, request->from.value};
@@ -132,10 +145,32 @@ void RelayHub::on_request(std::shared_ptr<Waiting> w) {
   });
 }
 
+bool RelayHub::fresh(const RelayRequest& request) {
+  const std::uint64_t now = relay_time_now();
+  const auto skew = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(kRelayClockSkew).count());
+  // Forgotten once older than twice the skew: a replay of one so old is refused by its time.
+  while (!seen_order_.empty() && (now - std::min(now, seen_order_.front().first) > 2 * skew || seen_order_.size() >= options_.max_remembered)) {
+    seen_.erase(seen_order_.front().second);
+    seen_order_.pop_front();
+  }
+  const std::uint64_t apart = now > request.time_ms ? now - request.time_ms : request.time_ms - now;
+  if (apart > skew) {
+    spdlog::debug("relay: refused a request made {} s from this relay's clock", static_cast<double>(apart) / 1e3);
+    return false;
+  }
+  if (!seen_.insert(request.nonce).second) {
+    spdlog::debug("relay: refused a request taken before (a replay)");
+    return false;
+  }
+  seen_order_.emplace_back(now, request.nonce);
+  return true;
+}
+
 void RelayHub::splice(std::shared_ptr<Waiting> a, std::shared_ptr<Waiting> b) {
   ++active_;
   pairs_.fetch_add(1);
-  auto pair = std::make_shared<Pair>();
+  auto pair = std::make_shared<Pair>(a->socket->get_executor());
+  pair->session = a->request.session;
   pair->socket[0] = a->socket;
   pair->socket[1] = b->socket;
   std::erase_if(pairs_live_, [](const std::weak_ptr<Pair>& p) { return p.expired(); });
@@ -153,6 +188,7 @@ void RelayHub::splice(std::shared_ptr<Waiting> a, std::shared_ptr<Waiting> b) {
       if (--*left > 0) return;
       self->pump(pair, 0);
       self->pump(pair, 1);
+      self->watch_idle(pair);
     });
   }
   spdlog::debug("relay: paired peers {} and {}", a->request.from.to_string(), b->request.from.to_string());
@@ -167,6 +203,7 @@ void RelayHub::pump(std::shared_ptr<Pair> pair, int from) {
     if (ec) return self->stopped(pair);
     asio::async_write(*pair->socket[1 - from], asio::buffer(pair->buffer[from].data(), n), [self, pair, from](asio::error_code wec, std::size_t written) {
       self->forwarded_.fetch_add(written);
+      pair->moved = true;
       if (wec) return self->stopped(pair);
       self->pump(pair, from);
     });
@@ -175,7 +212,39 @@ void RelayHub::pump(std::shared_ptr<Pair> pair, int from) {
 
 void RelayHub::stopped(const std::shared_ptr<Pair>& pair) {
   pair->close();
+  pair->idle_timer.cancel();
   if (--pair->running == 0) --active_;
+}
+
+void RelayHub::watch_idle(std::shared_ptr<Pair> pair) {
+  pair->moved = false;
+  pair->idle_timer.expires_after(std::chrono::duration_cast<asio::steady_timer::duration>(options_.idle));
+  auto self = shared_from_this();
+  pair->idle_timer.async_wait([self, pair](asio::error_code ec) {
+    if (ec || pair->running == 0) return;
+    if (pair->moved) return self->watch_idle(pair);
+    self->idle_closed_.fetch_add(1);
+    spdlog::debug("relay: closing a pair idle for {} s", std::chrono::duration<double>(self->options_.idle).count());
+    pair->close();  // both pumps then stop
+  });
+}
+
+void RelayHub::retire_through(std::uint64_t session) {
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (std::get<0>(it->first) > session) {
+      ++it;
+      continue;
+    }
+    auto w = it->second;
+    it = waiting_.erase(it);
+    w->done = true;
+    w->timer.cancel();
+    asio::error_code ignored;
+    w->socket->close(ignored);
+  }
+  for (auto& weak : pairs_live_) {
+    if (auto p = weak.lock(); p && p->session <= session) p->close();
+  }
 }
 
 void RelayHub::shutdown() {
@@ -187,7 +256,10 @@ void RelayHub::shutdown() {
   }
   waiting_.clear();
   for (auto& weak : pairs_live_) {
-    if (auto p = weak.lock()) p->close();
+    if (auto p = weak.lock()) {
+      p->idle_timer.cancel();
+      p->close();
+    }
   }
   pairs_live_.clear();
 }

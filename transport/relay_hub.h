@@ -6,11 +6,14 @@
 #pragma once
 
 #include <atomic>
+#include <array>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -26,6 +29,10 @@ struct RelayOptions {
   std::size_t max_waiting = 64;
   std::size_t max_pairs = 256;
   std::size_t buffer_bytes = std::size_t{64} << 10;  // per direction of a pair
+  // A pair that carried no byte either way for about this long (between one and two of it) is
+  // closed: two ends that went away without a word do not hold a place for ever.
+  Nanos idle = std::chrono::minutes(15);
+  std::size_t max_remembered = std::size_t{1} << 16;  // requests remembered against replays
 };
 
 // The relay side: pairs requests and splices their sockets.
@@ -36,12 +43,16 @@ class RelayHub : public std::enable_shared_from_this<RelayHub> {
   // the whole request is read (the transport's place for a connection in its handshake). Returns
   // what closes the connection while its request is read (the place evicted). I/O thread.
   std::function<void()> take(asio::ip::tcp::socket socket, ByteView first4, Nanos read_timeout, std::shared_ptr<void> hold = nullptr);
+  // Closes the waiting requests and the pairs of sessions up to `session` (the group links of
+  // epochs this relay's own group left behind). I/O thread.
+  void retire_through(std::uint64_t session);
   // Closes every waiting and paired connection. I/O thread.
   void shutdown();
 
   std::uint64_t forwarded_bytes() const { return forwarded_.load(); }
   std::uint64_t pairs() const { return pairs_.load(); }
   std::uint64_t refused() const { return refused_.load(); }
+  std::uint64_t idle_closed() const { return idle_closed_.load(); }
 
  private:
   struct Waiting;
@@ -53,6 +64,9 @@ class RelayHub : public std::enable_shared_from_this<RelayHub> {
   void splice(std::shared_ptr<Waiting> a, std::shared_ptr<Waiting> b);
   void pump(std::shared_ptr<Pair> pair, int from);
   void stopped(const std::shared_ptr<Pair>& pair);
+  void watch_idle(std::shared_ptr<Pair> pair);
+  // Whether a request may be taken now: its time near this relay's clock, its nonce not seen.
+  bool fresh(const RelayRequest& request);
 
   asio::io_context& io_;
   const PeerId self_;
@@ -62,7 +76,10 @@ class RelayHub : public std::enable_shared_from_this<RelayHub> {
   std::map<Key, std::shared_ptr<Waiting>> waiting_;
   std::vector<std::weak_ptr<Pair>> pairs_live_;
   std::size_t active_ = 0;
-  std::atomic<std::uint64_t> forwarded_{0}, pairs_{0}, refused_{0};
+  std::atomic<std::uint64_t> forwarded_{0}, pairs_{0}, refused_{0}, idle_closed_{0};
+  // Nonces taken, against replays: with the relay's time of taking, oldest first.
+  std::set<std::array<std::uint8_t, 16>> seen_;
+  std::deque<std::pair<std::uint64_t, std::array<std::uint8_t, 16>>> seen_order_;
 };
 
 }  // namespace gossamer::transport

@@ -230,6 +230,7 @@ class TcpTransport final : public Transport {
       RelayOptions ro;
       ro.wait = options_.relay_wait;
       ro.max_pairs = options_.relay_max_pairs;
+      ro.idle = options_.relay_idle;
       hub_ = std::make_shared<RelayHub>(*io_, options_.self, options_.run, options_.key, ro);
     }
   }
@@ -289,7 +290,7 @@ class TcpTransport final : public Transport {
     return std::shared_ptr<Link>(register_link(std::move(done->socket), done->peer, std::move(done->session)));
   }
 
-  Result<std::shared_ptr<Link>> connect_relayed(const std::string& relay, PeerId target, std::uint64_t session, bool initiator,
+  Result<std::shared_ptr<Link>> connect_relayed(const std::string& relay, PeerId relay_id, PeerId target, std::uint64_t session, bool initiator,
                                                 Deadline deadline) override {
     const std::string what = "a link to peer " + target.to_string() + " through the relay at " + relay;
     auto socket = open_socket(relay, deadline);
@@ -299,14 +300,19 @@ class TcpTransport final : public Transport {
     request.from = options_.self;
     request.to = target;
     request.session = session;
+    request.relay = relay_id;
+    request.time_ms = relay_time_now();
     randombytes_buf(request.nonce.data(), request.nonce.size());
     auto answer = relay_exchange(**socket, encode_relay_request(request, options_.key), deadline);
     if (!answer.ok()) return answer.status().with_context(what);
     if (*answer != RelayStatus::kPaired) {
       const std::string why = *answer == RelayStatus::kNoMatch ? "peer " + target.to_string() + " did not come to it in time"
                               : *answer == RelayStatus::kBusy  ? "it relays as many links as it allows"
+                              : *answer == RelayStatus::kStale ? "it found the request stale: this machine's clock and the relay's differ by more than " +
+                                                                     std::to_string(kRelayClockSkew.count()) + " minutes (keep the clocks set, e.g. by NTP)"
                                                                : "it refused the request (a peer of another run, or another --key?)";
       const ErrorCode code = *answer == RelayStatus::kNoMatch ? ErrorCode::kTimeout
+                             : *answer == RelayStatus::kStale ? ErrorCode::kUnauthenticated
                              : *answer == RelayStatus::kBusy  ? ErrorCode::kResourceExhausted
                                                               : ErrorCode::kUnauthenticated;
       return error(code, what + ": " + why);
@@ -454,6 +460,11 @@ class TcpTransport final : public Transport {
     wrote->wait();
     if (read->ec) return error(ErrorCode::kPeerLost, "the relay closed the connection: " + read->ec.message());
     return decode_relay_answer(ByteView(reinterpret_cast<const std::byte*>(answer->data()), answer->size()));
+  }
+
+  void retire_relayed(std::uint64_t session) override {
+    if (!hub_) return;
+    asio::post(*io_, [hub = hub_, session] { hub->retire_through(session); });
   }
 
   void do_accept() {

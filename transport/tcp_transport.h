@@ -37,6 +37,8 @@ struct TcpOptions {
   // for its other end, and how many pairs at once (0: no relaying).
   Nanos relay_wait = std::chrono::seconds(30);
   std::size_t relay_max_pairs = 256;
+  // A relayed pair that carried nothing either way for about this long is closed.
+  Nanos relay_idle = std::chrono::minutes(15);
   std::string congestion_control;  // "bbr", "cubic", ...; empty: the OS default
   bool keepalive = true;
   // The run key: links are then authenticated and encrypted (secure_channel.h), and peers without

@@ -40,11 +40,15 @@ class Transport {
   // A link to `target` through the relay at `relay` (relay.h), for two peers that accept no
   // connections: both ends call this with the same `session`; `initiator` is true on exactly one of
   // them (it plays the connecting side of the handshake). kUnavailable where relays are not offered.
-  [[nodiscard]] virtual Result<std::shared_ptr<Link>> connect_relayed(const std::string& relay, PeerId target, std::uint64_t session,
-                                                                      bool initiator, Deadline deadline) {
-    (void)relay, (void)target, (void)session, (void)initiator, (void)deadline;
+  // `relay_id` is the relay's peer id: the request is good at that relay only (relay.h).
+  [[nodiscard]] virtual Result<std::shared_ptr<Link>> connect_relayed(const std::string& relay, PeerId relay_id, PeerId target,
+                                                                      std::uint64_t session, bool initiator, Deadline deadline) {
+    (void)relay, (void)relay_id, (void)target, (void)session, (void)initiator, (void)deadline;
     return error(ErrorCode::kUnavailable, "this transport has no relays");
   }
+  // As a relay: closes what it relays for sessions up to `session` (a run's group links of epochs
+  // its own group has left behind). Nothing where it relays nothing.
+  virtual void retire_relayed(std::uint64_t session) { (void)session; }
   virtual TransportStats stats() const { return {}; }
 };
 

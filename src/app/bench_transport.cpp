@@ -151,8 +151,8 @@ int bench_relay(const BenchArgs& args) {
   auto direct_b = b.accept(Deadline::after(real_clock(), 5s));
   if (!direct_b.ok()) return report_failure(direct_b.status());
   Result<std::shared_ptr<transport::Link>> relayed_b = error(ErrorCode::kTimeout, "not asked");
-  std::thread other([&] { relayed_b = b.connect_relayed(relay.address(), a.self(), 1, false, Deadline::after(real_clock(), 10s)); });
-  auto relayed = a.connect_relayed(relay.address(), b.self(), 1, true, Deadline::after(real_clock(), 10s));
+  std::thread other([&] { relayed_b = b.connect_relayed(relay.address(), relay.self(), a.self(), 1, false, Deadline::after(real_clock(), 10s)); });
+  auto relayed = a.connect_relayed(relay.address(), relay.self(), b.self(), 1, true, Deadline::after(real_clock(), 10s));
   other.join();
   if (!relayed.ok()) return report_failure(relayed.status());
   if (!relayed_b.ok()) return report_failure(relayed_b.status());

@@ -69,6 +69,9 @@ void PeerLinks::accept_loop() {
 }
 
 void PeerLinks::close_through(std::uint64_t epoch) {
+  // As a relay, the pairs of the epoch before go too: this peer being done with `epoch` means every
+  // member it shared that group with was done with the one before (relay.h, relay_hub.h).
+  if (epoch > 1) transport_.retire_relayed(epoch - 1);
   std::lock_guard lock(mu_);
   closed_through_ = std::max(closed_through_, epoch);
   for (auto it = links_.begin(); it != links_.end();) {
@@ -106,7 +109,7 @@ Result<std::shared_ptr<transport::Link>> PeerLinks::open(const MemberInfo& m, co
   const transport::PeerId self = transport_.self();
   const bool sends_epoch = !relay || self < m.id;
   const auto dial_at = [&](const MemberInfo& x) { return reachable_ ? reachable_(x.id, x.address) : x.address; };
-  auto link = relay ? transport_.connect_relayed(dial_at(*relay), m.id, epoch, self < m.id, deadline) : transport_.connect(dial_at(m), deadline);
+  auto link = relay ? transport_.connect_relayed(dial_at(*relay), relay->id, m.id, epoch, self < m.id, deadline) : transport_.connect(dial_at(m), deadline);
   if (!link.ok()) return link.status().with_context("connecting to peer " + m.id.to_string() + " for epoch " + std::to_string(epoch));
   if ((*link)->peer() != m.id) {  // another peer answers at that address (two hosts behind one NAT, a stale address)
     const std::string who = (*link)->peer().to_string();

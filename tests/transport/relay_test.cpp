@@ -52,8 +52,8 @@ Bytes text(const std::string& s) { return Bytes(reinterpret_cast<const std::byte
 std::pair<Result<std::shared_ptr<Link>>, Result<std::shared_ptr<Link>>> relayed_pair(Transport& a, Transport& b, Transport& relay,
                                                                                     std::uint64_t session, Nanos wait = 5s) {
   Result<std::shared_ptr<Link>> from_b = error(ErrorCode::kTimeout, "not run");
-  std::thread other([&] { from_b = b.connect_relayed(relay.address(), a.self(), session, false, in(wait)); });
-  auto from_a = a.connect_relayed(relay.address(), b.self(), session, true, in(wait));
+  std::thread other([&] { from_b = b.connect_relayed(relay.address(), relay.self(), a.self(), session, false, in(wait)); });
+  auto from_a = a.connect_relayed(relay.address(), relay.self(), b.self(), session, true, in(wait));
   other.join();
   return {std::move(from_a), std::move(from_b)};
 }
@@ -128,23 +128,23 @@ TEST_CASE("relay: a request of another key, with no other end, or to itself is r
   auto a = make(2, key);
   auto stranger = make(3, generate_run_key());
   // Another key: the relay refuses at once.
-  auto refused = stranger->connect_relayed(relay->address(), a->self(), 1, true, in(5s));
+  auto refused = stranger->connect_relayed(relay->address(), relay->self(), a->self(), 1, true, in(5s));
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.status().message().find("refused") != std::string::npos);
   // Nobody on the other end: the relay says so after its wait.
   const auto t0 = std::chrono::steady_clock::now();
-  auto alone = a->connect_relayed(relay->address(), PeerId{99}, 2, true, in(5s));
+  auto alone = a->connect_relayed(relay->address(), relay->self(), PeerId{99}, 2, true, in(5s));
   REQUIRE_FALSE(alone.ok());
   CHECK(alone.status().code() == ErrorCode::kTimeout);
   CHECK(std::chrono::steady_clock::now() - t0 < 3s);
   // A request naming the relay as an end.
-  auto itself = a->connect_relayed(relay->address(), relay->self(), 3, true, in(5s));
+  auto itself = a->connect_relayed(relay->address(), relay->self(), relay->self(), 3, true, in(5s));
   REQUIRE_FALSE(itself.ok());
   // The two ends of different sessions are not paired.
   auto b = make(4, key);
   Result<std::shared_ptr<Link>> other = error(ErrorCode::kTimeout, "not run");
-  std::thread t([&] { other = b->connect_relayed(relay->address(), a->self(), 5, false, in(5s)); });
-  auto mine = a->connect_relayed(relay->address(), b->self(), 6, true, in(5s));
+  std::thread t([&] { other = b->connect_relayed(relay->address(), relay->self(), a->self(), 5, false, in(5s)); });
+  auto mine = a->connect_relayed(relay->address(), relay->self(), b->self(), 6, true, in(5s));
   t.join();
   CHECK_FALSE(mine.ok());
   CHECK_FALSE(other.ok());
@@ -159,6 +159,8 @@ TEST_CASE("relay: requests are refused unless signed with the run key, and mutat
   req.from = PeerId{2};
   req.to = PeerId{3};
   req.session = 9;
+  req.relay = PeerId{1};
+  req.time_ms = 1234567;
   req.nonce[0] = 1;
   const Bytes good = encode_relay_request(req, key);
   REQUIRE(good.size() == kRelayRequestBytes);
@@ -167,6 +169,8 @@ TEST_CASE("relay: requests are refused unless signed with the run key, and mutat
   CHECK(back->from == req.from);
   CHECK(back->to == req.to);
   CHECK(back->session == 9);
+  CHECK(back->relay == PeerId{1});
+  CHECK(back->time_ms == 1234567);
   CHECK(decode_relay_request(good, generate_run_key()).status().code() == ErrorCode::kUnauthenticated);
   CHECK(decode_relay_request(good, std::nullopt).status().code() == ErrorCode::kUnauthenticated);
   CHECK(decode_relay_request(encode_relay_request(req, std::nullopt), std::nullopt).ok());
@@ -179,7 +183,7 @@ TEST_CASE("relay: requests are refused unless signed with the run key, and mutat
     accepted += got.ok() ? 1 : 0;  // any change to a signed request breaks its tag
   }
   CHECK(accepted == 0);
-  for (std::uint8_t s = 0; s < 4; ++s) CHECK(decode_relay_answer(encode_relay_answer(static_cast<RelayStatus>(s))).ok());
+  for (std::uint8_t s = 0; s < 5; ++s) CHECK(decode_relay_answer(encode_relay_answer(static_cast<RelayStatus>(s))).ok());
   Bytes bad = encode_relay_answer(RelayStatus::kPaired);
   bad[4] = std::byte{9};
   CHECK_FALSE(decode_relay_answer(bad).ok());
@@ -206,17 +210,21 @@ TEST_CASE("relay and dial-back messages keep their golden bytes") {
   req.from = PeerId{0x0102030405060708};
   req.to = PeerId{0x1112131415161718};
   req.session = 0x21;
+  req.relay = PeerId{0x31};
+  req.time_ms = 0x41;
   req.nonce[15] = 0xEE;
   const Bytes unsigned_request = encode_relay_request(req, std::nullopt);
   Bytes want(kRelayRequestBytes, std::byte{0});
-  const std::uint8_t head[] = {'G', 'S', 'R', 'Y', 1, 0, 0, 0, 7};
+  const std::uint8_t head[] = {'G', 'S', 'R', 'Y', 2, 0, 0, 0, 7};
   for (std::size_t i = 0; i < sizeof(head); ++i) want[i] = std::byte{head[i]};
   for (std::size_t i = 0; i < 8; ++i) {
     want[24 + i] = static_cast<std::byte>(8 - i);     // from, little-endian
     want[32 + i] = static_cast<std::byte>(0x18 - i);  // to
   }
   want[40] = std::byte{0x21};  // session
-  want[63] = std::byte{0xEE};  // the nonce's last byte; the tag (64..95) is zero without a key
+  want[48] = std::byte{0x31};  // relay
+  want[56] = std::byte{0x41};  // time
+  want[79] = std::byte{0xEE};  // the nonce's last byte; the tag (80..111) is zero without a key
   CHECK((unsigned_request == want));
   const Bytes answer = encode_relay_answer(RelayStatus::kNoMatch);
   CHECK((answer == Bytes{std::byte{'G'}, std::byte{'S'}, std::byte{'R'}, std::byte{'Y'}, std::byte{2}, std::byte{0}, std::byte{0}, std::byte{0}}));
@@ -306,4 +314,111 @@ TEST_CASE("transport: a flood of silent connections from many addresses does not
   // oldest, the third is refused.)
   CHECK(eventually([&] { return (*t)->stats().refused >= before + 2; }, 5s));
   for (int fd : junk) ::close(fd);
+}
+
+namespace {
+// The link ended (an error other than a timeout on a read).
+bool gone(Link& link) {
+  auto r = link.recv(1, in(100ms));
+  return !r.ok() && r.status().code() != ErrorCode::kTimeout;
+}
+
+// Sends `request` to the relay at `address` on a raw connection; its answer, or nullopt when the
+// connection closed without one.
+std::optional<RelayStatus> ask_raw(const std::string& address, const Bytes& request, int* keep_fd = nullptr) {
+  const int fd = raw_connect(address);
+  REQUIRE(::send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size()));
+  std::array<std::byte, kRelayAnswerBytes> answer{};
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::size_t got = 0;
+  while (got < answer.size()) {
+    const ssize_t n = ::recv(fd, answer.data() + got, answer.size() - got, 0);
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  if (keep_fd != nullptr) {
+    *keep_fd = fd;
+  } else {
+    ::close(fd);
+  }
+  if (got != answer.size()) return std::nullopt;
+  auto status = decode_relay_answer(ByteView(answer.data(), answer.size()));
+  if (!status.ok()) return std::nullopt;
+  return *status;
+}
+}  // namespace
+
+TEST_CASE("relay: a request is good at its relay, near its time, once: captured ones cannot be replayed") {
+  const RunKey key = generate_run_key();
+  auto relay = make(1, key, /*relay_wait=*/500ms);
+  RelayRequest req;
+  req.run = run_of(7);
+  req.from = PeerId{2};
+  req.to = PeerId{3};
+  req.session = 4;
+  req.relay = relay->self();
+  req.time_ms = relay_time_now();
+  req.nonce[0] = 7;
+  const Bytes good = encode_relay_request(req, key);
+  // Taken (it waits for its other end, which does not come: no match).
+  CHECK(ask_raw(relay->address(), good) == RelayStatus::kNoMatch);
+  // The same bytes again: a replay, refused as stale.
+  CHECK(ask_raw(relay->address(), good) == RelayStatus::kStale);
+  // Made for another relay: refused.
+  RelayRequest elsewhere = req;
+  elsewhere.relay = PeerId{77};
+  elsewhere.nonce[0] = 8;
+  CHECK(ask_raw(relay->address(), encode_relay_request(elsewhere, key)) == RelayStatus::kRefused);
+  // Too old, or from too far in the future.
+  const auto skew_ms = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(kRelayClockSkew).count());
+  RelayRequest old = req;
+  old.time_ms = relay_time_now() - skew_ms - 60000;
+  old.nonce[0] = 9;
+  CHECK(ask_raw(relay->address(), encode_relay_request(old, key)) == RelayStatus::kStale);
+  RelayRequest ahead = req;
+  ahead.time_ms = relay_time_now() + skew_ms + 60000;
+  ahead.nonce[0] = 10;
+  CHECK(ask_raw(relay->address(), encode_relay_request(ahead, key)) == RelayStatus::kStale);
+  // Within the skew, a fresh nonce: taken.
+  RelayRequest late = req;
+  late.time_ms = relay_time_now() - skew_ms / 2;
+  late.nonce[0] = 11;
+  CHECK(ask_raw(relay->address(), encode_relay_request(late, key)) == RelayStatus::kNoMatch);
+  CHECK(relay->stats().relay_pairs == 0);
+}
+
+TEST_CASE("relay: pairs end when idle, and when the relay retires their session") {
+  const RunKey key = generate_run_key();
+  TcpOptions o;
+  o.run = run_of(7);
+  o.self = PeerId{1};
+  o.key = key;
+  o.handshake_timeout = 1s;
+  o.relay_idle = 300ms;
+  auto made = make_tcp_transport(o);
+  REQUIRE(made.ok());
+  auto& relay = **made;
+  auto a = make(2, key), b = make(3, key);
+  // Idle: a pair that carries nothing is closed after between one and two idle periods.
+  {
+    auto [ab, ba] = relayed_pair(*a, *b, relay, 21);
+    REQUIRE(ab.ok());
+    REQUIRE(ba.ok());
+    CHECK((*ab)->send(1, text("before"), in(2s)).ok());
+    CHECK((*ba)->recv(1, in(2s)).ok());
+    CHECK(eventually([&] { return gone(**ba); }, 3s));
+  }
+  // Busy: a pair that carries messages more often than that stays up.
+  auto [ab, ba] = relayed_pair(*a, *b, relay, 22);
+  REQUIRE(ab.ok());
+  REQUIRE(ba.ok());
+  for (int i = 0; i < 10; ++i) {
+    CHECK((*ab)->send(1, text("ping"), in(2s)).ok());
+    CHECK((*ba)->recv(1, in(2s)).ok());
+    std::this_thread::sleep_for(100ms);
+  }
+  // Retired: the relay's own group moved past session 22, and the pair goes with it.
+  relay.retire_relayed(22);
+  CHECK(eventually([&] { return gone(**ba); }, 3s));
 }
