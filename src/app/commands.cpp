@@ -73,6 +73,11 @@ int run_train_command(const TrainArgs& args) {
   }
   req.out_dir = args.out;
   req.resume = args.resume;
+  if (args.stop_at >= req.config.train.steps) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "--stop-at " + std::to_string(args.stop_at) + " is not before the run's end (train.steps = " +
+                                                                 std::to_string(req.config.train.steps) + "): the run would end there anyway; drop "
+                                                                 "--stop-at, or give a step below train.steps"));
+  }
   if (args.stop_at > 0) req.stop_at = args.stop_at;
   req.terminal = ::isatty(STDERR_FILENO) != 0;
   req.stop = &install_graceful_stop();

@@ -68,6 +68,7 @@ struct PeerArgs {
   std::int64_t crash_at_step = 0;  // 0: never
   std::int64_t crash_mid_round = 0;  // 0: never
   double throttle = 1.0;           // > 1: every inner step takes this many times as long (a slower machine)
+  OptionScopes scopes{{{"first", "peer without --join"}, {"joiner", "peer --join"}}};
 };
 void add_peer_command(CLI::App& app, PeerArgs& args);
 int run_peer_command(const PeerArgs& args);

@@ -38,10 +38,12 @@ void add_peer_command(CLI::App& app, PeerArgs& args) {
   add_config_source(*cmd, args.source);
   cmd->add_option("--key", args.key, "run key file (`gossamer keygen`): links and gossip are then authenticated and encrypted");
   cmd->add_option("--out", args.out, "run folder: address, config.toml, metrics.jsonl, checkpoint.bin, summary.json")->capture_default_str();
-  cmd->add_option("--wait-for", args.wait_for, "peers that must be ready before training starts (the first peer's value counts; a pipeline run, pipeline.enabled, "
-                  "waits for pipeline.nodes unless given, and is planned over every peer ready at its start)")
-      ->check(integer_in(1, 4096))
-      ->capture_default_str();
+  args.scopes.add(cmd->add_option("--wait-for", args.wait_for,
+                                  "the first peer's: peers that must be ready before training starts (a joiner takes the run's; a pipeline "
+                                  "run, pipeline.enabled, waits for pipeline.nodes unless given, and is planned over every peer ready at its start)")
+                      ->check(integer_in(1, 4096))
+                      ->capture_default_str(),
+                  {"first"});
   cmd->add_option("--shape", args.shape,
                   "make this peer's links behave like a network path: a preset (" + fmt::format("{}", fmt::join(transport::link_profile_names(), ", ")) +
                       ") or MBIT,MS (bandwidth in Mbit/s, one-way latency in ms)");
@@ -69,12 +71,14 @@ void add_peer_command(CLI::App& app, PeerArgs& args) {
       ->capture_default_str();
   cmd->add_option("--device", args.device,
                   "where this machine computes (auto, cpu, cuda, cuda:N), whatever the run's train.device says: peers of one run may differ");
-  cmd->add_option("--join-timeout", args.join_timeout_s, "seconds to wait for the run spec from the peers joined")
-      ->check(number_in(0.0, 86400.0, true))
-      ->capture_default_str();
+  args.scopes.add(cmd->add_option("--join-timeout", args.join_timeout_s, "with --join: seconds to wait for the run spec from the peers joined")
+                      ->check(number_in(0.0, 86400.0, true))
+                      ->capture_default_str(),
+                  {"joiner"});
 }
 
 int run_peer_command(const PeerArgs& args) {
+  if (Status st = args.scopes.check(args.join.empty() ? "first" : "joiner"); !st.ok()) return report_failure(st);
   run::PeerRequest req;
   req.listen = args.listen;
   req.join = args.join;

@@ -31,13 +31,14 @@ void add_pipeline_command(CLI::App& app, PipelineArgs& a) {
                                  "metrics.jsonl and summary.json");
   add_config_source(*cmd, a.source);
   a.out_option = cmd->add_option("--out", a.out, "output folder, new or empty (default: runs/pipeline-<time>)");
-  cmd->add_option("--omit", a.omit, "stages (not 0) to leave out in the omission evaluation at the end, e.g. --omit 2,4,5 (default: the "
+  auto* omit = cmd->add_option("--omit", a.omit, "stages (not 0) to leave out in the omission evaluation at the end, e.g. --omit 2,4,5 (default: the "
                                      "second half, stages S/2 .. S-1: with 6 stages, 3, 4 and 5)")
       ->delimiter(',');
   auto* node = cmd->add_option("--node", a.node,
                                "host only this pipeline node, the others in processes of their own (on this machine or others), linked over "
                                "TCP: start one process per node, each with the same config and --addresses")
-                   ->check(integer_in(0, 4095));
+                   ->check(integer_in(0, 4095))
+                   ->excludes(omit);
   cmd->add_option("--addresses", a.addresses, "with --node: every node's host:port, in node order, comma-separated (node k listens at the k-th)")
       ->delimiter(',')
       ->check(host_port(transport::EndpointUse::kDial))

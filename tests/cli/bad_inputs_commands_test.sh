@@ -65,6 +65,8 @@ run 2 "$G" pipeline "${PIPE[@]}" --node 0 --addresses 127.0.0.1:7001,127.0.0.1:7
 says "--addresses names 2 nodes but pipeline.nodes is 4"
 run 2 "$G" pipeline "${PIPE[@]}" --node 4 --addresses 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004 --out "$tmp/x"
 says "--node 4"
+run 2 "$G" pipeline "${PIPE[@]}" --node 0 --addresses 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004 --omit 1 --out "$tmp/x"
+says "excludes"
 run 2 "$G" pipeline "${PIPE[@]}" --listen 127.0.0.1:7001 --out "$tmp/x"
 says "--listen"
 run 2 "$G" pipeline "${PIPE[@]}" --node 0 --addresses 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004 --shape nonsense --out "$tmp/x"

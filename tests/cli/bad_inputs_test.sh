@@ -87,8 +87,14 @@ run 2 "$G" peer "${PEERTINY[@]}" --listen 127.0.0.1:0 --outbound-only --out "$tm
 says "the first peer of a run must accept connections"
 run 2 "$G" peer "${PEERTINY[@]}" --listen 127.0.0.1:0 --crash-at-step 100 --out "$tmp/x"
 says "--crash-at-step 100 is past the run's last step (train.steps = 12)"
+# Options that would do nothing where they were given: refused, naming where they apply.
+run 2 "$G" peer --listen 127.0.0.1:0 --join 127.0.0.1:7 --wait-for 3 --out "$tmp/x"
+says "--wait-for applies to \`peer without --join\` only"
+run 2 "$G" peer "${PEERTINY[@]}" --listen 127.0.0.1:0 --join-timeout 5 --out "$tmp/x"
+says "--join-timeout applies to \`peer --join\` only"
+run 2 "$G" train "${TINY[@]}" --stop-at 12 --out "$tmp/x"
+says "--stop-at 12 is not before the run's end (train.steps = 12)"
 [ -e "$tmp/x" ] && fail "a refused peer must not create its run folder"
-[ -e "$tmp/x" ] && fail "a refused command must not create its run folder"
 
 # --- Strings: a path that looks like a number is a path.
 run 2 "$G" train "${TINY[@]}" --set data.path=123 --out "$tmp/x"
@@ -212,7 +218,7 @@ run 2 "$G" schedule --nodes 20 --gcma-trials 10 --out "$tmp/run/run.json" --forc
 unchanged "$tmp/run" "schedule over the run's run.json"
 run 0 "$G" schedule --nodes 20 --gcma-trials 10 --out "$tmp/kept.bin" --force
 says "wrote"
-[ "$(cat "$tmp/kept.bin")" != "not a schedule" ] || fail "schedule --force did not replace the file"
+echo "not a schedule" | cmp -s - "$tmp/kept.bin" && fail "schedule --force did not replace the file"
 # Fewer steps than the checkpoint: refused.
 run 2 "$G" train --out "$tmp/run" --resume --set train.steps=5
 says "cannot go backwards"
