@@ -8,21 +8,8 @@
 # Usage: bad_inputs_commands_test.sh path/to/gossamer
 set -u
 G="$1"
-tmp=$(mktemp -d -t gossamer-bad-commands-XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
-cases=0
-run() {  # run EXPECTED_CODE command...
-  local want=$1; shift
-  cases=$((cases + 1))
-  timeout 60 "$@" >"$tmp/out" 2>&1
-  local got=$?
-  if [ "$got" -ne "$want" ]; then cat "$tmp/out"; fail "exit code $got, expected $want: $*"; fi
-  for bad in "internal error" "e+308" "9223372036854775807" "terminate called" "frame #" ".tmp." "Traceback"; do
-    if grep -qF -- "$bad" "$tmp/out"; then cat "$tmp/out"; fail "output holds '$bad': $*"; fi
-  done
-}
-says() { grep -qF -- "$1" "$tmp/out" || { cat "$tmp/out"; fail "output lacks '$1'"; }; }
+name=bad-commands
+source "$(dirname "$0")/bad_inputs_lib.sh"
 snapshot() { rm -rf "$tmp/snap.$2"; cp -a "$1" "$tmp/snap.$2"; }
 unchanged() { diff -r "$tmp/snap.$2" "$1" >/dev/null || { diff -r "$tmp/snap.$2" "$1"; fail "$3: the run folder $1 changed"; }; }
 absent() { [ ! -e "$1" ] || fail "$2: a refused command created $1"; }
