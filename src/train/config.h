@@ -58,6 +58,12 @@ struct TrainSection {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
+  // The inner optimizer: adamw, or muon (optim/muon.h: the hidden layers' weight matrices by Muon at
+  // muon_lr, with muon_momentum; embeddings, norms and biases by AdamW at lr). Both follow the lr
+  // schedule.
+  std::string optimizer = "adamw";
+  double muon_lr = 0.02;
+  double muon_momentum = 0.95;
   double grad_clip = 1.0;
   std::int64_t eval_every = 50;
   std::int64_t eval_batches = 8;

@@ -105,6 +105,8 @@ const std::vector<std::string> kIdentityPrefixes = {"model.", "data."};
 
 std::vector<std::string> identity_differences(const RunConfig& a, const RunConfig& b) {
   std::vector<std::string> diffs = config_differences(a, b, kIdentityPrefixes);
+  // The inner optimizer's state is of its kind: another one cannot take it over.
+  if (a.train.optimizer != b.train.optimizer) diffs.push_back("train.optimizer: " + a.train.optimizer + " -> " + b.train.optimizer);
   // The size cap on corpora changes neither the model nor the data a run was given.
   diffs.erase(std::remove_if(diffs.begin(), diffs.end(), [](const std::string& d) { return d.rfind("data.max_bytes:", 0) == 0; }), diffs.end());
   return diffs;

@@ -3,11 +3,16 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <map>
+#include <optional>
 #include <sstream>
+
+#include <fmt/format.h>
 
 #include "core/check.h"
 #include "core/wire.h"
 #include "model/torchscript_model.h"
+#include "optim/muon.h"
 #include "optim/updates.h"
 #include "train/device.h"
 #include "train/schedule.h"
@@ -59,11 +64,23 @@ std::unique_ptr<model::LanguageModel> must_make_model(const RunConfig& c, int ra
   return std::move(*m);
 }
 
+// With train.optimizer = muon, the parameters Muon steps: the hidden layers' weight matrices, every
+// 2-D parameter but the embedding tables and the output head, told by their names (wte, wpe, emb,
+// head) or, in a module with other names, by a first dimension of the vocabulary's or the context's
+// size. The rest stays with AdamW, as Muon's reference does.
+bool muon_steps(const model::NamedParameter& p, const RunConfig& c) {
+  if (p.tensor.dim() != 2) return false;
+  for (const char* word : {"wte", "wpe", "emb", "head"}) {
+    if (p.name.find(word) != std::string::npos) return false;
+  }
+  return p.tensor.size(0) != vocab_size(c) && p.tensor.size(0) != c.model.context;
+}
+
 // Weight decay applies to matrices (dim >= 2: linear weights and embeddings) only, never to biases or
-// LayerNorm gains.
-std::unique_ptr<torch::optim::AdamW> make_adamw(const model::LanguageModel& model, const TrainSection& t) {
+// LayerNorm gains. `params`: the ones AdamW steps (all, or those Muon does not).
+std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>& params, const TrainSection& t) {
   std::vector<torch::Tensor> decay, no_decay;
-  for (const auto& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  for (const auto& p : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   auto options = [&](double wd) {
     return torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).eps(t.eps).weight_decay(wd);
   };
@@ -89,7 +106,21 @@ struct Worker::Impl {
         model(must_make_model(c, rank, device)),
         sampler(d.train(), rank, world, c.train.batch_size, c.model.context, static_cast<std::uint64_t>(c.train.seed), c.data.shard_block),
         eval_set(data::validation_batches(d.val(), c.train.batch_size, c.model.context, c.train.eval_batches)) {
-    optimizer = make_adamw(*model, c.train);
+    std::vector<torch::Tensor> adam_params, muon_params;
+    for (const auto& p : model->named_parameters()) {
+      (c.train.optimizer == "muon" && muon_steps(p, c) ? muon_params : adam_params).push_back(p.tensor);
+    }
+    optimizer = make_adamw(adam_params, c.train);
+    if (c.train.optimizer == "muon") {
+      optim::MuonOptions mo;
+      mo.lr = c.train.muon_lr;
+      mo.momentum = c.train.muon_momentum;
+      mo.weight_decay = c.train.weight_decay;
+      mo.bf16 = device.is_cuda();  // bf16 matrix products are slow on CPUs without bf16 units
+      auto made = optim::Muon::make(std::move(muon_params), mo);
+      GOSSAMER_CHECK(made.ok(), "Worker: " + made.status().message());
+      muon.emplace(std::move(*made));
+    }
     schedule.lr = c.train.lr;
     schedule.min_lr_ratio = c.train.min_lr_ratio;
     schedule.warmup_steps = c.train.warmup_steps;
@@ -105,7 +136,25 @@ struct Worker::Impl {
   data::ShardSampler sampler;
   std::vector<data::Batch> eval_set;
   std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::optional<optim::Muon> muon;  // train.optimizer = muon: the weight matrices
   std::vector<torch::Tensor> params;
+
+  // The lr schedule's rate for this step, on AdamW's groups and, scaled alike, on Muon's.
+  void set_lr(double lr) {
+    for (auto& group : optimizer->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    if (muon) muon->set_lr(config.train.muon_lr * (config.train.lr > 0 ? lr / config.train.lr : 1.0));
+  }
+  void zero_grad() {
+    optimizer->zero_grad();
+    if (!muon) return;
+    for (const auto& p : muon->parameters()) {
+      if (p.grad().defined()) p.grad().zero_();
+    }
+  }
+  void update() {
+    optimizer->step();
+    if (muon) muon->step();
+  }
   ScheduleOptions schedule;
   std::int64_t step = 0;
   std::int64_t next_batch = 0;
@@ -123,7 +172,7 @@ StepResult Worker::step(const GradientHook& before_update) {
   Stopwatch watch(*s.clock);
   const data::Batch batch = s.sampler.batch(s.next_batch);
   s.model->train(true);
-  s.optimizer->zero_grad();
+  s.zero_grad();
   at::Tensor loss;
   {
     AutocastScope autocast(s.device, s.bf16);
@@ -152,8 +201,8 @@ StepResult Worker::step(const GradientHook& before_update) {
     norm = std::sqrt(sq);
   }
   const double lr = learning_rate(s.schedule, s.step);
-  for (auto& group : s.optimizer->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-  s.optimizer->step();
+  s.set_lr(lr);
+  s.update();
 
   StepResult r;
   r.loss = loss.item<double>();
@@ -190,9 +239,8 @@ Status Worker::replay_gradients(std::int64_t step, const at::Tensor& flat) {
     p.grad().copy_(slice.to(p.grad().device()));
   }
   if (s.config.train.grad_clip > 0.0) torch::nn::utils::clip_grad_norm_(s.params, s.config.train.grad_clip);
-  const double lr = learning_rate(s.schedule, s.step);
-  for (auto& group : s.optimizer->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-  s.optimizer->step();
+  s.set_lr(learning_rate(s.schedule, s.step));
+  s.update();
   s.step += 1;
   s.next_batch += 1;
   return Status();
@@ -242,6 +290,12 @@ CheckpointState Worker::checkpoint_state(const std::string& config_toml) const {
   s.optimizer->save(optim_archive);
   archive.write("model", model_archive);
   archive.write("optimizer", optim_archive);
+  if (s.muon) {
+    torch::serialize::OutputArchive muon_archive;
+    const auto& m = s.muon->momenta();
+    for (std::size_t i = 0; i < m.size(); ++i) muon_archive.write(fmt::format("m{}", i), m[i]);
+    archive.write("muon", muon_archive);
+  }
   std::ostringstream os;
   archive.save_to(os);
   out.tensors = to_bytes(os.str());
@@ -260,6 +314,15 @@ Status Worker::restore(const CheckpointState& state) {
     archive.read("optimizer", optim_archive);
     s.model->load(model_archive);
     s.optimizer->load(optim_archive);
+    if (s.muon) {
+      torch::serialize::InputArchive muon_archive;
+      if (!archive.try_read("muon", muon_archive)) {
+        return error(ErrorCode::kMalformed, "the checkpoint holds no Muon state: it was written with train.optimizer = adamw");
+      }
+      std::vector<at::Tensor> momenta(s.muon->momenta().size());
+      for (std::size_t i = 0; i < momenta.size(); ++i) muon_archive.read(fmt::format("m{}", i), momenta[i]);
+      if (Status st = s.muon->set_momenta(momenta); !st.ok()) return error(ErrorCode::kMalformed, "checkpoint: " + st.message());
+    }
     const auto* rp = reinterpret_cast<const std::uint8_t*>(state.rng_state.data());
     s.model->set_rng_state(std::vector<std::uint8_t>(rp, rp + state.rng_state.size()));
   } catch (const c10::Error& e) {
@@ -295,6 +358,14 @@ void write_floats(Writer& w, const at::Tensor& t) {
 }
 }  // namespace
 
+// Each Muon parameter's index among Muon's, by the parameter's storage.
+std::map<const void*, std::size_t> muon_index(const std::optional<optim::Muon>& muon) {
+  std::map<const void*, std::size_t> out;
+  if (!muon) return out;
+  for (std::size_t i = 0; i < muon->parameters().size(); ++i) out[muon->parameters()[i].unsafeGetTensorImpl()] = i;
+  return out;
+}
+
 Bytes Worker::optimizer_state() const {
   const auto& s = *impl_;
   Writer w;
@@ -302,7 +373,14 @@ Bytes Worker::optimizer_state() const {
   w.u8(kAdamVersion);
   w.u32(static_cast<std::uint32_t>(s.params.size()));
   const auto& state = s.optimizer->state();
+  const auto by_muon = muon_index(s.muon);
   for (const auto& p : s.params) {
+    if (auto m = by_muon.find(p.unsafeGetTensorImpl()); m != by_muon.end()) {  // flag 2: Muon's momentum
+      w.u8(2);
+      w.u64(static_cast<std::uint64_t>(p.numel()));
+      write_floats(w, s.muon->momenta()[m->second]);
+      continue;
+    }
     const auto it = state.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
     if (it == state.end()) {
       w.u8(0);
@@ -332,9 +410,28 @@ Status Worker::load_optimizer_state(ByteView bytes) {
   }
   // Read everything first: a malformed state changes nothing.
   std::vector<std::unique_ptr<torch::optim::AdamWParamState>> loaded(s.params.size());
+  const auto by_muon = muon_index(s.muon);
+  std::vector<at::Tensor> momenta;
+  if (s.muon) momenta = s.muon->momenta();
   for (std::size_t i = 0; i < s.params.size(); ++i) {
     const std::uint8_t has = r.u8();
     if (!r.ok()) return r.status();
+    const auto muon_at = by_muon.find(s.params[i].unsafeGetTensorImpl());
+    if ((has == 2) != (muon_at != by_muon.end())) {
+      return error(ErrorCode::kMalformed, "optimizer state: parameter " + std::to_string(i) + " is another optimizer's (train.optimizer differs)");
+    }
+    if (has == 2) {
+      const std::uint64_t n = r.u64();
+      const auto& p = s.params[i];
+      if (!r.ok() || n != static_cast<std::uint64_t>(p.numel()) || r.remaining() < n * 4) {
+        return error(ErrorCode::kMalformed, "optimizer state: parameter " + std::to_string(i) + " does not match this model");
+      }
+      at::Tensor t = torch::empty(p.sizes(), torch::kFloat);
+      const ByteView v = r.raw(n * 4);
+      std::memcpy(t.data_ptr<float>(), v.data(), v.size());
+      momenta[muon_at->second] = t;
+      continue;
+    }
     if (has == 0) continue;
     if (has != 1) return error(ErrorCode::kMalformed, "optimizer state: bad flag for parameter " + std::to_string(i));
     const std::int64_t step = r.i64();
@@ -362,6 +459,9 @@ Status Worker::load_optimizer_state(ByteView bytes) {
   }
   r.expect_end();
   if (!r.ok()) return r.status();
+  if (s.muon) {
+    if (Status st = s.muon->set_momenta(momenta); !st.ok()) return error(ErrorCode::kMalformed, "optimizer state: " + st.message());
+  }
   auto& state = s.optimizer->state();
   for (std::size_t i = 0; i < s.params.size(); ++i) {
     const std::string key = c10::guts::to_string(s.params[i].unsafeGetTensorImpl());

@@ -1,4 +1,4 @@
-// Worker: one training replica = model (the built-in GPT or a TorchScript module) + its data shard + AdamW inner optimizer + schedule, timed
+// Worker: one training replica = model (the built-in GPT or a TorchScript module) + its data shard + inner optimizer (AdamW, or Muon for the weight matrices beside AdamW: train.optimizer) + schedule, timed
 // by a Clock. The same Worker will run under the real clock and the simulator's virtual clock; it does
 // not know which. Outer optimizers (optim/) will drive Workers between inner steps.
 //
@@ -84,8 +84,9 @@ class Worker {
   // The inner optimizer's state alone (AdamW's step and moments per parameter, in model order) as
   // plain little-endian values, so members that hold the same state hold the same bytes (a LibTorch
   // archive names parameters by their addresses: ddp's donors could not offer one state):
-  //   magic "GSAW" | version u8 | parameters u32 | per parameter: has-state u8, then step i64,
-  //   values u64, exp_avg f32 x values, exp_avg_sq f32 x values.
+  //   magic "GSAW" | version u8 | parameters u32 | per parameter: a flag u8, then for flag 1
+  //   (AdamW's) step i64, values u64, exp_avg f32 x values, exp_avg_sq f32 x values; for flag 2
+  //   (Muon's, train.optimizer = muon) values u64, momentum f32 x values; for flag 0 nothing.
   Bytes optimizer_state() const;
   // Loads such bytes (untrusted: counts and sizes checked against the model's parameters).
   [[nodiscard]] Status load_optimizer_state(ByteView bytes);

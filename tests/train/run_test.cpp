@@ -3,6 +3,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -141,6 +142,11 @@ void check_resume(const RunConfig& config) {
 
 TEST_CASE("20 steps straight and 10 + resume + 10 give bit-identical parameters and losses") {
   SUBCASE("the built-in GPT") { check_resume(tiny()); }
+  SUBCASE("the built-in GPT with Muon for its weight matrices") {
+    RunConfig c = tiny();
+    c.train.optimizer = "muon";
+    check_resume(c);
+  }
   SUBCASE("a TorchScript module with dropout") {
     RunConfig c = tiny();
     c.model.kind = "torchscript";
@@ -206,6 +212,8 @@ TEST_CASE("training on the synthetic language falls toward its entropy floor") {
 
 TEST_CASE("the inner optimizer's state in plain bytes: the same state gives the same bytes, it round-trips, and bad bytes change nothing") {
   RunConfig config = tiny();
+  SUBCASE("AdamW") {}
+  SUBCASE("Muon and AdamW") { config.train.optimizer = "muon"; }
   auto corpus = load_corpus(config);
   REQUIRE(corpus.ok());
   Worker a(config, corpus->dataset, 0, 1, real_clock()), b(config, corpus->dataset, 0, 1, real_clock());
@@ -225,4 +233,44 @@ TEST_CASE("the inner optimizer's state in plain bytes: the same state gives the 
   bad[0] = std::byte{'X'};
   CHECK(c.load_optimizer_state(bad).code() == ErrorCode::kMalformed);
   CHECK((c.optimizer_state() == state));  // a refused state changed nothing
+}
+
+TEST_CASE("Muon as the inner optimizer: it trains, and another optimizer's state or checkpoint is refused") {
+  RunConfig config = tiny();
+  config.model.dropout = 0;
+  config.train.steps = 60;
+  config.train.warmup_steps = 5;
+  RunConfig with_muon = config;
+  with_muon.train.optimizer = "muon";
+  auto corpus = load_corpus(config);
+  REQUIRE(corpus.ok());
+  Worker adam(config, corpus->dataset, 0, 1, real_clock()), muon(with_muon, corpus->dataset, 0, 1, real_clock());
+  const double start = muon.evaluate();
+  for (int i = 0; i < 60; ++i) {
+    adam.step();
+    muon.step();
+  }
+  // From ln(256) = 5.55 nats, well down in 60 steps, as AdamW goes (within a nat of it either way).
+  CHECK(muon.evaluate() < start - 1.0);
+  CHECK(std::abs(muon.evaluate() - adam.evaluate()) < 1.0);
+  // Each state is of its optimizer: the other one's is refused, and changes nothing.
+  const Bytes adam_state = adam.optimizer_state(), muon_state = muon.optimizer_state();
+  CHECK(muon_state.size() < adam_state.size());  // one buffer per matrix instead of two moments
+  CHECK(adam.load_optimizer_state(muon_state).code() == ErrorCode::kMalformed);
+  CHECK(muon.load_optimizer_state(adam_state).code() == ErrorCode::kMalformed);
+  CHECK((muon.optimizer_state() == muon_state));
+  // A run resumed with another train.optimizer is refused, naming the key.
+  const fs::path dir = fresh_dir("muon_resume");
+  config.train.steps = 4;
+  config.train.warmup_steps = 1;
+  REQUIRE(run_training(request(config, dir), real_clock()).ok());
+  with_muon = config;
+  with_muon.train.optimizer = "muon";
+  with_muon.train.steps = 8;
+  TrainRequest resume = request(with_muon, dir);
+  resume.resume = true;
+  auto refused = run_training(resume, real_clock());
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().message().find("train.optimizer") != std::string::npos);
+  fs::remove_all(dir);
 }
