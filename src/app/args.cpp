@@ -1,15 +1,19 @@
 #include "app/args.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <filesystem>
 #include <string_view>
 
+#include "train/memory.h"
 #include "train/run_folder.h"
 
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -47,6 +51,11 @@ CLI::Validator number_in(double min, double max, bool min_exclusive) {
         return std::string();
       },
       allowed);
+}
+
+CLI::Validator not_empty() {
+  return CLI::Validator([](std::string& text) { return text.find_first_not_of(" \t") == std::string::npos ? std::string("is empty: name one") : std::string(); },
+                        "TEXT");
 }
 
 CLI::Validator positive_number() { return number_in(0.0, kNoLimit, /*min_exclusive=*/true); }
@@ -115,8 +124,23 @@ Status check_output_file(const std::string& out, bool force) {
     return error(ErrorCode::kInvalidArgument, "--out " + out + ": folder " + parent.string() + " does not exist (create it first)");
   }
   if (fs::is_directory(path, ec)) return error(ErrorCode::kInvalidArgument, "--out " + out + " is a folder: name a file");
+  if (name.find_first_not_of(" \t") == std::string::npos) return error(ErrorCode::kInvalidArgument, "--out '" + out + "' names no file: give it a name");
+  // A device, a FIFO or a socket is never replaced by a file, not even with --force.
+  if (const auto st = fs::status(path, ec); fs::exists(st) && !fs::is_regular_file(st)) {
+    return error(ErrorCode::kInvalidArgument, "--out " + out + " is not a regular file (a device, a FIFO or a socket): name a file");
+  }
   if (!force && fs::exists(path, ec)) return error(ErrorCode::kInvalidArgument, out + " already exists: pass --force to replace it");
+  if (::access(parent.c_str(), W_OK) != 0) {
+    return error(ErrorCode::kInvalidArgument, "--out " + out + ": folder " + parent.string() + " cannot be written to (" + std::strerror(errno) + ")");
+  }
   return Status();
+}
+
+Status check_bench_memory(double bytes, const std::string& options) {
+  const auto avail = train::available_memory_bytes();
+  if (!avail || 0.9 * bytes <= *avail) return Status();
+  return error(ErrorCode::kInvalidArgument, options + " ask for about " + train::format_bytes(bytes) + " of buffers and this machine has " +
+                                                train::format_bytes(*avail) + " available: lower them");
 }
 
 void OptionScopes::add(const CLI::Option* option, std::vector<std::string> modes) { scoped_.emplace_back(option, std::move(modes)); }

@@ -27,6 +27,8 @@ CLI::Validator number_in(double min, double max, bool min_exclusive = false);
 CLI::Validator positive_number();
 // An integer in [min, max], written in decimal.
 CLI::Validator integer_in(std::int64_t min, std::int64_t max);
+// A name that is not empty or blank (a file or folder to read).
+CLI::Validator not_empty();
 // host:port for the given use (transport/endpoint.h).
 CLI::Validator host_port(transport::EndpointUse use);
 
@@ -52,6 +54,10 @@ class OptionScopes {
   std::map<std::string, std::string> names_;
   std::vector<std::pair<const CLI::Option*, std::vector<std::string>>> scoped_;
 };
+
+// A benchmark's buffers against the memory available (train/memory.h): kInvalidArgument naming
+// `options`, what they ask for and what there is, when `bytes` would not fit.
+[[nodiscard]] Status check_bench_memory(double bytes, const std::string& options);
 
 // --shape: a link profile preset, or "MBIT,MS" (bandwidth in Mbit/s, one-way latency in ms).
 [[nodiscard]] Result<transport::LinkProfile> parse_shape(const std::string& text);

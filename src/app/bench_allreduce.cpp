@@ -53,6 +53,11 @@ void on_ranks(int m, F fn) {
 int bench_allreduce(const BenchArgs& args) {
   const int m = static_cast<int>(args.ranks);
   const std::int64_t n = args.elements_allreduce;
+  // Per rank, for each of the two collectives: its tensor, the result and the transfer buffers.
+  if (Status st = check_bench_memory(6.0 * 4.0 * static_cast<double>(n) * m, "--values " + std::to_string(n) + " on --ranks " + std::to_string(m));
+      !st.ok()) {
+    return report_failure(st);
+  }
   torch::set_num_threads(1);
 
   // Gossamer: a full mesh of TCP links between m transports.

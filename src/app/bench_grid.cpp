@@ -138,10 +138,15 @@ LayoutRun run_layout(int m, int width, const transport::LinkProfile& profile, co
 
 int bench_grid(const BenchArgs& args) {
   auto profile = transport::link_profile_preset(args.network);
-  if (!profile.ok()) return report_failure(profile.status());
+  if (!profile.ok()) return report_failure(error(ErrorCode::kInvalidArgument, "--network: " + profile.status().message()));
+  // In virtual time a link that costs nothing would take no time at all: nothing to compare.
+  if (!std::isfinite(profile->bandwidth_bytes_per_s) && profile->latency.count() == 0) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "--network " + args.network + " costs no time in the simulation (unbounded bandwidth, no "
+                                                             "latency), so the layouts cannot differ: choose a preset with a finite bandwidth or a latency"));
+  }
   quant::EncodeOptions codec;
   auto id = quant::codec_from_name(args.codec);
-  if (!id.ok()) return report_failure(id.status());
+  if (!id.ok()) return report_failure(error(ErrorCode::kInvalidArgument, "--codec: " + id.status().message()));
   codec.codec = *id;
   const std::vector<int> sizes(args.sim_ranks.begin(), args.sim_ranks.end());
   fmt::print("one all-reduce of {} values ({}) per peer, on '{}' links ({:.0f} ms round trip), in virtual time\n", args.grid_values, args.codec,

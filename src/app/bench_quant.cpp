@@ -34,6 +34,10 @@ class Collector : public benchmark::ConsoleReporter {
 }  // namespace
 
 int bench_quant(const BenchArgs& args) {
+  // The values, two byte copies, an encoded buffer and the naive rows' temporaries: about 8 copies.
+  if (Status st = check_bench_memory(8.0 * 4.0 * static_cast<double>(args.elements), "--elements " + std::to_string(args.elements)); !st.ok()) {
+    return report_failure(st);
+  }
   torch::set_num_threads(1);  // one core
   const std::int64_t n = args.elements;
   const std::int64_t bytes = n * 4;

@@ -19,7 +19,7 @@
 namespace gossamer::app {
 
 void add_config_source(CLI::App& cmd, ConfigSource& source) {
-  cmd.add_option("--config", source.config_file, "TOML run configuration (`gossamer config` prints one with every key)");
+  cmd.add_option("--config", source.config_file, "TOML run configuration (`gossamer config` prints one with every key)")->check(not_empty());
   cmd.add_option("--set", source.overrides, "override one key, e.g. --set model.layers=4 (repeatable)")->take_all();
 }
 

@@ -19,7 +19,9 @@
 
 #include <atomic>
 #include <csignal>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <new>
 #include <optional>
@@ -130,8 +132,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!app.got_subcommand("train") && !app.got_subcommand("peer")) {
-    gossamer::app::install_immediate_stop();  // train and peer stop gracefully (app/stop.h)
+    // Train and peer stop gracefully (app/stop.h); pipeline switches to it once it trains.
+    gossamer::app::install_immediate_stop();
   }
+  // A closed pipe (`gossamer config | head -1`) is a write error, seen below, not a signal.
+  std::signal(SIGPIPE, SIG_IGN);
+  const int code = [&]() -> int {
   try {
     if (app.got_subcommand("train")) return gossamer::app::run_train_command(train_args);
     if (app.got_subcommand("peer")) return gossamer::app::run_peer_command(peer_args);
@@ -162,4 +168,12 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 2;
+  }();
+  // What went to standard output must have got there: a full disk or a closed pipe is a failure.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    const int e = errno;
+    if (e != EPIPE) spdlog::error("cannot write the output: {}", std::strerror(e));
+    return code == 0 ? 1 : code;
+  }
+  return code;
 }

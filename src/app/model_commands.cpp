@@ -62,7 +62,7 @@ Result<std::vector<std::int64_t>> prompt_of(const SampleArgs& args, const train:
 
 void add_sample_command(CLI::App& app, SampleArgs& args) {
   auto* cmd = app.add_subcommand("sample", "Generate text from a trained run's model (the weights in its checkpoint.bin)");
-  cmd->add_option("--from", args.from, "run folder of gossamer train, peer or pipeline")->required();
+  cmd->add_option("--from", args.from, "run folder of gossamer train, peer or pipeline")->required()->check(not_empty());
   auto* text = cmd->add_option("--prompt", args.prompt, "text to continue (byte-level models)");
   cmd->add_option("--prompt-tokens", args.prompt_tokens, "token ids to continue, separated by spaces (models of token files)")->excludes(text);
   cmd->add_option("--tokens", args.tokens, "tokens to generate")->capture_default_str()->check(integer_in(1, 1 << 20));
@@ -70,7 +70,7 @@ void add_sample_command(CLI::App& app, SampleArgs& args) {
       ->capture_default_str()
       ->check(number_in(0.0, 100.0));
   cmd->add_option("--top-k", args.top_k, "draw from the k most likely tokens only (0: all)")->capture_default_str()->check(integer_in(0, 1 << 30));
-  cmd->add_option("--seed", args.seed, "seed of the draws: the same seed gives the same text")->capture_default_str();
+  cmd->add_option("--seed", args.seed, "seed of the draws: the same seed gives the same text")->capture_default_str()->check(integer_in(0, std::numeric_limits<std::int64_t>::max()));
 }
 
 int run_sample_command(const SampleArgs& args) {
@@ -105,7 +105,7 @@ int run_sample_command(const SampleArgs& args) {
 
 void add_export_command(CLI::App& app, ExportArgs& args) {
   auto* cmd = app.add_subcommand("export", "Write a trained run's weights for PyTorch: safetensors (named tensors) or TorchScript (a whole module)");
-  cmd->add_option("--from", args.from, "run folder of gossamer train, peer or pipeline")->required();
+  cmd->add_option("--from", args.from, "run folder of gossamer train, peer or pipeline")->required()->check(not_empty());
   cmd->add_option("--format", args.format, "safetensors or torchscript")->capture_default_str()->check(CLI::IsMember({"safetensors", "torchscript"}));
   cmd->add_option("--out", args.out, "file to write (model.safetensors, model.pt)")->required();
   cmd->add_flag("--force", args.force, "replace an existing file");

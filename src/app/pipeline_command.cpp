@@ -33,7 +33,8 @@ void add_pipeline_command(CLI::App& app, PipelineArgs& a) {
   a.out_option = cmd->add_option("--out", a.out, "output folder, new or empty (default: runs/pipeline-<time>)");
   auto* omit = cmd->add_option("--omit", a.omit, "stages (not 0) to leave out in the omission evaluation at the end, e.g. --omit 2,4,5 (default: the "
                                      "second half, stages S/2 .. S-1: with 6 stages, 3, 4 and 5)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(integer_in(1, 4095));
   auto* node = cmd->add_option("--node", a.node,
                                "host only this pipeline node, the others in processes of their own (on this machine or others), linked over "
                                "TCP: start one process per node, each with the same config and --addresses")
@@ -80,29 +81,45 @@ int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const st
     return report_failure(error(ErrorCode::kInvalidArgument, "--node " + std::to_string(a.node) + ": pipeline.nodes is " + std::to_string(c.pipeline.nodes) +
                                                                  ", so use 0 .. " + std::to_string(c.pipeline.nodes - 1)));
   }
+  for (std::size_t i = 0; i < a.addresses.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      if (a.addresses[i] == a.addresses[j]) {
+        return report_failure(error(ErrorCode::kInvalidArgument, "--addresses names " + a.addresses[i] + " for nodes " + std::to_string(j) + " and " +
+                                                                     std::to_string(i) + ": every node needs an address of its own"));
+      }
+    }
+  }
+  if (c.pipeline.crash_node >= 0) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "pipeline.crash_node is a drill of the simulator (gossamer sim --pipeline); across "
+                                                             "processes, stop a node's process to rehearse a loss"));
+  }
   // One node here builds the whole model (it keeps only its stage's part training).
   if (Status st = train::check_resources(c, /*workers=*/1); !st.ok()) return report_failure(st);
-  auto folder = train::RunFolder::create(out, train::RunKind::kPipeline);
-  if (!folder.ok()) return report_failure(folder.status());
-  if (Status st = folder->write_text("config.toml", train::to_toml(c)); !st.ok()) return report_failure(st);
-  auto corpus = train::load_corpus(c);
-  if (!corpus.ok()) return report_failure(corpus.status());
+  if (Status st = train::RunFolder::check_new(out, train::RunKind::kPipeline); !st.ok()) return report_failure(st);
   transport::TcpOptions to;
   to.listen = a.listen.empty() ? a.addresses[static_cast<std::size_t>(a.node)] : a.listen;
   to.self = transport::PeerId{static_cast<std::uint64_t>(a.node) + 1};
   to.run = run::pipeline_run_id(c);
   if (!a.key.empty()) {
     auto key = transport::read_run_key(a.key);
-    if (!key.ok()) return report_failure(key.status());
+    if (!key.ok()) return report_failure(error(ErrorCode::kInvalidArgument, "--key " + a.key + ": " + key.status().message()));
     to.key = *key;
   } else {
     spdlog::warn("no --key: links are neither authenticated nor encrypted (fine on a trusted network only)");
   }
   auto transport = transport::make_tcp_transport(to);
   if (!transport.ok()) {
-    return report_failure(error(ErrorCode::kInvalidArgument, "cannot listen on " + to.listen + " (" + transport.status().message() +
-                                                                 "): free that port, or give this node another address in --addresses on every node"));
+    const bool unresolved = transport.status().message().find("resolve") != std::string::npos;
+    return report_failure(error(ErrorCode::kInvalidArgument, "cannot listen on " + to.listen + " (" + transport.status().message() + "): " +
+                                                                 (unresolved ? "give an address of this machine (or 0.0.0.0) with --listen, or fix its name"
+                                                                             : "free that port, or give this node another address in --addresses on every node")));
   }
+  // Checked, listening: the folder now.
+  auto folder = train::RunFolder::create(out, train::RunKind::kPipeline);
+  if (!folder.ok()) return report_failure(folder.status());
+  if (Status st = folder->write_text("config.toml", train::to_toml(c)); !st.ok()) return report_failure(st);
+  auto corpus = train::load_corpus(c);
+  if (!corpus.ok()) return report_failure(corpus.status());
   auto metrics = train::MetricsWriter::open(folder->file("metrics.jsonl"), std::nullopt);
   if (!metrics.ok()) return report_failure(metrics.status());
   Status write_failed;
@@ -145,6 +162,10 @@ int run_pipeline_command(const PipelineArgs& a) {
   const std::string out = a.out_option != nullptr && a.out_option->count() > 0 ? a.out : dated_out("pipeline");
   if (a.node >= 0) return run_pipeline_node(a, c, out);
   if (Status st = train::check_network_in_one_process(c); !st.ok()) return report_failure(st);
+  if (c.pipeline.crash_node >= 0) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "pipeline.crash_node is a drill of the simulator (gossamer sim --pipeline); gossamer pipeline "
+                                                             "runs every node to the end (across processes, stop a node's process to rehearse a loss)"));
+  }
   // Every node builds the whole model (it keeps only its stage's part training), all in this process.
   if (Status st = train::check_resources(c, c.pipeline.nodes, "pipeline.nodes"); !st.ok()) return report_failure(st);
   auto folder = train::RunFolder::create(out, train::RunKind::kPipeline);
@@ -161,6 +182,7 @@ int run_pipeline_command(const PipelineArgs& a) {
                t.plan().schedule.agents.size(), sim.makespan_s, t.plan().predicted_makespan_s, t.samples_per_iteration());
   auto metrics = train::MetricsWriter::open(folder->file("metrics.jsonl"), std::nullopt);
   if (!metrics.ok()) return report_failure(metrics.status());
+  install_graceful_stop();  // Ctrl-C: the iteration under way ends, the model so far is kept
   double last_val = 0;
   std::uint64_t activation_bytes = 0, sync_bytes = 0;
   for (std::int64_t i = 0; i < c.train.steps; ++i) {

@@ -165,6 +165,14 @@ int run_plan_command(const PlanArgs& a) {
   if (Status st = a.scopes.check(a.table4 ? "table4" : a.memory ? "memory" : "bandwidth"); !st.ok()) return report_failure(st);
   if (a.table4) return table4();
   if (a.memory) return memory_table(a);
+  if (a.overlap >= a.inner_steps) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "--overlap (" + std::to_string(a.overlap) + ") must be below --inner-steps (" +
+                                                                 std::to_string(a.inner_steps) + "): a fragment's all-reduce overlaps steps within its round"));
+  }
+  if (a.fragment_layers > a.layers) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "--fragment-layers (" + std::to_string(a.fragment_layers) + ") exceeds --layers (" +
+                                                                 std::to_string(a.layers) + "): a fragment is part of the model"));
+  }
   auto bits = bits_of(a.codec, "--codec");
   if (!bits.ok()) return report_failure(bits.status());
   auto sbits = bits_of(a.streaming_codec, "--streaming-codec");

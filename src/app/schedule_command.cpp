@@ -26,13 +26,13 @@ void add_schedule_command(CLI::App& app, ScheduleArgs& a) {
       ->capture_default_str()
       ->check(CLI::IsMember({"geo", "uniform"}));
   a.scopes.add(cmd->add_flag("--fix-nl-ldn", a.fix_nl_ldn, "geo: replace the table's NL-LDN bandwidth (0.000237 GiB/s, likely a typo) by BE-LDN's"), {"geo"});
-  a.scopes.add(cmd->add_option("--latency-ms", a.latency_ms, "uniform: one-way latency")->capture_default_str()->check(number_in(0.0, 1e6)), {"uniform"});
-  a.scopes.add(cmd->add_option("--bandwidth-mbit", a.bandwidth_mbit, "uniform: bandwidth of every pair")->capture_default_str()->check(positive_number()),
+  a.scopes.add(cmd->add_option("--latency-ms", a.latency_ms, "uniform: one-way latency")->capture_default_str()->check(number_in(0.0, 1e5)), {"uniform"});
+  a.scopes.add(cmd->add_option("--bandwidth-mbit", a.bandwidth_mbit, "uniform: bandwidth of every pair")->capture_default_str()->check(number_in(1e-3, 1e7)),
                {"uniform"});
-  cmd->add_option("--forward-s", a.forward_s, "seconds of one stage's forward of one micro-batch")->capture_default_str()->check(positive_number());
-  cmd->add_option("--activation-mib", a.activation_mib, "MiB one hop carries")->capture_default_str()->check(number_in(0.0, 1e6));
-  cmd->add_option("--hop-overhead-s", a.hop_overhead_s, "seconds added to every hop (the reference's 0.35)")->capture_default_str()->check(number_in(0.0, 1e6));
-  cmd->add_option("--seed", a.seed, "seed of the assignment and the cost-blind draws")->capture_default_str();
+  cmd->add_option("--forward-s", a.forward_s, "seconds of one stage's forward of one micro-batch")->capture_default_str()->check(number_in(0.0, 3600.0, true));
+  cmd->add_option("--activation-mib", a.activation_mib, "MiB one hop carries")->capture_default_str()->check(number_in(0.0, 1e5));
+  cmd->add_option("--hop-overhead-s", a.hop_overhead_s, "seconds added to every hop (the reference's 0.35)")->capture_default_str()->check(number_in(0.0, 3600.0));
+  cmd->add_option("--seed", a.seed, "seed of the assignment and the cost-blind draws")->capture_default_str()->check(integer_in(0, std::numeric_limits<std::int64_t>::max()));
   cmd->add_option("--gcma-trials", a.gcma_trials, "children the genetic assignment tries")->capture_default_str()->check(integer_in(0, 1 << 24));
   auto* out = cmd->add_option("--out", a.out, "write the SkipPipe schedule's bytes here");
   a.out_option = out;

@@ -35,13 +35,13 @@ Status write_file_atomic(const std::filesystem::path& path, ByteView data) {
   tmp += ".tmp." + std::to_string(::getpid());
 
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return os_error("cannot create", tmp);
+  if (fd < 0) return os_error("cannot create", path);
   std::size_t written = 0;
   while (written < data.size()) {
     const ssize_t n = ::write(fd, data.data() + written, data.size() - written);
     if (n < 0) {
       if (errno == EINTR) continue;
-      Status st = os_error("cannot write", tmp);
+      Status st = os_error("cannot write", path);
       ::close(fd);
       ::unlink(tmp.c_str());
       return st;
@@ -49,7 +49,7 @@ Status write_file_atomic(const std::filesystem::path& path, ByteView data) {
     written += static_cast<std::size_t>(n);
   }
   if (::fsync(fd) != 0) {
-    Status st = os_error("cannot fsync", tmp);
+    Status st = os_error("cannot fsync", path);
     ::close(fd);
     ::unlink(tmp.c_str());
     return st;

@@ -24,10 +24,13 @@ std::vector<std::int64_t> sample(LanguageModel& model, const std::vector<std::in
     auto window = torch::from_blob(all.data() + (n - T), {1, T}, torch::kLong).to(device);
     auto logits = model.forward(window).index({0, T - 1}).to(torch::kCPU, torch::kFloat);
     std::int64_t next = 0;
-    if (o.temperature == 0.0) {
+    // Scaled in double; a temperature so small that the scaled logits overflow even so is the
+    // limit it tends to: the most likely token.
+    const at::Tensor scaled = o.temperature == 0.0 ? at::Tensor() : logits.to(torch::kDouble) / o.temperature;
+    if (o.temperature == 0.0 || !torch::isfinite(scaled).all().item<bool>()) {
       next = logits.argmax().item<std::int64_t>();
     } else {
-      logits = logits / o.temperature;
+      logits = scaled;
       if (o.top_k > 0 && o.top_k < logits.size(0)) {
         const auto kth = std::get<0>(logits.topk(o.top_k)).index({o.top_k - 1});
         logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());

@@ -230,7 +230,8 @@ std::string allowed_text(const KeySpec& k) {
       [](const auto& s) -> std::string {
         using T = std::decay_t<decltype(s)>;
         if constexpr (std::is_same_v<T, IntKey>) {
-          if (s.max == std::numeric_limits<std::int64_t>::max()) return "an integer >= " + std::to_string(s.min);
+          // A bound of the type rather than of the meaning (2^31 - 1, 2^63 - 1) is not worth printing.
+          if (s.max >= std::numeric_limits<std::int32_t>::max()) return "an integer >= " + std::to_string(s.min);
           return "an integer in [" + std::to_string(s.min) + ", " + std::to_string(s.max) + "]";
         } else if constexpr (std::is_same_v<T, BoolKey>) {
           return "true or false";

@@ -45,6 +45,10 @@ Status validate(const RunConfig& c) {
     return bad("pipeline.crash_node needs pipeline.stage_sync = ddp: with an outer method inside the stages, replicas step on their own before an "
                "iteration is known to have failed, so running it again without the lost node would step them twice");
   }
+  if (c.pipeline.crash_node >= 0 && c.pipeline.crash_at_iteration > c.train.steps) {
+    return bad("pipeline.crash_at_iteration (" + std::to_string(c.pipeline.crash_at_iteration) + ") is past the run's last iteration (train.steps = " +
+               std::to_string(c.train.steps) + "): the drill would never fire");
+  }
   if (c.pipeline.crash_node >= c.pipeline.nodes) {
     return bad("pipeline.crash_node (" + std::to_string(c.pipeline.crash_node) + ") must name one of the " + std::to_string(c.pipeline.nodes) + " pipeline nodes");
   }

@@ -129,7 +129,12 @@ Status check_contents(const fs::path& path, RunKind kind) {
 std::string_view to_string(RunKind kind) { return kKindNames.at(static_cast<std::size_t>(kind)); }
 
 Status RunFolder::check_new(const fs::path& path, RunKind kind) {
-  if (path.empty()) return error(ErrorCode::kInvalidArgument, "--out is empty: name the folder for the results, e.g. --out runs/first");
+  if (path.empty() || path.filename().string().find_first_not_of(" \t") == std::string::npos) {
+    if (!path.empty() && path.filename().empty()) {  // "runs/x/": the folder is the one before the slash
+      return check_new(path.parent_path(), kind);
+    }
+    return error(ErrorCode::kInvalidArgument, "--out is empty: name the folder for the results, e.g. --out runs/first");
+  }
   std::error_code ec;
   const auto st = fs::status(path, ec);
   if (ec && ec != std::errc::no_such_file_or_directory) {

@@ -191,4 +191,64 @@ run 2 "$G" config --config "$tmp/nothere.toml"
 says "nothere.toml"
 unchanged "$tmp/run" run "keygen"; unchanged "$tmp/pipe" pipe "keygen"
 
+# --- Found by a held-out sweep: files that are not files, extremes inside the ranges, output lost.
+mkfifo "$tmp/fifo"
+run 2 "$G" schedule --gcma-trials 10 --out /dev/null --force
+says "is not a regular file"
+[ -c /dev/null ] || fail "/dev/null is no longer a device"
+run 2 "$G" keygen --out "$tmp/fifo" --force
+says "is not a regular file"
+[ -p "$tmp/fifo" ] || fail "the FIFO was replaced"
+run 2 "$G" keygen --out " "
+says "names no file"
+run 2 "$G" schedule --gcma-trials 10 --hop-overhead-s 1e6
+says "--hop-overhead-s"
+run 0 "$G" schedule --gcma-trials 10 --hop-overhead-s 3600 --forward-s 3600
+run 2 "$G" schedule --network uniform --bandwidth-mbit 1e-300
+says "--bandwidth-mbit"
+run 0 "$G" sample --from "$tmp/run" --prompt a --temperature 1e-45 --tokens 4
+run 2 "$G" sample --from "$tmp/run" --prompt a --seed -1
+says "expected an integer >= 0"
+run 2 "$G" sample --from "" --prompt a
+says "--from: is empty"
+run 2 "$G" config --config ""
+says "--config: is empty"
+run 2 "$G" config --set train.batch_size=0
+says "an integer >= 1"
+run 2 "$G" pipeline "${PIPE[@]}" --omit 1e3 --out "$tmp/x"
+says "--omit"
+run 2 "$G" plan --overlap 200 --inner-steps 100
+says "--overlap (200) must be below --inner-steps (100)"
+run 2 "$G" plan --fragment-layers 100 --layers 24
+says "--fragment-layers (100) exceeds --layers (24)"
+run 2 "$G" bench grid --sim-ranks 2 --grid-values 100 --network loopback
+says "costs no time"
+run 2 "$G" bench quant --elements 2147483648
+says "--elements"; says "available"
+run 2 "$G" pipeline "${PIPE[@]}" --set pipeline.crash_node=1 --set pipeline.crash_at_iteration=1 --out "$tmp/x"
+says "pipeline.crash_node is a drill of the simulator"
+run 2 "$G" pipeline "${PIPE[@]}" --node 0 --addresses 127.0.0.1:7001,127.0.0.1:7001,127.0.0.1:7003,127.0.0.1:7004 --out "$tmp/x"
+says "every node needs an address of its own"
+run 2 "$G" pipeline "${PIPE[@]}" --node 0 --addresses 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004 --key "$tmp/nokey" --out "$tmp/x"
+says "--key"
+absent "$tmp/x" "pipeline --node"
+if [ -e /dev/full ]; then
+  cases=$((cases + 1))
+  "$G" config > /dev/full 2>"$tmp/out"; code=$?
+  [ "$code" -eq 1 ] || fail "config > /dev/full exited $code, expected 1"
+  says "cannot write the output"
+fi
+unchanged "$tmp/run" run "the held-out cases"
+
+# Ctrl-C while a pipeline trains: exit 130 within 2 s, the model so far kept for sample and export.
+"$G" pipeline "${PIPE[@]}" --set train.steps=100000 --set train.eval_every=100000 --out "$tmp/pint" > "$tmp/pint.log" 2>&1 &
+pid=$!
+for i in $(seq 1 300); do grep -qF "iteration 3/" "$tmp/pint.log" 2>/dev/null && break; sleep 0.1; done
+start=$(date +%s%N); kill -INT $pid; wait $pid; code=$?
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+cases=$((cases + 1))
+[ "$code" -eq 130 ] && [ "$ms" -lt 2000 ] || { cat "$tmp/pint.log"; fail "Ctrl-C during a pipeline: exit $code after $ms ms"; }
+[ -f "$tmp/pint/checkpoint.bin" ] || fail "an interrupted pipeline kept no model"
+run 0 "$G" sample --from "$tmp/pint" --prompt a --tokens 3
+
 echo "bad inputs per command: all $cases cases passed"
