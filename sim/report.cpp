@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -335,6 +336,107 @@ std::string svg_timeline(const std::string& title, const nlohmann::json& timelin
 
 }  // namespace
 
+std::vector<std::string> frontier_methods(const nlohmann::json& methods) {
+  struct Point {
+    std::string name;
+    double bytes, loss;
+  };
+  std::vector<Point> pts;
+  for (const auto& m : methods) {
+    if (!m.contains("final_val_loss") || m["final_val_loss"].is_null()) continue;
+    const double bytes = m.value("bytes_sent_per_worker", 0.0);
+    if (!(bytes > 0)) continue;
+    pts.push_back({m["name"].get<std::string>(), bytes, m["final_val_loss"].get<double>()});
+  }
+  std::sort(pts.begin(), pts.end(), [](const Point& a, const Point& b) { return a.bytes != b.bytes ? a.bytes < b.bytes : a.loss < b.loss; });
+  std::vector<std::string> out;
+  for (const auto& p : pts) {
+    const bool beaten = std::any_of(pts.begin(), pts.end(), [&](const Point& q) {
+      return q.bytes <= p.bytes && q.loss <= p.loss && (q.bytes < p.bytes || q.loss < p.loss);
+    });
+    if (!beaten) out.push_back(p.name);
+  }
+  return out;
+}
+
+std::string svg_frontier(const nlohmann::json& methods) {
+  constexpr double W = 560, H = 340, L = 62, R = 16, T = 30, B = 48;
+  const std::string title = "Final validation loss vs bytes sent per worker";
+  std::optional<std::pair<double, double>> ddp;  // bytes, loss
+  struct Point {
+    std::string name;
+    double bytes, loss;
+    std::string color;
+  };
+  std::vector<Point> pts;
+  std::size_t i = 0;
+  for (const auto& m : methods) {
+    const std::string color = kColors[i++ % std::size(kColors)];
+    if (!m.contains("final_val_loss") || m["final_val_loss"].is_null() || !(m.value("bytes_sent_per_worker", 0.0) > 0)) continue;
+    pts.push_back({m["name"].get<std::string>(), m["bytes_sent_per_worker"].get<double>(), m["final_val_loss"].get<double>(), color});
+    if (pts.back().name == "ddp") ddp = std::make_pair(pts.back().bytes, pts.back().loss);
+  }
+  std::ostringstream o;
+  o << fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {} {}" width="{}" height="{}" role="img" aria-label="{}">)", W, H, W, H, escape(title));
+  o << fmt::format(R"(<text x="{}" y="18" text-anchor="middle" class="t">{}</text>)", W / 2, escape(title));
+  if (pts.empty()) {
+    o << fmt::format(R"(<text x="{}" y="{}" text-anchor="middle">no data</text></svg>)", W / 2, H / 2);
+    return o.str();
+  }
+  double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
+  for (const auto& p : pts) {
+    x0 = std::min(x0, std::log10(p.bytes)), x1 = std::max(x1, std::log10(p.bytes));
+    y0 = std::min(y0, p.loss), y1 = std::max(y1, p.loss);
+  }
+  if (ddp) {
+    x0 = std::min(x0, std::log10(ddp->first / 1000));
+    y1 = std::max(y1, ddp->second * 1.01);
+  }
+  x0 -= 0.15, x1 += 0.15;
+  const double pad = (y1 - y0) * 0.08 + 1e-6;
+  y0 -= pad, y1 += pad;
+  auto px = [&](double bytes) { return L + (std::log10(bytes) - x0) / (x1 - x0) * (W - L - R); };
+  auto py = [&](double y) { return T + (y1 - y) / (y1 - y0) * (H - T - B); };
+  o << fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#999"/>)", L, T, W - L - R, H - T - B);
+  for (double v : nice_ticks(y0, y1)) {
+    o << fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#eee"/><text x="{}" y="{:.1f}" text-anchor="end" class="k">{:.3g}</text>)", L,
+                     W - R, py(v), py(v), L - 6, py(v) + 4, v);
+  }
+  for (double e = std::ceil(x0); e <= std::floor(x1); e += 1) {
+    const double v = std::pow(10.0, e);
+    o << fmt::format(R"(<line x1="{:.1f}" x2="{:.1f}" y1="{}" y2="{}" stroke="#eee"/><text x="{:.1f}" y="{}" text-anchor="middle" class="k">{}</text>)", px(v),
+                     px(v), T, H - B, px(v), H - B + 16, escape(human_bytes(v)));
+  }
+  o << fmt::format(R"(<text x="{}" y="{}" text-anchor="middle" class="a">bytes sent per worker (log scale)</text>)", L + (W - L - R) / 2, H - 10);
+  o << fmt::format(R"~(<text x="14" y="{}" text-anchor="middle" class="a" transform="rotate(-90 14 {})">final validation loss</text>)~", T + (H - T - B) / 2,
+                   T + (H - T - B) / 2);
+  if (ddp) {  // the target corner: within 1% of ddp's loss, at 1000x fewer bytes or less
+    const double yl = py(ddp->second * 1.01), xl = px(ddp->first / 1000);
+    o << fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#555" stroke-dasharray="5 4"/><text x="{}" y="{:.1f}" text-anchor="end" class="k">ddp + 1%</text>)",
+                     L, W - R, yl, yl, W - R - 4, yl - 5);
+    o << fmt::format(R"(<line x1="{:.1f}" x2="{:.1f}" y1="{}" y2="{}" stroke="#555" stroke-dasharray="2 4"/><text x="{:.1f}" y="{}" class="k">1000x fewer than ddp</text>)",
+                     xl, xl, T, H - B, xl + 4, T + 12);
+  }
+  // The frontier, then the points (filled on it, hollow off it), each labelled.
+  const auto on = frontier_methods(methods);
+  std::string line;
+  for (const auto& name : on) {
+    for (const auto& p : pts) {
+      if (p.name == name) line += fmt::format("{:.1f},{:.1f} ", px(p.bytes), py(p.loss));
+    }
+  }
+  if (!line.empty()) o << fmt::format(R"(<polyline fill="none" stroke="#bbb" stroke-width="1.5" points="{}"/>)", line);
+  for (const auto& p : pts) {
+    const bool front = std::find(on.begin(), on.end(), p.name) != on.end();
+    const std::string vs = ddp && p.name != "ddp" ? fmt::format(" ({:.0f}x)", ddp->first / p.bytes) : "";
+    o << fmt::format(R"(<circle data-method="{}" cx="{:.1f}" cy="{:.1f}" r="5" fill="{}" stroke="{}" stroke-width="2"/>)", escape(p.name), px(p.bytes),
+                     py(p.loss), front ? p.color : "#fff", p.color);
+    o << fmt::format(R"(<text x="{:.1f}" y="{:.1f}" class="k">{}</text>)", px(p.bytes) + 8, py(p.loss) - 6, escape(p.name + vs));
+  }
+  o << "</svg>";
+  return o.str();
+}
+
 std::string report_html(const std::vector<MethodRun>& runs, const nlohmann::json& summary, const ReportContext& ctx) {
   std::vector<Series> by_step, by_bytes, by_time;
   for (std::size_t i = 0; i < runs.size(); ++i) {
@@ -368,6 +470,7 @@ std::string report_html(const std::vector<MethodRun>& runs, const nlohmann::json
   o << svg_chart("Validation loss vs bytes sent per worker", "bytes sent per worker (log scale)", by_bytes, true, human_bytes, ctx.entropy_floor,
                  floor_label);
   o << svg_chart("Validation loss vs simulated wall-clock", "simulated time", by_time, false, human_seconds, ctx.entropy_floor, floor_label);
+  if (!all_pipelines) o << svg_frontier(summary["methods"]);
   o << "</div>\n<table><tr><th>method</th><th>final val loss</th><th>tokens</th><th>bytes sent / worker</th><th>vs ddp</th>"
     << "<th>simulated time</th><th>compute utilization</th><th>goodput</th><th>time to " << fmt::format("{:.3f}", ctx.target_loss)
     << "</th><th>rounds</th><th>skipped</th></tr>\n";

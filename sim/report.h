@@ -1,6 +1,6 @@
 // Comparison outputs: per-method metrics.jsonl, summary.json and a self-contained report.html with
-// SVG charts (validation loss against steps, bytes sent per worker and simulated wall-clock) and the
-// summary table. What `gossamer sim` and `gossamer compare` write.
+// SVG charts (validation loss against steps, bytes sent per worker and simulated wall-clock; final
+// loss against bytes, the frontier) and the summary table. What `gossamer sim` and `gossamer compare` write.
 //
 // Threading: plain functions. Errors: I/O failures as Status.
 #pragma once
@@ -36,6 +36,15 @@ struct ReportContext {
   std::optional<double> entropy_floor;
   double target_loss = 0;
 };
+
+// The methods on the bytes frontier, from a summary's "methods": those no other method beats on both
+// final validation loss and bytes sent per worker (ties kept), in order of bytes. Methods without a
+// final loss are left out, and so are those that sent nothing (no point on a log scale).
+std::vector<std::string> frontier_methods(const nlohmann::json& methods);
+// The report's frontier chart: each method's final loss against its bytes per worker (log scale),
+// the frontier drawn through its methods, and, with ddp among them, a line 1% above ddp's loss and
+// one at 1000x fewer bytes than ddp's, the field's headline target.
+std::string svg_frontier(const nlohmann::json& methods);
 
 // Writes <out>/<method>/metrics.jsonl for each run, <out>/summary.json and <out>/report.html, and
 // returns the summary it wrote.

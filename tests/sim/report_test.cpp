@@ -97,6 +97,11 @@ TEST_CASE("summary.json holds every field, consistent with the metrics, report.h
   REQUIRE(html.ok());
   CHECK(html->find("<svg") != std::string::npos);
   CHECK(html->find("Validation loss vs bytes sent per worker") != std::string::npos);
+  // The frontier: one point per method, and the target corner drawn from ddp.
+  CHECK(html->find("Final validation loss vs bytes sent per worker") != std::string::npos);
+  CHECK(html->find("data-method=\"ddp\"") != std::string::npos);
+  CHECK(html->find("data-method=\"diloco\"") != std::string::npos);
+  CHECK(html->find("1000x fewer than ddp") != std::string::npos);
   CHECK(html->find("entropy floor 0.600") != std::string::npos);
   CHECK(html->find("<td>diloco</td>") != std::string::npos);
   CHECK(html->find("<li><b>diloco</b> averages the pseudo-gradient") != std::string::npos);  // a note on each method run
@@ -176,4 +181,21 @@ TEST_CASE("a pipeline comparison's report: makespans predicted and simulated, pe
   CHECK(html->find("1, 2 out: ") != std::string::npos);
   CHECK(html->find("(unscaled: ") != std::string::npos);  // the skipping variant's
   std::filesystem::remove_all(out);
+}
+
+TEST_CASE("the bytes frontier: the methods no other beats on both loss and bytes") {
+  auto m = [](const char* name, double bytes, double loss) {
+    return nlohmann::json{{"name", name}, {"bytes_sent_per_worker", bytes}, {"final_val_loss", loss}};
+  };
+  nlohmann::json methods = nlohmann::json::array({m("ddp", 1e9, 1.00), m("diloco", 1e7, 1.01), m("streaming", 2e7, 1.02),  // beaten by diloco
+                                                   m("sparse", 1e6, 1.05), m("worse", 1e8, 1.20), m("same", 1e7, 1.01)});
+  methods.push_back(nlohmann::json{{"name", "nothing"}, {"bytes_sent_per_worker", 0.0}, {"final_val_loss", 3.0}});  // local: no point
+  methods.push_back(nlohmann::json{{"name", "unfinished"}, {"bytes_sent_per_worker", 5e5}, {"final_val_loss", nullptr}});
+  const auto on = frontier_methods(methods);
+  CHECK(on == std::vector<std::string>{"sparse", "diloco", "same", "ddp"});
+  const std::string svg = svg_frontier(methods);
+  CHECK(svg.find("data-method=\"worse\"") != std::string::npos);     // drawn, off the frontier
+  CHECK(svg.find("data-method=\"nothing\"") == std::string::npos);   // no bytes: no point on a log scale
+  CHECK(svg.find("diloco (100x)") != std::string::npos);               // how many times fewer bytes than ddp
+  CHECK(svg_frontier(nlohmann::json::array()).find("no data") != std::string::npos);
 }
