@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "app/args.h"
@@ -16,6 +17,7 @@
 #include "train/memory.h"
 #include "train/run.h"
 #include "train/worker.h"
+#include "transport/link_profile.h"
 
 namespace gossamer::app {
 
@@ -49,7 +51,11 @@ void add_bench_command(CLI::App& app, BenchArgs& args) {
          {"allreduce"});
   sc.add(cmd->add_option("--sim-ranks", args.sim_ranks, "grid: simulated peer counts")->check(integer_in(2, 4096))->delimiter(',')->capture_default_str(), {"grid"});
   sc.add(cmd->add_option("--grid-values", args.grid_values, "grid: fp32 values all-reduced")->check(integer_in(1, std::int64_t{1} << 26))->capture_default_str(), {"grid"});
-  sc.add(cmd->add_option("--network", args.network, "grid: the simulated links (a sim.network preset)")->capture_default_str(), {"grid"});
+  sc.add(cmd->add_option("--network", args.network,
+                         "grid: the simulated links, a link profile (" + fmt::format("{}", fmt::join(transport::link_profile_names(), ", ")) +
+                             "; loopback costs no time and is refused)")
+             ->capture_default_str(),
+         {"grid"});
   sc.add(cmd->add_option("--codec", args.codec, "grid: the codec on the wire")->capture_default_str(), {"grid"});
   sc.add(cmd->add_flag("!--insecure", args.encrypted, "transport: measure plain links only (no encrypted rows)"), {"transport"});
   sc.add(cmd->add_flag("--relay", args.relay, "transport: two peers linked directly and through a relay (goodput ratio, added round trip)"), {"transport", "transport-relay"});
