@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/log.h"
+#include "transport/pending_handshakes.h"
 #include "transport/protocol.h"
 #include "transport/reach_probe.h"
 #include "transport/relay_hub.h"
@@ -556,70 +557,6 @@ class TcpTransport final : public Transport {
       });
     });
   }
-
-  // Connections in their handshake, in all and per source IP. A place is a handle that gives its
-  // spot back when the last copy goes (the handlers holding it may outlive the transport). When all
-  // max_total places are taken, the oldest is evicted (its connection closed where it is in its
-  // handshake, its spot given to the newcomer): connections that send nothing, opened from many
-  // addresses, hold a place only until max_total newer ones came, while a genuine handshake needs a
-  // round trip or two. An address that holds max_per_ip places is refused without evicting.
-  class PendingHandshakes : public std::enable_shared_from_this<PendingHandshakes> {
-   public:
-    struct Place {
-      std::string ip;
-      std::uint64_t seq = 0;
-      bool counted = true;          // in total_ and by_ip_ (false once evicted); under mu_
-      std::function<void()> close;  // closes the connection, wherever it is in its handshake (I/O thread)
-    };
-    // nullptr: refused. Called on the I/O thread, which runs the evicted one's close.
-    std::shared_ptr<Place> take(const std::string& ip, std::size_t max_total, std::size_t max_per_ip) {
-      std::function<void()> close_oldest;
-      std::shared_ptr<Place> out;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (by_ip_.count(ip) != 0 && by_ip_[ip] >= max_per_ip) return nullptr;
-        while (total_ >= max_total && !order_.empty()) {
-          auto oldest = order_.begin()->second.lock();
-          order_.erase(order_.begin());
-          if (!oldest || !oldest->counted) continue;  // going already
-          uncount(*oldest);
-          evicted_.fetch_add(1);
-          close_oldest = std::move(oldest->close);
-          break;
-        }
-        if (total_ >= max_total) return nullptr;
-        ++total_;
-        ++by_ip_[ip];
-        out = std::shared_ptr<Place>(new Place{ip, ++seq_, true, {}}, [self = shared_from_this()](Place* p) {
-          self->give_back(*p);
-          delete p;
-        });
-        order_.emplace(out->seq, out);
-      }
-      if (close_oldest) close_oldest();
-      return out;
-    }
-    std::uint64_t evicted() const { return evicted_.load(); }
-
-   private:
-    void uncount(Place& p) {  // under mu_
-      p.counted = false;
-      --total_;
-      auto it = by_ip_.find(p.ip);
-      if (it != by_ip_.end() && --it->second == 0) by_ip_.erase(it);
-    }
-    void give_back(Place& p) {
-      std::lock_guard<std::mutex> lock(mu_);
-      order_.erase(p.seq);
-      if (p.counted) uncount(p);
-    }
-    std::mutex mu_;
-    std::size_t total_ = 0;
-    std::uint64_t seq_ = 0;
-    std::map<std::string, std::size_t> by_ip_;
-    std::map<std::uint64_t, std::weak_ptr<Place>> order_;  // by age, oldest first
-    std::atomic<std::uint64_t> evicted_{0};
-  };
 
   TcpOptions options_;
   Hello hello_;
