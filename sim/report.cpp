@@ -336,18 +336,32 @@ std::string svg_timeline(const std::string& title, const nlohmann::json& timelin
 
 }  // namespace
 
-std::vector<std::string> frontier_methods(const nlohmann::json& methods) {
-  struct Point {
-    std::string name;
-    double bytes, loss;
-  };
-  std::vector<Point> pts;
+namespace {
+
+// A method's point on the frontier chart: those with a final loss and bytes sent (a log scale has
+// no place for zero), in the summary's order, coloured as in the other charts.
+struct FrontierPoint {
+  std::string name;
+  double bytes, loss;
+  std::string color;
+};
+
+std::vector<FrontierPoint> frontier_points(const nlohmann::json& methods) {
+  std::vector<FrontierPoint> out;
+  std::size_t i = 0;
   for (const auto& m : methods) {
-    if (!m.contains("final_val_loss") || m["final_val_loss"].is_null()) continue;
-    const double bytes = m.value("bytes_sent_per_worker", 0.0);
-    if (!(bytes > 0)) continue;
-    pts.push_back({m["name"].get<std::string>(), bytes, m["final_val_loss"].get<double>()});
+    const std::string color = kColors[i++ % std::size(kColors)];
+    if (!m.contains("final_val_loss") || m["final_val_loss"].is_null() || !(m.value("bytes_sent_per_worker", 0.0) > 0)) continue;
+    out.push_back({m["name"].get<std::string>(), m["bytes_sent_per_worker"].get<double>(), m["final_val_loss"].get<double>(), color});
   }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> frontier_methods(const nlohmann::json& methods) {
+  using Point = FrontierPoint;
+  std::vector<Point> pts = frontier_points(methods);
   std::sort(pts.begin(), pts.end(), [](const Point& a, const Point& b) { return a.bytes != b.bytes ? a.bytes < b.bytes : a.loss < b.loss; });
   std::vector<std::string> out;
   for (const auto& p : pts) {
@@ -362,19 +376,10 @@ std::vector<std::string> frontier_methods(const nlohmann::json& methods) {
 std::string svg_frontier(const nlohmann::json& methods) {
   constexpr double W = 560, H = 340, L = 62, R = 16, T = 30, B = 48;
   const std::string title = "Final validation loss vs bytes sent per worker";
+  const std::vector<FrontierPoint> pts = frontier_points(methods);
   std::optional<std::pair<double, double>> ddp;  // bytes, loss
-  struct Point {
-    std::string name;
-    double bytes, loss;
-    std::string color;
-  };
-  std::vector<Point> pts;
-  std::size_t i = 0;
-  for (const auto& m : methods) {
-    const std::string color = kColors[i++ % std::size(kColors)];
-    if (!m.contains("final_val_loss") || m["final_val_loss"].is_null() || !(m.value("bytes_sent_per_worker", 0.0) > 0)) continue;
-    pts.push_back({m["name"].get<std::string>(), m["bytes_sent_per_worker"].get<double>(), m["final_val_loss"].get<double>(), color});
-    if (pts.back().name == "ddp") ddp = std::make_pair(pts.back().bytes, pts.back().loss);
+  for (const auto& p : pts) {
+    if (p.name == "ddp") ddp = std::make_pair(p.bytes, p.loss);
   }
   std::ostringstream o;
   o << fmt::format(R"(<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {} {}" width="{}" height="{}" role="img" aria-label="{}">)", W, H, W, H, escape(title));

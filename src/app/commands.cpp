@@ -137,19 +137,9 @@ void add_keygen_command(CLI::App& app, KeygenArgs& args) {
 }
 
 int run_keygen_command(const KeygenArgs& args) {
-  if (args.out.empty()) return report_failure(error(ErrorCode::kInvalidArgument, "--out is empty: name the key file, e.g. --out run.key"));
-  const std::filesystem::path parent = std::filesystem::path(args.out).parent_path();
-  if (!parent.empty() && !std::filesystem::is_directory(parent)) {
-    return report_failure(error(ErrorCode::kInvalidArgument, "--out " + args.out + ": folder " + parent.string() + " does not exist (create it first)"));
-  }
-  if (std::filesystem::is_directory(args.out)) {
-    return report_failure(error(ErrorCode::kInvalidArgument, "--out " + args.out + " is a folder: name the key file, e.g. " +
-                                                                 (std::filesystem::path(args.out) / "run.key").string()));
-  }
-  if (!args.force && std::filesystem::exists(args.out)) {
-    return report_failure(error(ErrorCode::kInvalidArgument, args.out + " already exists: pass --force to replace it (peers holding the old key will be refused)"));
-  }
-  if (Status st = check_output_file(args.out, args.force); !st.ok()) return report_failure(st);  // never a run's own file
+  // The rules of every file a command writes (app/args.h): a name, an existing folder, not a run's
+  // own file nor a device, another file only with --force (peers holding the old key are then refused).
+  if (Status st = check_output_file(args.out, args.force); !st.ok()) return report_failure(st);
   if (Status st = transport::write_run_key(args.out, transport::generate_run_key()); !st.ok()) return report_failure(st);
   spdlog::info("wrote a new run key to {}; copy it to every peer of the run over a trusted channel", args.out);
   return 0;

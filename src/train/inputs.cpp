@@ -130,8 +130,8 @@ Status check_model_input(const fs::path& folder, const RunConfig& config) {
     if (Status st = pin(now, "model.path", config.model.path); !st.ok()) return st;
     const auto changes = input_changes({p}, now);
     if (changes.empty()) return Status();
-    return error(ErrorCode::kInvalidArgument, fmt::format("{}: the run's weights belong to the module it trained, which is no longer there. Put that "
-                                                          "file back at {} to use them",
+    return error(ErrorCode::kInvalidArgument, fmt::format("{}: the run's weights belong to the module it trained, and that file is not it any "
+                                                          "more. Put the module the run trained back at {} to use them",
                                                           changes.front(), config.model.path));
   }
   return Status();
