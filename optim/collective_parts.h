@@ -21,6 +21,17 @@ namespace gossamer::optim::detail {
 
 // Where chunk j of n values over `size` ranks begins.
 std::int64_t chunk_begin(std::int64_t n, int size, int j);
+// How the collective cuts n values over m ranks: chunk j (owned by rank j) in `count` near-equal
+// segments of at most segment_values each; every rank computes the same cuts.
+struct Segments {
+  Segments(std::int64_t n, int m, std::int64_t segment_values);
+  std::int64_t begin(int j, std::int64_t s) const;  // of segment s of chunk j (s = count: the chunk's end)
+  std::int64_t length(int j, std::int64_t s) const { return begin(j, s + 1) - begin(j, s); }
+  std::span<float> of(float* base, int j, std::int64_t s) const { return {base + begin(j, s), static_cast<std::size_t>(length(j, s))}; }
+  std::int64_t n;
+  int m;
+  std::int64_t count;
+};
 Status send_counted(transport::Link& link, transport::Tag tag, const Bytes& payload, Deadline deadline, CommStats& stats);
 // Receives one encoded chunk of `expect` values (the untrusted bytes are only inspected here).
 Result<Bytes> recv_chunk(transport::Link& link, transport::Tag tag, std::int64_t expect, Deadline deadline, CommStats& stats);

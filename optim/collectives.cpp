@@ -31,6 +31,16 @@ namespace detail {
 
 std::int64_t chunk_begin(std::int64_t n, int size, int j) { return n * j / size; }
 
+Segments::Segments(std::int64_t n_values, int ranks, std::int64_t segment_values) : n(n_values), m(ranks) {
+  const std::int64_t largest = chunk_begin(n, m, m) - chunk_begin(n, m, m - 1);
+  count = std::max<std::int64_t>(1, (largest + segment_values - 1) / segment_values);
+}
+
+std::int64_t Segments::begin(int j, std::int64_t s) const {
+  const std::int64_t b = chunk_begin(n, m, j), len = chunk_begin(n, m, j + 1) - b;
+  return b + len * s / count;
+}
+
 Status send_counted(transport::Link& link, transport::Tag tag, const Bytes& payload, Deadline deadline, CommStats& stats) {
   Status st = link.send(tag, payload, deadline);
   if (st.ok()) stats.bytes_sent += payload.size() + transport::kFrameHeaderBytes;
@@ -228,6 +238,24 @@ void keep_and_report(const Group& g, std::int64_t n, bool tapped, std::vector<st
 
 using namespace detail;
 
+at::Tensor allreduce_contribution(const at::Tensor& tensor, int size, const quant::EncodeOptions& codec, std::int64_t segment_values) {
+  GOSSAMER_CHECK(size >= 1 && segment_values >= 1, "allreduce_contribution: a group of at least one rank, segments of at least one value");
+  at::Tensor out = tensor.detach().to(at::kCPU, at::kFloat).reshape({-1}).clone();
+  if (codec.codec == quant::CodecId::kFp32 || size == 1) return out;  // fp32 round-trips; a group of one sends nothing
+  const Segments cuts(out.numel(), size, segment_values);
+  float* base = out.data_ptr<float>();
+  for (int j = 0; j < size; ++j) {
+    for (std::int64_t s = 0; s < cuts.count; ++s) {
+      const std::span<float> values = cuts.of(base, j, s);
+      if (values.empty()) continue;
+      const Bytes payload = quant::encode(torch::from_blob(values.data(), {static_cast<std::int64_t>(values.size())}, at::kFloat), codec);
+      const Status st = quant::decode_into(payload, values);
+      GOSSAMER_CHECK(st.ok(), "allreduce_contribution: the codec did not decode its own encoding: " + st.message());
+    }
+  }
+  return out;
+}
+
 Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
                       CommStats* stats_out, std::int64_t segment_values, const Aggregation& agg) {
   GOSSAMER_CHECK(g.size >= 1 && g.rank >= 0 && g.rank < g.size, "allreduce_mean: rank outside the group");
@@ -245,18 +273,11 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   // A simulated poisoned worker sends scaled values (its own chunk's contribution too).
   const at::Tensor sent_values = g.poison && g.poison->scale != 1.0 ? flat * g.poison->scale : flat;
   const int r = g.rank, m = g.size;
-  // Chunk j (owned by rank j) is cut into `segs` near-equal segments; every rank computes the same cuts.
-  const std::int64_t largest = chunk_begin(n, m, m) - chunk_begin(n, m, m - 1);
-  const std::int64_t segs = std::max<std::int64_t>(1, (largest + segment_values - 1) / segment_values);
-  auto seg_begin = [&](int j, std::int64_t s) {
-    const std::int64_t b = chunk_begin(n, m, j), len = chunk_begin(n, m, j + 1) - b;
-    return b + len * s / segs;
-  };
   // Segments as spans of raw fp32 (no tensor per message: a small model's ddp sends many a step).
-  auto segment = [&](float* base, int j, std::int64_t s) {
-    const std::int64_t b = seg_begin(j, s);
-    return std::span<float>(base + b, static_cast<std::size_t>(seg_begin(j, s + 1) - b));
-  };
+  const Segments cuts(n, m, segment_values);
+  const std::int64_t segs = cuts.count;
+  auto seg_begin = [&](int j, std::int64_t s) { return cuts.begin(j, s); };
+  auto segment = [&](float* base, int j, std::int64_t s) { return cuts.of(base, j, s); };
   float* const sent_data = sent_values.data_ptr<float>();
   auto link = [&](int j) -> transport::Link& { return *g.peers[static_cast<std::size_t>(j)]; };
   auto rank_context = [&](Status st, const char* what, int j) {

@@ -141,6 +141,13 @@ inline constexpr Nanos kMessageCost = std::chrono::microseconds(50);         // 
                                     Deadline deadline, CommStats* stats = nullptr,
                                     std::int64_t segment_values = kAllreduceSegmentValues, const Aggregation& aggregation = {});
 
+// What the chunks' owners take from this rank when allreduce_mean runs over `size` ranks (full mesh
+// or grid): `tensor` flattened, each segment as the collective cuts it passed through the codec
+// (every rank's own chunk passes it too). Error feedback subtracts this from what it carried, so what
+// quantization drops is exactly what stays behind. fp32: a copy.
+at::Tensor allreduce_contribution(const at::Tensor& tensor, int size, const quant::EncodeOptions& codec,
+                                  std::int64_t segment_values = kAllreduceSegmentValues);
+
 // Sends `mine` to every other member and returns every member's bytes by rank (ours at our rank):
 // an all-gather of opaque payloads, for methods whose contributions cannot be summed on the way
 // (SparseLoCo's sparse ones). Each rank sends and receives (M-1) payloads. The bytes received are

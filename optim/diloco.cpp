@@ -16,7 +16,10 @@ constexpr transport::Tag kDiLoCoTag = transport::tags::kDiLoCo;  // + round (rou
 constexpr std::int64_t kMaxDelayRounds = 64;
 }  // namespace
 
-std::string_view DiLoCo::kind() const { return options_.outer_step == OuterStep::kCGAD ? "diloco_cgad" : "diloco_delayed"; }
+std::string_view DiLoCo::kind() const {
+  if (options_.error_feedback) return options_.outer_step == OuterStep::kCGAD ? "diloco_ef_cgad" : "diloco_ef";
+  return options_.outer_step == OuterStep::kCGAD ? "diloco_cgad" : "diloco_delayed";
+}
 
 DiLoCo::DiLoCo(std::vector<at::Tensor> params, Group group, DiLoCoOptions options)
     : params_(std::move(params)), group_(std::move(group)), options_(options) {
@@ -28,7 +31,9 @@ DiLoCo::DiLoCo(std::vector<at::Tensor> params, Group group, DiLoCoOptions option
                  "DiLoCo: CGAD needs lr > 0, beta2 in [0, 1) and eps > 0");
   state_.outer = flatten(params_, options_.state_device);
   state_.momentum = torch::zeros_like(state_.outer);
+  GOSSAMER_CHECK(options_.error_decay >= 0 && options_.error_decay <= 1, "DiLoCo: error_decay must be in [0, 1]");
   if (options_.outer_step == OuterStep::kCGAD) second_ = torch::zeros_like(state_.outer);
+  if (options_.error_feedback) residual_ = torch::zeros_like(state_.outer);
 }
 
 Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
@@ -50,9 +55,19 @@ Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
     }
     weights = std::move(*w);
   }
+  // Error feedback: the round sends the codec's image of the carried residual; the residual changes
+  // only once the round went through (a failed round changes nothing). A non-finite Delta is left to
+  // the all-reduce's rule and never enters the residual.
+  at::Tensor carried;
+  if (options_.error_feedback && torch::isfinite(delta).all().item<bool>()) {
+    carried = residual_ * options_.error_decay + delta;
+    delta = allreduce_contribution(carried, group_.size, options_.codec).to(options_.state_device).view_as(carried);
+    carried.sub_(delta);
+  }
   const Status st = allreduce_mean(group_, delta, options_.codec, tag, deadline, &stats, kAllreduceSegmentValues, options_.aggregation);
   comm_ += stats;  // a failed round's bytes were sent all the same
   if (!st.ok()) return st.with_context("DiLoCo round " + std::to_string(state_.rounds + 1));
+  if (carried.defined()) residual_ = carried;
   if (weights) {
     fastest_step_s_ = weights->fastest_step_seconds();
     round_steps_ = steps_by_rank(*weights);
@@ -108,11 +123,16 @@ void DiLoCo::outer_step(const at::Tensor& delta, std::int64_t age) {
   state_.outer.sub_(state_.momentum / c1 / ((second_ / c2).sqrt_() + options_.cgad.eps) * options_.cgad.lr);
 }
 
-Bytes DiLoCo::save() const {
+Bytes DiLoCo::save() const { return save_with(residual_); }
+
+Bytes DiLoCo::save_shared() const { return save_with(residual_.defined() ? torch::zeros_like(residual_) : residual_); }
+
+Bytes DiLoCo::save_with(const at::Tensor& residual) const {
   if (plain()) return state_.save("diloco");  // the format of every earlier checkpoint
   // The waiting means, always delay_rounds of them (zeros for those not there yet; `waiting` says how many).
   std::vector<at::Tensor> tensors = {state_.outer, state_.momentum};
   if (second_.defined()) tensors.push_back(second_);
+  if (residual.defined()) tensors.push_back(residual);
   for (std::int64_t i = 0; i < options_.delay_rounds; ++i) {
     tensors.push_back(i < static_cast<std::int64_t>(waiting_.size()) ? waiting_[static_cast<std::size_t>(i)] : torch::zeros_like(state_.outer));
   }
@@ -124,7 +144,7 @@ Status DiLoCo::load(ByteView bytes) {
   if (plain()) return state_.load(bytes, "diloco");
   // Read into fresh tensors: nothing changes unless all of it is good.
   std::vector<std::int64_t> counters(5);
-  const std::int64_t count = 2 + (second_.defined() ? 1 : 0) + options_.delay_rounds;
+  const std::int64_t count = 2 + (second_.defined() ? 1 : 0) + (residual_.defined() ? 1 : 0) + options_.delay_rounds;
   std::vector<at::Tensor> tensors;
   for (std::int64_t i = 0; i < count; ++i) tensors.push_back(torch::zeros_like(state_.outer));
   if (Status st = load_state(bytes, kind(), counters, tensors); !st.ok()) return st;
@@ -139,6 +159,7 @@ Status DiLoCo::load(ByteView bytes) {
   state_.outer = tensors[at++];
   state_.momentum = tensors[at++];
   if (second_.defined()) second_ = tensors[at++];
+  if (residual_.defined()) residual_ = tensors[at++];
   waiting_.clear();
   for (std::int64_t i = 0; i < counters[4]; ++i) waiting_.push_back(tensors[at + static_cast<std::size_t>(i)]);
   return Status();

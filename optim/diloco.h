@@ -19,6 +19,12 @@
 //   s = sigma(tau) Delta;  m <- b1 m + (1 - b1) s;  v <- b2 v + (1 - b2) s^2
 //   outer <- outer - lr m^ / (sqrt(v^) + eps)   (m^, v^ bias-corrected by the Adam steps taken)
 // which is plain Adam at tau = 0; nothing is applied from the gate's cutoff on.
+//
+// Error feedback (MuLoCo, Therien et al. 2025, arXiv 2505.23725: `error_feedback`): the pseudo-gradient
+// goes through a low-bit codec, and what the codec drops is carried to the next round instead of lost:
+//   e <- beta e + Delta;  c = Q(e) (what the chunks' owners decode: allreduce_contribution);  e <- e - c
+// and the round all-reduces c. The residual e is this replica's own (save_shared() writes it as
+// zeros; drop_replica_state() clears it after taking another member's state).
 #pragma once
 
 #include <deque>
@@ -65,6 +71,8 @@ struct DiLoCoOptions {
   // Members of unequal speed (token_weights.h): the round's mean weighs each member's Delta by the
   // inner steps behind it (count_step()), exchanged before the all-reduce.
   bool token_weighted = false;
+  bool error_feedback = false;  // carry what the codec drops into the next round
+  double error_decay = 1.0;     // beta: the carried residual's decay per round, in [0, 1]
 };
 
 class DiLoCo {
@@ -101,6 +109,14 @@ class DiLoCo {
   // still waiting); load() checks sizes (bytes from a checkpoint are untrusted).
   Bytes save() const;
   [[nodiscard]] Status load(ByteView bytes);
+  // save() with the error-feedback residual as zeros (it is this replica's own); save() otherwise.
+  Bytes save_shared() const;
+  // After taking another member's state: its residual is not ours to send.
+  void drop_replica_state() {
+    if (residual_.defined()) residual_.zero_();
+  }
+  // The error-feedback residual e (undefined without error feedback).
+  const at::Tensor& residual() const { return residual_; }
 
   // Catch-up (updates.h): a round's update is its averaged pseudo-gradient (the outer weights' size).
   void record_updates(UpdateSink sink) { sink_ = std::move(sink); }
@@ -111,7 +127,8 @@ class DiLoCo {
   void apply(const at::Tensor& delta);  // the outer step with the round's mean Delta (after its delay)
   void outer_step(const at::Tensor& delta, std::int64_t age);
   std::string_view kind() const;  // of a state that is not plain()
-  bool plain() const { return options_.outer_step == OuterStep::kNesterov && options_.delay_rounds == 0; }
+  bool plain() const { return options_.outer_step == OuterStep::kNesterov && options_.delay_rounds == 0 && !options_.error_feedback; }
+  Bytes save_with(const at::Tensor& residual) const;
 
   UpdateSink sink_;
   std::vector<at::Tensor> params_;
@@ -121,6 +138,7 @@ class DiLoCo {
   at::Tensor second_;                 // CGAD: Adam's second moment (state_.momentum is its first)
   std::int64_t adam_steps_ = 0;       // CGAD: the Adam steps taken (bias correction)
   std::deque<at::Tensor> waiting_;    // delay_rounds: the means not applied yet, oldest first
+  at::Tensor residual_;               // error feedback: what the codec has not sent yet
   CommStats comm_;
   WorkMeter meter_;
   double fastest_step_s_ = 0.0;

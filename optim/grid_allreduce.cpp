@@ -164,17 +164,11 @@ Status allreduce_grid(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   const at::Tensor sent_values = g.poison && g.poison->scale != 1.0 ? flat * g.poison->scale : flat;
   float* const sent_data = sent_values.data_ptr<float>();
   // The full mesh's chunks and segments, exactly.
-  const std::int64_t largest = chunk_begin(n, m, m) - chunk_begin(n, m, m - 1);
-  const std::int64_t segs = std::max<std::int64_t>(1, (largest + segment_values - 1) / segment_values);
-  auto seg_begin = [&](int j, std::int64_t s) {
-    const std::int64_t b = chunk_begin(n, m, j), len = chunk_begin(n, m, j + 1) - b;
-    return b + len * s / segs;
-  };
-  auto seg_len = [&](int j, std::int64_t s) { return seg_begin(j, s + 1) - seg_begin(j, s); };
-  auto segment = [&](float* base, int j, std::int64_t s) {
-    const std::int64_t b = seg_begin(j, s);
-    return std::span<float>(base + b, static_cast<std::size_t>(seg_begin(j, s + 1) - b));
-  };
+  const Segments cuts(n, m, segment_values);
+  const std::int64_t segs = cuts.count;
+  auto seg_begin = [&](int j, std::int64_t s) { return cuts.begin(j, s); };
+  auto seg_len = [&](int j, std::int64_t s) { return cuts.length(j, s); };
+  auto segment = [&](float* base, int j, std::int64_t s) { return cuts.of(base, j, s); };
   const transport::Tag mean_tag = tag | kAllreduceMeanPhase;
   const std::int64_t mine_begin = chunk_begin(n, m, r);
   const auto acc_len = static_cast<std::size_t>(chunk_begin(n, m, r + 1) - mine_begin);

@@ -22,6 +22,7 @@ enum class Method : std::uint8_t {
   kCO2 = 4,              // one-step-stale asynchronous averaging
   kLocal = 5,            // independent workers, no synchronization
   kSparseLoCo = 6,       // top-k + 2-bit pseudo-gradients with error feedback, all-gathered
+  kMuLoCo = 7,           // Muon inner steps, DiLoCo's outer step on error-fed low-bit pseudo-gradients
 };
 
 struct MethodInfo {
@@ -29,7 +30,7 @@ struct MethodInfo {
   std::string_view name;
 };
 
-inline constexpr std::array<MethodInfo, 7> kMethods = {{
+inline constexpr std::array<MethodInfo, 8> kMethods = {{
     {Method::kDdp, "ddp"},
     {Method::kDiLoCo, "diloco"},
     {Method::kStreamingDiLoCo, "streaming_diloco"},
@@ -37,6 +38,7 @@ inline constexpr std::array<MethodInfo, 7> kMethods = {{
     {Method::kCO2, "co2"},
     {Method::kLocal, "local"},
     {Method::kSparseLoCo, "sparseloco"},
+    {Method::kMuLoCo, "muloco"},
 }};
 
 constexpr bool methods_in_id_order() {

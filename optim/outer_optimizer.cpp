@@ -169,6 +169,9 @@ Result<OuterSetup> make_outer_optimizer(const OuterConfig& c, const std::vector<
     case Method::kDiLoCo:
       setup.outer = std::make_unique<Adapter<DiLoCo>>("diloco", all_tensors(blocks), std::move(group), c.diloco);
       break;
+    case Method::kMuLoCo:
+      setup.outer = std::make_unique<Adapter<DiLoCo>>("muloco", all_tensors(blocks), std::move(group), c.muloco);
+      break;
     case Method::kSparseLoCo:
       setup.outer = std::make_unique<Adapter<SparseLoCo>>("sparseloco", all_tensors(blocks), std::move(group), c.sparseloco);
       break;

@@ -1,5 +1,5 @@
 // OuterOptimizer: the one shape every method has (the torch::optim shape: options, step(), save and
-// load), selected by name: ddp, diloco, streaming_diloco, noloco, co2, local, sparseloco.
+// load), selected by name: ddp, diloco, streaming_diloco, noloco, co2, local, sparseloco, muloco.
 //
 // The training thread calls step() after every inner step with the number of inner steps done; the
 // method communicates when due. Errors from peers are values: a failed step changes no optimizer
@@ -110,6 +110,7 @@ struct OuterConfig {
   NoLoCoOptions noloco;
   CO2Options co2;
   SparseLoCoOptions sparseloco;
+  DiLoCoOptions muloco;  // DiLoCo with error feedback on a low-bit codec (the Worker steps with Muon)
   std::shared_ptr<const StalenessPenalty> co2_penalty;  // null: ConstantPenalty(co2.gap_penalty)
   quant::EncodeOptions ddp_codec;
   Aggregation ddp_aggregation;  // links engine only

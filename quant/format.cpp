@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ const std::array<CodecTraits, kNumCodecs>& codec_table() {
       {CodecId::kInt4, "int4", 4, true, 7.0f},
       {CodecId::kFp4E3M0, "fp4_e3m0", 4, true, 1.0f},
       {CodecId::kFp4E2M1, "fp4_e2m1", 4, true, 6.0f},
+      {CodecId::kInt2, "int2", 2, true, 1.5f},
   }};
   return table;
 }
@@ -181,7 +183,7 @@ Status open_body(ByteView payload, std::size_t n, Body& body) {
 }
 
 // Decodes values [first, first + count) of a body of n values into dst. `first` is a multiple of the
-// block size and even (4-bit codecs pack two values per byte). False on NaN, Inf or a bad scale.
+// block size and starts a byte of codes (4-bit codecs pack two values per byte, int2 four). False on NaN, Inf or a bad scale.
 bool decode_range(const PayloadInfo& info, const std::uint8_t* src, std::size_t n, std::size_t first, std::size_t count, float* dst) {
   switch (info.codec) {
     case CodecId::kFp32: return kernels::copy_finite_fp32(src + 4 * first, count, dst);
@@ -220,7 +222,9 @@ bool add_body(const Body& body, std::span<float> acc) {
   constexpr std::size_t kPiece = 8192;
   std::size_t step = kPiece;
   if (body.info.block_size > 0) {  // scaled codecs: pieces of whole blocks (unscaled ones carry block 0)
-    const std::size_t unit = body.info.block_size % 2 == 0 ? body.info.block_size : 2 * std::size_t{body.info.block_size};
+    // Whole bytes of codes too: a multiple of the values per byte (2 for 4-bit codecs, 4 for int2).
+    const std::size_t per_byte = static_cast<std::size_t>(8 / std::min(8, traits(body.info.codec).bits));
+    const std::size_t unit = std::lcm(std::size_t{body.info.block_size}, per_byte);
     step = std::max<std::size_t>(unit, kPiece / unit * unit);
   }
   std::vector<float> piece(std::min(step, n));

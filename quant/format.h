@@ -25,9 +25,13 @@ enum class CodecId : std::uint8_t {
   kInt4 = 6,
   kFp4E3M0 = 7,
   kFp4E2M1 = 8,
+  // 2 bits per value, four levels (code - 1.5) x the block's scale, which is the block's RMS (not its
+  // absmax): about the best 4-level uniform quantizer of a bell-shaped block. Values beyond 2 RMS
+  // clip to 1.5 RMS; meant for error-fed updates (MuLoCo), which carry what is clipped to the next.
+  kInt2 = 9,
 };
-inline constexpr int kNumCodecs = 9;
-static_assert(static_cast<int>(CodecId::kFp8E4M3) == 3 && static_cast<int>(CodecId::kFp4E2M1) == 8,
+inline constexpr int kNumCodecs = 10;
+static_assert(static_cast<int>(CodecId::kFp8E4M3) == 3 && static_cast<int>(CodecId::kInt2) == 9,
               "CodecId values travel on the wire: never renumber, only append");
 
 enum class ScaleFormat : std::uint8_t { kNone = 0, kFp32 = 1, kBf16 = 2 };

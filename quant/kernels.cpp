@@ -369,6 +369,7 @@ std::size_t scale_bytes(ScaleFormat f) {
 
 std::size_t packed_bytes(CodecId codec, std::size_t n) {
   const int bits = traits(codec).bits;
+  if (bits == 2) return (n + 3) / 4;
   return bits == 4 ? (n + 1) / 2 : n * static_cast<std::size_t>(bits / 8);
 }
 
@@ -379,7 +380,9 @@ const float* code_values(CodecId codec) {
   static const std::array<float, 256> e3m0 = build_code_values(kE3M0, 4);
   static const std::array<float, 256> i8 = build_int_values(8);
   static const std::array<float, 256> i4 = build_int_values(4);
+  static const std::array<float, 256> i2 = {-1.5f, -0.5f, 0.5f, 1.5f};
   switch (codec) {
+    case CodecId::kInt2: return i2.data();
     case CodecId::kFp8E4M3: return e4m3.data();
     case CodecId::kFp8E5M2: return e5m2.data();
     case CodecId::kFp4E2M1: return e2m1.data();
@@ -393,8 +396,45 @@ const float* code_values(CodecId codec) {
 }
 
 // Compiled twice, for AVX2 and for baseline x86-64; the loader picks the one the CPU runs.
+namespace {
+
+// int2 (format.h): the block's scale is its RMS, as stored; code = clamp(floor(x / scale) + 2, 0, 3)
+// (the nearest of the levels (code - 1.5) x scale), or with stochastic rounding the level below or
+// above x at odds that make the code unbiased within the levels' range. Four codes per byte, the lower
+// index in the low bits.
+bool encode_int2(const float* x, std::size_t n, std::uint32_t block, ScaleFormat scale_format, Rounding rounding, std::uint64_t seed,
+                 std::uint8_t* scales, std::uint8_t* codes) {
+  const std::size_t sb = scale_bytes(scale_format);
+  const bool stochastic = rounding == Rounding::kStochastic;
+  bool finite = true;
+  std::fill(codes, codes + packed_bytes(CodecId::kInt2, n), std::uint8_t{0});
+  for (std::size_t start = 0, b = 0; start < n; start += block, ++b) {
+    const std::size_t len = std::min<std::size_t>(block, n - start);
+    const float* xb = x + start;
+    (void)block_absmax(xb, len, finite);
+    double squares = 0.0;
+    for (std::size_t i = 0; i < len; ++i) squares += static_cast<double>(xb[i]) * xb[i];
+    float scale = static_cast<float>(std::sqrt(squares / static_cast<double>(len)));
+    if (!(scale <= FLT_MAX)) scale = FLT_MAX;  // a block of huge values: clipped like any other
+    if (scale_format == ScaleFormat::kBf16) scale = bf16_to_float(float_to_bf16(scale));
+    store_scale(scale_format, scale, scales + b * sb);
+    const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+    for (std::size_t i = 0; i < len; ++i) {
+      const std::size_t k = start + i;
+      const float t = xb[i] * inv;
+      float q = stochastic ? std::floor(t + 1.5f + static_cast<float>(draw(seed, k) >> 8) * 0x1p-24f) : std::floor(t) + 2.0f;
+      q = std::clamp(q, 0.0f, 3.0f);  // a NaN only comes from a NaN, and finite is already false then
+      codes[k >> 2] = static_cast<std::uint8_t>(codes[k >> 2] | (static_cast<std::uint32_t>(q) << (2 * (k & 3u))));
+    }
+  }
+  return finite;
+}
+
+}  // namespace
+
 [[gnu::target_clones("avx2", "default")]] bool encode_scaled(CodecId codec, const float* x, std::size_t n, std::uint32_t block, ScaleFormat scale_format,
                    Rounding rounding, std::uint64_t seed, std::uint8_t* scales, std::uint8_t* codes) {
+  if (codec == CodecId::kInt2) return encode_int2(x, n, block, scale_format, rounding, seed, scales, codes);
   const CodecTraits& t = traits(codec);
   const bool four_bit = t.bits == 4;
   const bool is_int = codec == CodecId::kInt8 || codec == CodecId::kInt4;
@@ -480,6 +520,12 @@ template <bool FourBit, typename Value>
         break;
       case CodecId::kInt4:
         decode_codes<true>(codes, start, len, scale, int4_value, ob);
+        break;
+      case CodecId::kInt2:
+        for (std::size_t i = 0; i < len; ++i) {
+          const std::size_t k = start + i;
+          ob[i] = (static_cast<float>((codes[k >> 2] >> (2 * (k & 3u))) & 3u) - 1.5f) * scale;
+        }
         break;
       case CodecId::kFp8E4M3:
       case CodecId::kFp8E5M2:

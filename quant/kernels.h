@@ -26,7 +26,7 @@ bool check_finite_bf16(const std::uint8_t* in, std::size_t n);
 bool check_finite_fp16(const std::uint8_t* in, std::size_t n);
 
 // Scaled codecs. `scales` receives one scale per block (4 bytes fp32 or 2 bytes bf16), `codes` the
-// packed values (1 byte each, or 2 per byte for 4-bit codecs). `first_index` is the global index of
+// packed values (1 byte each, 2 per byte for 4-bit codecs, 4 per byte for int2). `first_index` is the global index of
 // x[0], so stochastic draws depend only on (seed, element index). Returns false if x holds NaN/Inf.
 bool encode_scaled(CodecId codec, const float* x, std::size_t n, std::uint32_t block, ScaleFormat scale_format,
                    Rounding rounding, std::uint64_t seed, std::uint8_t* scales, std::uint8_t* codes);
@@ -35,7 +35,7 @@ bool decode_scaled(CodecId codec, const std::uint8_t* scales, const std::uint8_t
                    ScaleFormat scale_format, float* out);
 
 // The value of every code of a scaled codec's element format, before scaling (NaN for codes that
-// must not appear). 256 entries for 8-bit formats, 16 for 4-bit ones.
+// must not appear). 256 entries for 8-bit formats, 16 for 4-bit ones, 4 for int2.
 const float* code_values(CodecId codec);
 
 std::size_t scale_bytes(ScaleFormat f);

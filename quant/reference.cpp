@@ -29,7 +29,7 @@ Format format(CodecId c) {
 
 // Every code's value as a tensor (NaN where a code is not allowed).
 at::Tensor value_table(CodecId c) {
-  const int n = traits(c).bits == 4 ? 16 : 256;
+  const int n = 1 << traits(c).bits;
   return torch::from_blob(const_cast<float*>(kernels::code_values(c)), {n}, torch::kFloat).clone();
 }
 
@@ -44,6 +44,14 @@ Encoded encode(const at::Tensor& x_in, CodecId codec, std::uint32_t block) {
 
   const std::int64_t n = x.numel(), b = block, nb = (n + b - 1) / b;
   const at::Tensor blocks = torch::constant_pad_nd(x, {0, nb * b - n}).view({nb, b});
+  if (codec == CodecId::kInt2) {  // the block's RMS (over its own values: the last block may be short)
+    at::Tensor counts = torch::full({nb, 1}, static_cast<double>(b), torch::kDouble);
+    if (nb > 0) counts.index_put_({nb - 1, 0}, static_cast<double>(n - (nb - 1) * b));
+    const at::Tensor scale = (blocks.to(torch::kDouble).square().sum(1, /*keepdim=*/true) / counts).sqrt().to(torch::kFloat);
+    const at::Tensor inv = torch::where(scale > 0, 1.0f / scale, torch::zeros_like(scale));
+    const at::Tensor codes = (torch::floor(blocks * inv) + 2).clamp(0, 3).to(torch::kUInt8);
+    return {scale.flatten(), codes.flatten().slice(0, 0, n)};
+  }
   const at::Tensor absmax = blocks.abs().amax(1, /*keepdim=*/true);
   const at::Tensor scale = absmax / t.max_magnitude;
   const at::Tensor inv = torch::where(scale > 0, 1.0f / scale, torch::zeros_like(scale));

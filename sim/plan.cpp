@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "quant/format.h"
 #include "quant/sparse.h"
 
 namespace gossamer::sim {
@@ -40,6 +41,8 @@ std::vector<PlanRow> plan(const PlanInput& in, double streaming_bits) {
       {"co2", static_cast<double>(in.inner_steps), ring * p * in.bits_per_value, 0},
       // Every worker sends its sparse payload to each of the others (the default chunk and top-k).
       {"sparseloco", static_cast<double>(in.inner_steps), (m - 1) * p * quant::sparse_bits_per_value({}), 0},
+      // DiLoCo's all-reduce of the error-fed pseudo-gradient in its default codec (int2, 2 bits plus the scales).
+      {"muloco", static_cast<double>(in.inner_steps), ring * p * quant::bits_per_value(quant::EncodeOptions{.codec = quant::CodecId::kInt2}), 0},
   };
   for (auto& r : rows) {
     // Exposed time allowed per sync: compute between syncs x (1/u - 1); plus what overlaps hide.

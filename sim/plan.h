@@ -47,7 +47,7 @@ struct PlanRow {
   double required_bits_per_s = 0;  // for the target utilization; infinity when latency alone exceeds it
 };
 
-// One row per method (ddp, diloco, streaming_diloco, noloco, co2); `streaming_bits_per_value`
+// One row per method (ddp, diloco, streaming_diloco, noloco, co2, sparseloco, muloco); `streaming_bits_per_value`
 // overrides the codec of streaming_diloco (fp4 = 4), 0 to use input.bits_per_value.
 std::vector<PlanRow> plan(const PlanInput& input, double streaming_bits_per_value = 0);
 // Utilization a method reaches at a bandwidth (bits/s): compute / (compute + exposed communication).

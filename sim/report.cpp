@@ -279,6 +279,10 @@ std::string method_note(const std::string& name) {
            "in a per-worker error accumulator (in place of outer momentum) and goes out in later rounds, so it needs many rounds: on a short "
            "run most of the progress is still waiting in the accumulators at the end.";
   }
+  if (name == "muloco") {
+    return "steps its weight matrices with Muon and sends DiLoCo's pseudo-gradient in 2 bits (by default); what the codec drops stays in a "
+           "per-worker error residual and goes out in later rounds, and the outer step is DiLoCo's Nesterov one on the average.";
+  }
   if (name == "local") return "never synchronizes: each worker trains alone (a floor for the others).";
   return "";
 }

@@ -74,9 +74,10 @@ int bench_train(const BenchArgs& args) {
                                                              "model.kind = " + cfg.model.kind + " would time two different models: drop it (`gossamer bench "
                                                              "memory` measures a TorchScript model's memory)"));
   }
-  if (cfg.train.optimizer != "adamw") {
-    return report_failure(error(ErrorCode::kInvalidArgument, "bench train sets the inner loop beside a bare LibTorch loop with AdamW; train.optimizer = " +
-                                                             cfg.train.optimizer + " would time two different optimizers: drop it"));
+  if (train::muon_inner(cfg)) {
+    return report_failure(error(ErrorCode::kInvalidArgument, "bench train sets the inner loop beside a bare LibTorch loop with AdamW; " +
+                                                             std::string(cfg.train.optimizer == "muon" ? "train.optimizer = muon" : "outer.method = muloco (Muon's inner steps)") +
+                                                             " would time two different optimizers: drop it"));
   }
   if (Status st = train::check_resources(cfg, /*workers=*/2, ""); !st.ok()) return report_failure(st);  // the framework's model and the bare one
   cfg.train.steps = 1LL << 40;  // keep the schedule in its plateau-free cosine regime; we only time steps

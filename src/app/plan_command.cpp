@@ -139,7 +139,7 @@ int memory_table(const PlanArgs& a) {
   } else {
     std::printf("%-18s %14s %14s %14s %10s\n", "method", "state", "activations", "peak", "fits here");
   }
-  for (const char* method : {"local", "ddp", "diloco", "streaming_diloco", "noloco", "co2", "sparseloco"}) {
+  for (const char* method : {"local", "ddp", "diloco", "streaming_diloco", "noloco", "co2", "sparseloco", "muloco"}) {
     train::RunConfig m = c;
     m.outer.method = method;
     const auto e = train::estimate_memory(m, 1, parameters);

@@ -317,6 +317,8 @@ train::RunConfig compare_defaults() {
   // membership gossip is a third of what it sends.
   c.sparseloco.inner_steps = 25;
   c.sparseloco.topk = 128;
+  // MuLoCo: rounds as DiLoCo's (it sends everything each round, in 2 bits).
+  c.muloco.inner_steps = 25;
   return c;
 }
 

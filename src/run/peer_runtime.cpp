@@ -225,6 +225,8 @@ const quant::EncodeOptions* Peer::layout_codec() const {
   switch (outer_config_.method) {
     case optim::Method::kDiLoCo:
       return &outer_config_.diloco.codec;
+    case optim::Method::kMuLoCo:
+      return &outer_config_.muloco.codec;
     case optim::Method::kStreamingDiLoCo:
       return &outer_config_.streaming.codec;
     case optim::Method::kCO2:

@@ -16,6 +16,7 @@ Result<RoundSchedule> round_schedule(const train::RunConfig& c, const optim::Out
     case optim::Method::kNoLoCo: return RoundSchedule{c.noloco.inner_steps, 0};
     case optim::Method::kCO2: return RoundSchedule{c.co2.inner_steps, 0};
     case optim::Method::kSparseLoCo: return RoundSchedule{c.sparseloco.inner_steps, 0};
+    case optim::Method::kMuLoCo: return RoundSchedule{c.muloco.inner_steps, 0};
     case optim::Method::kDdp: return RoundSchedule{c.ddp.round_steps, -1};
     case optim::Method::kStreamingDiLoCo:
       return RoundSchedule{c.streaming_diloco.inner_steps / optim::fragment_count(outer.fragments), c.streaming_diloco.overlap};
@@ -32,7 +33,7 @@ Status check_round_drill(const train::RunConfig& c, std::int64_t round, const st
   if (!outer.ok()) return outer.status();
   if (outer->method == optim::Method::kNoLoCo || outer->method == optim::Method::kLocal || (outer->method == optim::Method::kDdp && c.ddp.engine == "gloo")) {
     return error(ErrorCode::kInvalidArgument, what + " needs a method whose round is Gossamer's all-reduce or all-gather (diloco, streaming_diloco, "
-                                              "sparseloco, co2, or ddp with ddp.engine = links), not outer.method = " + c.outer.method +
+                                              "sparseloco, muloco, co2, or ddp with ddp.engine = links), not outer.method = " + c.outer.method +
                                               (outer->method == optim::Method::kDdp ? " on Gloo" : ""));
   }
   auto schedule = round_schedule(c, *outer);

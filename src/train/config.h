@@ -82,9 +82,9 @@ struct TrainSection {
 };
 
 // The outer method and each method's options (the spec's defaults). Codecs are codec names
-// (quant/format.h: fp32, bf16, int8, fp8_e4m3, fp8_e5m2, fp16, int4, fp4_e3m0, fp4_e2m1).
+// (quant/format.h: fp32, bf16, int8, fp8_e4m3, fp8_e5m2, fp16, int4, fp4_e3m0, fp4_e2m1, int2).
 struct OuterSection {
-  std::string method = "diloco";  // ddp, diloco, streaming_diloco, noloco, co2, local, sparseloco
+  std::string method = "diloco";  // ddp, diloco, streaming_diloco, noloco, co2, local, sparseloco, muloco
   std::int64_t codec_block = 128;  // values per scale block of the scaled codecs
   // Where the outer optimizer keeps its state (outer weights, momentum, pending averages): host
   // memory, sparing the training device's, or the training device itself (no copies per round).
@@ -150,6 +150,17 @@ struct CO2Section {
   double gap_penalty = 1.0;
   double clip_threshold = 0.0;  // 0: no clipping
   std::string codec = "fp32";
+};
+// MuLoCo (Therien et al. 2025): Muon inner steps (train.muon_lr, train.muon_momentum, whatever
+// train.optimizer says), DiLoCo's Nesterov outer step, the pseudo-gradient error-fed through a
+// low-bit codec. Defaults: the paper's quantized runs (H 30, outer lr 0.9 and momentum 0.8, 2 bits,
+// error decay 0.9).
+struct MuLoCoSection {
+  std::int64_t inner_steps = 30;
+  double outer_lr = 0.9;
+  double outer_momentum = 0.8;
+  std::string codec = "int2";
+  double error_decay = 0.9;
 };
 struct SparseLoCoSection {
   std::int64_t inner_steps = 50;
@@ -245,10 +256,15 @@ struct RunConfig {
   NoLoCoSection noloco;
   CO2Section co2;
   SparseLoCoSection sparseloco;
+  MuLoCoSection muloco;
   JoinSection join;
   PipelineSection pipeline;
   SimSection sim;
 };
+
+// The inner optimizer steps the weight matrices with Muon: train.optimizer = muon, or MuLoCo, which is
+// Muon's by definition.
+inline bool muon_inner(const RunConfig& c) { return c.train.optimizer == "muon" || c.outer.method == "muloco"; }
 
 // Overlays a TOML document onto `config`. Keys not given keep their current values.
 [[nodiscard]] Status apply_toml(RunConfig& config, std::string_view toml_text, std::string_view source_name);

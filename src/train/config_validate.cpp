@@ -76,7 +76,7 @@ Status validate(const RunConfig& c) {
     }
     if (c.outer.method == "local" || c.outer.method == "noloco" || (c.outer.method == "ddp" && c.ddp.engine == "gloo")) {
       return bad("sim.crash_mid_round needs a method whose round is Gossamer's all-reduce or all-gather (diloco, streaming_diloco, "
-                 "sparseloco, co2, or ddp with ddp.engine = links), not outer.method = " + c.outer.method +
+                 "sparseloco, muloco, co2, or ddp with ddp.engine = links), not outer.method = " + c.outer.method +
                  (c.outer.method == "ddp" ? " on Gloo" : ""));
     }
   }
@@ -113,13 +113,13 @@ Status validate(const RunConfig& c) {
                  " workers honest");
     }
     if (c.outer.method == "noloco" || c.outer.method == "local" || (c.outer.method == "ddp" && c.ddp.engine == "gloo")) {
-      return bad("sim.poison applies to all-reduces over our links: ddp (links), diloco, streaming_diloco, co2 and sparseloco, not " + c.outer.method);
+      return bad("sim.poison applies to all-reduces over our links: ddp (links), diloco, streaming_diloco, co2, sparseloco and muloco, not " + c.outer.method);
     }
     if (c.sim.poison == "nan" && c.outer.method == "sparseloco") {
       return bad("sim.poison = nan writes a NaN into fp32 payloads; sparseloco's are sparse 2-bit ones: use scale or sign");
     }
     const std::string& codec = c.outer.method == "ddp" ? c.ddp.codec : c.outer.method == "diloco" ? c.diloco.codec
-                               : c.outer.method == "co2" ? c.co2.codec : c.streaming_diloco.codec;
+                               : c.outer.method == "co2" ? c.co2.codec : c.outer.method == "muloco" ? c.muloco.codec : c.streaming_diloco.codec;
     if (c.sim.poison == "nan" && codec != "fp32") {
       return bad("sim.poison = nan writes a NaN into fp32 payloads: set the method's codec to fp32 (it is " + codec + ")");
     }

@@ -29,6 +29,7 @@ std::pair<double, double> outer_copies(const std::string& name) {
     case optim::Method::kDiLoCo:
     case optim::Method::kNoLoCo:
     case optim::Method::kSparseLoCo: return {2, 3};  // outer weights + momentum (SparseLoCo: its error accumulator)
+    case optim::Method::kMuLoCo: return {3, 4};  // DiLoCo's, with the error-feedback residual and its codec image
     case optim::Method::kStreamingDiLoCo: return {2, 1.5};
     case optim::Method::kCO2: return {4, 3};
     case optim::Method::kDdp: return {1, 0};  // the flat gradient buffer

@@ -43,6 +43,7 @@ Status check_synchronizes(const RunConfig& c, optim::Method method, std::int64_t
     case optim::Method::kNoLoCo: first = c.noloco.inner_steps, key = "noloco.inner_steps"; break;
     case optim::Method::kCO2: first = c.co2.inner_steps, key = "co2.inner_steps"; break;
     case optim::Method::kSparseLoCo: first = c.sparseloco.inner_steps, key = "sparseloco.inner_steps"; break;
+    case optim::Method::kMuLoCo: first = c.muloco.inner_steps, key = "muloco.inner_steps"; break;
     case optim::Method::kStreamingDiLoCo:
       first = c.streaming_diloco.inner_steps / std::max<std::int64_t>(1, fragments), key = "streaming_diloco.inner_steps";
       break;
@@ -67,9 +68,8 @@ std::vector<std::string> config_warnings(const RunConfig& c) {
                   "): the whole model is one fragment, synchronized every streaming_diloco.inner_steps steps as DiLoCo would; set it to at most " +
                   std::to_string(c.model.layers) + " for fragments that take turns");
   }
-  if (c.outer.round_budget == "time" && method != optim::Method::kDiLoCo && method != optim::Method::kStreamingDiLoCo &&
-      method != optim::Method::kSparseLoCo) {
-    out.push_back("outer.round_budget = time applies to diloco, streaming_diloco and sparseloco; " + c.outer.method +
+  if (c.outer.round_budget == "time" && budget_period(c) == 0) {
+    out.push_back("outer.round_budget = time applies to diloco, streaming_diloco, sparseloco and muloco; " + c.outer.method +
                   " runs every member's steps in lockstep as with outer.round_budget = steps");
   }
   return out;
@@ -81,6 +81,7 @@ std::int64_t budget_period(const RunConfig& c) {
     case optim::Method::kDiLoCo: return c.diloco.inner_steps;
     case optim::Method::kStreamingDiLoCo: return c.streaming_diloco.inner_steps;
     case optim::Method::kSparseLoCo: return c.sparseloco.inner_steps;
+    case optim::Method::kMuLoCo: return c.muloco.inner_steps;
     default: return 0;
   }
 }
@@ -96,7 +97,8 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   auto streaming_codec = codec(c.streaming_diloco.codec, block, "streaming_diloco.codec");
   auto noloco_codec = codec(c.noloco.codec, block, "noloco.codec");
   auto co2_codec = codec(c.co2.codec, block, "co2.codec");
-  for (const auto* r : {&ddp_codec, &diloco_codec, &streaming_codec, &noloco_codec, &co2_codec}) {
+  auto muloco_codec = codec(c.muloco.codec, block, "muloco.codec");
+  for (const auto* r : {&ddp_codec, &diloco_codec, &streaming_codec, &noloco_codec, &co2_codec, &muloco_codec}) {
     if (!r->ok()) return r->status();
   }
   o.ddp_codec = *ddp_codec;
@@ -146,7 +148,14 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
     if (!device.ok()) return device.status().with_context("outer.state_device = \"device\"");
     state_device = *device;
   }
-  o.diloco.state_device = o.streaming.state_device = o.noloco.state_device = o.co2.state_device = o.sparseloco.state_device = state_device;
+  o.muloco.inner_steps = c.muloco.inner_steps;
+  o.muloco.outer_lr = c.muloco.outer_lr;
+  o.muloco.outer_momentum = c.muloco.outer_momentum;
+  o.muloco.codec = *muloco_codec;
+  o.muloco.error_feedback = true;
+  o.muloco.error_decay = c.muloco.error_decay;
+  o.diloco.state_device = o.streaming.state_device = o.noloco.state_device = o.co2.state_device = o.sparseloco.state_device = o.muloco.state_device =
+      state_device;
 
   optim::Aggregation agg;
   agg.rule = c.outer.aggregation == "filtered"       ? optim::Aggregation::Rule::kFiltered
@@ -154,8 +163,8 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
                                                      : optim::Aggregation::Rule::kMean;
   agg.outlier_factor = c.outer.outlier_factor;
   agg.trim = static_cast<int>(c.outer.trim);
-  o.diloco.aggregation = o.streaming.aggregation = o.co2.aggregation = o.sparseloco.aggregation = o.ddp_aggregation = agg;
-  o.diloco.token_weighted = o.streaming.token_weighted = o.sparseloco.token_weighted = c.outer.round_budget == "time";
+  o.diloco.aggregation = o.streaming.aggregation = o.co2.aggregation = o.sparseloco.aggregation = o.muloco.aggregation = o.ddp_aggregation = agg;
+  o.diloco.token_weighted = o.streaming.token_weighted = o.sparseloco.token_weighted = o.muloco.token_weighted = c.outer.round_budget == "time";
 
   o.noloco.inner_steps = c.noloco.inner_steps;
   o.noloco.outer_lr = c.noloco.outer_lr;

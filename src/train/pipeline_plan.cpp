@@ -53,8 +53,10 @@ double measure_stage_forward_s(const RunConfig& c, int runs) {
 Status check_pipeline_shape(const RunConfig& c) {
   const auto& p = c.pipeline;
   if (c.model.kind != "gpt") return error(ErrorCode::kInvalidArgument, "pipelines cut the built-in GPT into stages: set model.kind = gpt");
-  if (c.train.optimizer != "adamw") {
-    return error(ErrorCode::kInvalidArgument, "a pipeline's stages train with AdamW: train.optimizer = " + c.train.optimizer + " is for data-parallel runs; drop it");
+  if (muon_inner(c)) {
+    return error(ErrorCode::kInvalidArgument, "a pipeline's stages train with AdamW: " +
+                                                  std::string(c.train.optimizer == "muon" ? "train.optimizer = muon" : "outer.method = muloco (Muon's inner steps)") +
+                                                  " is for data-parallel runs; drop it");
   }
   if (c.model.layers % p.stages != 0) {
     return error(ErrorCode::kInvalidArgument,

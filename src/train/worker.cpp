@@ -108,10 +108,10 @@ struct Worker::Impl {
         eval_set(data::validation_batches(d.val(), c.train.batch_size, c.model.context, c.train.eval_batches)) {
     std::vector<torch::Tensor> adam_params, muon_params;
     for (const auto& p : model->named_parameters()) {
-      (c.train.optimizer == "muon" && muon_steps(p, c) ? muon_params : adam_params).push_back(p.tensor);
+      (muon_inner(c) && muon_steps(p, c) ? muon_params : adam_params).push_back(p.tensor);
     }
     optimizer = make_adamw(adam_params, c.train);
-    if (c.train.optimizer == "muon") {
+    if (muon_inner(c)) {
       optim::MuonOptions mo;
       mo.lr = c.train.muon_lr;
       mo.momentum = c.train.muon_momentum;

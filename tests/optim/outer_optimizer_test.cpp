@@ -40,6 +40,9 @@ OuterConfig config(const std::string& method) {
   c.noloco.inner_steps = 2;
   c.co2.inner_steps = 2;
   c.sparseloco.inner_steps = 2;
+  c.muloco.inner_steps = 2;
+  c.muloco.error_feedback = true;
+  c.muloco.codec.codec = quant::CodecId::kInt2;
   c.streaming.inner_steps = 4;
   c.streaming.overlap = 1;
   c.fragments.fragments = 2;
@@ -137,7 +140,7 @@ TEST_CASE("flatten, flatten_into and write_flat move parameters in order, in pla
   CHECK_THROWS(optim::write_flat(out, torch::zeros({24})));
 }
 
-TEST_CASE("diloco, streaming_diloco and sparseloco evaluate their outer weights and give the model its own back") {
+TEST_CASE("diloco, streaming_diloco, sparseloco and muloco evaluate their outer weights and give the model its own back") {
   for (const auto& method : outer_methods()) {
     CAPTURE(method);
     auto blocks = toy(1.0f);
@@ -159,7 +162,7 @@ TEST_CASE("diloco, streaming_diloco and sparseloco evaluate their outer weights 
       return 42.0;
     });
     CHECK(v == 42.0);
-    const bool outer = method == "diloco" || method == "streaming_diloco" || method == "sparseloco";
+    const bool outer = method == "diloco" || method == "streaming_diloco" || method == "sparseloco" || method == "muloco";
     CHECK(torch::equal(seen, outer ? start : local));
     CHECK(torch::equal(optim::flatten(params), local));  // the model's own weights are back
     // ...also when the evaluation throws.
@@ -226,7 +229,7 @@ TEST_CASE("outer state on the training device runs the same rounds as in host me
   std::vector<at::Device> devices = {at::kCPU};
   if (torch::cuda::is_available()) devices.emplace_back(at::kCUDA, 0);
   for (const at::Device device : devices) {
-    for (const std::string method : {"diloco", "streaming_diloco", "noloco", "co2", "sparseloco"}) {
+    for (const std::string method : {"diloco", "streaming_diloco", "noloco", "co2", "sparseloco", "muloco"}) {
       CAPTURE(method);
       CAPTURE(device.str());
       const TwoRanks host = two_ranks(method, device, at::kCPU), on_device = two_ranks(method, device, device);
@@ -256,7 +259,7 @@ TEST_CASE("outer state on the training device runs the same rounds as in host me
 }
 
 TEST_CASE("catch-up: a newcomer given a member's state of an earlier round and the updates since ends bit-identical to it") {
-  for (const std::string method : {"diloco", "streaming_diloco", "noloco", "co2", "sparseloco"}) {
+  for (const std::string method : {"diloco", "streaming_diloco", "noloco", "co2", "sparseloco", "muloco"}) {
     CAPTURE(method);
     OuterConfig cfg = config(method);
     if (method == "noloco") cfg.noloco.outer_lr_gamma = 0.4;  // beta != gamma: both means travel and are replayed
@@ -306,8 +309,8 @@ TEST_CASE("catch-up: a newcomer given a member's state of an earlier round and t
     }
     CHECK(replayed >= 2);
     Bytes caught_up = newcomer->outer->save();
-    if (method == "sparseloco") {
-      // The accumulator is the donor's own and stays behind: the donor's state without it.
+    if (method == "sparseloco" || method == "muloco") {
+      // The accumulator (MuLoCo: the error residual) is the donor's own and stays behind: the donor's state without it.
       auto donor_blocks = toy(0.0f);
       auto donor = make_outer_optimizer(cfg, donor_blocks, mesh(1)[0]);
       REQUIRE(donor.ok());

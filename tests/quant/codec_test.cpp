@@ -18,7 +18,7 @@ using namespace gossamer::quant;
 namespace {
 
 const std::vector<CodecId> kAll = {CodecId::kFp32,    CodecId::kBf16,    CodecId::kInt8,    CodecId::kFp8E4M3, CodecId::kFp8E5M2,
-                                   CodecId::kFp16,    CodecId::kInt4,    CodecId::kFp4E3M0, CodecId::kFp4E2M1};
+                                   CodecId::kFp16,    CodecId::kInt4,    CodecId::kFp4E3M0, CodecId::kFp4E2M1, CodecId::kInt2};
 
 EncodeOptions opts(CodecId c, std::uint32_t block = 128) {
   EncodeOptions o;
@@ -85,8 +85,8 @@ TEST_CASE("decoding every code of every scaled codec gives its table value times
   // put 4-bit blocks on odd nibbles.
   for (CodecId c : kAll) {
     if (traits(c).bits > 8 || c == CodecId::kBf16) continue;
-    const bool four_bit = traits(c).bits == 4;
-    const std::size_t codes_n = four_bit ? 16 : 256;
+    const int bits = traits(c).bits;
+    const std::size_t codes_n = std::size_t{1} << bits, per_byte = static_cast<std::size_t>(8 / bits);
     const float* table = kernels::code_values(c);
     for (std::uint32_t block : {7u, 128u}) {
       CAPTURE(traits(c).name);
@@ -100,11 +100,7 @@ TEST_CASE("decoding every code of every scaled codec gives its table value times
       std::vector<std::uint32_t> code(n);
       for (std::size_t i = 0; i < n; ++i) {
         code[i] = static_cast<std::uint32_t>((i * 37 + 11) % codes_n);
-        if (four_bit) {
-          packed[i / 2] = static_cast<std::uint8_t>(packed[i / 2] | (code[i] << (4 * (i % 2))));
-        } else {
-          packed[i] = static_cast<std::uint8_t>(code[i]);
-        }
+        packed[i / per_byte] = static_cast<std::uint8_t>(packed[i / per_byte] | (code[i] << (bits * (i % per_byte))));
       }
       bool any_invalid = false;
       for (std::size_t i = 0; i < n; ++i) any_invalid = any_invalid || std::isnan(table[code[i]]);
@@ -150,6 +146,9 @@ TEST_CASE("relative RMSE stays within each codec's budget (docs/quant.md)") {
       {CodecId::kFp32, 0.0, 0.0},        {CodecId::kBf16, 2.2e-3, 2.2e-3},    {CodecId::kFp16, 2.8e-4, 2.8e-4},
       {CodecId::kInt8, 9.0e-3, 2.5e-2},  {CodecId::kFp8E4M3, 3.3e-2, 2.1e-2}, {CodecId::kFp8E5M2, 6.5e-2, 4.2e-2},
       {CodecId::kInt4, 1.5e-1, 2.4e-1},  {CodecId::kFp4E2M1, 1.4e-1, 1.8e-1}, {CodecId::kFp4E3M0, 2.5e-1, 1.55e-1},
+      // int2 clips at 2 RMS on purpose (error feedback carries the rest): near the best 4-level
+      // quantizer of a Gaussian (0.343), far from it on heavy tails.
+      {CodecId::kInt2, 3.5e-1, 9.0e-1},
   };
   const at::Tensor g = gaussian({1 << 16}, 1), h = heavy_tailed(1 << 16, 2);
   for (const auto& b : budgets) {
@@ -170,11 +169,19 @@ TEST_CASE("values exactly representable in a format survive bit-exactly") {
     at::Tensor x = torch::empty({n});
     auto* p = x.data_ptr<float>();
     const CodecTraits& t = traits(c);
-    if (t.scaled) {
+    if (c == CodecId::kInt2) {
+      // Its scale is the block's RMS: 24 of every 64 values at +-1.5 and 40 at +-0.5 make it exactly 1
+      // level unit (24 x 2.25 + 40 x 0.25 = 64), here 2^-3.
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float sign = rng() % 2 == 0 ? 1.0f : -1.0f;
+        p[i] = sign * (i % 64 < 24 ? 1.5f : 0.5f) * 0.125f;
+      }
+      CHECK(torch::equal(x, roundtrip(x, opts(c, 64))));
+    } else if (t.scaled) {
       // Block of 64 with scale 2^-3: every element is a code's value times the scale, and each block
       // holds the largest magnitude so that absmax / max_magnitude is exactly the scale.
       const float* values = kernels::code_values(c);
-      const int codes = t.bits == 4 ? 16 : 256;
+      const int codes = 1 << t.bits;
       for (std::int64_t i = 0; i < n; ++i) {
         float v;
         do v = values[rng() % static_cast<unsigned>(codes)];
@@ -245,6 +252,32 @@ TEST_CASE("stochastic rounding is unbiased and reproducible") {
     o.seed = 77;
     CHECK(torch::equal(roundtrip(x, o), roundtrip(x, o)));
   }
+}
+
+TEST_CASE("int2: four levels at +-0.5 and +-1.5 block RMS, stochastic rounding unbiased inside them") {
+  // Nearest: in units of the block's RMS (2.22 x r here) the values are 0.27, 1.08, 2.43 (clipped),
+  // -0.18, -0.9 and 0, and their levels 0.5, 1.5, 1.5, -0.5, -0.5 and 0.5.
+  const float r = 2.0f;
+  at::Tensor x = torch::tensor({0.3f, 1.2f, 2.7f, -0.2f, -1.0f, 0.0f, 0.0f, 0.0f}) * r;
+  const float rms = std::sqrt((x * x).mean().item<float>());
+  const at::Tensor y = roundtrip(x, opts(CodecId::kInt2, 8));
+  const at::Tensor levels = torch::tensor({0.5f, 1.5f, 1.5f, -0.5f, -0.5f, 0.5f, 0.5f, 0.5f}) * rms;
+  CHECK(torch::allclose(y, levels, 1e-6, 1e-6));
+  CHECK(encode(x, opts(CodecId::kInt2, 8)).size() - encode(torch::zeros({0}), opts(CodecId::kInt2, 8)).size() == 4 + 2);  // a scale, 8 codes in 2 bytes
+  // Stochastic: values within +-1.5 RMS average to themselves.
+  at::Tensor z = gaussian({512}, 6).clamp(-1.0, 1.0);
+  EncodeOptions o = opts(CodecId::kInt2, 64);
+  o.rounding = Rounding::kStochastic;
+  at::Tensor sum = torch::zeros({512}, torch::kDouble);
+  const int trials = 2000;
+  for (int s = 0; s < trials; ++s) {
+    o.seed = static_cast<std::uint64_t>(s);
+    sum += roundtrip(z, o).to(torch::kDouble);
+  }
+  const double bias = (sum / trials - z.to(torch::kDouble)).abs().mean().item<double>();
+  const double rn = (roundtrip(z, opts(CodecId::kInt2, 64)) - z).abs().mean().item<double>();
+  INFO("mean |bias| " << bias << ", round-to-nearest mean |error| " << rn);
+  CHECK(bias < 0.1 * rn);
 }
 
 TEST_CASE("payloads describe themselves: dtype, shape and codec come back from the bytes") {

@@ -110,7 +110,7 @@ sim_agrees() {
 # its average one round late, SparseLoCo all-gathering its sparse payloads, ddp averaging every step over
 # our all-reduce).
 METHOD_SETS=(--set model.layers=2 --set train.eval_every=10 --set streaming_diloco.fragment_layers=1 --set streaming_diloco.inner_steps=10
-             --set co2.inner_steps=10 --set sparseloco.inner_steps=10)
+             --set co2.inner_steps=10 --set sparseloco.inner_steps=10 --set muloco.inner_steps=10)
 curve_of() { grep val_loss "$1" | sed -n 's/.*"step":\([0-9]*\).*"val_loss":\([0-9.e+-]*\).*/\1 \2/p'; }
 # Runs 4 real peers of method $1 in $2 (extra arguments go to every peer); prints shard 0's curve.
 real_curve() {
@@ -124,7 +124,7 @@ real_curve() {
 }
 methods() {
   local m
-  for m in streaming_diloco co2 sparseloco ddp; do
+  for m in streaming_diloco co2 sparseloco muloco ddp; do
     local d=$WORK/methods/$m
     mkdir -p "$d"
     "$G" sim "${SETS[@]}" "${METHOD_SETS[@]}" --set outer.method=$m --set sim.workers=4 --out "$d/sim" > "$d/sim.log" 2>&1 || { fail "methods: the $m simulation failed"; continue; }

@@ -23,6 +23,7 @@ train::RunConfig tiny(const std::string& method) {
   c.noloco.inner_steps = 6;
   c.co2.inner_steps = 6;
   c.sparseloco.inner_steps = 6;
+  c.muloco.inner_steps = 6;
   c.streaming_diloco.inner_steps = 6;
   c.streaming_diloco.fragment_layers = 1;
   return c;
@@ -47,7 +48,7 @@ TEST_CASE("a seeded simulation reruns bit-identically: metrics and final paramet
 }
 
 TEST_CASE("every method trains in the simulator and accounts its bytes and time") {
-  for (const char* method : {"ddp", "diloco", "streaming_diloco", "noloco", "co2", "local", "sparseloco"}) {
+  for (const char* method : {"ddp", "diloco", "streaming_diloco", "noloco", "co2", "local", "sparseloco", "muloco"}) {
     CAPTURE(method);
     const auto r = run(tiny(method));
     REQUIRE(r.accounts.size() == 3);
@@ -106,7 +107,7 @@ TEST_CASE("a crashed worker stops contributing and the rest go on") {
 }
 
 TEST_CASE("after a crash every method goes on synchronizing over the survivors") {
-  for (const char* method : {"ddp", "streaming_diloco", "noloco", "co2", "sparseloco"}) {
+  for (const char* method : {"ddp", "streaming_diloco", "noloco", "co2", "sparseloco", "muloco"}) {
     CAPTURE(method);
     auto c = tiny(method);
     c.sim.crash_worker = 1;
@@ -213,7 +214,7 @@ TEST_CASE("sites: workers in contiguous blocks behind a shared link that slows t
 }
 
 TEST_CASE("a late joiner learns the run over gossip, fetches the members' state, takes part from a round boundary and then holds the group's weights") {
-  for (const std::string method : {"diloco", "ddp", "streaming_diloco", "noloco", "co2", "sparseloco"}) {
+  for (const std::string method : {"diloco", "ddp", "streaming_diloco", "noloco", "co2", "sparseloco", "muloco"}) {
     CAPTURE(method);
     auto c = tiny(method);
     c.sim.workers = 4;  // even once it is in: NoLoCo pairs everyone every round
@@ -248,7 +249,7 @@ TEST_CASE("a late joiner learns the run over gossip, fetches the members' state,
     bool newcomer_recorded_early = false;
     for (const auto& rec : r.records) newcomer_recorded_early = newcomer_recorded_early || (rec["worker"] == 3 && rec["step"].get<int>() <= 24 - trained);
     CHECK_FALSE(newcomer_recorded_early);
-    if (method == "diloco" || method == "ddp" || method == "co2" || method == "sparseloco") {
+    if (method == "diloco" || method == "ddp" || method == "co2" || method == "sparseloco" || method == "muloco") {
       // After the last round every member, the newcomer included, holds the same bits (CO2's
       // average in flight went with the state and stayed with the members across the join), and
       // joining at a round boundary cut no round short.
