@@ -84,6 +84,26 @@ Result<bool> SparseLoCo::step(std::int64_t inner_steps_done, Deadline deadline) 
   }
   // e <- beta e + (outer - local), on the host where the payload is made; committed only on success.
   at::Tensor e = (state_.momentum * options_.error_decay + delta).to(at::kCPU).contiguous();
+  // The round's mean goes to the outer weights (the accumulator is already updated).
+  auto apply = [&](const at::Tensor& mean) {
+    if (sink_) sink_(inner_steps_done, mean);
+    state_.outer.sub_(mean.to(options_.state_device) * options_.outer_lr);
+    write_flat(params_, state_.outer);
+    ++state_.rounds;
+    if (weights) {
+      fastest_step_s_ = weights->fastest_step_seconds();
+      round_steps_ = steps_by_rank(*weights);
+    }
+    meter_.merged();
+    return true;
+  };
+  if (options_.last_step > 0 && inner_steps_done + options_.inner_steps > options_.last_step) {
+    at::Tensor mean;
+    const Status st = flush(e, mean, tag, deadline, stats);
+    comm_ += stats;
+    if (!st.ok()) return st.with_context("SparseLoCo's last round (the accumulators flushed)");
+    return apply(mean);
+  }
   at::Tensor sent = torch::empty({n}, torch::kFloat);  // c_r as every receiver decodes it
   Bytes mine;
   const bool finite = e.isfinite().all().item<bool>();
@@ -125,16 +145,23 @@ Result<bool> SparseLoCo::step(std::int64_t inner_steps_done, Deadline deadline) 
   // e <- e - c_r; an accumulator that went non-finite (this replica abstained) starts afresh, or it
   // would abstain in every round after.
   state_.momentum = finite ? (e - sent).to(options_.state_device) : torch::zeros_like(state_.outer);
-  if (sink_) sink_(inner_steps_done, sum);
-  state_.outer.sub_(sum.to(options_.state_device) * options_.outer_lr);
-  write_flat(params_, state_.outer);
-  ++state_.rounds;
-  if (weights) {
-    fastest_step_s_ = weights->fastest_step_seconds();
-    round_steps_ = steps_by_rank(*weights);
+  return apply(sum);
+}
+
+Status SparseLoCo::flush(const at::Tensor& e, at::Tensor& mean, transport::Tag tag, Deadline deadline, CommStats& stats) {
+  const bool finite = e.isfinite().all().item<bool>();
+  at::Tensor sent;
+  if (finite) {
+    sent = allreduce_contribution(e, group_.size, options_.flush_codec);
+    mean = sent.clone();
+  } else {
+    mean = e.clone();  // left to the all-reduce's rule (kFiltered: this rank abstains)
   }
-  meter_.merged();
-  return true;
+  if (Status st = allreduce_mean(group_, mean, options_.flush_codec, tag, deadline, &stats, kAllreduceSegmentValues, options_.aggregation); !st.ok()) {
+    return st;
+  }
+  state_.momentum = finite ? (e - sent).to(options_.state_device) : torch::zeros_like(state_.outer);
+  return Status();
 }
 
 Bytes SparseLoCo::save_shared() const {

@@ -15,7 +15,7 @@ Result<RoundSchedule> round_schedule(const train::RunConfig& c, const optim::Out
     case optim::Method::kDiLoCo: return RoundSchedule{c.diloco.inner_steps, 0};
     case optim::Method::kNoLoCo: return RoundSchedule{c.noloco.inner_steps, 0};
     case optim::Method::kCO2: return RoundSchedule{c.co2.inner_steps, 0};
-    case optim::Method::kSparseLoCo: return RoundSchedule{c.sparseloco.inner_steps, 0};
+    case optim::Method::kSparseLoCo: return RoundSchedule{train::sparseloco_period(c), 0};
     case optim::Method::kMuLoCo: return RoundSchedule{c.muloco.inner_steps, 0};
     case optim::Method::kDdp: return RoundSchedule{c.ddp.round_steps, -1};
     case optim::Method::kStreamingDiLoCo:

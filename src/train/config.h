@@ -163,11 +163,16 @@ struct MuLoCoSection {
   double error_decay = 0.9;
 };
 struct SparseLoCoSection {
-  std::int64_t inner_steps = 50;
+  // H; 0: by the rule of train/outer.h (sparseloco_period): Covenant's 30, shortened on short runs.
+  std::int64_t inner_steps = 0;
   double outer_lr = 1.0;
   double error_decay = 0.95;
   std::int64_t chunk = 4096;  // values per chunk of the pseudo-gradient
   std::int64_t topk = 64;     // values kept per chunk (64 of 4096: 1.56%)
+  // "none": the last round is like the others, and what the accumulators still hold at the end is
+  // left out of the model; a codec: the last round all-reduces the whole accumulator in it
+  // (optim/sparseloco.h). Off by default: on the text benchmark the flush overshot (docs/methods.md).
+  std::string flush_codec = "none";
 };
 
 // Joining a run under way (docs/joining.md): what donors keep for newcomers and how fast they serve.

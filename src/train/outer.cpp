@@ -42,7 +42,7 @@ Status check_synchronizes(const RunConfig& c, optim::Method method, std::int64_t
     case optim::Method::kDiLoCo: first = c.diloco.inner_steps, key = "diloco.inner_steps"; break;
     case optim::Method::kNoLoCo: first = c.noloco.inner_steps, key = "noloco.inner_steps"; break;
     case optim::Method::kCO2: first = c.co2.inner_steps, key = "co2.inner_steps"; break;
-    case optim::Method::kSparseLoCo: first = c.sparseloco.inner_steps, key = "sparseloco.inner_steps"; break;
+    case optim::Method::kSparseLoCo: first = sparseloco_period(c), key = "sparseloco.inner_steps"; break;
     case optim::Method::kMuLoCo: first = c.muloco.inner_steps, key = "muloco.inner_steps"; break;
     case optim::Method::kStreamingDiLoCo:
       first = c.streaming_diloco.inner_steps / std::max<std::int64_t>(1, fragments), key = "streaming_diloco.inner_steps";
@@ -75,12 +75,19 @@ std::vector<std::string> config_warnings(const RunConfig& c) {
   return out;
 }
 
+std::int64_t sparseloco_period(const RunConfig& c) {
+  if (c.sparseloco.inner_steps > 0) return c.sparseloco.inner_steps;
+  constexpr std::int64_t kCovenantPeriod = 30, kDrains = 3;
+  const std::int64_t drain_rounds = (c.sparseloco.chunk + c.sparseloco.topk - 1) / std::max<std::int64_t>(1, c.sparseloco.topk);
+  return std::clamp<std::int64_t>(c.train.steps / (kDrains * drain_rounds), 1, kCovenantPeriod);
+}
+
 std::int64_t budget_period(const RunConfig& c) {
   if (c.outer.round_budget != "time") return 0;
   switch (method_of(c)) {
     case optim::Method::kDiLoCo: return c.diloco.inner_steps;
     case optim::Method::kStreamingDiLoCo: return c.streaming_diloco.inner_steps;
-    case optim::Method::kSparseLoCo: return c.sparseloco.inner_steps;
+    case optim::Method::kSparseLoCo: return sparseloco_period(c);
     case optim::Method::kMuLoCo: return c.muloco.inner_steps;
     default: return 0;
   }
@@ -181,11 +188,17 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   o.co2.clip_threshold = c.co2.clip_threshold > 0 ? c.co2.clip_threshold : 1.0;
   o.co2.codec = *co2_codec;
 
-  o.sparseloco.inner_steps = c.sparseloco.inner_steps;
+  o.sparseloco.inner_steps = sparseloco_period(c);
   o.sparseloco.outer_lr = c.sparseloco.outer_lr;
   o.sparseloco.error_decay = c.sparseloco.error_decay;
   o.sparseloco.sparse.chunk = static_cast<std::uint32_t>(c.sparseloco.chunk);
   o.sparseloco.sparse.topk = static_cast<std::uint32_t>(c.sparseloco.topk);
+  if (c.sparseloco.flush_codec != "none") {
+    auto flush = codec(c.sparseloco.flush_codec, block, "sparseloco.flush_codec");
+    if (!flush.ok()) return flush.status();
+    o.sparseloco.flush_codec = *flush;
+    o.sparseloco.last_step = c.train.steps;
+  }
   return o;
 }
 

@@ -38,6 +38,11 @@ std::vector<std::string> config_warnings(const RunConfig& config);
 // LoopOptions::budget_period for the config: the method's inner steps under outer.round_budget =
 // "time" (diloco, streaming_diloco, sparseloco), else 0.
 std::int64_t budget_period(const RunConfig& config);
+// SparseLoCo's H: sparseloco.inner_steps, or when it is 0 the rule (docs/methods.md): Covenant-72B's
+// deployed 30, shortened so that the run has at least three times the rounds an accumulator takes to
+// drain (chunk / topk rounds: a round sends topk of every chunk values),
+// min(30, train.steps / (3 x ceil(chunk / topk))), at least 1.
+std::int64_t sparseloco_period(const RunConfig& config);
 std::vector<optim::ParamBlock> param_blocks(const model::LanguageModel& model);
 
 // What one worker spent and sent so far.

@@ -277,3 +277,48 @@ TEST_CASE("a SparseLoCo replica whose pseudo-gradient holds NaN abstains under f
   }
   CHECK(opt[2]->accumulator().abs().sum().item<float>() > 0);  // its round-2 residual: it took part
 }
+
+TEST_CASE("SparseLoCo's last round flushes the accumulators: everything computed reaches the outer weights") {
+  const int m = 2;
+  const std::int64_t n = 64;
+  for (const quant::CodecId flush : {quant::CodecId::kFp32, quant::CodecId::kFp4E2M1}) {
+    CAPTURE(static_cast<int>(flush));
+    auto groups = mesh(m);
+    SparseLoCoOptions o;
+    o.inner_steps = 2;
+    o.outer_lr = 1.0;
+    o.error_decay = 1.0;
+    o.sparse.chunk = 16;
+    o.sparse.topk = 2;  // most of each Delta stays behind in the sparse rounds
+    o.last_step = 7;    // rounds at 2, 4 and 6: the one at 6 is the last (8 is past the run)
+    o.flush_codec.codec = flush;
+    std::vector<std::vector<at::Tensor>> params = {{torch::zeros({n})}, {torch::zeros({n})}};
+    std::vector<std::unique_ptr<SparseLoCo>> opt(m);
+    for (std::size_t r = 0; r < 2; ++r) opt[r] = std::make_unique<SparseLoCo>(params[r], groups[r], o);
+    std::vector<double> held_before_last(m);
+    on_ranks(m, [&](int r) {
+      const auto i = static_cast<std::size_t>(r);
+      for (std::int64_t s = 1; s <= 7; ++s) {
+        params[i][0].sub_(torch::linspace(-1.0, 1.0, n) * static_cast<float>(r + 1) * 0.5f);  // a fixed step per inner step
+        if (s == 6) held_before_last[i] = opt[i]->accumulator().abs().sum().item<double>();
+        auto did = opt[i]->step(s, in(5s));
+        REQUIRE(did.ok());
+        CHECK(*did == (s % 2 == 0 && s <= 6));
+      }
+    });
+    CHECK(held_before_last[0] > 0);  // the sparse rounds left most of it behind
+    // Six steps of each rank's fixed step, averaged over the two ranks: 6 x 0.5 x 1.5 x linspace.
+    const at::Tensor all = -torch::linspace(-1.0, 1.0, n) * 4.5f;
+    if (flush == quant::CodecId::kFp32) {
+      for (std::size_t r = 0; r < 2; ++r) {
+        CHECK(opt[r]->accumulator().abs().max().item<float>() < 1e-5f);
+        CHECK(torch::allclose(opt[r]->outer_weights(), all, 0, 1e-4));
+      }
+    } else {
+      // fp4 leaves its own rounding behind, a small share of what was held.
+      CHECK(opt[0]->accumulator().abs().sum().item<double>() < 0.2 * held_before_last[0]);
+      CHECK((opt[0]->outer_weights() - all).abs().max().item<float>() < 0.2f * all.abs().max().item<float>());
+    }
+    CHECK(torch::equal(opt[0]->outer_weights(), opt[1]->outer_weights()));
+  }
+}

@@ -53,6 +53,37 @@ TEST_CASE("round schedule from a config: the method's period, and local refused"
   CHECK(s.status().code() == ErrorCode::kInvalidArgument);
 }
 
+TEST_CASE("sparseloco's period by rule: Covenant's 30, shortened to leave three accumulator drains on short runs") {
+  train::RunConfig c;
+  c.outer.method = "sparseloco";
+  c.sparseloco.inner_steps = 0;
+  c.sparseloco.chunk = 4096;
+  c.sparseloco.topk = 64;  // a drain: 64 rounds; three: 192
+  c.sparseloco.flush_codec = "fp4_e2m1";
+  const std::vector<std::pair<std::int64_t, std::int64_t>> by_steps = {{3000, 15}, {9000, 30}, {100000, 30}, {600, 3}, {100, 1}};
+  for (const auto& [steps, period] : by_steps) {
+    CAPTURE(steps);
+    c.train.steps = steps;
+    CHECK(train::sparseloco_period(c) == period);
+    auto outer = train::outer_config(c);
+    REQUIRE(outer.ok());
+    CHECK(outer->sparseloco.inner_steps == period);
+    CHECK(outer->sparseloco.last_step == steps);  // the last round flushes
+    auto s = round_schedule(c, *outer);
+    REQUIRE(s.ok());
+    CHECK(s->period == period);
+  }
+  c.train.steps = 3000;
+  c.sparseloco.topk = 128;  // half the drain: rounds can be twice as long
+  CHECK(train::sparseloco_period(c) == 30);
+  c.sparseloco.inner_steps = 25;  // set: taken as it is
+  CHECK(train::sparseloco_period(c) == 25);
+  c.sparseloco.flush_codec = "none";
+  auto outer = train::outer_config(c);
+  REQUIRE(outer.ok());
+  CHECK(outer->sparseloco.last_step == 0);
+}
+
 TEST_CASE("shared state: parameters and outer state round-trip, and wrong sizes and non-finite values are refused") {
   train::RunConfig c;
   c.outer.method = "diloco";

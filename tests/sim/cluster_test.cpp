@@ -76,7 +76,7 @@ TEST_CASE("ddp sends every step what diloco sends once per round") {
   CHECK(ratio == doctest::Approx(6.0).epsilon(0.02));  // H = 6: same payload, 6 times as often
 }
 
-TEST_CASE("sparseloco sends each round one sparse payload to each other worker") {
+TEST_CASE("sparseloco sends each round one sparse payload to each other worker, and its last round flushes the accumulators") {
   const auto r = run(tiny("sparseloco"));
   const auto n = static_cast<std::uint64_t>(r.final_params[0].numel());
   const double payload = static_cast<double>(quant::sparse_payload_bytes(n, quant::SparseOptions{}) + transport::kFrameHeaderBytes);
@@ -86,6 +86,17 @@ TEST_CASE("sparseloco sends each round one sparse payload to each other worker")
   }
   const auto ddp = run(tiny("ddp"));
   CHECK(link_bytes(ddp.accounts[0]) > 50 * link_bytes(r.accounts[0]));
+  // With a flush codec the last round all-reduces the whole accumulator in it (fp4: 4.25 bits a
+  // value, 2 x 2/3 of them sent by each of 3 workers) in place of its sparse payloads.
+  auto c = tiny("sparseloco");
+  c.sparseloco.flush_codec = "fp4_e2m1";
+  const auto flushed = run(c);
+  const double fp4 = 2.0 * 2.0 / 3.0 * static_cast<double>(n) * 4.25 / 8.0;
+  for (std::size_t w = 0; w < 3; ++w) {
+    CHECK(flushed.accounts[w].rounds == 4);
+    CHECK(link_bytes(flushed.accounts[w]) - link_bytes(r.accounts[w]) == doctest::Approx(fp4 - 2 * payload).epsilon(0.05));
+  }
+  CHECK(torch::equal(flushed.final_params[0], flushed.final_params[2]));
 }
 
 TEST_CASE("a crashed worker stops contributing and the rest go on") {
