@@ -58,11 +58,12 @@ Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
   // Error feedback: the round sends the codec's image of the carried residual; the residual changes
   // only once the round went through (a failed round changes nothing). A non-finite Delta is left to
   // the all-reduce's rule and never enters the residual.
+  // The all-reduce encodes `carried` itself: re-encoding its codec image would not give the same
+  // bytes (int2's scale is the block's RMS, which quantizing changes).
   at::Tensor carried;
   if (options_.error_feedback && torch::isfinite(delta).all().item<bool>()) {
-    carried = residual_ * options_.error_decay + delta;
-    delta = allreduce_contribution(carried, group_.size, options_.codec).to(options_.state_device).view_as(carried);
-    carried.sub_(delta);
+    delta = residual_ * options_.error_decay + delta;
+    carried = delta - allreduce_contribution(delta, group_.size, options_.codec).to(options_.state_device).view_as(delta);
   }
   const Status st = allreduce_mean(group_, delta, options_.codec, tag, deadline, &stats, kAllreduceSegmentValues, options_.aggregation);
   comm_ += stats;  // a failed round's bytes were sent all the same

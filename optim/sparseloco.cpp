@@ -149,14 +149,10 @@ Result<bool> SparseLoCo::step(std::int64_t inner_steps_done, Deadline deadline) 
 }
 
 Status SparseLoCo::flush(const at::Tensor& e, at::Tensor& mean, transport::Tag tag, Deadline deadline, CommStats& stats) {
+  // The all-reduce encodes e itself (non-finite: left to its rule; kFiltered: this rank abstains).
   const bool finite = e.isfinite().all().item<bool>();
-  at::Tensor sent;
-  if (finite) {
-    sent = allreduce_contribution(e, group_.size, options_.flush_codec);
-    mean = sent.clone();
-  } else {
-    mean = e.clone();  // left to the all-reduce's rule (kFiltered: this rank abstains)
-  }
+  const at::Tensor sent = finite ? allreduce_contribution(e, group_.size, options_.flush_codec) : at::Tensor();
+  mean = e.clone();
   if (Status st = allreduce_mean(group_, mean, options_.flush_codec, tag, deadline, &stats, kAllreduceSegmentValues, options_.aggregation); !st.ok()) {
     return st;
   }

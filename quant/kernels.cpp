@@ -395,7 +395,6 @@ const float* code_values(CodecId codec) {
   return nullptr;
 }
 
-// Compiled twice, for AVX2 and for baseline x86-64; the loader picks the one the CPU runs.
 namespace {
 
 // int2 (format.h): the block's scale is its RMS, as stored; code = clamp(floor(x / scale) + 2, 0, 3)
@@ -411,11 +410,10 @@ bool encode_int2(const float* x, std::size_t n, std::uint32_t block, ScaleFormat
   for (std::size_t start = 0, b = 0; start < n; start += block, ++b) {
     const std::size_t len = std::min<std::size_t>(block, n - start);
     const float* xb = x + start;
-    (void)block_absmax(xb, len, finite);
-    double squares = 0.0;
+    double squares = 0.0;  // in double: no finite float's square overflows it, so NaN or Inf shows here
     for (std::size_t i = 0; i < len; ++i) squares += static_cast<double>(xb[i]) * xb[i];
+    if (!std::isfinite(squares)) finite = false;
     float scale = static_cast<float>(std::sqrt(squares / static_cast<double>(len)));
-    if (!(scale <= FLT_MAX)) scale = FLT_MAX;  // a block of huge values: clipped like any other
     if (scale_format == ScaleFormat::kBf16) scale = bf16_to_float(float_to_bf16(scale));
     store_scale(scale_format, scale, scales + b * sb);
     const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
@@ -432,6 +430,7 @@ bool encode_int2(const float* x, std::size_t n, std::uint32_t block, ScaleFormat
 
 }  // namespace
 
+// Compiled twice, for AVX2 and for baseline x86-64; the loader picks the one the CPU runs.
 [[gnu::target_clones("avx2", "default")]] bool encode_scaled(CodecId codec, const float* x, std::size_t n, std::uint32_t block, ScaleFormat scale_format,
                    Rounding rounding, std::uint64_t seed, std::uint8_t* scales, std::uint8_t* codes) {
   if (codec == CodecId::kInt2) return encode_int2(x, n, block, scale_format, rounding, seed, scales, codes);

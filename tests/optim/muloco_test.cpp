@@ -73,7 +73,9 @@ TEST_CASE("MuLoCo's error feedback: the residual holds exactly what the codec ha
     pushed[static_cast<std::size_t>(r)] = torch::zeros({40});
   }
   const int rounds = 6;
+  std::vector<at::Tensor> contribution(m);
   for (int round = 1; round <= rounds; ++round) {
+    const at::Tensor outer_before = opt[0]->outer_weights().clone();
     on_ranks(m, [&](int r) {
       const auto i = static_cast<std::size_t>(r);
       auto& opt_r = *opt[i];
@@ -87,7 +89,12 @@ TEST_CASE("MuLoCo's error feedback: the residual holds exactly what the codec ha
       CHECK(torch::allclose(opt_r.residual(), before + step - expected, 0, 1e-6));
       sent[i] += expected;
       pushed[i] += step;
+      contribution[i] = expected;
     });
+    // The owners decode exactly those contributions, average them and send the mean in the codec
+    // (outer lr 1, no momentum: the outer weights move by it).
+    const at::Tensor mean = allreduce_contribution((contribution[0] + contribution[1]) / 2, m, o.codec);
+    CHECK(torch::allclose(opt[0]->outer_weights(), outer_before - mean, 0, 1e-5));
   }
   for (int r = 0; r < m; ++r) {
     const auto i = static_cast<std::size_t>(r);
