@@ -55,7 +55,9 @@ void Muon::step() {
     at::Tensor& m = momenta_[i];
     m.mul_(beta).add_(g, 1 - beta);
     const at::Tensor direction = options_.nesterov ? g + beta * (m - g) : m;
-    const double scale = std::sqrt(std::max(1.0, static_cast<double>(p.size(0)) / static_cast<double>(p.size(1))));
+    const auto rows = static_cast<double>(p.size(0));
+    const auto cols = static_cast<double>(p.size(1));
+    const double scale = options_.match_adamw ? 0.2 * std::sqrt(std::max(rows, cols)) : std::sqrt(std::max(1.0, rows / cols));
     const at::Tensor update = orthogonalize(direction, options_.ns_steps, dtype);
     if (options_.weight_decay > 0) p.mul_(1 - options_.lr * options_.weight_decay);
     p.add_(update, -options_.lr * scale);

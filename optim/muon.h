@@ -10,8 +10,11 @@
 // Per step, for a matrix W with gradient G (rows r, columns c):
 //   M <- beta M + (1 - beta) G
 //   U <- orthogonalize(G + beta (M - G))  with Nesterov momentum (the default), orthogonalize(M) without
-//   W <- W (1 - lr wd) - lr sqrt(max(1, r / c)) U
-// The scale keeps a tall matrix's per-element step as large as a wide one's. Everything else in a
+//   W <- W (1 - lr wd) - lr s U,  s = sqrt(max(1, r / c))
+// The scale keeps a tall matrix's per-element step as large as a wide one's. With match_adamw,
+// s = 0.2 sqrt(max(r, c)) instead (Liu et al. 2025, "Muon is Scalable for LLM Training"): U's elements
+// have an RMS of about 1 / sqrt(max(r, c)), so every matrix's step has an RMS of 0.2 lr, about an
+// AdamW step's, and Muon runs at AdamW's lr and weight decay, whatever the model's width. Everything else in a
 // model (embeddings, norms, biases, a tied head) is left to AdamW, as the reference does; the split is
 // the caller's (train/worker.cpp chooses which parameters are Muon's).
 //
@@ -38,6 +41,7 @@ struct MuonOptions {
   bool nesterov = true;
   int ns_steps = 5;
   double weight_decay = 0.0;
+  bool match_adamw = false;  // the step's scale 0.2 sqrt(max(r, c)) (above), for AdamW's lr
   bool bf16 = true;  // the Newton-Schulz iteration in bf16 (else fp32)
 };
 

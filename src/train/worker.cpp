@@ -113,7 +113,8 @@ struct Worker::Impl {
     optimizer = make_adamw(adam_params, c.train);
     if (muon_inner(c)) {
       optim::MuonOptions mo;
-      mo.lr = c.train.muon_lr;
+      mo.match_adamw = c.train.muon_lr == 0;
+      mo.lr = mo.match_adamw ? c.train.lr : c.train.muon_lr;
       mo.momentum = c.train.muon_momentum;
       mo.weight_decay = c.train.weight_decay;
       mo.bf16 = device.is_cuda();  // bf16 matrix products are slow on CPUs without bf16 units
@@ -142,7 +143,7 @@ struct Worker::Impl {
   // The lr schedule's rate for this step, on AdamW's groups and, scaled alike, on Muon's.
   void set_lr(double lr) {
     for (auto& group : optimizer->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-    if (muon) muon->set_lr(config.train.muon_lr * (config.train.lr > 0 ? lr / config.train.lr : 1.0));
+    if (muon) muon->set_lr(muon->options().match_adamw ? lr : config.train.muon_lr * (config.train.lr > 0 ? lr / config.train.lr : 1.0));
   }
   void zero_grad() {
     optimizer->zero_grad();

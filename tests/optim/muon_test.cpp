@@ -3,6 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -128,6 +131,34 @@ TEST_CASE("muon: steps lower a least-squares loss, with momentum and weight deca
   REQUIRE(none.ok());
   none->step();
   CHECK(torch::equal(idle.detach(), idle0));
+}
+
+TEST_CASE("muon: with match_adamw a step's RMS is 0.2 lr for every shape, and the decay is lr wd") {
+  torch::manual_seed(9);
+  // Shapes of a transformer's matrices at two widths: square, tall (a fused QKV, an MLP's first
+  // layer) and wide (its second); the reference's scale gives them RMS steps that differ by up to 2x
+  // and shrink with width, Moonlight's gives each 0.2 lr.
+  for (auto [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{{96, 96}, {288, 96}, {384, 96}, {96, 384}, {512, 512}, {512, 2048}}) {
+    CAPTURE(rows);
+    CAPTURE(cols);
+    for (const bool match : {false, true}) {
+      at::Tensor w = torch::randn({rows, cols}, torch::requires_grad());
+      const at::Tensor w0 = w.detach().clone();
+      MuonOptions o;
+      o.lr = 0.003;
+      o.weight_decay = 0.1;
+      o.match_adamw = match;
+      o.bf16 = false;
+      auto muon = Muon::make({w}, o);
+      REQUIRE(muon.ok());
+      w.mutable_grad() = torch::randn({rows, cols});
+      muon->step();
+      const double rms = (w.detach() - w0 * (1 - o.lr * o.weight_decay)).pow(2).mean().sqrt().item<double>();
+      const double reference = o.lr * std::sqrt(std::max(1.0, double(rows) / double(cols))) / std::sqrt(double(std::max(rows, cols)));
+      // Newton-Schulz leaves singular values in about [0.7, 1.2]: the RMS within 30% of its target.
+      CHECK(rms == doctest::Approx(match ? 0.2 * o.lr : reference).epsilon(0.3));
+    }
+  }
 }
 
 TEST_CASE("muon: what it is given is checked") {

@@ -244,15 +244,25 @@ TEST_CASE("Muon as the inner optimizer: it trains, and another optimizer's state
   with_muon.train.optimizer = "muon";
   auto corpus = load_corpus(config);
   REQUIRE(corpus.ok());
-  Worker adam(config, corpus->dataset, 0, 1, real_clock()), muon(with_muon, corpus->dataset, 0, 1, real_clock());
+  RunConfig with_rule = with_muon;  // train.muon_lr = 0: AdamW's lr with Moonlight's scale
+  with_rule.train.muon_lr = 0;
+  Worker adam(config, corpus->dataset, 0, 1, real_clock()), muon(with_muon, corpus->dataset, 0, 1, real_clock()),
+      rule(with_rule, corpus->dataset, 0, 1, real_clock());
   const double start = muon.evaluate();
+  auto flat = [](Worker& w) { return torch::nn::utils::parameters_to_vector(w.model().parameters()).detach().clone(); };
+  const at::Tensor rule_start = flat(rule);
   for (int i = 0; i < 60; ++i) {
     adam.step();
     muon.step();
+    rule.step();
   }
   // From ln(256) = 5.55 nats, well down in 60 steps, as AdamW goes (within a nat of it either way).
   CHECK(muon.evaluate() < start - 1.0);
   CHECK(std::abs(muon.evaluate() - adam.evaluate()) < 1.0);
+  CHECK(rule.evaluate() < start - 1.0);
+  CHECK(std::abs(rule.evaluate() - adam.evaluate()) < 1.0);
+  CHECK_FALSE(torch::equal(flat(rule), flat(muon)));  // another scale, other weights
+  CHECK_FALSE(torch::equal(flat(rule), rule_start));
   // Each state is of its optimizer: the other one's is refused, and changes nothing.
   const Bytes adam_state = adam.optimizer_state(), muon_state = muon.optimizer_state();
   CHECK(muon_state.size() < adam_state.size());  // one buffer per matrix instead of two moments
