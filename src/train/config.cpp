@@ -100,7 +100,7 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"train.beta2", "AdamW beta2", [](RunConfig& c) -> double& { return c.train.beta2; }, 0.0, 0.999999, false},
       FloatKey{"train.eps", "AdamW epsilon", [](RunConfig& c) -> double& { return c.train.eps; }, 0.0, 1.0, true},
       StringKey{"train.optimizer", "inner optimizer: adamw, or muon (the hidden layers' weight matrices by Muon, orthogonalized momentum, at train.muon_lr; embeddings, norms and biases by AdamW at train.lr)", [](RunConfig& c) -> std::string& { return c.train.optimizer; }, {"adamw", "muon"}},
-      FloatKey{"train.muon_lr", "muon: peak learning rate of the weight matrices (the lr schedule scales it as it scales train.lr); 0: AdamW's train.lr and weight decay with Moonlight's scale, every matrix's step of RMS 0.2 lr", [](RunConfig& c) -> double& { return c.train.muon_lr; }, 0.0, 10.0, false},
+      FloatKey{"train.muon_lr", "muon: 0 (the default): the weight matrices at AdamW's train.lr and weight decay with Moonlight's scale, every matrix's step of RMS 0.2 lr; above 0: their peak lr in the reference's form (its 0.02 was set for 768-wide models), scaled by the lr schedule as train.lr is", [](RunConfig& c) -> double& { return c.train.muon_lr; }, 0.0, 10.0, false},
       FloatKey{"train.muon_momentum", "muon: momentum (Nesterov) of the weight matrices", [](RunConfig& c) -> double& { return c.train.muon_momentum; }, 0.0, 0.999999, false},
       FloatKey{"train.grad_clip", "clip the global gradient norm to this; 0 disables", [](RunConfig& c) -> double& { return c.train.grad_clip; }, 0.0, 1e6, false},
       IntKey{"train.eval_every", "evaluate on validation data every k steps (and at the end)", [](RunConfig& c) -> std::int64_t& { return c.train.eval_every; }, 1, 1LL << 40},

@@ -60,9 +60,10 @@ struct TrainSection {
   double eps = 1e-8;
   // The inner optimizer: adamw, or muon (optim/muon.h: the hidden layers' weight matrices by Muon at
   // muon_lr, with muon_momentum; embeddings, norms and biases by AdamW at lr). Both follow the lr
-  // schedule.
+  // schedule. muon_lr 0: Moonlight's scale at lr (every matrix's step of RMS 0.2 lr, as an AdamW
+  // step's); the reference's 0.02 was set for a 768-wide model and stalls small ones on long runs.
   std::string optimizer = "adamw";
-  double muon_lr = 0.02;
+  double muon_lr = 0.0;
   double muon_momentum = 0.95;
   double grad_clip = 1.0;
   std::int64_t eval_every = 50;

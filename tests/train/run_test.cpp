@@ -244,8 +244,9 @@ TEST_CASE("Muon as the inner optimizer: it trains, and another optimizer's state
   with_muon.train.optimizer = "muon";
   auto corpus = load_corpus(config);
   REQUIRE(corpus.ok());
-  RunConfig with_rule = with_muon;  // train.muon_lr = 0: AdamW's lr with Moonlight's scale
-  with_rule.train.muon_lr = 0;
+  RunConfig with_rule = with_muon;  // the default, train.muon_lr = 0: AdamW's lr with Moonlight's scale
+  with_muon.train.muon_lr = 0.02;   // the reference's form and lr
+  CHECK(with_rule.train.muon_lr == 0);
   Worker adam(config, corpus->dataset, 0, 1, real_clock()), muon(with_muon, corpus->dataset, 0, 1, real_clock()),
       rule(with_rule, corpus->dataset, 0, 1, real_clock());
   const double start = muon.evaluate();
