@@ -402,17 +402,20 @@ std::string svg_frontier(const nlohmann::json& methods) {
     y1 = std::max(y1, ddp->second * 1.01);
   }
   x0 -= 0.15, x1 += 0.15;
-  const double pad = (y1 - y0) * 0.08 + 1e-6;
+  // One method alone (or all at one loss) spans nothing: pad by 1% of the loss so the ticks differ.
+  const double pad = std::max((y1 - y0) * 0.08, 0.01 * std::max(std::abs(y1), 1e-3));
   y0 -= pad, y1 += pad;
   auto px = [&](double bytes) { return L + (std::log10(bytes) - x0) / (x1 - x0) * (W - L - R); };
   auto py = [&](double y) { return T + (y1 - y) / (y1 - y0) * (H - T - B); };
   o << fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#999"/>)", L, T, W - L - R, H - T - B);
   for (double v : nice_ticks(y0, y1)) {
-    o << fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#eee"/><text x="{}" y="{:.1f}" text-anchor="end" class="k">{:.3g}</text>)", L,
+    o << fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#eee"/><text x="{}" y="{:.1f}" text-anchor="end" class="k">{:.4g}</text>)", L,
                      W - R, py(v), py(v), L - 6, py(v) + 4, v);
   }
-  for (double e = std::ceil(x0); e <= std::floor(x1); e += 1) {
-    const double v = std::pow(10.0, e);
+  std::vector<double> xt;
+  for (double e = std::ceil(x0); e <= std::floor(x1); e += 1) xt.push_back(std::pow(10.0, e));
+  if (xt.size() < 2) xt = {std::pow(10.0, x0 + 0.05), std::pow(10.0, x1 - 0.05)};  // less than a decade: its two ends
+  for (double v : xt) {
     o << fmt::format(R"(<line x1="{:.1f}" x2="{:.1f}" y1="{}" y2="{}" stroke="#eee"/><text x="{:.1f}" y="{}" text-anchor="middle" class="k">{}</text>)", px(v),
                      px(v), T, H - B, px(v), H - B + 16, escape(human_bytes(v)));
   }

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <unistd.h>
 
@@ -198,4 +199,25 @@ TEST_CASE("the bytes frontier: the methods no other beats on both loss and bytes
   CHECK(svg.find("data-method=\"nothing\"") == std::string::npos);   // no bytes: no point on a log scale
   CHECK(svg.find("diloco (100x)") != std::string::npos);               // how many times fewer bytes than ddp
   CHECK(svg_frontier(nlohmann::json::array()).find("no data") != std::string::npos);
+}
+
+TEST_CASE("the bytes frontier of one method alone has axes that say something") {
+  // One point spans no loss and no decade of bytes: the axes still get distinct ticks on both.
+  const nlohmann::json one = nlohmann::json::array({nlohmann::json{{"name", "muloco"}, {"bytes_sent_per_worker", 2.26e6}, {"final_val_loss", 1.3043}}});
+  const std::string svg = svg_frontier(one);
+  auto labels = [&](const std::string& anchor) {
+    std::vector<std::string> out;
+    const std::string open = "text-anchor=\"" + anchor + "\" class=\"k\">";
+    for (std::size_t at = svg.find(open); at != std::string::npos; at = svg.find(open, at + 1)) {
+      const std::size_t from = at + open.size();
+      out.push_back(svg.substr(from, svg.find('<', from) - from));
+    }
+    return out;
+  };
+  const auto y = labels("end"), x = labels("middle");
+  CHECK(y.size() >= 2);
+  CHECK(std::set<std::string>(y.begin(), y.end()).size() == y.size());
+  CHECK(x.size() >= 2);
+  CHECK(std::set<std::string>(x.begin(), x.end()).size() == x.size());
+  CHECK(svg.find("data-method=\"muloco\"") != std::string::npos);
 }
