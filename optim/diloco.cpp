@@ -55,20 +55,20 @@ Result<bool> DiLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
     }
     weights = std::move(*w);
   }
-  // Error feedback: the round sends the codec's image of the carried residual; the residual changes
-  // only once the round went through (a failed round changes nothing). A non-finite Delta is left to
-  // the all-reduce's rule and never enters the residual.
-  // The all-reduce encodes `carried` itself: re-encoding its codec image would not give the same
-  // bytes (int2's scale is the block's RMS, which quantizing changes).
-  at::Tensor carried;
+  // Error feedback: the round sends the decayed residual plus Delta, which the all-reduce encodes
+  // itself (re-encoding a codec image would not give the same bytes: int2's scale is the block's RMS,
+  // which quantizing changes); what the owners will not decode of it becomes the residual, once the
+  // round went through (a failed round changes nothing). A non-finite Delta is left to the
+  // all-reduce's rule and never enters the residual.
+  at::Tensor unsent;
   if (options_.error_feedback && torch::isfinite(delta).all().item<bool>()) {
     delta = residual_ * options_.error_decay + delta;
-    carried = delta - allreduce_contribution(delta, group_.size, options_.codec).to(options_.state_device).view_as(delta);
+    unsent = delta - allreduce_contribution(delta, group_.size, options_.codec).to(options_.state_device).view_as(delta);
   }
   const Status st = allreduce_mean(group_, delta, options_.codec, tag, deadline, &stats, kAllreduceSegmentValues, options_.aggregation);
   comm_ += stats;  // a failed round's bytes were sent all the same
   if (!st.ok()) return st.with_context("DiLoCo round " + std::to_string(state_.rounds + 1));
-  if (carried.defined()) residual_ = carried;
+  if (unsent.defined()) residual_ = unsent;
   if (weights) {
     fastest_step_s_ = weights->fastest_step_seconds();
     round_steps_ = steps_by_rank(*weights);

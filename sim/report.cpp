@@ -100,6 +100,15 @@ std::vector<double> nice_ticks(double lo, double hi) {
   return t;
 }
 
+// Ticks of a log10 axis from 10^lo to 10^hi: every whole decade inside, or, where fewer than two
+// are, the axis's two ends (moved `inset` decades inward).
+std::vector<double> decade_ticks(double lo, double hi, double inset) {
+  std::vector<double> t;
+  for (double e = std::ceil(lo); e <= std::floor(hi); e += 1) t.push_back(std::pow(10.0, e));
+  if (t.size() < 2) t = {std::pow(10.0, lo + inset), std::pow(10.0, hi - inset)};
+  return t;
+}
+
 // A line chart as inline SVG: x linear or log10, y linear, optional horizontal reference line.
 std::string svg_chart(const std::string& title, const std::string& xlabel, const std::vector<Series>& series, bool log_x,
                       const std::function<std::string(double)>& xfmt, std::optional<double> hline, const std::string& hline_label) {
@@ -131,14 +140,7 @@ std::string svg_chart(const std::string& title, const std::string& xlabel, const
     o << fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#eee"/><text x="{}" y="{:.1f}" text-anchor="end" class="k">{:.3g}</text>)", L,
                      W - R, py(v), py(v), L - 6, py(v) + 4, v);
   }
-  std::vector<double> xt;
-  if (log_x) {
-    for (double e = std::ceil(x0); e <= std::floor(x1); e += 1) xt.push_back(std::pow(10.0, e));
-    if (xt.size() < 2) xt = {std::pow(10.0, x0), std::pow(10.0, x1)};
-  } else {
-    xt = nice_ticks(x0, x1);
-  }
-  for (double v : xt) {
+  for (double v : log_x ? decade_ticks(x0, x1, 0.0) : nice_ticks(x0, x1)) {
     o << fmt::format(R"(<line x1="{:.1f}" x2="{:.1f}" y1="{}" y2="{}" stroke="#eee"/><text x="{:.1f}" y="{}" text-anchor="middle" class="k">{}</text>)", px(v),
                      px(v), T, H - B, px(v), H - B + 16, escape(xfmt(v)));
   }
@@ -412,10 +414,7 @@ std::string svg_frontier(const nlohmann::json& methods) {
     o << fmt::format(R"(<line x1="{}" x2="{}" y1="{:.1f}" y2="{:.1f}" stroke="#eee"/><text x="{}" y="{:.1f}" text-anchor="end" class="k">{:.4g}</text>)", L,
                      W - R, py(v), py(v), L - 6, py(v) + 4, v);
   }
-  std::vector<double> xt;
-  for (double e = std::ceil(x0); e <= std::floor(x1); e += 1) xt.push_back(std::pow(10.0, e));
-  if (xt.size() < 2) xt = {std::pow(10.0, x0 + 0.05), std::pow(10.0, x1 - 0.05)};  // less than a decade: its two ends
-  for (double v : xt) {
+  for (double v : decade_ticks(x0, x1, 0.05)) {
     o << fmt::format(R"(<line x1="{:.1f}" x2="{:.1f}" y1="{}" y2="{}" stroke="#eee"/><text x="{:.1f}" y="{}" text-anchor="middle" class="k">{}</text>)", px(v),
                      px(v), T, H - B, px(v), H - B + 16, escape(human_bytes(v)));
   }

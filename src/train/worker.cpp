@@ -64,6 +64,9 @@ std::unique_ptr<model::LanguageModel> must_make_model(const RunConfig& c, int ra
   return std::move(*m);
 }
 
+// Muon's peak lr: train.muon_lr, or with 0 (Moonlight's scale) AdamW's train.lr.
+double muon_peak_lr(const TrainSection& t) { return t.muon_lr == 0 ? t.lr : t.muon_lr; }
+
 // With train.optimizer = muon, the parameters Muon steps: the hidden layers' weight matrices, every
 // 2-D parameter but the embedding tables and the output head, told by their names (wte, wpe, emb,
 // head) or, in a module with other names, by a first dimension of the vocabulary's or the context's
@@ -114,7 +117,7 @@ struct Worker::Impl {
     if (muon_inner(c)) {
       optim::MuonOptions mo;
       mo.match_adamw = c.train.muon_lr == 0;
-      mo.lr = mo.match_adamw ? c.train.lr : c.train.muon_lr;
+      mo.lr = muon_peak_lr(c.train);
       mo.momentum = c.train.muon_momentum;
       mo.weight_decay = c.train.weight_decay;
       mo.bf16 = device.is_cuda();  // bf16 matrix products are slow on CPUs without bf16 units
@@ -143,7 +146,7 @@ struct Worker::Impl {
   // The lr schedule's rate for this step, on AdamW's groups and, scaled alike, on Muon's.
   void set_lr(double lr) {
     for (auto& group : optimizer->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-    if (muon) muon->set_lr(muon->options().match_adamw ? lr : config.train.muon_lr * (config.train.lr > 0 ? lr / config.train.lr : 1.0));
+    if (muon) muon->set_lr(muon_peak_lr(config.train) * (config.train.lr > 0 ? lr / config.train.lr : 1.0));
   }
   void zero_grad() {
     optimizer->zero_grad();
