@@ -1,9 +1,11 @@
 #include "optim/gloo_sync.h"
 
 #include <torch/torch.h>
+#if GOSSAMER_HAVE_GLOO
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#endif
 
 #include <algorithm>
 
@@ -11,6 +13,20 @@
 #include "optim/data_parallel.h"
 
 namespace gossamer::optim {
+
+#if !GOSSAMER_HAVE_GLOO
+
+bool gloo_available() { return false; }
+
+Result<GlooDataParallel> make_gloo_data_parallel(const GlooOptions&, const Group&) {
+  return error(ErrorCode::kUnavailable,
+               "ddp.engine = gloo: this build's LibTorch came without Gloo's headers (PyTorch's own LibTorch ships none), so the Gloo "
+               "engine was left out: use ddp.engine = links, or build against Debian's LibTorch with libgloo-dev");
+}
+
+#else
+
+bool gloo_available() { return true; }
 
 namespace {
 
@@ -153,5 +169,7 @@ Result<GlooDataParallel> make_gloo_data_parallel(const GlooOptions& o, const Gro
                                               e.what());
   }
 }
+
+#endif  // GOSSAMER_HAVE_GLOO
 
 }  // namespace gossamer::optim

@@ -28,6 +28,10 @@ struct GlooDataParallel {
   std::unique_ptr<OuterOptimizer> outer;
   GradientSync* gradient_sync = nullptr;  // points into `outer`
 };
+// False where the build's LibTorch came without Gloo's headers (PyTorch's own): then
+// make_gloo_data_parallel fails with kUnavailable and says what to use instead.
+[[nodiscard]] bool gloo_available();
+
 // `group` is used only with over_group_links (its rank and size replace the options').
 [[nodiscard]] Result<GlooDataParallel> make_gloo_data_parallel(const GlooOptions& options, const Group& group = Group{});
 

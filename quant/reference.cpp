@@ -27,10 +27,10 @@ Format format(CodecId c) {
   return {0, 0};
 }
 
-// Every code's value as a tensor (NaN where a code is not allowed).
-at::Tensor value_table(CodecId c) {
+// Every code's value as a tensor on `device` (NaN where a code is not allowed).
+at::Tensor value_table(CodecId c, const c10::Device& device) {
   const int n = 1 << traits(c).bits;
-  return torch::from_blob(const_cast<float*>(kernels::code_values(c)), {n}, torch::kFloat).clone();
+  return torch::from_blob(const_cast<float*>(kernels::code_values(c)), {n}, torch::kFloat).to(device, /*non_blocking=*/false, /*copy=*/true);
 }
 
 }  // namespace
@@ -45,7 +45,7 @@ Encoded encode(const at::Tensor& x_in, CodecId codec, std::uint32_t block) {
   const std::int64_t n = x.numel(), b = block, nb = (n + b - 1) / b;
   const at::Tensor blocks = torch::constant_pad_nd(x, {0, nb * b - n}).view({nb, b});
   if (codec == CodecId::kInt2) {  // the block's RMS (over its own values: the last block may be short)
-    at::Tensor counts = torch::full({nb, 1}, static_cast<double>(b), torch::kDouble);
+    at::Tensor counts = torch::full({nb, 1}, static_cast<double>(b), torch::TensorOptions().dtype(torch::kDouble).device(x.device()));
     if (nb > 0) counts.index_put_({nb - 1, 0}, static_cast<double>(n - (nb - 1) * b));
     const at::Tensor scale = (blocks.to(torch::kDouble).square().sum(1, /*keepdim=*/true) / counts).sqrt().to(torch::kFloat);
     const at::Tensor inv = torch::where(scale > 0, 1.0f / scale, torch::zeros_like(scale));
@@ -70,7 +70,7 @@ Encoded encode(const at::Tensor& x_in, CodecId codec, std::uint32_t block) {
     const at::Tensor v = (torch::round(y / step) * step).clamp_max(t.max_magnitude);
     // The magnitude's code: its index among the format's non-negative values (which are sorted).
     const int half = (t.bits == 4 ? 16 : 256) / 2;
-    const at::Tensor mags = value_table(codec).slice(0, 0, half);
+    const at::Tensor mags = value_table(codec, x.device()).slice(0, 0, half);
     const at::Tensor finite = mags.isfinite();
     const at::Tensor sorted = mags.masked_select(finite);
     const at::Tensor mag_code = torch::searchsorted(sorted, v.contiguous());
@@ -82,7 +82,7 @@ Encoded encode(const at::Tensor& x_in, CodecId codec, std::uint32_t block) {
 
 at::Tensor decode(const Encoded& e, CodecId codec, std::uint32_t block, at::IntArrayRef shape) {
   if (!traits(codec).scaled) return e.codes.to(torch::kFloat).view(shape);
-  const at::Tensor values = value_table(codec).index({e.codes.to(torch::kLong)});
+  const at::Tensor values = value_table(codec, e.codes.device()).index({e.codes.to(torch::kLong)});
   const std::int64_t n = e.codes.numel(), b = block, nb = (n + b - 1) / b;
   const at::Tensor padded = torch::constant_pad_nd(values, {0, nb * b - n}).view({nb, b});
   return (padded * e.scales.view({nb, 1})).flatten().slice(0, 0, n).view(shape);

@@ -13,6 +13,7 @@
 
 #include <c10/core/AutogradState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/version.h>
 
 #include "core/check.h"
 
@@ -122,7 +123,13 @@ struct Scheduler::Impl {
   std::size_t finished = 0;
   Context main;                       // the thread in run() (or the destructor)
   // What a new simulated thread starts with, as a new OS thread would: grad mode on, no guards.
-  TorchTls fresh_tls{c10::AutogradState(/*grad_mode=*/true, /*inference_mode=*/false, /*fw_grad_mode=*/true), c10::impl::LocalDispatchKeySet(c10::impl::PODLocalDispatchKeySet{})};  // zero: the defaults, as a new thread has
+  TorchTls fresh_tls{
+#if TORCH_VERSION_MAJOR >= 2
+      c10::AutogradState(/*grad_mode=*/true, /*inference_mode=*/false, /*fw_grad_mode=*/true, /*multithreading_enabled=*/true),
+#else
+      c10::AutogradState(/*grad_mode=*/true, /*inference_mode=*/false, /*fw_grad_mode=*/true),
+#endif
+      c10::impl::LocalDispatchKeySet(c10::impl::PODLocalDispatchKeySet{})};  // zero: the defaults, as a new thread has
   bool stopping = false;
   std::exception_ptr failure;
   std::vector<Actor*> spent;  // finished actors whose stacks go once control has left them

@@ -45,6 +45,12 @@ void add_bench_command(CLI::App& app, BenchArgs& args) {
   sc.add(cmd->add_option("--min-time", args.min_time, "quant: seconds per measurement")->check(number_in(0.0, 3600.0, true))->capture_default_str(), {"quant"});
   sc.add(cmd->add_flag("!--no-naive", args.naive, "quant: skip the naive LibTorch-ops rows"), {"quant"});
   sc.add(cmd->add_flag("!--no-bf16", args.bf16, "model: skip the bf16 rows (slow on CPUs without bf16 instructions)"), {"model"});
+  sc.add(cmd->add_flag("--bf16-only", args.bf16_only, "model: time the GPT in bf16 alone (no fp32 or TorchScript rows: a GPU's inner loop)"), {"model"});
+  sc.add(cmd->add_option("--device", args.device,
+                         "quant: where the values live (cpu, cuda, cuda:N); on a GPU the codecs run after a copy to the host, each row beside that copy alone, "
+                         "and the naive rows run LibTorch's ops on the GPU")
+             ->capture_default_str(),
+         {"quant"});
   sc.add(cmd->add_option("--message-mib", args.message_mib, "transport: message size in MiB")->check(integer_in(1, 1024))->capture_default_str(), {"transport", "transport-relay"});
   sc.add(cmd->add_option("--ranks", args.ranks, "allreduce: in-process ranks")->check(integer_in(2, 16))->capture_default_str(), {"allreduce"});
   sc.add(cmd->add_option("--values", args.elements_allreduce, "allreduce: fp32 values in the tensor")->check(integer_in(1, std::int64_t{1} << 31))->capture_default_str(),

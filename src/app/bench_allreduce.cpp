@@ -5,8 +5,10 @@
 // the CPU time (all threads, kernel included) each all-reduce took: on loopback both are bound by the
 // CPU the socket copies take, so that figure says why one is faster.
 #include <torch/torch.h>
+#if GOSSAMER_HAVE_GLOO
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
 
 #include <algorithm>
 #include <thread>
@@ -22,6 +24,14 @@
 #include "transport/tcp_transport.h"
 
 namespace gossamer::app {
+
+#if !GOSSAMER_HAVE_GLOO
+int bench_allreduce(const BenchArgs&) {
+  return report_failure(error(ErrorCode::kUnavailable, "bench allreduce times our all-reduce against Gloo, and this build's LibTorch came without "
+                                                       "Gloo's headers (PyTorch's own LibTorch ships none): build against Debian's LibTorch "
+                                                       "with libgloo-dev to run it"));
+}
+#else
 
 namespace {
 
@@ -184,5 +194,7 @@ int bench_allreduce(const BenchArgs& args) {
              median(whole) / median(g), median(i8) / 1e9, median(i8) / median(g), median(f4) / 1e9, median(f4) / median(g));
   return 0;
 }
+
+#endif  // GOSSAMER_HAVE_GLOO
 
 }  // namespace gossamer::app

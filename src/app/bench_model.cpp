@@ -66,25 +66,28 @@ int bench_model(const BenchArgs& args) {
   };
   Clock& clock = real_clock();
   std::vector<Variant> variants;
-  variants.push_back({"gpt fp32", std::make_unique<train::Worker>(cfg, corpus->dataset, 0, 1, clock), {}, {}});
-  if (args.bf16) {
+  if (!args.bf16_only) variants.push_back({"gpt fp32", std::make_unique<train::Worker>(cfg, corpus->dataset, 0, 1, clock), {}, {}});
+  if (args.bf16 || args.bf16_only) {
     train::RunConfig bf16 = cfg;
     bf16.train.precision = "bf16";
     variants.push_back({"gpt bf16", std::make_unique<train::Worker>(bf16, corpus->dataset, 0, 1, clock), {}, {}});
   }
-  const auto script = std::filesystem::temp_directory_path() / fmt::format("gossamer_bench_{}.pt", ::getpid());
-  model::script_gpt(dynamic_cast<model::Gpt&>(variants.front().worker->model())).save(script.string());
-  train::RunConfig ts = cfg;
-  ts.model.kind = "torchscript";
-  ts.model.path = script.string();
-  variants.push_back({"torchscript fp32", std::make_unique<train::Worker>(ts, corpus->dataset, 0, 1, clock), {}, {}});
-  std::filesystem::remove(script);
+  if (!args.bf16_only) {
+    const auto script = std::filesystem::temp_directory_path() / fmt::format("gossamer_bench_{}.pt", ::getpid());
+    model::script_gpt(dynamic_cast<model::Gpt&>(variants.front().worker->model())).save(script.string());
+    train::RunConfig ts = cfg;
+    ts.model.kind = "torchscript";
+    ts.model.path = script.string();
+    variants.push_back({"torchscript fp32", std::make_unique<train::Worker>(ts, corpus->dataset, 0, 1, clock), {}, {}});
+    std::filesystem::remove(script);
+  }
 
   const double params = static_cast<double>(variants.front().worker->model().num_parameters());
   const double tokens = static_cast<double>(args.steps * cfg.train.batch_size * cfg.model.context);
-  fmt::print("bench model: {:.1f}M parameters ({} layers, width {}, vocabulary {}), batch {} x {} tokens, {} steps per block, {} rounds, {} threads\n",
+  fmt::print("bench model: {:.1f}M parameters ({} layers, width {}, vocabulary {}), batch {} x {} tokens, {} steps per block, {} rounds, {} threads, "
+             "device {}\n",
              params / 1e6, cfg.model.layers, cfg.model.width, train::vocab_size(cfg), cfg.train.batch_size, cfg.model.context, args.steps,
-             args.rounds, torch::get_num_threads());
+             args.rounds, torch::get_num_threads(), cfg.train.device);
   for (auto& v : variants) (void)v.worker->step();  // warm-up
   const std::size_t n = variants.size();
   for (std::int64_t round = 0; round < args.rounds; ++round) {

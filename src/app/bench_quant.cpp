@@ -2,6 +2,7 @@
 // input, next to memcpy of the same buffer and to the naive LibTorch-ops implementation of the same
 // codec, all in one run; then the bits each codec really costs per value. Google Benchmark does the
 // timing; this file registers the cases and prints the table.
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <benchmark/benchmark.h>
@@ -14,6 +15,7 @@
 #include "app/commands.h"
 #include "quant/codec.h"
 #include "quant/reference.h"
+#include "train/device.h"
 
 namespace gossamer::app {
 
@@ -39,10 +41,20 @@ int bench_quant(const BenchArgs& args) {
     return report_failure(st);
   }
   torch::set_num_threads(1);  // one core
+  auto device = train::resolve_device(args.device);
+  if (!device.ok()) return report_failure(device.status().with_context("bench quant --device"));
+  const bool gpu = !device->is_cpu();
   const std::int64_t n = args.elements;
   const std::int64_t bytes = n * 4;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
   const at::Tensor x = torch::randn({n}, gen);
+  // On a GPU the values start there: Gossamer's codecs run on the host after a device-to-host copy
+  // (what the outer optimizers do with a GPU's pseudo-gradients), decoding ends with the copy back,
+  // and the naive rows are LibTorch's ops on the GPU itself.
+  const at::Tensor on_device = gpu ? x.to(*device) : x;
+  auto wait = [gpu] {
+    if (gpu) torch::cuda::synchronize();
+  };
 
   std::vector<std::uint8_t> src(static_cast<std::size_t>(bytes)), dst(static_cast<std::size_t>(bytes));
   std::memcpy(src.data(), x.data_ptr<float>(), static_cast<std::size_t>(bytes));
@@ -54,28 +66,52 @@ int bench_quant(const BenchArgs& args) {
     }
     st.SetBytesProcessed(st.iterations() * bytes);
   });
+  if (gpu) {
+    benchmark::RegisterBenchmark("d2h", [&](benchmark::State& st) {
+      for (auto _ : st) benchmark::DoNotOptimize(on_device.to(torch::kCPU));
+      st.SetBytesProcessed(st.iterations() * bytes);
+    });
+    benchmark::RegisterBenchmark("h2d", [&](benchmark::State& st) {
+      for (auto _ : st) {
+        benchmark::DoNotOptimize(x.to(*device));
+        wait();
+      }
+      st.SetBytesProcessed(st.iterations() * bytes);
+    });
+  }
   for (const auto& t : quant::codec_table()) {
     quant::EncodeOptions o;
     o.codec = t.id;
     o.block_size = static_cast<std::uint32_t>(args.block);
     const std::string name(t.name);
     const Bytes payload = quant::encode(x, o);
-    benchmark::RegisterBenchmark(("encode/" + name).c_str(), [&x, o, bytes](benchmark::State& st) {
-      for (auto _ : st) benchmark::DoNotOptimize(quant::encode(x, o));
+    benchmark::RegisterBenchmark(("encode/" + name).c_str(), [&on_device, o, bytes, gpu](benchmark::State& st) {
+      for (auto _ : st) benchmark::DoNotOptimize(quant::encode(gpu ? on_device.to(torch::kCPU) : on_device, o));
       st.SetBytesProcessed(st.iterations() * bytes);
     });
-    benchmark::RegisterBenchmark(("decode/" + name).c_str(), [payload, bytes](benchmark::State& st) {
-      for (auto _ : st) benchmark::DoNotOptimize(quant::decode(payload));
+    benchmark::RegisterBenchmark(("decode/" + name).c_str(), [payload, bytes, gpu, &wait, d = *device](benchmark::State& st) {
+      for (auto _ : st) {
+        auto y = quant::decode(payload);
+        if (gpu && y.ok()) benchmark::DoNotOptimize(y->to(d));
+        wait();
+        benchmark::DoNotOptimize(y);
+      }
       st.SetBytesProcessed(st.iterations() * bytes);
     });
     if (!args.naive) continue;
-    const quant::reference::Encoded ref = quant::reference::encode(x, t.id, o.block_size);
-    benchmark::RegisterBenchmark(("naive_encode/" + name).c_str(), [&x, id = t.id, block = o.block_size, bytes](benchmark::State& st) {
-      for (auto _ : st) benchmark::DoNotOptimize(quant::reference::encode(x, id, block));
+    const quant::reference::Encoded ref = quant::reference::encode(on_device, t.id, o.block_size);
+    benchmark::RegisterBenchmark(("naive_encode/" + name).c_str(), [&on_device, &wait, id = t.id, block = o.block_size, bytes](benchmark::State& st) {
+      for (auto _ : st) {
+        benchmark::DoNotOptimize(quant::reference::encode(on_device, id, block));
+        wait();
+      }
       st.SetBytesProcessed(st.iterations() * bytes);
     });
-    benchmark::RegisterBenchmark(("naive_decode/" + name).c_str(), [ref, id = t.id, block = o.block_size, n, bytes](benchmark::State& st) {
-      for (auto _ : st) benchmark::DoNotOptimize(quant::reference::decode(ref, id, block, {n}));
+    benchmark::RegisterBenchmark(("naive_decode/" + name).c_str(), [ref, &wait, id = t.id, block = o.block_size, n, bytes](benchmark::State& st) {
+      for (auto _ : st) {
+        benchmark::DoNotOptimize(quant::reference::decode(ref, id, block, {n}));
+        wait();
+      }
       st.SetBytesProcessed(st.iterations() * bytes);
     });
   }
@@ -93,8 +129,11 @@ int bench_quant(const BenchArgs& args) {
     auto it = collector.rates.find(k);
     return it == collector.rates.end() ? std::string("-") : fmt::format("{:.2f}", it->second / 1e9);
   };
-  fmt::print("\nquant codecs: {} fp32 values ({} MiB), block {}, fp32 scales, one core; GB/s of fp32 input\n", n, bytes >> 20, args.block);
-  fmt::print("memcpy of the same buffer: {} GB/s\n\n", gbs("memcpy"));
+  fmt::print("\nquant codecs: {} fp32 values ({} MiB), block {}, fp32 scales, one core; GB/s of fp32 input{}\n", n, bytes >> 20, args.block,
+             gpu ? "; values on " + device->str() + ": encode = copy to the host + encode, decode = decode + copy to the GPU, naive = LibTorch ops on the GPU" : "");
+  fmt::print("memcpy of the same buffer: {} GB/s\n", gbs("memcpy"));
+  if (gpu) fmt::print("device-to-host copy: {} GB/s; host-to-device copy: {} GB/s\n", gbs("d2h"), gbs("h2d"));
+  fmt::print("\n");
   fmt::print("| codec | bits/value | encode | decode | naive encode | naive decode |\n|---|---|---|---|---|---|\n");
   for (const auto& t : quant::codec_table()) {
     quant::EncodeOptions o;

@@ -170,6 +170,8 @@ struct BenchArgs {
   double min_time = 0.3;
   bool naive = true;
   bool bf16 = true;  // bench model: also time bf16 (slow on CPUs without bf16 instructions)
+  bool bf16_only = false;    // bench model: only the bf16 GPT (a GPU check's inner loop)
+  std::string device = "cpu";  // bench quant: where the values live
   // bench transport
   std::int64_t message_mib = 64;
   std::int64_t gossip_peers = 32;

@@ -1,6 +1,7 @@
 #include "model/gpt.h"
 
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <cmath>
 #include <cstring>
@@ -36,6 +37,15 @@ struct AttentionImpl : torch::nn::Module {
     auto q = parts[0].view({B, T, heads, hd}).transpose(1, 2);  // (B, H, T, hd)
     auto k = parts[1].view({B, T, heads, hd}).transpose(1, 2);
     auto v = parts[2].view({B, T, heads, hd}).transpose(1, 2);
+#if GOSSAMER_TORCH2_KERNELS && TORCH_VERSION_MAJOR >= 2
+    // On a GPU, LibTorch 2's fused causal attention (flash or memory-efficient kernels: no T x T
+    // scores in memory). Not with dropout while training: its masks would come from LibTorch's
+    // global generator, not the model's. CPU runs keep the explicit form below.
+    if (!x.device().is_cpu() && (dropout_p <= 0.0 || !is_training())) {
+      auto y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true).transpose(1, 2).contiguous().view({B, T, width});
+      return proj->forward(y);
+    }
+#endif
     auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
     att = att.masked_fill(mask.index({torch::indexing::Slice(0, T), torch::indexing::Slice(0, T)}),
                           -std::numeric_limits<float>::infinity());

@@ -1,6 +1,7 @@
 #include "train/device.h"
 
 #include <ATen/autocast_mode.h>
+#include <torch/version.h>
 #include <torch/cuda.h>
 
 #include <fmt/format.h>
@@ -38,21 +39,29 @@ Result<c10::Device> resolve_device(std::string_view name) {
   return error(ErrorCode::kInvalidArgument, "train.device = " + n + ": use auto, cpu, cuda or cuda:N");
 }
 
+// LibTorch 2.4 replaced the per-device autocast functions by ones that take the device type.
+namespace {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+bool autocast_enabled(bool cuda) { return at::autocast::is_autocast_enabled(cuda ? at::kCUDA : at::kCPU); }
+void set_autocast_enabled(bool cuda, bool on) { at::autocast::set_autocast_enabled(cuda ? at::kCUDA : at::kCPU, on); }
+c10::ScalarType autocast_dtype(bool cuda) { return at::autocast::get_autocast_dtype(cuda ? at::kCUDA : at::kCPU); }
+void set_autocast_dtype(bool cuda, c10::ScalarType t) { at::autocast::set_autocast_dtype(cuda ? at::kCUDA : at::kCPU, t); }
+#else
+bool autocast_enabled(bool cuda) { return cuda ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled(); }
+void set_autocast_enabled(bool cuda, bool on) { cuda ? at::autocast::set_enabled(on) : at::autocast::set_cpu_enabled(on); }
+c10::ScalarType autocast_dtype(bool cuda) { return cuda ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype(); }
+void set_autocast_dtype(bool cuda, c10::ScalarType t) { cuda ? at::autocast::set_autocast_gpu_dtype(t) : at::autocast::set_autocast_cpu_dtype(t); }
+#endif
+}  // namespace
+
 AutocastScope::AutocastScope(const c10::Device& device, bool bf16) {
   if (!bf16) return;
   active_ = true;
   cuda_ = device.is_cuda();
-  if (cuda_) {
-    was_enabled_ = at::autocast::is_enabled();
-    was_dtype_ = at::autocast::get_autocast_gpu_dtype();
-    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
-    at::autocast::set_enabled(true);
-  } else {
-    was_enabled_ = at::autocast::is_cpu_enabled();
-    was_dtype_ = at::autocast::get_autocast_cpu_dtype();
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-    at::autocast::set_cpu_enabled(true);
-  }
+  was_enabled_ = autocast_enabled(cuda_);
+  was_dtype_ = autocast_dtype(cuda_);
+  set_autocast_dtype(cuda_, at::kBFloat16);
+  set_autocast_enabled(cuda_, true);
   at::autocast::increment_nesting();
 }
 
@@ -60,13 +69,8 @@ AutocastScope::~AutocastScope() {
   if (!active_) return;
   // The cast weights cached for this scope are dropped when the outermost scope ends.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  if (cuda_) {
-    at::autocast::set_enabled(was_enabled_);
-    at::autocast::set_autocast_gpu_dtype(was_dtype_);
-  } else {
-    at::autocast::set_cpu_enabled(was_enabled_);
-    at::autocast::set_autocast_cpu_dtype(was_dtype_);
-  }
+  set_autocast_enabled(cuda_, was_enabled_);
+  set_autocast_dtype(cuda_, was_dtype_);
 }
 
 }  // namespace gossamer::train

@@ -15,6 +15,7 @@
 #include "optim/muon.h"
 #include "optim/updates.h"
 #include "train/device.h"
+#include "train/fused_steps.h"
 #include "train/schedule.h"
 
 namespace gossamer::train {
@@ -156,7 +157,7 @@ struct Worker::Impl {
     }
   }
   void update() {
-    optimizer->step();
+    if (!fused_adamw_step(*optimizer)) optimizer->step();
     if (muon) muon->step();
   }
   ScheduleOptions schedule;
@@ -196,7 +197,8 @@ StepResult Worker::step(const GradientHook& before_update) {
   }
   double norm = 0.0;
   if (s.config.train.grad_clip > 0.0) {
-    norm = torch::nn::utils::clip_grad_norm_(s.params, s.config.train.grad_clip);
+    const auto fused = fused_clip_grad_norm(s.params, s.config.train.grad_clip);
+    norm = fused ? *fused : torch::nn::utils::clip_grad_norm_(s.params, s.config.train.grad_clip);
   } else {
     double sq = 0.0;
     for (const auto& p : s.params) {
@@ -385,7 +387,7 @@ Bytes Worker::optimizer_state() const {
       write_floats(w, s.muon->momenta()[m->second]);
       continue;
     }
-    const auto it = state.find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    const auto it = state.find(adam_state_key(p));
     if (it == state.end()) {
       w.u8(0);
       continue;
@@ -468,7 +470,7 @@ Status Worker::load_optimizer_state(ByteView bytes) {
   }
   auto& state = s.optimizer->state();
   for (std::size_t i = 0; i < s.params.size(); ++i) {
-    const std::string key = c10::guts::to_string(s.params[i].unsafeGetTensorImpl());
+    const AdamStateKey key = adam_state_key(s.params[i]);
     if (loaded[i]) {
       state[key] = std::move(loaded[i]);
     } else {

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include <torch/linalg.h>
 #include <torch/torch.h>
 
 #include "optim/muon.h"
@@ -18,7 +19,7 @@ namespace {
 
 // U V^T of g's SVD, in fp64: what orthogonalize approximates.
 at::Tensor polar(const at::Tensor& g) {
-  auto [u, s, vh] = torch::linalg::svd(g.to(torch::kDouble), /*full_matrices=*/false, c10::nullopt);
+  auto [u, s, vh] = torch::linalg::svd(g.to(torch::kDouble), /*full_matrices=*/false, {});
   return torch::mm(u, vh);
 }
 
@@ -36,7 +37,7 @@ struct Spectrum {
 };
 
 Spectrum spectrum_of(const at::Tensor& g, const at::Tensor& x) {
-  auto [u, s, vh] = torch::linalg::svd(g.to(torch::kDouble), false, c10::nullopt);
+  auto [u, s, vh] = torch::linalg::svd(g.to(torch::kDouble), false, {});
   const at::Tensor d = torch::mm(torch::mm(u.t(), x.to(torch::kDouble)), vh.t());
   Spectrum out;
   out.off_diagonal = (d - torch::diag(torch::diagonal(d))).abs().max().item<double>();
@@ -67,7 +68,7 @@ TEST_CASE("muon: Newton-Schulz takes a matrix near U V^T, wide or tall, in fp32 
     CHECK(sp.off_diagonal < 1e-3);
     CHECK(sp.low > 0.6);
     CHECK(sp.high < 1.25);
-    CHECK(torch::linalg::svdvals(x.to(torch::kDouble), c10::nullopt).max().item<double>() < 1.25);
+    CHECK(torch::linalg::svdvals(x.to(torch::kDouble), {}).max().item<double>() < 1.25);
     // Close to the exact polar factor U V^T.
     CHECK(cosine(x, polar(g)) > 0.9);
     // The bf16 path agrees with fp32 (bf16 has 8 bits of mantissa).
