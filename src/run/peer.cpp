@@ -111,8 +111,10 @@ Result<PeerPlan> plan_of(const PeerRequest& req, std::optional<train::RunFolder>
     auto opened = train::RunFolder::open_to_resume(req.out_dir, train::RunKind::kPeer);
     if (!opened.ok()) return opened.status();
     folder.emplace(std::move(*opened));
+    Stopwatch watch(real_clock());
     auto state = train::read_checkpoint(ckpt_path);
     if (!state.ok()) return state.status();
+    spdlog::info("checkpoint of step {} read in {:.2f} s", state->step, watch.elapsed_seconds());
     train::RunConfig stored;
     if (train::apply_toml(stored, state->config_toml, ckpt_path.string()).ok() && stored.pipeline.enabled) {
       return error(ErrorCode::kInvalidArgument, req.out_dir.string() + " holds a pipeline's trained model, which a pipeline cannot resume from (its "
@@ -281,7 +283,14 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
     return Status();
   };
   env.record = [&](const nlohmann::json& rec) { return metrics->write(rec); };
-  env.save_checkpoint = [&](const train::CheckpointState& cs) { return train::write_checkpoint(ckpt_path, cs); };
+  env.save_checkpoint = [&](const train::CheckpointState& cs) {
+    Stopwatch watch(real_clock());
+    Status st = train::write_checkpoint(ckpt_path, cs);
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(ckpt_path, ec);
+    if (st.ok() && !ec) spdlog::info("checkpoint at step {}: {} written in {:.2f} s", cs.step, train::format_bytes(static_cast<double>(size)), watch.elapsed_seconds());
+    return st;
+  };
   env.write_summary = [&](const nlohmann::json& summary) {
     return write_file_atomic(req.out_dir / "summary.json", as_bytes(summary.dump(2) + "\n"));
   };
