@@ -29,24 +29,28 @@ Status fsync_path(const std::filesystem::path& path, int flags) {
 
 }  // namespace
 
-Status write_file_atomic(const std::filesystem::path& path, ByteView data) {
+Status write_file_atomic(const std::filesystem::path& path, ByteView data) { return write_file_atomic(path, std::span<const ByteView>(&data, 1)); }
+
+Status write_file_atomic(const std::filesystem::path& path, std::span<const ByteView> parts) {
   const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
   std::filesystem::path tmp = path;
   tmp += ".tmp." + std::to_string(::getpid());
 
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return os_error("cannot create", path);
-  std::size_t written = 0;
-  while (written < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + written, data.size() - written);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      Status st = os_error("cannot write", path);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return st;
+  for (const ByteView data : parts) {
+    std::size_t written = 0;
+    while (written < data.size()) {
+      const ssize_t n = ::write(fd, data.data() + written, data.size() - written);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        Status st = os_error("cannot write", path);
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        return st;
+      }
+      written += static_cast<std::size_t>(n);
     }
-    written += static_cast<std::size_t>(n);
   }
   if (::fsync(fd) != 0) {
     Status st = os_error("cannot fsync", path);

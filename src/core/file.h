@@ -1,5 +1,5 @@
 // Whole-file I/O with the guarantees checkpoints and run folders need.
-// write_file_atomic writes to a temporary file in the same folder, fsyncs it, renames it over the
+// write_file_atomic writes (one buffer, or parts in order) to a temporary file in the same folder, fsyncs it, renames it over the
 // target and fsyncs the folder: a crash at any point leaves either the old file or the new one, never
 // a torn one. read_file refuses files larger than a cap before allocating. digest_file fingerprints a
 // file a run reads, to notice later that it changed. Errors are Status values.
@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <span>
 #include <string>
 
 #include "core/bytes.h"
@@ -17,6 +18,8 @@
 namespace gossamer {
 
 [[nodiscard]] Status write_file_atomic(const std::filesystem::path& path, ByteView data);
+// The same for a file made of several parts written in order, none copied into one buffer first.
+[[nodiscard]] Status write_file_atomic(const std::filesystem::path& path, std::span<const ByteView> parts);
 [[nodiscard]] Result<Bytes> read_file(const std::filesystem::path& path, std::size_t max_bytes);
 [[nodiscard]] Result<std::string> read_text_file(const std::filesystem::path& path, std::size_t max_bytes);
 

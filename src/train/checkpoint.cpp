@@ -1,6 +1,10 @@
 #include "train/checkpoint.h"
 
 #include <cstring>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+#include <vector>
 
 #include "core/file.h"
 #include "core/hash.h"
@@ -13,27 +17,56 @@ constexpr std::size_t kMaxCheckpointBytes = std::size_t{1} << 40;  // 1 TiB
 constexpr std::size_t kMaxConfigBytes = 16 << 20;
 }  // namespace
 
-Bytes encode_checkpoint(const CheckpointState& s) {
-  Writer payload(s.tensors.size() + s.outer_state.size() + s.rng_state.size() + s.config_toml.size() + 64);
-  payload.str(s.config_toml);
-  payload.i64(s.step);
-  payload.i64(s.next_batch);
-  payload.i64(s.tokens_seen);
-  payload.blob(s.rng_state);
-  payload.u64(s.outer_state.size());
-  payload.raw(s.outer_state);
-  payload.i32(s.shard);
-  payload.i32(s.shards);
-  payload.u64(s.tensors.size());  // may exceed 4 GiB: 64-bit length
-  payload.raw(s.tensors);
-  const Digest digest = digest_of(payload.bytes());
+namespace {
 
-  Writer file(kCheckpointHeaderBytes + payload.size());
-  file.raw(as_bytes(std::string_view(kCheckpointMagic, sizeof(kCheckpointMagic))));
-  file.u32(kCheckpointVersion);
-  file.u64(payload.size());
-  file.raw(ByteView(reinterpret_cast<const std::byte*>(digest.bytes.data()), digest.bytes.size()));
-  file.raw(payload.bytes());
+// A checkpoint as parts in file order: the header (with the payload's digest), the small fields,
+// and views of the outer state and the tensors, which are the bulk and are never copied here.
+struct EncodedParts {
+  Bytes header, front, middle;
+  std::vector<ByteView> parts;
+};
+
+EncodedParts encode_parts(const CheckpointState& s) {
+  EncodedParts e;
+  Writer front(s.rng_state.size() + s.config_toml.size() + 64);
+  front.str(s.config_toml);
+  front.i64(s.step);
+  front.i64(s.next_batch);
+  front.i64(s.tokens_seen);
+  front.blob(s.rng_state);
+  front.u64(s.outer_state.size());
+  e.front = std::move(front).take();
+  Writer middle(16);
+  middle.i32(s.shard);
+  middle.i32(s.shards);
+  middle.u64(s.tensors.size());  // may exceed 4 GiB: 64-bit length
+  e.middle = std::move(middle).take();
+  const ByteView payload[] = {e.front, s.outer_state, e.middle, s.tensors};
+  Hasher hasher;
+  std::uint64_t length = 0;
+  for (const ByteView part : payload) {
+    hasher.update(part);
+    length += part.size();
+  }
+  const Digest digest = hasher.finish();
+  Writer header(kCheckpointHeaderBytes);
+  header.raw(as_bytes(std::string_view(kCheckpointMagic, sizeof(kCheckpointMagic))));
+  header.u32(kCheckpointVersion);
+  header.u64(length);
+  header.raw(ByteView(reinterpret_cast<const std::byte*>(digest.bytes.data()), digest.bytes.size()));
+  e.header = std::move(header).take();
+  e.parts = {e.header, e.front, s.outer_state, e.middle, s.tensors};
+  return e;
+}
+
+}  // namespace
+
+Bytes encode_checkpoint(const CheckpointState& s) {
+  const EncodedParts e = encode_parts(s);
+  std::size_t total = 0;
+  for (const ByteView part : e.parts) total += part.size();
+  Writer file(total);
+  for (const ByteView part : e.parts) file.raw(part);
   return std::move(file).take();
 }
 
@@ -103,8 +136,16 @@ Result<CheckpointState> decode_checkpoint(ByteView file, const std::string& name
   return s;
 }
 
+void release_free_heap() {
+#ifdef __GLIBC__
+  ::malloc_trim(0);
+#endif
+}
+
 Status write_checkpoint(const std::filesystem::path& path, const CheckpointState& state) {
-  return write_file_atomic(path, encode_checkpoint(state)).with_context("writing checkpoint");
+  // Streamed part by part: a model's checkpoint is never held twice in memory.
+  const EncodedParts e = encode_parts(state);
+  return write_file_atomic(path, e.parts).with_context("writing checkpoint");
 }
 
 Result<CheckpointState> read_checkpoint(const std::filesystem::path& path) {

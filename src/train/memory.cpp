@@ -73,8 +73,9 @@ MemoryEstimate estimate_memory(const RunConfig& c, std::int64_t workers, std::op
   e.activation_bytes = (blocks + 3.3 * B * T * V) * kFloat + kRuntimeBytes + e.parameters * kFloat * outer_step;
   // Text files are checked by size when read; token files are mapped, not read.
   e.corpus_bytes = c.data.path.empty() ? 2.0 * static_cast<double>(c.data.synthetic.bytes) : 0.0;
+  e.checkpoint_bytes = e.parameters * kFloat * (3 + outer_state);
   const double n = static_cast<double>(std::max<std::int64_t>(1, workers));
-  e.total_bytes = n * e.state_bytes + e.activation_bytes + e.corpus_bytes;
+  e.total_bytes = n * e.state_bytes + std::max(e.activation_bytes, e.checkpoint_bytes) + e.corpus_bytes;
   e.outer_bytes = e.parameters * kFloat * outer_state;
   const std::string& d = c.train.device;
   e.on_gpu = d.starts_with("cuda") || (d == "auto" && [] {
@@ -86,8 +87,9 @@ MemoryEstimate estimate_memory(const RunConfig& c, std::int64_t workers, std::op
   } else {
     const bool outer_on_host = c.outer.state_device == "host" || c.outer.method == "ddp";  // ddp's flat gradient is in host memory
     const double outer_host = outer_on_host ? n * e.outer_bytes + e.parameters * kFloat * outer_step : 0.0;
-    e.host_bytes = outer_host + e.corpus_bytes + kRuntimeBytes;
-    e.device_bytes = e.total_bytes - e.host_bytes;
+    e.host_bytes = outer_host + e.corpus_bytes + kRuntimeBytes + e.checkpoint_bytes;
+    e.device_bytes = n * e.state_bytes + e.activation_bytes + e.corpus_bytes - (outer_host + e.corpus_bytes + kRuntimeBytes);
+    e.total_bytes = e.host_bytes + e.device_bytes;
   }
   return e;
 }

@@ -14,6 +14,7 @@
 // Pure functions except available_memory_bytes, which reads /proc and the cgroup; thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -27,8 +28,13 @@ struct MemoryEstimate {
   double parameters = 0;  // count
   double state_bytes = 0;        // per worker: weights, gradients, AdamW, outer state, masks
   double activation_bytes = 0;   // one batch's forward and backward, and the outer step's temporaries (one worker at a time)
+  // A checkpoint's buffer in host memory (weights, AdamW's moments and the outer state, serialized),
+  // built once the step's activations are handed back: a worker's peak is its state plus the larger
+  // of the two (measured with real peers of GPT-2 small, docs/benchmarks.md).
+  double checkpoint_bytes = 0;
   double corpus_bytes = 0;       // shared by the workers of one process
   double total_bytes = 0;        // for `workers` workers in one process
+  double peak_bytes() const { return state_bytes + std::max(activation_bytes, checkpoint_bytes); }  // one worker
   // Where total_bytes lie. Training on the CPU, all of it is host memory. On a GPU, the device
   // holds weights, gradients, AdamW, masks and activations, and the outer optimizer's state and
   // step temporaries unless outer.state_device keeps them in host memory (the default), which also

@@ -94,11 +94,6 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<torch::Tensor>
   return std::make_unique<torch::optim::AdamW>(std::move(groups), options(t.weight_decay));
 }
 
-Bytes to_bytes(const std::string& s) {
-  const auto* p = reinterpret_cast<const std::byte*>(s.data());
-  return Bytes(p, p + s.size());
-}
-
 }  // namespace
 
 struct Worker::Impl {
@@ -302,9 +297,16 @@ CheckpointState Worker::checkpoint_state(const std::string& config_toml) const {
     for (std::size_t i = 0; i < m.size(); ++i) muon_archive.write(fmt::format("m{}", i), m[i]);
     archive.write("muon", muon_archive);
   }
-  std::ostringstream os;
-  archive.save_to(os);
-  out.tensors = to_bytes(os.str());
+  // Straight into the checkpoint's buffer, reserved for the tensors' bytes and some room (pages not
+  // written cost no memory): no string stream and no copies of a model-sized buffer.
+  std::size_t estimate = std::size_t{1} << 20;
+  for (const auto& p : s.params) estimate += static_cast<std::size_t>(p.numel()) * 4 * 4;  // weights, AdamW's two moments, slack
+  out.tensors.reserve(estimate);
+  archive.save_to([&out](const void* data, std::size_t n) {
+    const auto* b = static_cast<const std::byte*>(data);
+    out.tensors.insert(out.tensors.end(), b, b + n);
+    return n;
+  });
   return out;
 }
 
@@ -313,9 +315,9 @@ Status Worker::restore(const CheckpointState& state) {
   std::vector<std::vector<std::int64_t>> shapes;
   for (const auto& p : s.params) shapes.push_back(p.sizes().vec());
   try {
-    std::istringstream is(std::string(reinterpret_cast<const char*>(state.tensors.data()), state.tensors.size()));
     torch::serialize::InputArchive archive, model_archive, optim_archive;
-    archive.load_from(is, s.device);  // tensors straight to the model's device
+    // From the checkpoint's own buffer (no copy), tensors straight to the model's device.
+    archive.load_from(reinterpret_cast<const char*>(state.tensors.data()), state.tensors.size(), s.device);
     archive.read("model", model_archive);
     archive.read("optimizer", optim_archive);
     s.model->load(model_archive);
