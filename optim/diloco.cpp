@@ -104,11 +104,12 @@ void DiLoCo::apply(const at::Tensor& delta) {
 void DiLoCo::outer_step(const at::Tensor& delta, std::int64_t age) {
   if (options_.outer_step == OuterStep::kNesterov) {
     const double mu = options_.outer_momentum, lr = options_.outer_lr;
+    // In place: no model-sized temporaries (each would be a whole model's bytes at a real size).
     state_.momentum.mul_(mu).add_(delta);  // v <- mu v + Delta
     if (options_.nesterov) {
-      state_.outer.sub_((delta + mu * state_.momentum) * lr);  // Nesterov look-ahead
+      state_.outer.sub_(delta, lr).sub_(state_.momentum, mu * lr);  // Nesterov look-ahead: lr (Delta + mu v)
     } else {
-      state_.outer.sub_(state_.momentum * lr);
+      state_.outer.sub_(state_.momentum, lr);
     }
     return;
   }

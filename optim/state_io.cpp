@@ -15,7 +15,11 @@ constexpr std::uint32_t kVersion = 1;
 }  // namespace
 
 Bytes save_state(std::string_view kind, const std::vector<std::int64_t>& counters, const std::vector<at::Tensor>& tensors) {
-  Writer w;
+  // Reserved for the fp32 values and each payload's header: a model-sized state grown by doubling
+  // would hold two large buffers at once (pages not written cost no memory).
+  std::size_t reserve = 256 + kind.size() + 8 * counters.size();
+  for (const auto& t : tensors) reserve += (t.defined() ? static_cast<std::size_t>(t.numel()) * 4 : 0) + 4096;
+  Writer w(reserve);
   w.raw(as_bytes(std::string_view(kMagic, 4)));
   w.u32(kVersion);
   w.str(kind);

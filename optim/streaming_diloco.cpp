@@ -83,7 +83,7 @@ Result<int> StreamingDiLoCo::step(std::int64_t s, Deadline deadline) {
     if (sink_) sink_(s, delta);
     const double mu = options_.outer_momentum, lr = options_.outer_lr, alpha = options_.mixing;
     st.momentum.mul_(mu).add_(delta);
-    st.outer.sub_((delta + mu * st.momentum) * lr);
+    st.outer.sub_(delta, lr).sub_(st.momentum, mu * lr);  // lr (Delta + mu v), in place as DiLoCo's
     auto& tensors = fragments_[static_cast<std::size_t>(f)].tensors;
     write_flat(tensors, alpha == 0.0 ? st.outer : flatten(tensors, options_.state_device) * alpha + st.outer * (1.0 - alpha));
     ++completed_;
@@ -102,7 +102,7 @@ Status StreamingDiLoCo::replay(std::int64_t s, const at::Tensor& delta) {
     const at::Tensor d = delta.to(options_.state_device);
     const double mu = options_.outer_momentum, lr = options_.outer_lr;
     st.momentum.mul_(mu).add_(d);
-    st.outer.sub_((d + mu * st.momentum) * lr);
+    st.outer.sub_(d, lr).sub_(st.momentum, mu * lr);
     st.pending.reset();
     write_flat(fragments_[static_cast<std::size_t>(f)].tensors, st.outer);
     ++completed_;

@@ -135,7 +135,7 @@ def main():
     loop = statistics.mean(s["loop_s"] for s in base) / max(1, rounds)
     blocked = statistics.mean(s["blocked_s"] for s in base) / max(1, rounds)
     per_round_steps = a.inner_steps if a.method == "diloco" else steps / max(1, rounds)
-    sent = statistics.mean(s["bytes_sent"] for s in base) / max(1, rounds)
+    sent = statistics.mean(s["bytes_sent"] - s.get("state_bytes_sent", 0) for s in base) / max(1, rounds)  # a donor's snapshot apart
     print(f"round: {loop:.2f} s ({rounds} rounds): {per_round_steps:g} steps x {step_run:.2f} s = {per_round_steps * step_run:.2f} s "
           f"of compute + {blocked:.2f} s waiting on the round; sent {sent / 1e6:.1f} MB per peer per round, "
           f"plan's bits per sync {bits / 8e6:.1f} MB")
