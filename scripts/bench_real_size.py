@@ -67,9 +67,10 @@ def main():
     m = re.search(r"median gpt fp32: ([0-9.]+) tok/s", bench)
     alone = a.batch * a.context / float(m.group(1)) if m else float("nan")
     share = max(1.0, a.peers * a.threads / cores)
-    params = re.search(r"bench model: ([0-9.]+)M parameters", bench)
-    n_params = float(params.group(1)) * 1e6 if params else float("nan")
-    layers = {"gpt2-124m": 12, "gpt2-350m": 24}.get(a.preset, 12)
+    shape = re.search(r"bench model: ([0-9.]+)M parameters \(([0-9]+) layers", bench)
+    if not shape:
+        sys.exit(f"gossamer bench model printed no model line:\n{bench[-500:]}")
+    n_params, layers = float(shape.group(1)) * 1e6, int(shape.group(2))
     sync = run([g, "plan", "--params", str(n_params), "--layers", str(layers), "--step-time", f"{alone * share:.3f}",
                 "--workers", str(a.peers), "--inner-steps", str(a.inner_steps), "--codec", "fp4_e2m1",
                 "--streaming-codec", "fp4_e2m1"]).stdout

@@ -49,7 +49,7 @@ phase() {
     say "== $1: skipped, ${l}s of the budget left and it needs about $2s"
     return 1
   fi
-  say "== $1 (at ${2:+$(elapsed)}s)"
+  say "== $1 (at $(elapsed)s)"
   return 0
 }
 
@@ -183,6 +183,12 @@ mfu() {  # tok/s layers width context params_without_positions peak_tflops
   $PY -c "import sys; r,L,d,T,N,p=map(float,sys.argv[1:]); print(f'{100*r*(6*N+12*L*T*d)/(p*1e12):.1f}')" "$@"
 }
 PEAK=989.4
+# scripts/gpu_eager.py's one line for a preset (extra arguments: --fused), and the tok/s in such a line.
+eager() {  # preset batch [--fused]
+  timeout 120 $PY scripts/gpu_eager.py --preset "$1" --batch "$2" --context $CONTEXT --vocab $VOCAB --steps $STEPS --rounds $ROUNDS \
+    --peak-tflops $PEAK "${@:3}" 2>>"$OUT_DIR/eager-$1.err" | tail -1
+}
+rate_of() { echo "$1" | sed -nE 's/.*x [0-9]+, ([0-9]+) tok\/s.*/\1/p'; }
 if [ $CUDA = 1 ]; then
   sizes=("gpt2-124m 12 768 16" "gpt2-350m 24 1024 16")
   CONTEXT=1024 VOCAB=50257 STEPS=10 ROUNDS=3 DEVICE=cuda
@@ -195,14 +201,13 @@ for s in "${sizes[@]}"; do
   phase "inner $preset" 60 || continue
   line_eager="-" line_fused=""
   if [ $CUDA = 1 ]; then
-    line_eager=$(timeout 120 $PY scripts/gpu_eager.py --preset "$preset" --batch "$batch" --context $CONTEXT --vocab $VOCAB \
-      --steps $STEPS --rounds $ROUNDS --peak-tflops $PEAK 2>"$OUT_DIR/eager-$preset.err" | tail -1)
+    : >"$OUT_DIR/eager-$preset.err"
+    line_eager=$(eager "$preset" "$batch")
     [ -n "$line_eager" ] || line_eager="failed: $(tail -3 "$OUT_DIR/eager-$preset.err" | paste -sd' ')"
     say "inner: $line_eager"
     # The same with AdamW fused, as Gossamer's is on a GPU: the two eager lines apart say what the
     # optimizer's form is worth, the rest of a gap is the forward and backward.
-    line_fused=$(timeout 120 $PY scripts/gpu_eager.py --fused --preset "$preset" --batch "$batch" --context $CONTEXT --vocab $VOCAB \
-      --steps $STEPS --rounds $ROUNDS --peak-tflops $PEAK 2>>"$OUT_DIR/eager-$preset.err" | tail -1)
+    line_fused=$(eager "$preset" "$batch" --fused)
     say "inner: ${line_fused:-eager with fused AdamW failed}"
   fi
   if [ -x $BIN ]; then
@@ -214,11 +219,11 @@ for s in "${sizes[@]}"; do
       n=$(grep -m1 '^bench model' "$OUT_DIR/bench-$preset.log" | sed -E 's/bench model: ([0-9.]+)M.*/\1/')
       npos=$($PY -c "print(float('$n')*1e6 - $CONTEXT*$width)")
       say "inner: gossamer $preset bf16: $ours tok/s, batch $batch x $CONTEXT, MFU $(mfu "$ours" "$layers" "$width" $CONTEXT "$npos" $PEAK)% of $PEAK TFLOP/s"
-      eager_rate=$(echo "$line_eager" | sed -nE 's/.*x [0-9]+, ([0-9]+) tok\/s.*/\1/p')
+      eager_rate=$(rate_of "$line_eager")
       if [ -n "$eager_rate" ]; then
         say "inner: gossamer / PyTorch eager, $preset bf16: $($PY -c "print(f'{$ours/$eager_rate:.3f}')") (target 0.97)"
       fi
-      fused_rate=$(echo "${line_fused:-}" | sed -nE 's/.*x [0-9]+, ([0-9]+) tok\/s.*/\1/p')
+      fused_rate=$(rate_of "$line_fused")
       if [ -n "$fused_rate" ]; then
         say "inner: gossamer / PyTorch eager with fused AdamW, $preset bf16: $($PY -c "print(f'{$ours/$fused_rate:.3f}')")"
       fi

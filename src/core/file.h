@@ -1,8 +1,9 @@
 // Whole-file I/O with the guarantees checkpoints and run folders need.
-// write_file_atomic writes (one buffer, or parts in order) to a temporary file in the same folder, fsyncs it, renames it over the
-// target and fsyncs the folder: a crash at any point leaves either the old file or the new one, never
-// a torn one. read_file refuses files larger than a cap before allocating. digest_file fingerprints a
-// file a run reads, to notice later that it changed. Errors are Status values.
+// write_file_atomic writes (one buffer, or parts in order) to a temporary file in the same folder,
+// fsyncs it, renames it over the target and fsyncs the folder: a crash at any point leaves either the
+// old file or the new one, never a torn one. read_file refuses files larger than a cap before
+// allocating. digest_file fingerprints a file a run reads, to notice later that it changed. Errors are
+// Status values.
 #pragma once
 
 #include <cstddef>

@@ -370,7 +370,6 @@ Status Peer::join_or_start() {
 Status Peer::save_checkpoint() {
   if (Status st = setup_.outer->settle(after(round_timeout_)); !st.ok()) spdlog::warn("checkpointing without the average in flight: {}", st.to_string());
   if (!env_.save_checkpoint) return Status();
-  train::release_free_heap();
   train::CheckpointState cs = worker_->checkpoint_state(spec_.toml);
   cs.outer_state = setup_.outer->save();
   cs.shard = rank_;

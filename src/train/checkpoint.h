@@ -43,9 +43,10 @@ struct CheckpointState {
 Bytes encode_checkpoint(const CheckpointState& state);
 [[nodiscard]] Result<CheckpointState> decode_checkpoint(ByteView file, const std::string& name);
 
-// Hands the heaps' free pages back to the system (glibc's malloc_trim; nothing elsewhere). Called
-// before a checkpoint is built: the last step's freed activations would otherwise sit beside the
-// checkpoint's model-sized buffers, and several peers on one machine then run out of memory.
+// Hands the heaps' free pages back to the system (glibc's malloc_trim; nothing elsewhere).
+// Worker::checkpoint_state calls it before it builds a checkpoint: the last step's freed activations
+// would otherwise sit beside the checkpoint's model-sized buffers, and several peers on one machine
+// then run out of memory.
 void release_free_heap();
 
 [[nodiscard]] Status write_checkpoint(const std::filesystem::path& path, const CheckpointState& state);

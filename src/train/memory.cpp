@@ -88,7 +88,7 @@ MemoryEstimate estimate_memory(const RunConfig& c, std::int64_t workers, std::op
     const bool outer_on_host = c.outer.state_device == "host" || c.outer.method == "ddp";  // ddp's flat gradient is in host memory
     const double outer_host = outer_on_host ? n * e.outer_bytes + e.parameters * kFloat * outer_step : 0.0;
     e.host_bytes = outer_host + e.corpus_bytes + kRuntimeBytes + e.checkpoint_bytes;
-    e.device_bytes = n * e.state_bytes + e.activation_bytes + e.corpus_bytes - (outer_host + e.corpus_bytes + kRuntimeBytes);
+    e.device_bytes = n * e.state_bytes + e.activation_bytes - outer_host - kRuntimeBytes;
     e.total_bytes = e.host_bytes + e.device_bytes;
   }
   return e;

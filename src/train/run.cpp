@@ -222,7 +222,6 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
   std::int64_t tokens_this_run = 0;
 
   auto save = [&]() -> Status {
-    release_free_heap();
     return write_checkpoint(ckpt_path, worker.checkpoint_state(config_toml));
   };
 

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <map>
 #include <optional>
-#include <sstream>
 
 #include <fmt/format.h>
 
@@ -276,6 +275,7 @@ model::LanguageModel& Worker::model() { return *impl_->model; }
 
 CheckpointState Worker::checkpoint_state(const std::string& config_toml) const {
   const auto& s = *impl_;
+  release_free_heap();  // the last step's freed activations must not sit beside the buffers below
   CheckpointState out;
   out.config_toml = config_toml;
   out.step = s.step;
