@@ -9,8 +9,9 @@ generator=()
 if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
 if [ ! -f build/CMakeCache.txt ]; then
   cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release "$@"
-elif [ $# -gt 0 ]; then
-  cmake -S . -B build "$@"
+else
+  # Configured again (seconds): packages installed since (pybind11 for the Python package) are found.
+  cmake -S . -B build "$@" > /dev/null
 fi
 targets=()
 for t in ${GOSSAMER_BUILD_TARGETS:-}; do targets+=(--target "$t"); done

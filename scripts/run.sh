@@ -5,7 +5,7 @@
 # scripts/run.sh --out runs/first --methods ddp,diloco
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh main
 # Only the gossamer command: the tests and benchmarks' helpers are built by scripts/test.sh.
 GOSSAMER_BUILD_TARGETS=gossamer scripts/build.sh
 echo "run: gossamer compare on built-in defaults (a few minutes; progress below, the table at the end)"

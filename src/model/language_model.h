@@ -20,6 +20,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include "core/status.h"
+
 namespace torch::serialize {
 class InputArchive;
 class OutputArchive;
@@ -36,6 +38,14 @@ struct ParameterBlock {
   std::string name;    // "embed", "block.0", ..., "final"
   std::vector<NamedParameter> parameters;
 };
+
+// Parameters in model order cut into blocks by their names: `block_pattern` is a regular expression
+// (ECMAScript) whose first group is the layer index ("h.3.attn.weight" -> layer 3); what comes before
+// the first layer is "embed", what comes after the last "final", layers are renumbered "block.0" ...
+// in index order. Names that give no layer, or nothing before or after the layers, are a
+// kInvalidArgument naming `where`, some of the names and the fix.
+[[nodiscard]] Result<std::vector<ParameterBlock>> cut_into_blocks(const std::vector<NamedParameter>& params, const std::string& block_pattern,
+                                                                  const std::string& where);
 
 class LanguageModel {
  public:

@@ -3,8 +3,6 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
-#include <map>
-#include <regex>
 #include <set>
 
 #include <fmt/format.h>
@@ -20,13 +18,6 @@ std::uint64_t mix(std::uint64_t x) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
-}
-
-std::string some_names(const std::vector<NamedParameter>& params) {
-  std::string out;
-  for (std::size_t i = 0; i < params.size() && i < 6; ++i) out += (i ? ", " : "") + params[i].name;
-  if (params.size() > 6) out += fmt::format(", ... ({} in all)", params.size());
-  return out;
 }
 
 }  // namespace
@@ -69,45 +60,9 @@ Result<std::unique_ptr<TorchScriptModel>> TorchScriptModel::load(const TorchScri
   if (params.empty()) return error(ErrorCode::kInvalidArgument, where + " has no trainable parameter");
   for (const auto& b : impl->module.named_buffers(/*recurse=*/true)) impl->buffers.push_back(b.value);
 
-  // Cut by layer index.
-  std::regex pattern;
-  try {
-    pattern = std::regex(o.block_pattern, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    return error(ErrorCode::kInvalidArgument, "model.block_pattern \"" + o.block_pattern + "\" is not a regular expression: " + e.what());
-  }
-  ParameterBlock embed{"embed", {}}, final_block{"final", {}};
-  std::map<long long, ParameterBlock> layers;
-  for (const auto& p : params) {
-    std::smatch m;
-    if (std::regex_search(p.name, m, pattern) && m.size() >= 2 && m[1].matched) {
-      long long index = 0;
-      try {
-        index = std::stoll(m[1].str());
-      } catch (const std::exception&) {
-        return error(ErrorCode::kInvalidArgument, "model.block_pattern's first group matched \"" + m[1].str() + "\" in " + p.name +
-                                                      ", which is not a layer number");
-      }
-      auto& block = layers[index];
-      block.parameters.push_back(p);
-    } else {
-      (layers.empty() ? embed : final_block).parameters.push_back(p);
-    }
-  }
-  if (layers.empty() || embed.parameters.empty() || final_block.parameters.empty()) {
-    const char* what = layers.empty() ? "no parameter name holds a layer number" : embed.parameters.empty() ? "no parameter comes before the first layer (an embedding)" : "no parameter comes after the last layer (a final norm or head)";
-    return error(ErrorCode::kInvalidArgument,
-                 fmt::format("{} cannot be cut into blocks with model.block_pattern \"{}\": {}. Its parameters: {}. Set model.block_pattern "
-                             "to a regular expression whose first group is the layer number in these names",
-                             where, o.block_pattern, what, some_names(params)));
-  }
-  impl->blocks.push_back(std::move(embed));
-  std::int64_t next = 0;
-  for (auto& [index, block] : layers) {
-    block.name = "block." + std::to_string(next++);
-    impl->blocks.push_back(std::move(block));
-  }
-  impl->blocks.push_back(std::move(final_block));
+  auto blocks = cut_into_blocks(params, o.block_pattern, where);
+  if (!blocks.ok()) return blocks.status();
+  impl->blocks = std::move(*blocks);
 
   // The contract, checked once: int64 [1, context] in, [1, context, vocab] out.
   std::unique_ptr<TorchScriptModel> model(new TorchScriptModel(std::move(impl)));

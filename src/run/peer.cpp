@@ -12,6 +12,7 @@
 #include "run/peer_runtime.h"
 #include "run/state_store.h"
 #include "train/checkpoint.h"
+#include "train/device.h"
 #include "train/inputs.h"
 #include "train/memory.h"
 #include "train/metrics.h"
@@ -125,6 +126,9 @@ Result<PeerPlan> plan_of(const PeerRequest& req, std::optional<train::RunFolder>
     plan.resumed_from = ckpt_path.string();
   } else if (Status st = train::RunFolder::check_new(req.out_dir, train::RunKind::kPeer); !st.ok()) {
     return st;
+  } else if (req.resume_state) {
+    plan.resumed = *req.resume_state;
+    plan.resumed_from = "the state given";
   }
   if (req.join.empty() && !req.config && !plan.resumed) {
     return error(ErrorCode::kInvalidArgument, "the first peer defines the run: pass --config (or --join the address of a running peer)");
@@ -220,6 +224,11 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   env.gossip = gossip->get();
   env.name = (*gossip)->self().to_string();
   env.check_run = [&](const train::RunConfig& config) -> Status {
+    if ((config.model.kind == "external") != (req.external != nullptr)) {
+      return error(ErrorCode::kInvalidArgument, req.external ? "this peer trains a model of its caller's, and the run's config is model.kind = " + config.model.kind
+                                                             : "the run trains a model its peers compute themselves (model.kind = external): join it from Python with the gossamer package");
+    }
+    if (req.external) return train::resolve_device(config.train.device).status();  // (the caller reads its own data; its memory is its own)
     // The files it reads, pinned (train/inputs.h): a resume on other files is refused before they load.
     Result<std::string> inputs = req.resume ? train::check_inputs(req.out_dir, config) : Result<std::string>(std::string());
     if (!inputs.ok()) return inputs.status();
@@ -297,6 +306,8 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   // A newcomer's state goes to the run folder as it arrives: bounded by the disk, and resumed by the
   // same command started again after a kill.
   env.snapshot_store = make_file_store(req.out_dir);
+  env.external = req.external;
+  if (req.external) env.evaluate = static_cast<bool>(req.external->evaluate);
   if (req.throttle > 1.0) {
     env.pace = [factor = req.throttle](double measured) {
       real_clock().sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>((factor - 1.0) * measured)));

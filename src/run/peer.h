@@ -33,8 +33,10 @@
 
 #include "core/clock.h"
 #include "core/status.h"
+#include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/outer.h"
+#include "train/worker.h"
 #include "transport/link_profile.h"
 #include "transport/secure_channel.h"
 
@@ -57,6 +59,8 @@ struct PeerRequest {
   // Restart from out_dir/checkpoint.bin (its stored config is the run's); the peer then catches up
   // with the members if the run went on without it.
   bool resume = false;
+  // Restart from this state instead (the Python package's load_state_dict), in a new out_dir.
+  std::optional<train::CheckpointState> resume_state;
   std::size_t wait_for = 1;  // peers that must be ready before training starts
   std::optional<transport::LinkProfile> shape;  // shape this peer's group links (emulating distance)
   // This peer's failure detector: a peer silent this long is dead and rounds go on without it; it is
@@ -74,6 +78,9 @@ struct PeerRequest {
   std::optional<std::string> device;  // --device: this machine's train.device, overriding the run's
   Nanos start_timeout = std::chrono::minutes(10);
   const std::atomic<bool>* stop = nullptr;
+  // A caller's own training (the Python package; model.kind = external): its model, data and inner
+  // optimizer instead of a Worker over the run's corpus. Its evaluate callback, if any, evaluates.
+  std::shared_ptr<train::ExternalTraining> external;
 };
 
 struct PeerOutcome {

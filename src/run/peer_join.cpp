@@ -312,7 +312,12 @@ Status Peer::join_or_start() {
   }
   spdlog::info("training on shard {} of {}", rank_, world_);
 
-  worker_ = std::make_unique<train::Worker>(config_, corpus_->dataset, rank_, world_, clock_);
+  if (env_.external) {
+    env_.external->shard = rank_;
+    env_.external->shards = world_;
+  }
+  worker_ = env_.external ? std::make_unique<train::Worker>(config_, env_.external, clock_)
+                         : std::make_unique<train::Worker>(config_, corpus_->dataset, rank_, world_, clock_);
   if (const auto* codec = layout_codec()) layout_payload_ = static_cast<double>(worker_->model().num_parameters()) * quant::bits_per_value(*codec) / 8;
   optim::Group first_group = solo_group(clock_);
   if (start_) {
@@ -327,6 +332,7 @@ Status Peer::join_or_start() {
   if (!setup.ok()) return setup.status();
   setup_ = std::move(*setup);
   setup_.outer->record_updates([this](std::int64_t step, const at::Tensor& update) { record(step, update); });
+  if (env_.external) env_.external->snapshot = [this]() -> Result<train::CheckpointState> { return checkpoint_state(); };
 
   if (plan_.resumed) {
     // Its own checkpoint first (inner optimizer included); a newer state from the members, if any,
@@ -367,14 +373,25 @@ Status Peer::join_or_start() {
   return Status();
 }
 
-Status Peer::save_checkpoint() {
+void Peer::settle_for_checkpoint() {
   if (Status st = setup_.outer->settle(after(round_timeout_)); !st.ok()) spdlog::warn("checkpointing without the average in flight: {}", st.to_string());
-  if (!env_.save_checkpoint) return Status();
+}
+
+train::CheckpointState Peer::checkpoint_state() {
+  settle_for_checkpoint();
   train::CheckpointState cs = worker_->checkpoint_state(spec_.toml);
   cs.outer_state = setup_.outer->save();
   cs.shard = rank_;
   cs.shards = world_;
-  return env_.save_checkpoint(cs);
+  return cs;
+}
+
+Status Peer::save_checkpoint() {
+  if (!env_.save_checkpoint) {
+    settle_for_checkpoint();  // (the state it would hold is the members' all the same)
+    return Status();
+  }
+  return env_.save_checkpoint(checkpoint_state());
 }
 
 // Just after a round. While a newcomer waits, this peer offers a snapshot of the state it shares

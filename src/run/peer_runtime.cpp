@@ -103,6 +103,13 @@ Status Peer::learn_run() {
     if (!got.ok()) return got.status();
     spec_ = std::move(*got);
     if (plan_.own_spec && *plan_.own_spec != spec_.toml) {
+      train::RunConfig own, run;
+      if (train::apply_toml(own, *plan_.own_spec, "own").ok() && train::apply_toml(run, spec_.toml, "run").ok() && own.model.kind == "external" &&
+          run.model.kind == "external" && own.model.signature != run.model.signature) {
+        return error(ErrorCode::kInvalidArgument, "this peer's model (signature " + own.model.signature + ") is not the run's (" + run.model.signature +
+                                                      "): its parameters' names, shapes, types or initial weights differ; build it the same way on "
+                                                      "every peer, after the same torch.manual_seed");
+      }
       return error(ErrorCode::kInvalidArgument, "this peer's config (hash " + digest_of(as_bytes(*plan_.own_spec)).hex() + ") differs from the run's (hash " +
                                                     digest_of(as_bytes(spec_.toml)).hex() + "): " +
                                                     (plan_.resumed ? "the checkpoint belongs to another run" : "drop --config to take the run's, or join another run"));
@@ -197,9 +204,11 @@ Status Peer::link_up() {
   if (Status st = check_relay_needs_key(); !st.ok()) return st;
   // Announced without an address when nobody can dial it: the others then wait for its links.
   coordinator_ = Coordinator::make(gossip_, outbound_only_ ? std::string() : opened_.announced, co, clock_);
-  auto corpus = env_.corpus(config_);
-  if (!corpus.ok()) return corpus.status();
-  corpus_ = std::move(*corpus);
+  if (!env_.external) {  // (a caller's own training reads its own data)
+    auto corpus = env_.corpus(config_);
+    if (!corpus.ok()) return corpus.status();
+    corpus_ = std::move(*corpus);
+  }
   if (env_.set_threads && config_.train.threads > 0) torch::set_num_threads(static_cast<int>(config_.train.threads));
   return Status();
 }
@@ -474,7 +483,11 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
       spdlog::warn("the members did not all finish together: {}", done.status().to_string());
     }
   }
-  if (Status st = save_checkpoint(); !st.ok()) return st;
+  if (env_.external && env_.external->stopped_mid_step) {
+    spdlog::warn("stopped in the middle of a step of the caller's: no checkpoint of its parameters now (a resume starts from the last one)");
+  } else if (Status st = save_checkpoint(); !st.ok()) {
+    return st;
+  }
 
   PeerOutcome out;
   out.steps = worker_->steps_done();

@@ -125,6 +125,8 @@ struct PeerEnvironment {
   // Where a newcomer keeps the run's state as it arrives (state_store.h): a real peer's run folder, a
   // simulated worker's memory that outlives its crash. Absent: memory of this Peer's own.
   std::shared_ptr<SnapshotStore> snapshot_store;
+  // A caller's own training (PeerRequest::external): the Worker is made over it, and no corpus is read.
+  std::shared_ptr<train::ExternalTraining> external;
   bool evaluate = true;     // at eval_every and the end (a simulation lets one peer do it)
   bool set_threads = true;  // apply train.threads to LibTorch (the process's setting)
 };
@@ -176,6 +178,9 @@ class Peer {
   [[nodiscard]] Status replay(std::int64_t step, ByteView update);
   // The updates this member applies, kept for newcomers while it offers a snapshot.
   void record(std::int64_t step, const at::Tensor& update);
+  // The whole training state now (the in-flight average settled first), as a checkpoint holds it.
+  train::CheckpointState checkpoint_state();
+  void settle_for_checkpoint();
   [[nodiscard]] Status save_checkpoint();
   void boundary(std::int64_t done_step);
   void ask_ahead(std::int64_t step);

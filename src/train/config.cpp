@@ -69,10 +69,11 @@ std::vector<std::string> preset_names() {
 
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> keys = {
-      StringKey{"model.kind", "gpt: the built-in GPT (model.layers, width, heads); torchscript: a module saved by PyTorch (model.path)", [](RunConfig& c) -> std::string& { return c.model.kind; }, {"gpt", "torchscript"}},
+      StringKey{"model.kind", "gpt: the built-in GPT (model.layers, width, heads); torchscript: a module saved by PyTorch (model.path); external: a model the Python package's caller computes itself (model.signature)", [](RunConfig& c) -> std::string& { return c.model.kind; }, {"gpt", "torchscript", "external"}},
+      StringKey{"model.signature", "external: the digest of the caller's parameters' names, shapes and types (set by the Python package); peers with another model are refused", [](RunConfig& c) -> std::string& { return c.model.signature; }, {}},
       StringKey{"model.preset", "a well-known shape (layers, width, heads, context; no weights) to start from, e.g. gpt2-124m; later model.* keys refine it", [](RunConfig& c) -> std::string& { return c.model.preset; }, preset_names()},
       StringKey{"model.path", "torchscript: the file torch.jit.script(model).save(path) wrote; forward(tokens int64 [B, T]) -> logits [B, T, vocab]", [](RunConfig& c) -> std::string& { return c.model.path; }, {}},
-      StringKey{"model.block_pattern", "torchscript: a regular expression whose first group is the layer index in a parameter's name (the default takes the first all-digit part between dots or underscores, as in h.3.attn or block_3.qkv)", [](RunConfig& c) -> std::string& { return c.model.block_pattern; }, {}},
+      StringKey{"model.block_pattern", "torchscript and external: a regular expression whose first group is the layer index in a parameter's name (the default takes the first all-digit part between dots or underscores, as in h.3.attn or block_3.qkv)", [](RunConfig& c) -> std::string& { return c.model.block_pattern; }, {}},
       IntKey{"model.layers", "transformer blocks", [](RunConfig& c) -> std::int64_t& { return c.model.layers; }, 1, 256},
       IntKey{"model.width", "d_model, divisible by model.heads", [](RunConfig& c) -> std::int64_t& { return c.model.width; }, 8, 65536},
       IntKey{"model.heads", "attention heads", [](RunConfig& c) -> std::int64_t& { return c.model.heads; }, 1, 1024},

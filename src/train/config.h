@@ -17,7 +17,8 @@
 namespace gossamer::train {
 
 struct ModelSection {
-  std::string kind = "gpt";       // gpt (built in) or torchscript (model.path)
+  std::string kind = "gpt";       // gpt (built in), torchscript (model.path) or external (the Python package's caller's)
+  std::string signature;          // external: the digest of the caller's parameters' names, shapes and types
   std::string preset;             // "" or a shape of model_presets(): sets layers, width, heads, context
   std::string path;               // torchscript: the module file
   std::string block_pattern = R"((?:^|[._])(\d+)(?:[._]|$))";  // torchscript: regex whose first group is the layer index

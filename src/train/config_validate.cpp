@@ -28,6 +28,9 @@ Status validate(const RunConfig& c) {
   if (c.model.kind == "torchscript" && c.model.path.empty()) {
     return bad("model.kind = torchscript needs model.path: the file torch.jit.script(model).save(path) wrote");
   }
+  if (c.model.kind == "external" && c.model.signature.empty()) {
+    return bad("model.kind = external needs model.signature: the Python package sets it from the model (gossamer.Peer)");
+  }
   if (c.data.format == "tokens" && c.data.path.empty()) {
     return bad("data.format = tokens needs data.path: a token file, or a folder holding train.bin and val.bin");
   }

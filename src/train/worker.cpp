@@ -3,13 +3,16 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <limits>
 #include <map>
 #include <optional>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "core/check.h"
 #include "core/wire.h"
+#include "model/external_model.h"
 #include "model/torchscript_model.h"
 #include "optim/muon.h"
 #include "optim/updates.h"
@@ -34,6 +37,10 @@ model::GptConfig gpt_config(const RunConfig& c, int rank) {
 
 Result<std::unique_ptr<model::LanguageModel>> make_model(const RunConfig& c, int rank) {
   const auto g = gpt_config(c, rank);
+  if (c.model.kind == "external") {
+    return error(ErrorCode::kInvalidArgument, "model.kind = external is a model its caller computes: train it from Python with the gossamer "
+                                              "package (gossamer.Peer and an outer optimizer; see examples/python)");
+  }
   if (c.model.kind == "torchscript") {
     model::TorchScriptOptions o;
     o.path = c.model.path;
@@ -102,7 +109,7 @@ struct Worker::Impl {
         device(must_resolve(c)),
         bf16(c.train.precision == "bf16"),
         model(must_make_model(c, rank, device)),
-        sampler(d.train(), rank, world, c.train.batch_size, c.model.context, static_cast<std::uint64_t>(c.train.seed), c.data.shard_block),
+        sampler(std::in_place, d.train(), rank, world, c.train.batch_size, c.model.context, static_cast<std::uint64_t>(c.train.seed), c.data.shard_block),
         eval_set(data::validation_batches(d.val(), c.train.batch_size, c.model.context, c.train.eval_batches)) {
     std::vector<torch::Tensor> adam_params, muon_params;
     for (const auto& p : model->named_parameters()) {
@@ -126,14 +133,23 @@ struct Worker::Impl {
     schedule.total_steps = c.train.steps;
     params = model->parameters();
   }
+  Impl(const RunConfig& c, std::shared_ptr<ExternalTraining> e, Clock& clk)
+      : config(c), clock(&clk), device(e->parameters.empty() ? c10::Device(c10::kCPU) : e->parameters.front().tensor.device()), bf16(false),
+        external(std::move(e)) {
+    auto made = model::ExternalModel::make(external->parameters, external->block_pattern);
+    GOSSAMER_CHECK(made.ok(), "Worker: " + made.status().message());
+    model = std::move(*made);
+    params = model->parameters();
+  }
 
   RunConfig config;
   Clock* clock;
   c10::Device device;
   bool bf16;
   std::unique_ptr<model::LanguageModel> model;
-  data::ShardSampler sampler;
+  std::optional<data::ShardSampler> sampler;  // (none for a caller's own training)
   std::vector<data::Batch> eval_set;
+  std::shared_ptr<ExternalTraining> external;  // a caller's own training: it steps, evaluates and keeps its optimizer
   std::unique_ptr<torch::optim::AdamW> optimizer;
   std::optional<optim::Muon> muon;  // train.optimizer = muon: the weight matrices
   std::vector<torch::Tensor> params;
@@ -164,12 +180,35 @@ struct Worker::Impl {
 Worker::Worker(const RunConfig& config, const data::Dataset& dataset, int rank, int world, Clock& clock)
     : impl_(std::make_unique<Impl>(config, dataset, rank, world, clock)) {}
 
+Worker::Worker(const RunConfig& config, std::shared_ptr<ExternalTraining> external, Clock& clock)
+    : impl_(std::make_unique<Impl>(config, std::move(external), clock)) {}
+
 Worker::~Worker() = default;
 
 StepResult Worker::step(const GradientHook& before_update) {
   auto& s = *impl_;
+  if (s.external) {
+    // The caller's step: its gradients averaged and its optimizer stepped in between where there is
+    // a hook (ddp), unless the hook replaced the state.
+    const std::uint64_t restores = s.restores;
+    Status sync;
+    StepResult r = s.external->step(s.step + 1, [&] {
+      if (!before_update) return;
+      sync = before_update(s.params);
+      if (s.restores != restores) return;
+      if (Status st = s.external->update(); !st.ok() && sync.ok()) sync = st.with_context("the optimizer's step after averaging");
+    });
+    r.sync = std::move(sync);
+    r.replaced = r.replaced || s.restores != restores;  // (or the caller made no step: it stopped)
+    if (!r.replaced) {
+      s.step += 1;
+      s.tokens += r.tokens;
+    }
+    r.step = s.step;
+    return r;
+  }
   Stopwatch watch(*s.clock);
-  const data::Batch batch = s.sampler.batch(s.next_batch);
+  const data::Batch batch = s.sampler->batch(s.next_batch);
   s.model->train(true);
   s.zero_grad();
   at::Tensor loss;
@@ -238,9 +277,13 @@ Status Worker::replay_gradients(std::int64_t step, const at::Tensor& flat) {
     }
     p.grad().copy_(slice.to(p.grad().device()));
   }
-  if (s.config.train.grad_clip > 0.0) torch::nn::utils::clip_grad_norm_(s.params, s.config.train.grad_clip);
-  s.set_lr(learning_rate(s.schedule, s.step));
-  s.update();
+  if (s.external) {
+    if (Status st = s.external->update(); !st.ok()) return st.with_context("replaying step " + std::to_string(step));
+  } else {
+    if (s.config.train.grad_clip > 0.0) torch::nn::utils::clip_grad_norm_(s.params, s.config.train.grad_clip);
+    s.set_lr(learning_rate(s.schedule, s.step));
+    s.update();
+  }
   s.step += 1;
   s.next_batch += 1;
   return Status();
@@ -256,6 +299,7 @@ void Worker::move_to(std::int64_t step) {
 
 double Worker::evaluate() {
   auto& s = *impl_;
+  if (s.external) return s.external->evaluate ? s.external->evaluate() : std::numeric_limits<double>::quiet_NaN();
   torch::NoGradGuard no_grad;
   AutocastScope autocast(s.device, s.bf16);
   s.model->train(false);
@@ -288,9 +332,19 @@ CheckpointState Worker::checkpoint_state(const std::string& config_toml) const {
 
   torch::serialize::OutputArchive archive, model_archive, optim_archive;
   s.model->save(model_archive);
-  s.optimizer->save(optim_archive);
   archive.write("model", model_archive);
-  archive.write("optimizer", optim_archive);
+  if (s.external) {
+    // The caller's optimizer, as its own bytes (kept out when it cannot give them: said, not lost).
+    auto bytes = s.external->save_optimizer();
+    if (bytes.ok()) {
+      archive.write("external_optimizer", torch::from_blob(bytes->data(), {static_cast<std::int64_t>(bytes->size())}, torch::kUInt8).clone());
+    } else {
+      spdlog::warn("checkpoint without the optimizer's state: {}", bytes.status().to_string());
+    }
+  } else {
+    s.optimizer->save(optim_archive);
+    archive.write("optimizer", optim_archive);
+  }
   if (s.muon) {
     torch::serialize::OutputArchive muon_archive;
     const auto& m = s.muon->momenta();
@@ -319,9 +373,24 @@ Status Worker::restore(const CheckpointState& state) {
     // From the checkpoint's own buffer (no copy), tensors straight to the model's device.
     archive.load_from(reinterpret_cast<const char*>(state.tensors.data()), state.tensors.size(), s.device);
     archive.read("model", model_archive);
-    archive.read("optimizer", optim_archive);
     s.model->load(model_archive);
-    s.optimizer->load(optim_archive);
+    if (s.external) {
+      at::Tensor bytes;
+      if (!archive.try_read("external_optimizer", bytes)) {
+        spdlog::warn("the checkpoint holds no optimizer state: the optimizer starts afresh");
+      } else if (bytes.scalar_type() != torch::kUInt8 || bytes.dim() != 1) {
+        return error(ErrorCode::kMalformed, "checkpoint: the optimizer's state is not bytes");
+      } else {
+        bytes = bytes.contiguous();
+        if (Status st = s.external->load_optimizer(ByteView(reinterpret_cast<const std::byte*>(bytes.data_ptr()), static_cast<std::size_t>(bytes.numel())));
+            !st.ok()) {
+          return st.with_context("checkpoint");
+        }
+      }
+    } else {
+      archive.read("optimizer", optim_archive);
+      s.optimizer->load(optim_archive);
+    }
     if (s.muon) {
       torch::serialize::InputArchive muon_archive;
       if (!archive.try_read("muon", muon_archive)) {
@@ -376,6 +445,12 @@ std::map<const void*, std::size_t> muon_index(const std::optional<optim::Muon>& 
 
 Bytes Worker::optimizer_state() const {
   const auto& s = *impl_;
+  if (s.external) {
+    auto bytes = s.external->save_optimizer();
+    if (bytes.ok()) return std::move(*bytes);
+    spdlog::warn("the optimizer's state: {}", bytes.status().to_string());
+    return Bytes();
+  }
   Writer w;
   w.raw(ByteView(reinterpret_cast<const std::byte*>(kAdamMagic), 4));
   w.u8(kAdamVersion);
@@ -407,6 +482,7 @@ Bytes Worker::optimizer_state() const {
 
 Status Worker::load_optimizer_state(ByteView bytes) {
   auto& s = *impl_;
+  if (s.external) return s.external->load_optimizer(bytes);
   Reader r(bytes, "optimizer state");
   const ByteView magic = r.raw(4);
   const std::uint8_t version = r.u8();

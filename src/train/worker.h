@@ -43,6 +43,32 @@ struct StepResult {
 // takes the members' state), the step's update is dropped and the step ends at the restored one.
 using GradientHook = std::function<Status(const std::vector<at::Tensor>& params)>;
 
+// A model trained by its caller (the Python package): the caller computes each inner step with its
+// own module, data and inner optimizer; the Worker holds the module's trainable parameters (sharing
+// their storage) and asks the caller for what only it can do. Every callback runs on the thread
+// that drives the Worker, while the caller waits.
+struct ExternalTraining {
+  std::vector<model::NamedParameter> parameters;  // trainable, in the module's order
+  std::string block_pattern;                      // cuts them into blocks (model/external_model.h)
+  // One inner step: returns once the caller made it (its loss, tokens, learning rate; `seconds`, the
+  // time the caller took). `between` is called after the caller's gradients are in and before it goes
+  // on; with a gradient hook (ddp) it averages them and steps the caller's optimizer, which the
+  // caller then does not do itself.
+  // `next` is the step about to be made (1 for a run's first).
+  std::function<StepResult(std::int64_t next, const std::function<void()>& between)> step;
+  std::function<Status()> update;                 // the caller's optimizer steps with the gradients in place
+  std::function<Result<Bytes>()> save_optimizer;  // the caller's optimizer state, as bytes the same state always gives
+  std::function<Status(ByteView)> load_optimizer; // such bytes (untrusted)
+  std::function<double()> evaluate;               // validation loss; absent: the caller does not evaluate
+  // Set by the runtime that drives the Worker, for the caller's use from inside `step` (on the
+  // runtime's thread, between two steps): the whole training state now, as a checkpoint holds it.
+  std::function<Result<CheckpointState>()> snapshot;
+  int shard = 0, shards = 1;  // set by the runtime before the first step: the caller's share of its data
+  // Set by the caller's side when it stopped during a step (Ctrl-C in its own code): its parameters hold
+  // part of a step no one was told of, so the runtime writes no checkpoint of them (the last one stands).
+  bool stopped_mid_step = false;
+};
+
 // The model of a config, for worker `rank` (which seeds its dropout).
 model::GptConfig gpt_config(const RunConfig& config, int rank);
 // The model a config asks for (model.kind), initialised as every worker's is. A TorchScript file that
@@ -52,6 +78,9 @@ model::GptConfig gpt_config(const RunConfig& config, int rank);
 class Worker {
  public:
   Worker(const RunConfig& config, const data::Dataset& dataset, int rank, int world, Clock& clock);
+  // A worker over a caller's own training (model.kind = external). ContractError for parameters an
+  // ExternalModel refuses (the caller checks them first).
+  Worker(const RunConfig& config, std::shared_ptr<ExternalTraining> external, Clock& clock);
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
