@@ -9,8 +9,9 @@
 
   bench_python.py curve --data FILE [--peers 3] [--steps 600] [--inner-steps 50] [--methods diloco,streaming_diloco]
       The example across --peers processes for each method, and alone (plain PyTorch) for the same
-      tokens (--peers times the steps): the validation loss each reaches and its training loss by
-      tokens seen, the peers' shared state checked identical.
+      tokens (--peers times the steps; and the steps of one peer with the peers' batches together,
+      what synchronous data parallelism computes): the validation loss each reaches and its training
+      loss by tokens seen, the peers' shared state checked identical.
 
 Run with PYTHONPATH=build/python (the package) from the repository's root.
 """
@@ -115,6 +116,14 @@ def curve(args):
     final = json.loads(alone.stdout.strip().splitlines()[-1])
     results["alone"] = {"val_loss": final["final_val_loss"], "seconds": round(time.time() - t0, 1), "logs": [alone_log]}
     print(f"alone: {args.steps * args.peers} steps, val loss {final['final_val_loss']:.4f}", flush=True)
+    # Alone with the peers' batches together: the steps of one peer, what synchronous data parallelism computes.
+    wide_log = os.path.join(work, "alone_wide.jsonl")
+    t0 = time.time()
+    wide = subprocess.run([sys.executable, EXAMPLE, "--alone", "--steps", str(args.steps), "--log", wide_log] + common[:-2] +
+                          ["--eval-every", str(args.steps), "--batch", str(16 * args.peers)], env=env, capture_output=True, text=True, check=True)
+    final = json.loads(wide.stdout.strip().splitlines()[-1])
+    results["alone_wide"] = {"val_loss": final["final_val_loss"], "seconds": round(time.time() - t0, 1), "logs": [wide_log]}
+    print(f"alone_wide: {args.steps} steps of {16 * args.peers} sequences, val loss {final['final_val_loss']:.4f}", flush=True)
 
     # Training loss by tokens seen (all peers' tokens together), in tenths of the run.
     tokens_per_step = 16 * 64
@@ -126,7 +135,7 @@ def curve(args):
     series = {}
     for name in names:
         recs = [r for log in results[name]["logs"] for r in read_log(log)]
-        scale = 1 if name == "alone" else args.peers
+        scale = 1 if name == "alone" else args.peers  # (alone_wide's steps hold the peers' batches together)
         series[name] = [(r["step"] * tokens_per_step * scale, r["loss"]) for r in recs]
     for tenth in range(10):
         lo, hi = total * tenth / 10, total * (tenth + 1) / 10
