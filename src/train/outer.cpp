@@ -251,9 +251,18 @@ class WorkerLoop {
       if (hooks_.keep_going && !hooks_.keep_going(worker_.steps_done() + 1)) break;
       {
         const Nanos t0 = clock_.now();  // agreeing on a group (real peers) is waiting on communication too
-        regroup(worker_.steps_done() + 1);
+        // A regroup that caught this worker up (it was left out of a round and replayed the members'
+        // updates) moves it past steps: the group of the step it goes on from is asked for in turn, or
+        // a round due there would run over the group it was left with (its own alone).
+        for (std::int64_t next = worker_.steps_done() + 1;;) {
+          regroup(next);
+          const std::int64_t now = worker_.steps_done() + 1;
+          if (now == next || now > o_.steps) break;
+          next = now;
+        }
         blocked_since(t0);
       }
+      if (worker_.steps_done() >= o_.steps) break;  // caught up through the run's end
       const StepResult r = budget_.take(worker_.steps_done() + 1) ? inner_step() : idle_step();
       if (r.replaced) {  // left behind, this worker took the members' state: it goes on from there
         pending_tokens_ = 0;  // what it computed since its last merge is lost

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "optim/outer_optimizer.h"
+#include "train/outer.h"
 #include "train/run.h"
 #include "train/worker.h"
 
@@ -284,4 +286,52 @@ TEST_CASE("Muon as the inner optimizer: it trains, and another optimizer's state
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.status().message().find("train.optimizer") != std::string::npos);
   fs::remove_all(dir);
+}
+
+TEST_CASE("the loop asks for the group of every step it runs, also after a regroup moved the worker on (a catch-up)") {
+  RunConfig c = tiny();
+  c.model.dropout = 0.0;
+  c.train.steps = 12;
+  c.outer.method = "diloco";
+  c.diloco.inner_steps = 2;
+  auto corpus = load_corpus(c);
+  REQUIRE(corpus.ok());
+  Worker w(c, corpus->dataset, 0, 1, real_clock());
+  auto oc = outer_config(c);
+  REQUIRE(oc.ok());
+  optim::Group solo;
+  solo.peers.resize(1);
+  auto setup = optim::make_outer_optimizer(*oc, param_blocks(w.model()), solo);
+  REQUIRE(setup.ok());
+  LoopOptions lo;
+  lo.steps = c.train.steps;
+  std::vector<std::int64_t> asked;
+  LoopHooks hooks;
+  hooks.regroup = [&](std::int64_t step) -> std::optional<optim::Group> {
+    asked.push_back(step);
+    if (step == 5) w.move_to(6);  // left out of a round there, it replayed the members' steps 5 and 6
+    return std::nullopt;
+  };
+  auto account = run_worker_loop(w, *setup, real_clock(), lo, hooks);
+  REQUIRE(account.ok());
+  // Step 7 ran after the catch-up: it was asked for (the round due before it needs its group).
+  CHECK(asked == std::vector<std::int64_t>{1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12});
+  CHECK(w.steps_done() == 12);
+  CHECK(account->computed_steps == 10);
+
+  // Caught up through the run's end: no step past it.
+  Worker w2(c, corpus->dataset, 0, 1, real_clock());
+  auto setup2 = optim::make_outer_optimizer(*oc, param_blocks(w2.model()), solo);
+  REQUIRE(setup2.ok());
+  asked.clear();
+  hooks.regroup = [&](std::int64_t step) -> std::optional<optim::Group> {
+    asked.push_back(step);
+    if (step == 9) w2.move_to(12);
+    return std::nullopt;
+  };
+  auto account2 = run_worker_loop(w2, *setup2, real_clock(), lo, hooks);
+  REQUIRE(account2.ok());
+  CHECK(asked.back() == 9);
+  CHECK(w2.steps_done() == 12);
+  CHECK(account2->computed_steps == 8);
 }
