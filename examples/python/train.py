@@ -105,7 +105,7 @@ def main():
         import gossamer  # gossamer
         peer = gossamer.Peer(out=args.out, listen=args.listen, join=args.join, key=args.key, wait_for=args.peers,  # gossamer
                              resume=args.resume)  # gossamer
-        settings = {"inner_steps": args.inner_steps} if args.method in ("diloco", "streaming_diloco", "sparseloco", "muloco") else {}
+        settings = {"inner_steps": args.inner_steps} if args.method not in ("ddp", "local") else {}
         if args.method in ("diloco", "streaming_diloco", "co2", "muloco"):
             settings["codec"] = args.codec
         outer = gossamer.Outer.of(args.method)(  # gossamer

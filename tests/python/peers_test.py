@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The Python package as users run it: peers as separate Python processes on this machine.
 
-Usage: peers_test.py PACKAGE_DIR CASE     (CASE: diloco, streaming, ddp, join, resume, state, errors)
+Usage: peers_test.py PACKAGE_DIR CASE     (CASE: diloco, streaming, ddp, methods, join, resume, state, errors)
 
 Each case starts processes of examples/python/train.py (a plain PyTorch loop of its own model) or of
 a small driver below, and checks what they wrote: identical shared state at every peer, a join that
@@ -156,6 +156,19 @@ def case_ddp(procs, work, data):
     assert len({s["params_digest"] for s in sums}) == 1, [s["params_digest"] for s in sums]
 
 
+def case_methods(procs, work, data):
+    # the other methods of the registry, each across 3 processes
+    for method in ("noloco", "co2", "sparseloco", "muloco"):
+        sub = os.path.join(work, method)
+        os.makedirs(sub)
+        sums = three_peers(procs, sub, data, method, 40)
+        for s in sums:
+            assert s["finished"] and s["steps"] == 40, (method, s)
+            assert s["rounds"] > 0 and s["bytes_sent"] > 0, (method, s)
+        if method != "noloco":  # (NoLoCo's members differ by design: pairs average, nobody holds one state)
+            check_identical(sums, 40, method)
+
+
 def case_join(procs, work, data):
     outs = [os.path.join(work, f"j{i}") for i in range(3)]
     steps = 200
@@ -274,7 +287,7 @@ except ValueError as e:
     first.kill()
 
 
-CASES = {"diloco": case_diloco, "streaming": case_streaming, "ddp": case_ddp, "join": case_join, "state": case_state,
+CASES = {"diloco": case_diloco, "streaming": case_streaming, "ddp": case_ddp, "methods": case_methods, "join": case_join, "state": case_state,
          "resume": case_resume, "errors": case_errors}
 
 
