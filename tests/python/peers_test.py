@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The Python package as users run it: peers as separate Python processes on this machine.
 
-Usage: peers_test.py PACKAGE_DIR CASE     (CASE: diloco, streaming, ddp, methods, join, resume, state, errors)
+Usage: peers_test.py PACKAGE_DIR CASE     (CASE: diloco, streaming, ddp, methods, join, join_ddp, resume, state, errors)
 
 Each case starts processes of examples/python/train.py (a plain PyTorch loop of its own model) or of
 a small driver below, and checks what they wrote: identical shared state at every peer, a join that
@@ -169,26 +169,31 @@ def case_methods(procs, work, data):
             check_identical(sums, 40, method)
 
 
-def case_join(procs, work, data):
+def case_join(procs, work, data, method="diloco"):
     outs = [os.path.join(work, f"j{i}") for i in range(3)]
-    steps = 200
-    first = procs.start(example_args(data, outs[0], "diloco", steps, ["--peers", "2"]), "join0")
+    steps = 1500 if method == "ddp" else 200  # (long enough that the newcomer comes while it runs)
+    first = procs.start(example_args(data, outs[0], method, steps, ["--peers", "2"]), "join0")
     address = wait_for_file(os.path.join(outs[0], "address"))
-    second = procs.start(example_args(data, outs[1], "diloco", steps, ["--join", address]), "join1")
-    # the newcomer comes once the run is under way (its first records are out)
+    second = procs.start(example_args(data, outs[1], method, steps, ["--join", address]), "join1")
+    # the newcomer comes once the run is under way (one of the two led round 3: the leader is the lower id)
     deadline = time.time() + 120
-    while time.time() < deadline:
-        m = os.path.join(outs[0], "metrics.jsonl")
-        if os.path.exists(m) and len(open(m).read().splitlines()) >= 2:
-            break
-        time.sleep(0.2)
-    late = procs.start(example_args(data, outs[2], "diloco", steps, ["--join", address]), "join2")
+    while time.time() < deadline and not any("round 3: leading" in open(os.path.join(work, f"join{i}.log")).read() for i in (0, 1)):
+        time.sleep(0.1)
+    late = procs.start(example_args(data, outs[2], method, steps, ["--join", address]), "join2")
     for p in (first, second, late):
         procs.finish(p)
     sums = [summary(o) for o in outs]
-    check_identical(sums, steps, "join")
+    check_identical(sums, steps, f"{method} join")
     assert sums[2]["joins"] == 1, sums[2]
     assert sums[2]["state_snapshot_bytes"] > 0, sums[2]
+    if method == "ddp":  # the newcomer took the members' optimizer state too: the same weights at the end
+        assert len({s["params_digest"] for s in sums}) == 1, [s["params_digest"] for s in sums]
+
+
+def case_join_ddp(procs, work, data):
+    # ddp's newcomer takes the members' inner optimizer state (the caller's, as bytes every member
+    # writes alike, from several donors at once)
+    case_join(procs, work, data, "ddp")
 
 
 def driver(procs, work, data, name, **a):
@@ -287,7 +292,7 @@ except ValueError as e:
     first.kill()
 
 
-CASES = {"diloco": case_diloco, "streaming": case_streaming, "ddp": case_ddp, "methods": case_methods, "join": case_join, "state": case_state,
+CASES = {"diloco": case_diloco, "streaming": case_streaming, "ddp": case_ddp, "methods": case_methods, "join": case_join, "join_ddp": case_join_ddp, "state": case_state,
          "resume": case_resume, "errors": case_errors}
 
 
