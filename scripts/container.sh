@@ -65,6 +65,6 @@ mmdebstrap --quiet --variant=minbase --mode=root \
 [ -n "$KEEP" ] && cp "$WORK/rootfs.tar" "$KEEP"
 
 echo "container: importing into podman as $IMAGE"
-podman import --quiet --change 'ENTRYPOINT ["/usr/local/bin/gossamer"]' --change 'WORKDIR /work' --change 'ENV LANG=C.UTF-8' \
+podman import --quiet --change 'ENTRYPOINT ["/usr/local/bin/gossamer"]' --change 'WORKDIR /data' --change 'ENV LANG=C.UTF-8' \
   "$WORK/rootfs.tar" "$IMAGE" > /dev/null
 echo "container: built $IMAGE ($(podman image inspect --format '{{.Size}}' "$IMAGE" | awk '{printf "%.0f MB", $1/1e6}'))"

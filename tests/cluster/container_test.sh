@@ -47,10 +47,10 @@ A0=${SUBNET%.0}.10; A1=${SUBNET%.0}.11
 cp "$HERE/run.toml" "$WORK/run.toml"
 "$G" keygen --out "$WORK/run.key" 2> /dev/null || fail "keygen"
 mkdir -p "$WORK/p0" "$WORK/p1"
-"${RUN[@]}" -d --name "$NET-p0" --network "$NET" --ip "$A0" -v "$WORK:/work" "$TAG" \
-  peer --config /work/run.toml --key /work/run.key --listen "$A0:7000" --wait-for 2 --out /work/p0/run > /dev/null || fail "starting peer 0"
-"${RUN[@]}" -d --name "$NET-p1" --network "$NET" --ip "$A1" -v "$WORK:/work" "$TAG" \
-  peer --join "$A0:7000" --key /work/run.key --listen "$A1:7000" --out /work/p1/run > /dev/null || fail "starting peer 1"
+"${RUN[@]}" -d --name "$NET-p0" --network "$NET" --ip "$A0" -v "$WORK:/data" "$TAG" \
+  peer --config /data/run.toml --key /data/run.key --listen "$A0:7000" --wait-for 2 --out /data/p0/run > /dev/null || fail "starting peer 0"
+"${RUN[@]}" -d --name "$NET-p1" --network "$NET" --ip "$A1" -v "$WORK:/data" "$TAG" \
+  peer --join "$A0:7000" --key /data/run.key --listen "$A1:7000" --out /data/p1/run > /dev/null || fail "starting peer 1"
 rc0=$(timeout 240 podman wait "$NET-p0"); rc1=$(timeout 240 podman wait "$NET-p1")
 podman logs "$NET-p0" > "$WORK/p0.log" 2>&1; podman logs "$NET-p1" > "$WORK/p1.log" 2>&1
 [ "$rc0" = 0 ] && [ "$rc1" = 0 ] || fail "the peers exited with $rc0 and $rc1"
