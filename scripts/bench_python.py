@@ -109,21 +109,18 @@ def curve(args):
         results[method] = {"val_loss": finals[0]["final_val_loss"], "identical_shared_state": len(digests) == 1, "seconds": round(time.time() - t0, 1),
                            "logs": [os.path.join(work, f"{method}{i}.jsonl") for i in range(args.peers)]}
         print(f"{method}: {args.peers} peers, val loss {finals[0]['final_val_loss']:.4f}, identical shared state: {len(digests) == 1}", flush=True)
-    alone_log = os.path.join(work, "alone.jsonl")
-    t0 = time.time()
-    alone = subprocess.run([sys.executable, EXAMPLE, "--alone", "--steps", str(args.steps * args.peers), "--log", alone_log] + common[:-2] +
-                           ["--eval-every", str(args.steps * args.peers), "--batch", "16"], env=env, capture_output=True, text=True, check=True)
-    final = json.loads(alone.stdout.strip().splitlines()[-1])
-    results["alone"] = {"val_loss": final["final_val_loss"], "seconds": round(time.time() - t0, 1), "logs": [alone_log]}
-    print(f"alone: {args.steps * args.peers} steps, val loss {final['final_val_loss']:.4f}", flush=True)
+    def alone(name, steps, batch, what):
+        log = os.path.join(work, name + ".jsonl")
+        t0 = time.time()
+        run = subprocess.run([sys.executable, EXAMPLE, "--alone", "--data", args.data, "--steps", str(steps), "--batch", str(batch),
+                              "--eval-every", str(steps), "--log", log], env=env, capture_output=True, text=True, check=True)
+        final = json.loads(run.stdout.strip().splitlines()[-1])
+        results[name] = {"val_loss": final["final_val_loss"], "seconds": round(time.time() - t0, 1), "logs": [log]}
+        print(f"{name}: {what}, val loss {final['final_val_loss']:.4f}", flush=True)
+
+    alone("alone", args.steps * args.peers, 16, f"{args.steps * args.peers} steps")
     # Alone with the peers' batches together: the steps of one peer, what synchronous data parallelism computes.
-    wide_log = os.path.join(work, "alone_wide.jsonl")
-    t0 = time.time()
-    wide = subprocess.run([sys.executable, EXAMPLE, "--alone", "--steps", str(args.steps), "--log", wide_log] + common[:-2] +
-                          ["--eval-every", str(args.steps), "--batch", str(16 * args.peers)], env=env, capture_output=True, text=True, check=True)
-    final = json.loads(wide.stdout.strip().splitlines()[-1])
-    results["alone_wide"] = {"val_loss": final["final_val_loss"], "seconds": round(time.time() - t0, 1), "logs": [wide_log]}
-    print(f"alone_wide: {args.steps} steps of {16 * args.peers} sequences, val loss {final['final_val_loss']:.4f}", flush=True)
+    alone("alone_wide", args.steps, 16 * args.peers, f"{args.steps} steps of {16 * args.peers} sequences")
 
     # Training loss by tokens seen (all peers' tokens together), in tenths of the run.
     tokens_per_step = 16 * 64

@@ -124,7 +124,6 @@ class StepGate {
   bool open_step() const { return granted_ > made_; }  // (under mu)
   bool over() const { return over_; }
   std::int64_t next() const { return next_; }
-  std::int64_t made() const { return made_; }
   void hand_over(double loss, std::int64_t tokens, double lr) {  // (under mu, with open_step())
     pending_ = train::StepResult{};
     pending_.loss = loss;
@@ -381,8 +380,7 @@ class Runtime {
     const Status st = outcome_->status();
     lock.unlock();
     if (thread_.joinable()) thread_.join();
-    py::gil_scoped_acquire gil;
-    raise(st);
+    raise(st);  // (C++ exceptions: pybind11 turns them into Python's once the GIL is back)
   }
 
   py::object update_, save_optimizer_, load_optimizer_, evaluate_;
