@@ -9,9 +9,11 @@
 // receiver), so
 // contention is modelled; a message of n bytes on the wire alone on links of b bytes/s arrives
 // exactly latency + n/b after it was sent. Bytes on the wire are the payload plus the frame header,
-// with per-packet header overhead (LinkProfile::wire_bytes). Loss is retransmission delay: each
-// lost packet (seeded draw) adds one round trip. Jitter is a seeded normal draw per message, never
-// reordering a link's messages.
+// with per-packet header overhead (LinkProfile::wire_bytes). Latency, jitter and loss come from the
+// model the real shaped links use (transport/link_model.h): loss is retransmission delay (each lost
+// packet, a seeded draw, adds one round trip), jitter a seeded signed normal draw per message, never
+// reordering a link's messages. A path's latency, jitter and loss are the means of its two ends', so
+// that between two nodes of one profile a message is delayed as a real link of that profile delays it.
 //
 // Send blocks the sending actor until its last byte has left (that is how long the sender's link is
 // busy); the receiver's mailbox holds messages by tag until recv() takes them. crash(node) closes the

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "core/check.h"
+#include "transport/link_model.h"
 #include "transport/protocol.h"
 
 namespace gossamer::sim {
@@ -95,19 +96,15 @@ Nanos Network::Impl::draw_delay(int from, int to, std::size_t payload_bytes, boo
   const auto& a = spec.nodes[static_cast<std::size_t>(from)].link;
   const auto& b = spec.nodes[static_cast<std::size_t>(to)].link;
   auto& rng = datagram ? datagram_rngs[pair(from, to)] : rngs[pair(from, to)];
-  const Nanos base = latency(from, to);
-  double extra_ns = 0;
-  const double jitter_ns = std::sqrt((std::pow(static_cast<double>(a.jitter.count()), 2) + std::pow(static_cast<double>(b.jitter.count()), 2)) / 2);
-  if (jitter_ns > 0) extra_ns += std::normal_distribution<double>(0.0, jitter_ns)(rng);
-  const double loss = 1.0 - (1.0 - a.loss) * (1.0 - b.loss);
-  if (loss > 0) {
-    const std::size_t mss = std::min(a.mtu_bytes, b.mtu_bytes) - 52;
-    const auto packets = static_cast<std::int64_t>((payload_bytes + transport::kFrameHeaderBytes + mss - 1) / mss);
-    const std::int64_t lost = std::binomial_distribution<std::int64_t>(packets, loss)(rng);
-    extra_ns += static_cast<double>(lost) * 2.0 * static_cast<double>(base.count());  // one round trip per lost packet
-  }
-  const double total = std::max(0.0, static_cast<double>(base.count()) + extra_ns);
-  return Nanos(static_cast<std::int64_t>(std::llround(total)));
+  // The path's shape, made of its two ends as means, so that a path between two ends of one profile
+  // has that profile: their mean latency (plus sites' and pairs'), the root mean square of their
+  // jitters, the geometric mean of their packets' survival, the smaller MTU.
+  transport::PathShape path;
+  path.latency = latency(from, to);
+  path.jitter_ns = std::sqrt((std::pow(static_cast<double>(a.jitter.count()), 2) + std::pow(static_cast<double>(b.jitter.count()), 2)) / 2);
+  path.loss = 1.0 - std::sqrt((1.0 - a.loss) * (1.0 - b.loss));
+  path.mtu_bytes = std::min(a.mtu_bytes, b.mtu_bytes);
+  return transport::draw_propagation(path, payload_bytes + transport::kFrameHeaderBytes, rng);
 }
 
 void Network::Impl::recompute() {
@@ -154,8 +151,12 @@ void Network::Impl::recompute() {
 
 void Network::Impl::advance() {
   const double dt = std::chrono::duration<double>(sched.now() - last_update).count();
-  if (dt > 0) {
-    for (Flow* f : flows) f->remaining -= std::isinf(f->rate) ? f->remaining : f->rate * dt;
+  for (Flow* f : flows) {
+    if (std::isinf(f->rate)) {
+      f->remaining = 0;  // an unlimited path carries it in no time
+    } else if (dt > 0) {
+      f->remaining -= f->rate * dt;
+    }
   }
   last_update = sched.now();
 }

@@ -19,6 +19,7 @@
 
 #include "core/log.h"
 #include "transport/gossip_core.h"
+#include "transport/link_model.h"
 #include "transport/reach_probe.h"
 
 namespace gossamer::transport {
@@ -34,6 +35,7 @@ class ZmqGossip final : public Gossip {
  public:
   explicit ZmqGossip(const GossipOptions& o) : options_(o) {
     if (options_.self.value == 0) options_.self = random_peer_id();
+    if (options_.shape) shaped_.emplace(*options_.shape, options_.self.value);
   }
 
   ~ZmqGossip() override {
@@ -89,6 +91,14 @@ class ZmqGossip final : public Gossip {
       if (options_.bind.find('[') != std::string::npos) router_->set(zmq::sockopt::ipv6, 1);
       router_->bind(options_.bind);
       bound = router_->get(zmq::sockopt::last_endpoint);
+      // What callers queue (a direct message, a broadcast) wakes the gossip thread at once.
+      const std::string wake = "inproc://gossip-wake-" + options_.self.to_string();
+      wake_rx_ = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::pair);
+      wake_rx_->set(zmq::sockopt::linger, 0);
+      wake_rx_->bind(wake);
+      wake_tx_ = std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::pair);
+      wake_tx_->set(zmq::sockopt::linger, 0);
+      wake_tx_->connect(wake);
     } catch (const zmq::error_t& e) {
       return error(ErrorCode::kIoError, "gossip cannot bind " + options_.bind + ": " + e.what());
     }
@@ -103,8 +113,8 @@ class ZmqGossip final : public Gossip {
   std::vector<Member> members() const override { return core_->members(); }
   std::uint64_t members_version() const override { return core_->members_version(); }
   std::vector<Member> sample(std::size_t k) override { return core_->sample(k); }
-  Status broadcast(const std::string& topic, ByteView payload) override { return core_->broadcast(topic, payload); }
-  Status send(PeerId to, const std::string& topic, ByteView payload) override { return core_->send(to, topic, payload); }
+  Status broadcast(const std::string& topic, ByteView payload) override { return woken(core_->broadcast(topic, payload)); }
+  Status send(PeerId to, const std::string& topic, ByteView payload) override { return woken(core_->send(to, topic, payload)); }
   void subscribe(const std::string& topic, Handler handler) override { core_->subscribe(topic, std::move(handler)); }
 
   void leave() override {
@@ -319,22 +329,15 @@ class ZmqGossip final : public Gossip {
   // Shaped (options_.shape): each message leaves once the emulated link has carried the ones before
   // it and its latency has passed; send_now() then sends it.
   void send_all(const std::vector<GossipSend>& sends) {
-    if (!options_.shape) return send_now(sends);
-    const LinkProfile& shape = *options_.shape;
+    if (!shaped_) return send_now(sends);
     const auto now = std::chrono::steady_clock::now();
     for (const auto& s : sends) {
       if (delayed_.size() >= kMaxDelayed) {  // a link this slow drops what it cannot carry, as a full socket does
         if (++dropped_shaped_ % 1000 == 1) spdlog::warn("gossip: the shaped link is {} messages behind: dropping ({} so far)", kMaxDelayed, dropped_shaped_);
         continue;
       }
-      const auto serialize = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-          std::chrono::duration<double>(shape.wire_bytes(s.message.size()) / shape.bandwidth_bytes_per_s));
-      uplink_free_ = std::max(uplink_free_, now) + serialize;
-      Nanos extra = shape.latency;
-      if (shape.jitter > Nanos{0}) extra += std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(
-                                               std::abs(std::normal_distribution<double>(0.0, std::chrono::duration<double>(shape.jitter).count())(jitter_rng_))));
-      auto due = uplink_free_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(extra);
-      if (!delayed_.empty()) due = std::max(due, delayed_.back().first);  // in order, as a TCP stream delivers
+      const LinkModel::Carried c = shaped_->carry(std::chrono::duration_cast<Nanos>(now.time_since_epoch()), s.message.size());
+      const auto due = std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(c.due));
       delayed_.emplace_back(due, s);
     }
     core_->run_deliveries();
@@ -394,7 +397,7 @@ class ZmqGossip final : public Gossip {
         send_all(core_->tick());
         next_tick = now + options_.period;
       } else {
-        send_all(core_->take_broadcasts());  // a broadcast leaves within a poll interval, not a whole period
+        send_all(core_->take_broadcasts());  // what callers queued leaves at once (they wake this thread)
       }
       flush_probe_messages();
       auto poll_for = std::chrono::duration_cast<std::chrono::steady_clock::duration>(wake);
@@ -404,6 +407,8 @@ class ZmqGossip final : public Gossip {
       if (zap_) items.push_back({zap_->handle(), 0, ZMQ_POLLIN, 0});
       const std::size_t monitor_at = items.size();
       if (monitor_) items.push_back({monitor_->handle(), 0, ZMQ_POLLIN, 0});
+      const std::size_t wake_at = items.size();
+      items.push_back({wake_rx_->handle(), 0, ZMQ_POLLIN, 0});
       // Replies come back on our own connections too: from members that cannot dial this node
       // (it is outbound-only), and dial-back answers.
       const std::size_t dealers_at = items.size();
@@ -418,6 +423,11 @@ class ZmqGossip final : public Gossip {
         zmq::poll(items, std::chrono::duration_cast<std::chrono::milliseconds>(poll_for));
         if (zap_ && (items[zap_at].revents & ZMQ_POLLIN)) answer_zap();
         if (monitor_ && (items[monitor_at].revents & ZMQ_POLLIN)) read_monitor();
+        if (items[wake_at].revents & ZMQ_POLLIN) {
+          zmq::message_t m;
+          while (wake_rx_->recv(m, zmq::recv_flags::dontwait)) {
+          }
+        }
         check_isolation();
         while (items[0].revents & ZMQ_POLLIN) {
           zmq::message_t identity, body;
@@ -443,6 +453,7 @@ class ZmqGossip final : public Gossip {
     dealers_.clear();
     if (router_ && monitor_) zmq_socket_monitor(router_->handle(), nullptr, 0);
     monitor_.reset();
+    wake_rx_.reset();
     router_.reset();
     zap_.reset();
   }
@@ -507,6 +518,18 @@ class ZmqGossip final : public Gossip {
     last_refusal_log_ = now;
   }
 
+  // Wakes the gossip thread when something was queued for it.
+  Status woken(Status st) {
+    if (st.ok()) {
+      std::lock_guard<std::mutex> lock(wake_mu_);
+      try {
+        (void)wake_tx_->send(zmq::const_buffer(nullptr, 0), zmq::send_flags::dontwait);  // full: it is awake anyway
+      } catch (const zmq::error_t&) {
+      }
+    }
+    return st;
+  }
+
   // The refused side learns nothing from ZeroMQ: say so when nobody has answered for a while.
   void check_isolation() {
     if (warned_isolated_ || core_->knows_anyone() || options_.seeds.empty() || checking_.load() > 0) return;
@@ -518,14 +541,15 @@ class ZmqGossip final : public Gossip {
 
   GossipOptions options_;
   std::deque<std::pair<std::chrono::steady_clock::time_point, GossipSend>> delayed_;  // shaped, not yet due (gossip thread)
-  std::chrono::steady_clock::time_point uplink_free_{};
-  std::mt19937_64 jitter_rng_{1};
+  std::optional<LinkModel> shaped_;  // options_.shape's (gossip thread)
   static constexpr std::size_t kMaxDelayed = 10000;
   std::uint64_t dropped_shaped_ = 0;
   std::unique_ptr<GossipCore> core_;  // made by start(); thread-safe
   zmq::context_t ctx_;
   std::unique_ptr<zmq::socket_t> router_;  // owned by the gossip thread after start(), as are the others
-  std::unique_ptr<zmq::socket_t> zap_, monitor_;
+  std::unique_ptr<zmq::socket_t> zap_, monitor_, wake_rx_;
+  std::mutex wake_mu_;
+  std::unique_ptr<zmq::socket_t> wake_tx_;  // callers' end, under wake_mu_
   std::array<std::uint8_t, 32> curve_pk_{}, curve_sk_{};
   SteadyTime started_ = std::chrono::steady_clock::now();
   bool warned_isolated_ = false;  // the gossip thread's, as are the next two

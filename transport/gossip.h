@@ -61,8 +61,9 @@ struct GossipOptions {
   // This node accepts no connections (see Gossip::set_outbound_only).
   bool outbound_only = false;
   // Emulated distance (a real peer's --shape): what this node sends waits for its turn on a link of
-  // the profile's bandwidth (its wire bytes, one message after another) and then its latency (and
-  // jitter), as the shaped group links do (shaped_link.h). Loss is not emulated here.
+  // the profile's bandwidth (its wire bytes, one message after another) and then its latency, jitter
+  // and loss (retransmission) delay, by the model the shaped group links and the simulator use
+  // (link_model.h).
   std::optional<LinkProfile> shape;
 };
 

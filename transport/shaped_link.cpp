@@ -4,11 +4,11 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
-#include <random>
 #include <thread>
 
 #include <spdlog/spdlog.h>
 
+#include "transport/link_model.h"
 #include "transport/protocol.h"
 
 namespace gossamer::transport {
@@ -22,7 +22,7 @@ SteadyTime steady_now() { return std::chrono::steady_clock::now(); }
 class ShapedLink final : public Link {
  public:
   ShapedLink(std::shared_ptr<Link> inner, const LinkProfile& p, std::uint64_t seed)
-      : inner_(std::move(inner)), profile_(p), rng_(seed), next_free_(steady_now()), last_due_(steady_now()) {
+      : inner_(std::move(inner)), profile_(p), model_(p, seed) {
     thread_ = std::thread([this] { delay_line(); });
   }
 
@@ -42,25 +42,21 @@ class ShapedLink final : public Link {
 
   Status send(Tag tag, ByteView payload, Deadline deadline) override {
     std::unique_lock<std::mutex> serial(send_mu_);  // one message on the wire at a time, in call order
-    SteadyTime finish, due, returns;
+    SteadyTime due, returns;
     Bytes copy(payload.begin(), payload.end());  // before the lock: the delay line need not wait on it
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!failed_.ok()) return failed_;
       const SteadyTime now = steady_now();
-      const SteadyTime start = std::max(now, next_free_);
-      finish = start + wire_time(profile_.wire_bytes(payload.size() + kFrameHeaderBytes));
+      const std::size_t bytes = payload.size() + kFrameHeaderBytes;
       // The call returns once no more than the send buffer's worth of bytes is left to go out.
-      returns = std::max(now, finish - wire_time(static_cast<double>(kShaperSendBufferBytes)));
+      returns = std::max(now, at(model_.would_send(since_epoch(now), bytes) - model_.wire_time(static_cast<double>(kShaperSendBufferBytes))));
       if (returns > deadline.steady_time()) {
         return error(ErrorCode::kTimeout, "shaped send of " + std::to_string(payload.size()) + " bytes to peer " + peer().to_string() +
                                               " needs longer than its deadline at " + std::to_string(profile_.bandwidth_bytes_per_s * 8 / 1e6) +
                                               " Mbit/s");
       }
-      next_free_ = finish;
-      due = finish + profile_.latency + extra_delay(payload.size() + kFrameHeaderBytes);
-      due = std::max(due, last_due_);  // in order: jitter never reorders a stream
-      last_due_ = due;
+      due = at(model_.carry(since_epoch(now), bytes).due);
       queue_.push_back(Pending{due, tag, std::move(copy)});
       cv_.notify_all();
       stats_.bytes_sent += payload.size() + kFrameHeaderBytes;
@@ -101,29 +97,8 @@ class ShapedLink final : public Link {
     Bytes payload;
   };
 
-  static std::chrono::steady_clock::duration to_duration(double seconds) {
-    return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
-  }
-
-  // Time `bytes` occupy the link at its bandwidth (none when unlimited).
-  std::chrono::steady_clock::duration wire_time(double bytes) const {
-    return to_duration(std::isinf(profile_.bandwidth_bytes_per_s) ? 0.0 : bytes / profile_.bandwidth_bytes_per_s);
-  }
-
-  // Jitter and loss delay for a message of n bytes (under mu_).
-  std::chrono::steady_clock::duration extra_delay(std::size_t n) {
-    double seconds = 0.0;
-    if (profile_.jitter > Nanos(0)) {
-      std::normal_distribution<double> jitter(0.0, std::chrono::duration<double>(profile_.jitter).count());
-      seconds += std::abs(jitter(rng_));
-    }
-    if (profile_.loss > 0.0) {
-      const auto packets = static_cast<std::int64_t>((n + profile_.mtu_bytes - 1) / profile_.mtu_bytes);
-      std::binomial_distribution<std::int64_t> lost(packets, profile_.loss);
-      seconds += static_cast<double>(lost(rng_)) * 2.0 * std::chrono::duration<double>(profile_.latency).count();
-    }
-    return to_duration(seconds);
-  }
+  static Nanos since_epoch(SteadyTime t) { return std::chrono::duration_cast<Nanos>(t.time_since_epoch()); }
+  static SteadyTime at(Nanos since_epoch) { return SteadyTime(std::chrono::duration_cast<std::chrono::steady_clock::duration>(since_epoch)); }
 
   void delay_line() {
     std::unique_lock<std::mutex> lock(mu_);
@@ -157,9 +132,9 @@ class ShapedLink final : public Link {
   LinkProfile profile_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::mt19937_64 rng_;
+  LinkModel model_;  // under mu_
   static constexpr std::chrono::seconds kDrainLimit{10};
-  SteadyTime next_free_, last_due_, drain_until_;
+  SteadyTime drain_until_;
   std::deque<Pending> queue_;
   bool stopping_ = false;
   Status failed_;
