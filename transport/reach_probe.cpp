@@ -20,12 +20,11 @@ namespace {
 
 constexpr char kMagic[4] = {'G', 'S', 'R', 'P'};
 constexpr char kProbeMagic[4] = {'G', 'S', 'P', 'B'};
-constexpr std::uint8_t kVersion = 1;
 constexpr std::size_t kMaxAddress = 300, kMaxDetail = 300, kMaxIp = 64;
 
 void write_header(Writer& w, ReachType type, std::uint64_t nonce) {
   w.raw(as_bytes(std::string_view(kMagic, 4)));
-  w.u8(kVersion);
+  w.u8(kReachVersion);
   w.u8(static_cast<std::uint8_t>(type));
   w.u64(nonce);
 }
@@ -37,8 +36,8 @@ Result<std::uint64_t> read_header(Reader& r, ReachType want) {
   const std::uint64_t nonce = r.u64();
   if (!r.ok()) return r.status();
   if (std::memcmp(magic.data(), kMagic, 4) != 0) return error(ErrorCode::kMalformed, "not a dial-back message");
-  if (version != kVersion) {
-    return error(ErrorCode::kVersionMismatch, "dial-back message version " + std::to_string(version) + " (we speak " + std::to_string(kVersion) + ")");
+  if (version != kReachVersion) {
+    return error(ErrorCode::kVersionMismatch, "dial-back message version " + std::to_string(version) + " (we speak " + std::to_string(kReachVersion) + ")");
   }
   if (type != static_cast<std::uint8_t>(want)) return error(ErrorCode::kMalformed, "dial-back message of type " + std::to_string(type));
   return nonce;

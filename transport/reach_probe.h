@@ -30,6 +30,9 @@ inline constexpr std::size_t kMaxReachAddresses = 4;
 
 enum class ReachType : std::uint8_t { kNone = 0, kRequest = 1, kAnswer = 2 };
 
+// The dial-back messages' version (docs/wire.md).
+inline constexpr std::uint8_t kReachVersion = 1;
+
 struct ReachRequest {
   std::uint64_t nonce = 0;
   PeerId requester;

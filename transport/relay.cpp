@@ -12,7 +12,6 @@ namespace gossamer::transport {
 namespace {
 
 constexpr char kMagic[4] = {'G', 'S', 'R', 'Y'};
-constexpr std::uint8_t kVersion = 2;
 constexpr std::size_t kSignedBytes = 80;
 
 // The tag's key: the run key, labelled for this use only.
@@ -38,7 +37,7 @@ bool is_relay_magic(ByteView first4) { return first4.size() >= 4 && std::memcmp(
 Bytes encode_relay_request(const RelayRequest& request, const std::optional<RunKey>& key) {
   Writer w(kRelayRequestBytes);
   w.raw(as_bytes(std::string_view(kMagic, 4)));
-  w.u8(kVersion);
+  w.u8(kRelayVersion);
   w.u8(0);
   w.u16(0);
   w.raw(ByteView(reinterpret_cast<const std::byte*>(request.run.bytes.data()), request.run.bytes.size()));
@@ -74,7 +73,7 @@ Result<RelayRequest> decode_relay_request(ByteView bytes, const std::optional<Ru
   r.expect_end();
   if (!r.ok()) return r.status();
   if (std::memcmp(magic.data(), kMagic, 4) != 0) return error(ErrorCode::kMalformed, "not a relay request");
-  if (version != kVersion) return error(ErrorCode::kVersionMismatch, "relay request version " + std::to_string(version) + " (we speak " + std::to_string(kVersion) + ")");
+  if (version != kRelayVersion) return error(ErrorCode::kVersionMismatch, "relay request version " + std::to_string(version) + " (we speak " + std::to_string(kRelayVersion) + ")");
   if (zero8 != 0 || zero16 != 0) return error(ErrorCode::kMalformed, "relay request with reserved bytes set");
   std::memcpy(out.run.bytes.data(), run.data(), out.run.bytes.size());
   std::memcpy(out.nonce.data(), nonce.data(), out.nonce.size());

@@ -32,6 +32,7 @@
 namespace gossamer::transport {
 
 inline constexpr std::size_t kRelayRequestBytes = 112;
+inline constexpr std::uint8_t kRelayVersion = 2;  // of requests and answers (docs/wire.md)
 inline constexpr std::size_t kRelayAnswerBytes = 8;
 // How far a request's time may lie from the relay's clock (either way): machines' clocks kept by
 // NTP agree within a second; this leaves room for ones that drift, and bounds the replay cache.

@@ -33,10 +33,18 @@ inline constexpr Tag kTokenWeights = 0x0C000000u;
 // synchronising, both | (iteration mod 2^16).
 inline constexpr Tag kPipeline = 0x0D700000u;
 inline constexpr Tag kPipelineSync = 0x0D710000u;
-// Pipelines across processes (src/run/pipeline_process.h): the schedule's hash (| 0), the goodbye at
-// the end (| 1), an iteration's confirmation (| 2), the nodes each reaches after a failure (| 3) and
-// a new connection's epoch (| 4); and a stage's weights sent for evaluation, | (iteration mod 2^16).
+// Pipelines across processes (src/run/pipeline_process.h): the agreement's messages under
+// kPipelineHello | a sub-tag of its own (kPipelineSubTags), and a stage's weights sent for
+// evaluation, | (iteration mod 2^16).
 inline constexpr Tag kPipelineHello = 0x0D720000u;
+inline constexpr Tag kPipelineHash = kPipelineHello | 0u;      // the schedule's hash
+inline constexpr Tag kPipelineBye = kPipelineHello | 1u;       // the goodbye at the end
+inline constexpr Tag kPipelineCommit = kPipelineHello | 2u;    // an iteration's confirmation
+inline constexpr Tag kPipelineView = kPipelineHello | 3u;      // the nodes each reaches after a failure
+inline constexpr Tag kLinkProbeAsk = kPipelineHello | 4u;      // a link probe (src/run/link_probe.h)
+inline constexpr Tag kLinkProbeAnswer = kPipelineHello | 5u;   // its answer
+inline constexpr Tag kPipelineEpoch = kPipelineHello | 6u;     // a new connection's epoch
+inline constexpr Tag kPipelineProbeRow = kPipelineHello | 8u;  // each node's measured row
 inline constexpr Tag kPipelineEval = 0x0D730000u;
 // ddp on Gloo: where rank 0 serves the rendezvous store.
 inline constexpr Tag kGlooRendezvous = 0x0D6C0000u;
@@ -74,6 +82,36 @@ inline constexpr std::array<TagRange, 15> kRanges = {{
     {"group epochs (src/run/peer_links.h)", kEpoch, kEpoch, false},
 }};
 inline constexpr TagRange kLaneRange = {"striped lanes (transport/striped_link.h)", kLane, kLane, false};
+
+// Where one range is shared by several messages, each message's sub-tag, listed so the build can
+// check that no two messages share one and that each lies in its range.
+struct SubTag {
+  std::string_view message;
+  Tag tag;
+};
+inline constexpr std::array<SubTag, 8> kPipelineSubTags = {{
+    {"pipeline schedule hash", kPipelineHash},
+    {"pipeline goodbye", kPipelineBye},
+    {"pipeline commit", kPipelineCommit},
+    {"pipeline view", kPipelineView},
+    {"link probe ask", kLinkProbeAsk},
+    {"link probe answer", kLinkProbeAnswer},
+    {"pipeline epoch", kPipelineEpoch},
+    {"pipeline probe row", kPipelineProbeRow},
+}};
+
+template <std::size_t N>
+constexpr bool distinct_sub_tags(const std::array<SubTag, N>& subs, Tag first, Tag last) {
+  for (std::size_t i = 0; i < N; ++i) {
+    if (subs[i].tag < first || subs[i].tag > last) return false;
+    for (std::size_t j = i + 1; j < N; ++j) {
+      if (subs[i].tag == subs[j].tag) return false;
+    }
+  }
+  return true;
+}
+static_assert(distinct_sub_tags(kPipelineSubTags, kPipelineHello, kPipelineHello | 0xFu),
+              "two pipeline messages share a sub-tag, or one lies outside kPipelineHello's range: give each its own in transport/tags.h");
 
 constexpr bool overlaps(Tag a_first, Tag a_last, Tag b_first, Tag b_last) { return a_first <= b_last && b_first <= a_last; }
 

@@ -16,13 +16,12 @@ namespace {
 
 // The lower node asks (the first byte says what: a ping, a timed message, or done), the higher one
 // answers each ask but the last with one byte.
-constexpr transport::Tag kAskTag = transport::tags::kPipelineHello | 4u;
-constexpr transport::Tag kAnswerTag = transport::tags::kPipelineHello | 5u;
+constexpr transport::Tag kAskTag = transport::tags::kLinkProbeAsk;
+constexpr transport::Tag kAnswerTag = transport::tags::kLinkProbeAnswer;
 constexpr std::uint8_t kPing = 0, kBulk = 1, kDone = 2;
 // Times a pair is measured again when its timed message came back faster than a ping did (traffic
 // of other pairs held the pings up, so the round trip is not the link's).
 constexpr int kAttempts = 3;
-constexpr std::uint8_t kRowVersion = 1;
 
 // What a row may say: a forward of at most an hour, latencies of at most a minute, bandwidths from
 // 1 byte/s to 1 TB/s (a link faster than the probe can time is counted at the top).

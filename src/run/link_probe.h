@@ -16,7 +16,7 @@
 // Rows come from other processes: decode_probe_row() checks sizes and values (finite, in range) and
 // refuses anything else with kMalformed.
 // Threading: probe_links() blocks the calling thread (it takes every link's probe messages, tags
-// transport::tags::kPipelineHello | 4 and 5, and nothing else); the rest are plain functions.
+// transport::tags::kLinkProbeAsk and kLinkProbeAnswer, and nothing else); the rest are plain functions.
 #pragma once
 
 #include <atomic>
@@ -51,6 +51,7 @@ struct ProbeRow {
 // and answers the probes of the nodes below it. Every node of `links` must call it at the same time.
 [[nodiscard]] Result<ProbeRow> probe_links(const std::vector<std::shared_ptr<transport::Link>>& links, int self, const ProbeOptions& options);
 
+inline constexpr std::uint8_t kRowVersion = 1;  // of encode_probe_row's bytes (docs/wire.md)
 Bytes encode_probe_row(const ProbeRow& row);
 // Node `from`'s row among `nodes`: nodes - from - 1 pairs.
 [[nodiscard]] Result<ProbeRow> decode_probe_row(ByteView bytes, int nodes, int from);

@@ -37,12 +37,12 @@ void close_all(const Links& links) {
   }
 }
 
-constexpr transport::Tag kHashTag = transport::tags::kPipelineHello | 0u;
-constexpr transport::Tag kByeTag = transport::tags::kPipelineHello | 1u;
-constexpr transport::Tag kCommitTag = transport::tags::kPipelineHello | 2u;
-constexpr transport::Tag kViewTag = transport::tags::kPipelineHello | 3u;
-constexpr transport::Tag kProbeRowTag = transport::tags::kPipelineHello | 8u;  // (4, 5: run/link_probe.cpp's probes)
-constexpr transport::Tag kEpochTag = transport::tags::kPipelineHello | 4u;
+constexpr transport::Tag kHashTag = transport::tags::kPipelineHash;
+constexpr transport::Tag kByeTag = transport::tags::kPipelineBye;
+constexpr transport::Tag kCommitTag = transport::tags::kPipelineCommit;
+constexpr transport::Tag kViewTag = transport::tags::kPipelineView;
+constexpr transport::Tag kProbeRowTag = transport::tags::kPipelineProbeRow;
+constexpr transport::Tag kEpochTag = transport::tags::kPipelineEpoch;
 
 // Links to the `wanted` nodes: dial those below, accept those above; each one's peer checked, and
 // the dialler's first message names the epoch (a late connection of an older one is closed). With

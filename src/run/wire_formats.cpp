@@ -1,0 +1,187 @@
+#include "run/wire_formats.h"
+
+#include <cstring>
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "model/safetensors.h"
+#include "quant/codec.h"
+#include "quant/format.h"
+#include "quant/sparse.h"
+#include "run/link_probe.h"
+#include "run/update_codec.h"
+#include "train/checkpoint.h"
+#include "train/pipeline_wire.h"
+#include "transport/protocol.h"
+#include "transport/reach_probe.h"
+#include "transport/relay.h"
+#include "transport/tags.h"
+
+namespace gossamer::run {
+
+namespace {
+
+std::string hex_tag(transport::Tag tag) {
+  std::ostringstream out;
+  out << "tag 0x" << std::hex << tag;
+  return out.str();
+}
+
+// Values that are the same on every machine: a ramp, not a random draw.
+at::Tensor ramp(std::vector<std::int64_t> shape) {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return torch::arange(n, torch::kFloat32).mul_(0.37f).sin_().reshape(shape);
+}
+
+template <typename T>
+Status status_of(const Result<T>& r) {
+  return r.ok() ? Status() : r.status();
+}
+
+std::vector<WireFormat> transport_rows() {
+  std::vector<WireFormat> rows;
+  rows.push_back({"HELLO", "transport/protocol.h", "first bytes of a connection", transport::kWireMajor, transport::kHelloBytes,
+                  [] {
+                    transport::Hello h;
+                    h.capabilities = transport::kCapEncrypted;
+                    h.peer = transport::PeerId{0x0123456789ABCDEFull};
+                    for (std::size_t i = 0; i < h.run.bytes.size(); ++i) h.run.bytes[i] = static_cast<std::uint8_t>(i * 7);
+                    return transport::encode_hello(h);
+                  },
+                  [](ByteView b) { return status_of(transport::decode_hello(b)); }});
+  rows.push_back({"Frames", "transport/protocol.h", "every message on a link", transport::kWireMajor, transport::kFrameHeaderBytes,
+                  [] {
+                    Bytes out(transport::kFrameHeaderBytes);
+                    transport::encode_frame_header(transport::FrameHeader{transport::FrameType::kData, 0, transport::tags::kDiLoCo | 7u, 1234},
+                                                   reinterpret_cast<std::uint8_t*>(out.data()));
+                    return out;
+                  },
+                  [](ByteView b) { return status_of(transport::decode_frame_header(b, std::uint64_t{1} << 40)); }});
+  rows.push_back({"Dial-back requests", "transport/reach_probe.h", "beside gossip on its port", transport::kReachVersion, 4096,
+                  [] {
+                    transport::ReachRequest r;
+                    r.nonce = 0xFEEDFACE;
+                    r.requester = transport::PeerId{42};
+                    r.addresses = {"198.51.100.7:7000", "0.0.0.0:7001"};
+                    return transport::encode_reach_request(r);
+                  },
+                  [](ByteView b) { return status_of(transport::decode_reach_request(b)); }});
+  rows.push_back({"Dial-back answers", "transport/reach_probe.h", "beside gossip on its port", transport::kReachVersion, 4096,
+                  [] {
+                    transport::ReachAnswer a;
+                    a.nonce = 0xFEEDFACE;
+                    a.observed_ip = "203.0.113.9";
+                    a.results = {transport::ReachResult{transport::ReachOutcome::kReached, ""},
+                                 transport::ReachResult{transport::ReachOutcome::kUnreached, "connection refused"}};
+                    return transport::encode_reach_answer(a);
+                  },
+                  [](ByteView b) { return status_of(transport::decode_reach_answer(b)); }});
+  rows.push_back({"Relay requests", "transport/relay.h", "first bytes of a connection to a relay", transport::kRelayVersion, transport::kRelayRequestBytes,
+                  [] {
+                    transport::RelayRequest r;
+                    r.from = transport::PeerId{1};
+                    r.to = transport::PeerId{2};
+                    r.session = 77;
+                    r.relay = transport::PeerId{3};
+                    r.time_ms = 1'800'000'000'000ull;
+                    for (std::size_t i = 0; i < r.nonce.size(); ++i) r.nonce[i] = static_cast<std::uint8_t>(i);
+                    return transport::encode_relay_request(r, std::nullopt);
+                  },
+                  [](ByteView b) { return status_of(transport::decode_relay_request(b, std::nullopt)); }});
+  rows.push_back({"Relay answers", "transport/relay.h", "a relay's answer to a request", transport::kRelayVersion, 8,
+                  [] { return transport::encode_relay_answer(transport::RelayStatus::kPaired); },
+                  [](ByteView b) { return status_of(transport::decode_relay_answer(b)); }});
+  return rows;
+}
+
+std::vector<WireFormat> tensor_rows() {
+  std::vector<WireFormat> rows;
+  rows.push_back({"Quantized tensors", "quant/codec.h", "inside collectives, updates and activations", quant::kPayloadVersion, std::size_t{1} << 36,
+                  [] {
+                    quant::EncodeOptions o;
+                    o.codec = quant::CodecId::kInt8;
+                    return quant::encode(ramp({3, 70}), o);
+                  },
+                  [](ByteView b) { return status_of(quant::decode(b)); }});
+  rows.push_back({"Sparse tensors", "quant/sparse.h", hex_tag(transport::tags::kSparseLoCo) + " | round", quant::kSparseVersion, std::size_t{1} << 36,
+                  [] {
+                    const at::Tensor v = ramp({300});
+                    quant::SparseOptions o;
+                    o.chunk = 128;
+                    o.topk = 8;
+                    return quant::encode_sparse(std::span<const float>(v.data_ptr<float>(), 300), o);
+                  },
+                  [](ByteView b) {
+                    std::vector<float> acc(300, 0.0f);
+                    return quant::decode_sparse_add(b, acc);
+                  }});
+  rows.push_back({"Kept updates", "src/run/update_codec.h", "state transfer answers", kUpdateVersion, std::size_t{1} << 36,
+                  [] {
+                    const at::Tensor v = ramp({64});
+                    return encode_update(std::span<const float>(v.data_ptr<float>(), 64));
+                  },
+                  [](ByteView b) {
+                    std::vector<float> out(64);
+                    return decode_update(b, out);
+                  }});
+  rows.push_back({"Activations", "src/train/pipeline_wire.h", hex_tag(transport::tags::kPipeline) + " | iteration", train::kActivationVersion,
+                  std::size_t{1} << 36,
+                  [] {
+                    train::ActivationHeader h;
+                    h.iteration = 9;
+                    h.microbatch = 2;
+                    h.hop = 1;
+                    quant::EncodeOptions o;
+                    o.codec = quant::CodecId::kFp32;
+                    return train::encode_activation(h, ramp({2, 4, 8}), o);
+                  },
+                  [](ByteView b) { return status_of(train::decode_activation(b, train::ActivationLimits{2, 4, 8})); }});
+  return rows;
+}
+
+std::vector<WireFormat> file_rows() {
+  std::vector<WireFormat> rows;
+  rows.push_back({"Checkpoints", "src/train/checkpoint.h", "file", train::kCheckpointVersion, std::size_t{1} << 40,
+                  [] {
+                    train::CheckpointState s;
+                    s.config_toml = "[train]\nsteps = 10\n";
+                    s.step = 5;
+                    s.next_batch = 6;
+                    s.tokens_seen = 640;
+                    s.rng_state = Bytes(8, std::byte{3});
+                    s.outer_state = Bytes(16, std::byte{4});
+                    s.shard = 1;
+                    s.shards = 2;
+                    s.tensors = Bytes(32, std::byte{5});
+                    return train::encode_checkpoint(s);
+                  },
+                  [](ByteView b) { return status_of(train::decode_checkpoint(b, "sample")); }});
+  rows.push_back({"safetensors", "src/model/safetensors.h", "file", 1, std::size_t{1} << 40,
+                  [] { return model::encode_safetensors({model::NamedTensor{"w", ramp({2, 3})}}, {{"format", "pt"}}); },
+                  [](ByteView b) { return status_of(model::decode_safetensors(b)); }});
+  rows.push_back({"Link probe rows", "src/run/link_probe.h", hex_tag(transport::tags::kPipelineProbeRow), kRowVersion, 1 << 20,
+                  [] {
+                    ProbeRow r;
+                    r.forward_s = 0.25;
+                    r.latency_s = {0.01, 0.04};
+                    r.bandwidth_Bps = {1.25e7, 6.25e6};
+                    return encode_probe_row(r);
+                  },
+                  [](ByteView b) { return status_of(decode_probe_row(b, 4, 1)); }});
+  return rows;
+}
+
+}  // namespace
+
+std::vector<WireFormat> wire_formats() {
+  std::vector<WireFormat> rows = transport_rows();
+  for (auto* part : {&tensor_rows, &file_rows}) {
+    auto more = (*part)();
+    for (auto& r : more) rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+}  // namespace gossamer::run
