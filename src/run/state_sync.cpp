@@ -61,19 +61,42 @@ Bytes refusal(const std::string& why) {
   return std::move(w).take();
 }
 
-// The body of the next response on `link` when it is ok.
-Result<Bytes> read_answer(transport::Link& link, Deadline deadline) {
-  auto resp = link.recv(kStateResponseTag, deadline);
-  if (!resp.ok()) return resp.status();
-  Reader r(*resp, "state response from peer " + link.peer().to_string());
+Result<Request> decode_request(ByteView bytes, const std::string& what) {
+  Reader r(bytes, what);
+  Request q;
+  const std::uint8_t version = r.u8();
+  q.kind = r.u8();
+  q.round = r.i64();
+  q.chunk = r.u32();
+  r.expect_end();
+  if (!r.ok()) return r.status();
+  if (version != kVersion) return error(ErrorCode::kVersionMismatch, what + ": state version " + std::to_string(version) + ", this peer serves " + std::to_string(kVersion));
+  if (q.kind < kAskManifest || q.kind > kAskIndex) return error(ErrorCode::kMalformed, what + ": unknown kind " + std::to_string(q.kind));
+  return q;
+}
+
+Result<Bytes> decode_answer(ByteView bytes, const std::string& what) {
+  Reader r(bytes, what);
   const std::uint8_t version = r.u8(), ok = r.u8();
-  if (r.ok() && version != kVersion) return error(ErrorCode::kVersionMismatch, "peer " + link.peer().to_string() + " serves state version " + std::to_string(version));
-  if (r.ok() && ok == 0) return error(ErrorCode::kUnavailable, "peer " + link.peer().to_string() + " cannot serve: " + r.str(1024));
-  if (r.ok() && ok != 1) return error(ErrorCode::kMalformed, "peer " + link.peer().to_string() + " answered with status " + std::to_string(ok));
+  if (r.ok() && version != kVersion) return error(ErrorCode::kVersionMismatch, what + ": state version " + std::to_string(version));
+  if (r.ok() && ok == 0) {
+    const std::string why = r.str(1024);
+    r.expect_end();
+    if (!r.ok()) return r.status();
+    return error(ErrorCode::kUnavailable, what + ": cannot serve: " + why);
+  }
+  if (r.ok() && ok != 1) return error(ErrorCode::kMalformed, what + ": status " + std::to_string(ok));
   const ByteView body = r.blob(kMaxChunk + 64);
   r.expect_end();
   if (!r.ok()) return r.status();
   return Bytes(body.begin(), body.end());
+}
+
+// The body of the next response on `link` when it is ok.
+Result<Bytes> read_answer(transport::Link& link, Deadline deadline) {
+  auto resp = link.recv(kStateResponseTag, deadline);
+  if (!resp.ok()) return resp.status();
+  return decode_answer(*resp, "peer " + link.peer().to_string() + "'s state answer");
 }
 
 // Sends a request and returns the body of an ok response.
@@ -262,17 +285,13 @@ void StateServer::serve(std::shared_ptr<transport::Link> link) {
         if (req.status().code() == ErrorCode::kTimeout) continue;
         return;  // the newcomer is done or gone
       }
-      Reader r(*req, "state request from peer " + link->peer().to_string());
-      const std::uint8_t version = r.u8(), kind = r.u8();
-      const std::int64_t at = r.i64();
-      const std::uint32_t chunk = r.u32();
-      r.expect_end();
-      if (!r.ok() || version != kVersion || kind < kAskManifest || kind > kAskIndex) {
-        spdlog::warn("state: a malformed request from peer {}: closing its link", link->peer().to_string());
+      auto q = decode_request(*req, "state request from peer " + link->peer().to_string());
+      if (!q.ok()) {
+        spdlog::warn("state: {}: closing its link", q.status().to_string());
         link->close();
         return;
       }
-      const Bytes reply = answer_request(kind, at, chunk);
+      const Bytes reply = answer_request(q->kind, q->round, q->chunk);
       ++requests_;
       if (!link->send(kStateResponseTag, reply, Deadline::after(clock_, 60s)).ok()) return;
     }

@@ -42,6 +42,17 @@ Bytes answer(ByteView body);
 
 Bytes refusal(const std::string& why);
 
+// A request as it travels (untrusted when it arrives): a kind, the round it is about, a chunk.
+struct Request {
+  std::uint8_t kind = 0;
+  std::int64_t round = 0;
+  std::uint32_t chunk = 0;
+};
+[[nodiscard]] Result<Request> decode_request(ByteView bytes, const std::string& what);
+
+// The body of an answer when it is ok; kUnavailable with the donor's reason when it refused.
+[[nodiscard]] Result<Bytes> decode_answer(ByteView bytes, const std::string& what);
+
 // The body of the next response on `link` when it is ok.
 Result<Bytes> read_answer(transport::Link& link, Deadline deadline);
 

@@ -10,6 +10,7 @@
 #include "quant/format.h"
 #include "quant/sparse.h"
 #include "run/link_probe.h"
+#include "run/state_sync_parts.h"
 #include "run/update_codec.h"
 #include "train/checkpoint.h"
 #include "train/pipeline_wire.h"
@@ -161,6 +162,13 @@ std::vector<WireFormat> file_rows() {
   rows.push_back({"safetensors", "src/model/safetensors.h", "file", 1, std::size_t{1} << 40,
                   [] { return model::encode_safetensors({model::NamedTensor{"w", ramp({2, 3})}}, {{"format", "pt"}}); },
                   [](ByteView b) { return status_of(model::decode_safetensors(b)); }});
+  rows.push_back({"State requests", "src/run/state_sync.h", hex_tag(transport::tags::kStateRequest), state_sync_parts::kVersion, 14,
+                  [] { return state_sync_parts::request(state_sync_parts::kAskChunk, 12, 3); },
+                  [](ByteView b) { return status_of(state_sync_parts::decode_request(b, "sample")); }});
+  rows.push_back({"State answers", "src/run/state_sync.h", hex_tag(transport::tags::kStateResponse), state_sync_parts::kVersion,
+                  state_sync_parts::kMaxChunk + 64 + 6,
+                  [] { return state_sync_parts::answer(Bytes(40, std::byte{9})); },
+                  [](ByteView b) { return status_of(state_sync_parts::decode_answer(b, "sample")); }});
   rows.push_back({"Link probe rows", "src/run/link_probe.h", hex_tag(transport::tags::kPipelineProbeRow), kRowVersion, 1 << 20,
                   [] {
                     ProbeRow r;

@@ -26,13 +26,17 @@
 #include "core/wire.h"
 #include "records.h"
 #include "run/state_sync.h"
+#include "run/state_sync_parts.h"
 
 namespace {
 
 using namespace gossamer;
 using namespace std::chrono_literals;
 
-constexpr std::uint8_t kVersion = 3;
+// The encoders and decoders under test, not copies of them.
+using run::state_sync_parts::answer;
+using run::state_sync_parts::kVersion;
+using run::state_sync_parts::request;
 constexpr std::uint64_t kLargestFuzzedState = std::uint64_t{1} << 20;
 
 Bytes state_of(std::size_t n, unsigned seed) {
@@ -49,23 +53,6 @@ std::shared_ptr<const run::Snapshot> current() {
 std::shared_ptr<const run::Snapshot> previous() {
   static const auto s = run::Snapshot::make(2, 20, 2, state_of(700, 1), 300);
   return s;
-}
-
-Bytes answer(ByteView body) {
-  Writer w;
-  w.u8(kVersion);
-  w.u8(1);
-  w.blob(body);
-  return std::move(w).take();
-}
-
-Bytes request(std::uint8_t kind, std::int64_t round, std::uint32_t chunk) {
-  Writer w;
-  w.u8(kVersion);
-  w.u8(kind);
-  w.i64(round);
-  w.u32(chunk);
-  return std::move(w).take();
 }
 
 ByteView chunk_of(const run::Snapshot& s, std::uint32_t chunk) {
@@ -202,15 +189,14 @@ void fuzz_donor(const std::vector<fuzz::Record>& records) {
   std::uint64_t expected_served = 0;
   bool malformed = false;
   for (ByteView q : requests) {
-    Reader r(q);
-    const std::uint8_t version = r.u8(), kind = r.u8();
-    const std::int64_t round = r.i64();
-    const std::uint32_t chunk = r.u32();
-    r.expect_end();
-    if (!r.ok() || version != kVersion || kind < 1 || kind > 5) {
+    auto decoded = run::state_sync_parts::decode_request(q, "fuzzed request");
+    if (!decoded.ok()) {
       malformed = true;
       break;
     }
+    const std::uint8_t kind = decoded->kind;
+    const std::int64_t round = decoded->round;
+    const std::uint32_t chunk = decoded->chunk;
     if (expected >= answers.size()) __builtin_trap();
     const Bytes& got = answers[expected++];
     const auto s = round == 3 ? current() : round == 2 ? previous() : nullptr;

@@ -31,6 +31,8 @@ const std::map<std::string, std::string>& golden() {
       {"Activations", "19ba3829b82dbe81"},
       {"Checkpoints", "8f19aa97534c780e"},
       {"safetensors", "a853e51acf90455a"},
+      {"State requests", "4b9d886158109241"},
+      {"State answers", "34b6933826a08451"},
       {"Link probe rows", "20d39298993bbf78"},
   };
   return g;
