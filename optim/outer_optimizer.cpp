@@ -154,13 +154,12 @@ Result<OuterSetup> make_outer_optimizer(const OuterConfig& c, const std::vector<
       setup.outer = std::make_unique<Local>();
       break;
     case Method::kDdp:
-      if (c.ddp_engine == "gloo") {
+      if (c.ddp_engine == OuterConfig::DdpEngine::kGloo) {
         auto gloo = make_gloo_data_parallel(c.gloo, group);
         if (!gloo.ok()) return gloo.status();
         setup.gradient_sync = gloo->gradient_sync;
         setup.outer = std::move(gloo->outer);
       } else {
-        if (c.ddp_engine != "links") return error(ErrorCode::kInvalidArgument, "unknown ddp engine '" + c.ddp_engine + "': use links or gloo");
         auto ddp = make_links_data_parallel(std::move(group), c.ddp_codec, c.ddp_aggregation);
         setup.gradient_sync = ddp.get();
         setup.outer = std::move(ddp);

@@ -114,9 +114,10 @@ struct OuterConfig {
   std::shared_ptr<const StalenessPenalty> co2_penalty;  // null: ConstantPenalty(co2.gap_penalty)
   quant::EncodeOptions ddp_codec;
   Aggregation ddp_aggregation;  // links engine only
-  // ddp's engine: "links" (allreduce_mean over the group's Links, any codec) or "gloo" (c10d
+  // ddp's engine: kLinks (allreduce_mean over the group's Links, any codec) or kGloo (c10d
   // ProcessGroupGloo, fp32, rendezvous per `gloo`; the group's links are not used).
-  std::string ddp_engine = "links";
+  enum class DdpEngine : std::uint8_t { kLinks, kGloo };
+  DdpEngine ddp_engine = DdpEngine::kLinks;
   GlooOptions gloo;
 };
 

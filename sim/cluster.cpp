@@ -75,8 +75,8 @@ Result<NetworkSpec> network_spec(const train::RunConfig& c) {
 }
 
 double step_seconds(const train::RunConfig& c, std::int64_t parameters, double measured_s) {
-  if (c.sim.compute == "fixed") return c.sim.step_time_s;
-  if (c.sim.compute == "measured") return measured_s;
+  if (c.sim.compute == train::ComputeModel::kFixed) return c.sim.step_time_s;
+  if (c.sim.compute == train::ComputeModel::kMeasured) return measured_s;
   const double tokens = static_cast<double>(c.train.batch_size * c.model.context);
   return 6.0 * static_cast<double>(parameters) * tokens / (c.sim.device_tflops * 1e12 * c.sim.device_utilization);
 }
@@ -445,10 +445,10 @@ class PeerCluster {
     plan.first = starts_run;
     plan.wait_for = static_cast<std::uint32_t>(m_ - (joiner_ >= 0 ? 1 : 0));
     plan.dead_after = go.dead_after;
-    if (config_.sim.poison != "none" && r >= m_ - config_.sim.poison_workers) {
+    if (config_.sim.poison != train::PoisonKind::kNone && r >= m_ - config_.sim.poison_workers) {
       optim::Poison poison;
-      poison.scale = config_.sim.poison == "scale" ? config_.sim.poison_scale : config_.sim.poison == "sign" ? -1.0 : 1.0;
-      poison.nan = config_.sim.poison == "nan";
+      poison.scale = config_.sim.poison == train::PoisonKind::kScale ? config_.sim.poison_scale : config_.sim.poison == train::PoisonKind::kSign ? -1.0 : 1.0;
+      poison.nan = config_.sim.poison == train::PoisonKind::kNan;
       plan.poison = poison;
     }
     if (life > 0 && saved_[static_cast<std::size_t>(r)]) {
@@ -569,7 +569,7 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
   if (Status st = train::validate(config); !st.ok()) return st;
   auto outer_config = train::outer_config(config);
   if (!outer_config.ok()) return outer_config.status();
-  if (outer_config->method == optim::Method::kDdp && config.ddp.engine != "links") {
+  if (outer_config->method == optim::Method::kDdp && config.ddp.engine != train::DdpEngine::kLinks) {
     return error(ErrorCode::kInvalidArgument, "the simulator runs ddp over its emulated links: set ddp.engine = \"links\" (gloo is for real peers)");
   }
   if (outer_config->method == optim::Method::kLocal) return run_local(config, *outer_config, corpus, progress);

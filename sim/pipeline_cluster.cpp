@@ -233,7 +233,7 @@ Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const trai
       node_idle.push_back(std::max(0.0, pipeline_time - busy[v]));
       node_bytes.push_back(tr.wire_bytes_sent);
     }
-    result.pipeline = {{"mode", c.pipeline.mode},
+    result.pipeline = {{"mode", train::name_of(c.pipeline.mode)},
                        {"stage_sync", c.pipeline.stage_sync},
                        {"nodes", c.pipeline.nodes},
                        {"stages", c.pipeline.stages},

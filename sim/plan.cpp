@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "optim/method.h"
 #include "quant/format.h"
 #include "quant/sparse.h"
 
@@ -11,8 +12,14 @@ namespace gossamer::sim {
 
 namespace {
 
+// The method's traits (optim/method.h); a row of no method of the table has none of them.
+optim::MethodInfo traits_of(const PlanRow& row) {
+  const auto m = optim::parse_method(row.method);
+  return m.ok() ? optim::method_info(*m) : optim::MethodInfo{};
+}
+
 double latency_of(const PlanRow& row, const PlanInput& in) {
-  const int hops = row.method == "noloco" ? 1 : in.allreduce_hops;
+  const int hops = traits_of(row).exchange == optim::Exchange::kPairs ? 1 : in.allreduce_hops;  // a partner, not a ring
   return hops * in.latency_s;
 }
 
@@ -20,8 +27,9 @@ double latency_of(const PlanRow& row, const PlanInput& in) {
 // steps for Streaming DiLoCo, the whole next round for CO2.
 double overlapped_s(const PlanRow& row, const PlanInput& in) {
   double t = in.backward_overlap * in.step_time_s;
-  if (row.method == "streaming_diloco") t += in.overlap * in.step_time_s;
-  if (row.method == "co2") t += row.steps_between_syncs * in.step_time_s;
+  const optim::MethodInfo m = traits_of(row);
+  if (m.overlapped) t += in.overlap * in.step_time_s;
+  if (m.one_round_stale) t += row.steps_between_syncs * in.step_time_s;
   return t;
 }
 

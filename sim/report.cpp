@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/file.h"
+#include "optim/method.h"
 
 namespace gossamer::sim {
 
@@ -265,27 +266,7 @@ std::string method_note(const std::string& name) {
   if (name == "skippipe-random") return "skips stages, with paths planned without looking at the links' costs (the reference's cost-blind baseline).";
   if (name == "skippipe-noca") return "skips stages, with paths planned on the links' costs but not on collisions between micro-batches (no TC2).";
   if (name == "skippipe-cbs") return "SkipPipe: paths planned on the links' costs by conflict-based search, collisions resolved in simulation (TC2).";
-  if (name == "ddp") return "averages gradients every step: the loss to beat, at the most bytes.";
-  if (name == "diloco") return "averages the pseudo-gradient once per round and applies it at once with Nesterov momentum.";
-  if (name == "streaming_diloco") {
-    return "synchronizes one fragment at a time in quantized form; it is evaluated on its outer weights, which lag the workers' by up to a round.";
-  }
-  if (name == "noloco") return "averages with one random partner per round instead of all workers, so its replicas differ and its curve is one worker's.";
-  if (name == "co2") {
-    return "applies each round's average one round late (the all-reduce overlaps the next round's compute), so its outer step must stay "
-           "small enough to be stable (outer_lr x c / penalty < 1 - momentum, c the share of the way one round covers): on a short run of "
-           "few rounds it trails DiLoCo, which applies each average at once; the last average is applied before the final evaluation.";
-  }
-  if (name == "sparseloco") {
-    return "sends only the largest values of each chunk of its pseudo-gradient, in 2 bits, to every other worker; what it leaves out stays "
-           "in a per-worker error accumulator (in place of outer momentum) and goes out in later rounds, so it needs many rounds: on a short "
-           "run most of the progress is still waiting in the accumulators at the end.";
-  }
-  if (name == "muloco") {
-    return "steps its weight matrices with Muon and sends DiLoCo's pseudo-gradient in 2 bits (by default); what the codec drops stays in a "
-           "per-worker error residual and goes out in later rounds, and the outer step is DiLoCo's Nesterov one on the average.";
-  }
-  if (name == "local") return "never synchronizes: each worker trains alone (a floor for the others).";
+  if (auto method = optim::parse_method(name); method.ok()) return std::string(optim::method_info(*method).note);
   return "";
 }
 

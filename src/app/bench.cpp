@@ -75,14 +75,14 @@ int bench_train(const BenchArgs& args) {
   auto config = build_config(args.source);
   if (!config.ok()) return report_failure(config.status());
   train::RunConfig cfg = *config;
-  if (cfg.model.kind != "gpt") {
+  if (cfg.model.kind != train::ModelKind::kGpt) {
     return report_failure(error(ErrorCode::kInvalidArgument, "bench train sets the inner loop beside a bare LibTorch loop of the built-in GPT of model.*; "
-                                                             "model.kind = " + cfg.model.kind + " would time two different models: drop it (`gossamer bench "
+                                                             "model.kind = " + train::name_of(cfg.model.kind) + " would time two different models: drop it (`gossamer bench "
                                                              "memory` measures a TorchScript model's memory)"));
   }
   if (train::muon_inner(cfg)) {
     return report_failure(error(ErrorCode::kInvalidArgument, "bench train sets the inner loop beside a bare LibTorch loop with AdamW; " +
-                                                             std::string(cfg.train.optimizer == "muon" ? "train.optimizer = muon" : "outer.method = muloco (Muon's inner steps)") +
+                                                             std::string(cfg.train.optimizer == train::InnerOptimizer::kMuon ? "train.optimizer = muon" : "outer.method = muloco (Muon's inner steps)") +
                                                              " would time two different optimizers: drop it"));
   }
   if (Status st = train::check_resources(cfg, /*workers=*/2, ""); !st.ok()) return report_failure(st);  // the framework's model and the bare one

@@ -46,9 +46,9 @@ int bench_model(const BenchArgs& args) {
   auto config = build_config(args.source);
   if (!config.ok()) return report_failure(config.status());
   train::RunConfig cfg = *config;
-  if (cfg.model.kind != "gpt") {
+  if (cfg.model.kind != train::ModelKind::kGpt) {
     return report_failure(error(ErrorCode::kInvalidArgument, "bench model times the built-in GPT of model.* three ways (fp32, bf16, and scripted to TorchScript); "
-                                                             "model.kind = " + cfg.model.kind + " would not be used: drop it (`gossamer bench memory` "
+                                                             "model.kind = " + train::name_of(cfg.model.kind) + " would not be used: drop it (`gossamer bench memory` "
                                                              "measures a TorchScript model's memory)"));
   }
   cfg.train.steps = 1LL << 40;
@@ -69,14 +69,14 @@ int bench_model(const BenchArgs& args) {
   if (!args.bf16_only) variants.push_back({"gpt fp32", std::make_unique<train::Worker>(cfg, corpus->dataset, 0, 1, clock), {}, {}});
   if (args.bf16 || args.bf16_only) {
     train::RunConfig bf16 = cfg;
-    bf16.train.precision = "bf16";
+    bf16.train.precision = train::Precision::kBf16;
     variants.push_back({"gpt bf16", std::make_unique<train::Worker>(bf16, corpus->dataset, 0, 1, clock), {}, {}});
   }
   if (!args.bf16_only) {
     const auto script = std::filesystem::temp_directory_path() / fmt::format("gossamer_bench_{}.pt", ::getpid());
     model::script_gpt(dynamic_cast<model::Gpt&>(variants.front().worker->model())).save(script.string());
     train::RunConfig ts = cfg;
-    ts.model.kind = "torchscript";
+    ts.model.kind = train::ModelKind::kTorchScript;
     ts.model.path = script.string();
     variants.push_back({"torchscript fp32", std::make_unique<train::Worker>(ts, corpus->dataset, 0, 1, clock), {}, {}});
     std::filesystem::remove(script);
@@ -149,7 +149,7 @@ int bench_memory(const BenchArgs& args) {
   const double measured = (status_kib("VmHWM") - before) * 1024;
   // A TorchScript module's parameters are counted in it (its architecture is not known: the
   // prediction's activations are the logits' share only, train/memory.h).
-  const bool scripted = cfg.model.kind != "gpt";
+  const bool scripted = cfg.model.kind != train::ModelKind::kGpt;
   const auto e = train::estimate_memory(cfg, 1, scripted ? std::optional<double>(static_cast<double>(worker.model().num_parameters())) : std::nullopt);
   const double predicted = e.state_bytes + e.activation_bytes;
   fmt::print("bench memory: {} ({:.1f}M parameters{}), batch {} x {}, {} steps\n", cfg.outer.method, e.parameters / 1e6,

@@ -96,7 +96,7 @@ int run_train_command(const TrainArgs& args) {
   }
   std::string line = fmt::format("done: {} steps, {} tokens, {:.0f} tok/s", outcome->steps, outcome->tokens, outcome->tok_per_s);
   if (outcome->final_val_loss) {
-    line += fmt::format(", val loss {:.4f} nats/{}", *outcome->final_val_loss, req.config.data.format == "tokens" ? "token" : "byte");
+    line += fmt::format(", val loss {:.4f} nats/{}", *outcome->final_val_loss, req.config.data.format == train::DataFormat::kTokens ? "token" : "byte");
   }
   if (outcome->entropy_floor) {
     line += fmt::format(" (entropy floor {:.4f}, gap {:.4f})", *outcome->entropy_floor,

@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool byte_level(const train::RunConfig& c) { return c.data.format == "text" && train::vocab_size(c) == 256; }
+bool byte_level(const train::RunConfig& c) { return c.data.format == train::DataFormat::kText && train::vocab_size(c) == 256; }
 
 Result<std::vector<std::int64_t>> prompt_of(const SampleArgs& args, const train::RunConfig& c) {
   std::vector<std::int64_t> out;
@@ -122,11 +122,11 @@ int run_export_command(const ExportArgs& args) {
     for (const auto& p : m.named_parameters()) tensors.push_back({p.name, p.tensor});
     const auto& c = trained->config;
     std::map<std::string, std::string> meta = {{"format", "pt"},
-                                               {"gossamer.model.kind", c.model.kind},
+                                               {"gossamer.model.kind", train::name_of(c.model.kind)},
                                                {"gossamer.step", std::to_string(trained->step)},
                                                {"gossamer.vocab_size", std::to_string(train::vocab_size(c))},
                                                {"gossamer.context", std::to_string(c.model.context)}};
-    if (c.model.kind == "gpt") {
+    if (c.model.kind == train::ModelKind::kGpt) {
       meta["gossamer.layers"] = std::to_string(c.model.layers);
       meta["gossamer.width"] = std::to_string(c.model.width);
       meta["gossamer.heads"] = std::to_string(c.model.heads);

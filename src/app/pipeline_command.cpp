@@ -173,7 +173,7 @@ int run_pipeline_command(const PipelineArgs& a) {
   if (Status st = folder->write_text("config.toml", train::to_toml(c)); !st.ok()) return report_failure(st);
   auto corpus = train::load_corpus(c);
   if (!corpus.ok()) return report_failure(corpus.status());
-  spdlog::info("planning a {} pipeline: {} nodes, {} stages, paths of {}", c.pipeline.mode, c.pipeline.nodes, c.pipeline.stages, c.pipeline.path_length);
+  spdlog::info("planning a {} pipeline: {} nodes, {} stages, paths of {}", train::name_of(c.pipeline.mode), c.pipeline.nodes, c.pipeline.stages, c.pipeline.path_length);
   auto trainer = train::PipelineTrainer::make(c, corpus->dataset);
   if (!trainer.ok()) return report_failure(trainer.status());
   auto& t = **trainer;
@@ -217,7 +217,7 @@ int run_pipeline_command(const PipelineArgs& a) {
   const auto weights = t.stage_weights();
   const double as_trained = t.evaluate_with(weights, {});
   const double omitted_as_trained = t.evaluate_with(weights, {}, omit);
-  nlohmann::json summary = {{"mode", c.pipeline.mode},
+  nlohmann::json summary = {{"mode", train::name_of(c.pipeline.mode)},
                             {"nodes", c.pipeline.nodes},
                             {"stages", c.pipeline.stages},
                             {"path_length", c.pipeline.path_length},
@@ -242,7 +242,7 @@ int run_pipeline_command(const PipelineArgs& a) {
   if (Status st = train::save_trained_model(folder->path(), c, t.assemble(weights, t.depth_scales()), t.iterations_done()); !st.ok()) {
     return report_failure(st);
   }
-  std::printf("%s pipeline: val loss %.4f after %lld iterations; with stages", c.pipeline.mode.c_str(), last_val, static_cast<long long>(t.iterations_done()));
+  std::printf("%s pipeline: val loss %.4f after %lld iterations; with stages", train::name_of(c.pipeline.mode).c_str(), last_val, static_cast<long long>(t.iterations_done()));
   for (int s : omit) std::printf(" %d", s);
   std::printf(" left out %.4f (%+.1f%%); an iteration %.1f s over the scheduler's network; %.1f MB of activations, %.1f MB to sync the stages (%s)\n",
               omitted, 100 * (omitted / last_val - 1), sim.makespan_s, activation_bytes / 1e6, sync_bytes / 1e6, c.pipeline.stage_sync.c_str());

@@ -8,6 +8,7 @@
 
 #include "app/args.h"
 #include "app/commands.h"
+#include "optim/method.h"
 #include "quant/format.h"
 #include "sim/plan.h"
 #include "train/memory.h"
@@ -118,7 +119,7 @@ int memory_table(const PlanArgs& a) {
   // A user's TorchScript module: its parameters counted in it, its activations unknown beyond the
   // logits (train/memory.h).
   std::optional<double> parameters;
-  if (c.model.kind != "gpt") {
+  if (c.model.kind != train::ModelKind::kGpt) {
     auto model = train::make_model(c, 0);
     if (!model.ok()) return report_failure(model.status());
     parameters = static_cast<double>((*model)->num_parameters());
@@ -134,14 +135,16 @@ int memory_table(const PlanArgs& a) {
   const bool gpu = train::estimate_memory(c, 1, parameters).on_gpu;
   if (gpu) {
     std::printf("on a GPU (train.device = %s), outer state in %s memory; host memory is checked here, the GPU's is not\n", c.train.device.c_str(),
-                c.outer.state_device == "host" ? "host" : "the GPU's");
+                c.outer.state_device == train::StateDevice::kHost ? "host" : "the GPU's");
     std::printf("%-18s %14s %14s %14s %14s %14s %14s %10s\n", "method", "state", "activations", "checkpoint", "peak", "on the GPU", "host memory", "fits here");
   } else {
     std::printf("%-18s %14s %14s %14s %14s %10s\n", "method", "state", "activations", "checkpoint", "peak", "fits here");
   }
-  for (const char* method : {"local", "ddp", "diloco", "streaming_diloco", "noloco", "co2", "sparseloco", "muloco"}) {
+  for (const auto& info : optim::kMethods) {
+    const std::string name(info.name);
+    const char* method = name.c_str();
     train::RunConfig m = c;
-    m.outer.method = method;
+    m.outer.method = name;
     const auto e = train::estimate_memory(m, 1, parameters);
     const double peak = e.peak_bytes();
     const char* fits = avail ? (e.host_bytes <= *avail ? "yes" : "no") : "?";

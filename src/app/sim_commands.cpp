@@ -45,13 +45,13 @@ std::string network_text(const train::RunConfig& c) {
   }
   if (c.sim.slow_link_workers > 0) s += fmt::format(", except the last {} at {:g} Mbit/s", c.sim.slow_link_workers, c.sim.slow_link_mbit);
   if (c.sim.shared_uplink_mbit > 0) s += fmt::format(", all behind one shared {:g} Mbit/s link", c.sim.shared_uplink_mbit);
-  if (c.sim.compute == "fixed") s += fmt::format("; compute {:g} s per inner step", c.sim.step_time_s);
-  if (c.sim.compute == "device") s += fmt::format("; compute {:g} TFLOP/s at {:g}% utilization", c.sim.device_tflops, 100 * c.sim.device_utilization);
-  if (c.sim.compute == "measured") s += "; compute as measured on this machine (not deterministic)";
+  if (c.sim.compute == train::ComputeModel::kFixed) s += fmt::format("; compute {:g} s per inner step", c.sim.step_time_s);
+  if (c.sim.compute == train::ComputeModel::kDevice) s += fmt::format("; compute {:g} TFLOP/s at {:g}% utilization", c.sim.device_tflops, 100 * c.sim.device_utilization);
+  if (c.sim.compute == train::ComputeModel::kMeasured) s += "; compute as measured on this machine (not deterministic)";
   if (c.sim.straggler >= 0) s += fmt::format("; worker {} is {:g}x slower", c.sim.straggler, c.sim.straggler_factor);
   if (!c.sim.speeds.empty()) s += fmt::format("; speeds {}", c.sim.speeds);
   if (c.sim.speed_spread > 0) s += fmt::format("; speeds spread log-normally (sigma {:g})", c.sim.speed_spread);
-  if (c.outer.round_budget == "time") s += "; rounds on a time budget";
+  if (c.outer.round_budget == train::RoundBudget::kTime) s += "; rounds on a time budget";
   if (c.sim.crash_worker >= 0) {
     s += c.sim.crash_mid_round > 0 ? fmt::format("; worker {} crashes inside round {}'s collective", c.sim.crash_worker, c.sim.crash_mid_round)
                                    : fmt::format("; worker {} crashes at step {}", c.sim.crash_worker, c.sim.crash_at_step);
@@ -69,9 +69,9 @@ std::string network_text(const train::RunConfig& c) {
 
 std::string pipeline_network_text(const train::RunConfig& c) {
   const auto& p = c.pipeline;
-  std::string s = p.network == "uniform" ? fmt::format("{} pipeline nodes, every pair 50 ms and 1 Gbit/s apart", p.nodes)
+  std::string s = p.network == train::PipelineNetwork::kUniform ? fmt::format("{} pipeline nodes, every pair 50 ms and 1 Gbit/s apart", p.nodes)
                                           : fmt::format("{} pipeline nodes at the reference's 12 places (the SkipPipe geo table{}, node i at place i mod 12)", p.nodes,
-                                                        p.network == "geo-fixed" ? " with NL-LDN fixed" : "");
+                                                        p.network == train::PipelineNetwork::kGeoFixed ? " with NL-LDN fixed" : "");
   s += fmt::format("; {} stages, paths of {}, memory {}, {} micro-batches per stage-0 node", p.stages, p.path_length, p.memory, p.mbs_per_origin);
   s += fmt::format("; each hop sized as {:g} MiB (pair bandwidths scaled to the model's real hop) plus 0.35 s, compute {:g} s per stage forward, 1.5x per backward",
                    p.activation_mib, p.forward_s);
@@ -286,7 +286,7 @@ train::RunConfig compare_defaults() {
   c.train.eval_batches = 4;
   c.sim.workers = 2;
   c.sim.network = "wan-100m-80ms";
-  c.sim.compute = "fixed";
+  c.sim.compute = train::ComputeModel::kFixed;
   c.sim.step_time_s = 0.1;
   c.diloco.inner_steps = 25;
   // Pseudo-gradients in fp4 E3M0, as the Streaming DiLoCo paper sends them: 159x fewer bytes than ddp
@@ -349,7 +349,7 @@ int run_sim_command(const SimArgs& args) {
   for (const auto& w : train::config_warnings(*config)) spdlog::warn("{}", w);
   const std::string out = args.out_option != nullptr && args.out_option->count() > 0 ? args.out : dated_out("sim");
   if (pipeline) {
-    const std::string name = sim::pipeline_method_name(config->pipeline.mode);
+    const std::string name = sim::pipeline_method_name(train::name_of(config->pipeline.mode));
     return run_and_report({Job{name, *config, true}}, out, args.target_loss, "Gossamer simulation: " + name, train::RunKind::kSim);
   }
   return run_and_report({Job{config->outer.method, *config, false}}, out, args.target_loss, "Gossamer simulation: " + config->outer.method,
@@ -395,7 +395,7 @@ int run_compare_command(const CompareArgs& args) {
     auto config = build_config(args.source, base);
     if (!config.ok()) return report_failure(config.status());
     if (mode) {
-      config->pipeline.mode = *mode;  // --methods wins over a mode named in --config
+      config->pipeline.mode = *train::parse_choice<train::PipelineMode>(*mode);  // --methods wins over a mode named in --config
     } else {
       config->outer.method = m;  // --methods wins over a method named in --config
       if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());

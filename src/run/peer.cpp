@@ -60,7 +60,7 @@ Result<std::uint16_t> link_port_of(const PeerRequest& req, std::uint16_t listen_
 
 // ddp on Gloo serves its rendezvous at the host its links listen on: a wildcard cannot be reached.
 Status check_gloo_listen(const train::RunConfig& config, const std::string& listen) {
-  if (config.pipeline.enabled || config.outer.method != optim::method_name(optim::Method::kDdp) || config.ddp.engine != "gloo" || !transport::is_wildcard_address(listen)) return Status();
+  if (config.pipeline.enabled || config.outer.method != optim::method_name(optim::Method::kDdp) || config.ddp.engine != train::DdpEngine::kGloo || !transport::is_wildcard_address(listen)) return Status();
   return error(ErrorCode::kInvalidArgument, "ddp.engine = \"gloo\" serves its rendezvous at the --listen host, which must then be an address the "
                                             "others reach: give --listen <this machine's address>:PORT instead of " + listen);
 }
@@ -224,8 +224,8 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
   env.gossip = gossip->get();
   env.name = (*gossip)->self().to_string();
   env.check_run = [&](const train::RunConfig& config) -> Status {
-    if ((config.model.kind == "external") != (req.external != nullptr)) {
-      return error(ErrorCode::kInvalidArgument, req.external ? "this peer trains a model of its caller's, and the run's config is model.kind = " + config.model.kind
+    if ((config.model.kind == train::ModelKind::kExternal) != (req.external != nullptr)) {
+      return error(ErrorCode::kInvalidArgument, req.external ? "this peer trains a model of its caller's, and the run's config is model.kind = " + train::name_of(config.model.kind)
                                                              : "the run trains a model its peers compute themselves (model.kind = external): join it from Python with the gossamer package");
     }
     if (req.external) return train::resolve_device(config.train.device).status();  // (the caller reads its own data; its memory is its own)

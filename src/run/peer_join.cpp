@@ -474,7 +474,7 @@ std::optional<optim::Group> Peer::left_out(std::int64_t round, const Status& why
   auto params = worker_->model().parameters();
   at::Tensor drift;
   const std::int64_t from_round = current_round_;
-  if (!merged && config_.outer.late_work == "merge") {
+  if (!merged && config_.outer.late_work == train::LateWork::kMerge) {
     at::Tensor local = optim::flatten(params);
     at::Tensor shared;
     setup_.outer->evaluate_outer([&] {

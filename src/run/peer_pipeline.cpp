@@ -102,7 +102,7 @@ Result<PeerOutcome> Peer::run_pipeline() {
   nlohmann::json summary = pipeline_summary_json(req.node, *outcome);
   summary["peer"] = env_.name;
   summary["nodes"] = n;
-  summary["mode"] = config_.pipeline.mode;
+  summary["mode"] = train::name_of(config_.pipeline.mode);
   summary["steps"] = outcome->iterations;
   if (env_.write_summary) {
     if (Status st = env_.write_summary(summary); !st.ok()) return st;

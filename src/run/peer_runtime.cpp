@@ -104,8 +104,8 @@ Status Peer::learn_run() {
     spec_ = std::move(*got);
     if (plan_.own_spec && *plan_.own_spec != spec_.toml) {
       train::RunConfig own, run;
-      if (train::apply_toml(own, *plan_.own_spec, "own").ok() && train::apply_toml(run, spec_.toml, "run").ok() && own.model.kind == "external" &&
-          run.model.kind == "external" && own.model.signature != run.model.signature) {
+      if (train::apply_toml(own, *plan_.own_spec, "own").ok() && train::apply_toml(run, spec_.toml, "run").ok() && own.model.kind == train::ModelKind::kExternal &&
+          run.model.kind == train::ModelKind::kExternal && own.model.signature != run.model.signature) {
         return error(ErrorCode::kInvalidArgument, "this peer's model (signature " + own.model.signature + ") is not the run's (" + run.model.signature +
                                                       "): its parameters' names, shapes, types or initial weights differ; build it the same way on "
                                                       "every peer, after the same torch.manual_seed");
@@ -138,7 +138,7 @@ Status Peer::learn_run() {
   round_timeout_ = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config_.train.round_timeout_s));
   spec_hash_ = digest_of(as_bytes(spec_.toml));
   if (config_.pipeline.enabled) {
-    spdlog::info("run {} (a {} pipeline of {} stages, {} iterations)", spec_hash_.hex().substr(0, 16), config_.pipeline.mode, config_.pipeline.stages, config_.train.steps);
+    spdlog::info("run {} (a {} pipeline of {} stages, {} iterations)", spec_hash_.hex().substr(0, 16), train::name_of(config_.pipeline.mode), config_.pipeline.stages, config_.train.steps);
   } else {
     spdlog::info("run {} ({} on {} steps, rounds every {} steps)", spec_hash_.hex().substr(0, 16), config_.outer.method, config_.train.steps, schedule_.period);
   }
@@ -196,7 +196,7 @@ Status Peer::link_up() {
   co.layout = [this](std::size_t members) { return layout_for(members); };
   co.commit_rounds = !ddp_;  // (ddp's members that went on retry a later step: the step rule decides)
   check_reachable(opened_.announced, "links");
-  if (outbound_only_ && ddp_ && config_.ddp.engine == "gloo") {
+  if (outbound_only_ && ddp_ && config_.ddp.engine == train::DdpEngine::kGloo) {
     return error(ErrorCode::kInvalidArgument, "ddp.engine = \"gloo\" needs every peer to accept connections (Gloo dials the other ranks "
                                               "itself), and this peer accepts none (behind NAT): run with ddp.engine = \"links\", or give "
                                               "this machine a port forward and --advertise");
@@ -241,7 +241,7 @@ const quant::EncodeOptions* Peer::layout_codec() const {
     case optim::Method::kCO2:
       return &outer_config_.co2.codec;
     case optim::Method::kDdp:
-      return outer_config_.ddp_engine == "links" ? &outer_config_.ddp_codec : nullptr;
+      return outer_config_.ddp_engine == optim::OuterConfig::DdpEngine::kLinks ? &outer_config_.ddp_codec : nullptr;
     default:
       return nullptr;  // pairs (NoLoCo) and all-gathers (SparseLoCo) need every link
   }

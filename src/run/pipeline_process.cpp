@@ -319,7 +319,7 @@ Result<PipelineProcessOutcome> run_pipeline_process(const PipelineProcessRequest
   train::PipelineEnvironment env;
   env.local = {req.node};
   env.link = [&links](int, int to, int) { return links[static_cast<std::size_t>(to)]; };  // this epoch's
-  if (c.pipeline.network == "measured") {
+  if (c.pipeline.network == train::PipelineNetwork::kMeasured) {
     auto measured = measure_network(req, links, n);
     if (!measured.ok() && stopped()) {
       outcome.stopped = true;  // Ctrl-C while measuring

@@ -44,7 +44,30 @@ struct BoolKey {
   const char* help;
   bool& (*ref)(RunConfig&);
 };
-using KeySpec = std::variant<IntKey, FloatKey, StringKey, BoolKey>;
+// A reference to one of RunConfig's choice fields (choice.h), whatever its enum.
+struct ChoiceField {
+  std::string (*get)(const void*);
+  bool (*set)(void*, std::string_view);
+  std::vector<std::string> (*names)();
+  void* at;
+  std::string name() const { return get(at); }
+};
+template <typename E>
+ChoiceField choice_field(E& e) {
+  return ChoiceField{[](const void* p) { return name_of(*static_cast<const E*>(p)); },
+                     [](void* p, std::string_view text) {
+                       const auto v = parse_choice<E>(text);
+                       if (v) *static_cast<E*>(p) = *v;
+                       return v.has_value();
+                     },
+                     &choice_names<E>, &e};
+}
+struct ChoiceKey {
+  const char* name;
+  const char* help;
+  ChoiceField (*ref)(RunConfig&);
+};
+using KeySpec = std::variant<IntKey, FloatKey, StringKey, BoolKey, ChoiceKey>;
 
 constexpr std::int64_t kBig = std::numeric_limits<std::int32_t>::max();
 
@@ -69,7 +92,7 @@ std::vector<std::string> preset_names() {
 
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> keys = {
-      StringKey{"model.kind", "gpt: the built-in GPT (model.layers, width, heads); torchscript: a module saved by PyTorch (model.path); external: a model the Python package's caller computes itself (model.signature)", [](RunConfig& c) -> std::string& { return c.model.kind; }, {"gpt", "torchscript", "external"}},
+      ChoiceKey{"model.kind", "gpt: the built-in GPT (model.layers, width, heads); torchscript: a module saved by PyTorch (model.path); external: a model the Python package's caller computes itself (model.signature)", [](RunConfig& c) { return choice_field(c.model.kind); }},
       StringKey{"model.signature", "external: the digest of the caller's parameters' names, shapes and types (set by the Python package); peers with another model are refused", [](RunConfig& c) -> std::string& { return c.model.signature; }, {}},
       StringKey{"model.preset", "a well-known shape (layers, width, heads, context; no weights) to start from, e.g. gpt2-124m; later model.* keys refine it", [](RunConfig& c) -> std::string& { return c.model.preset; }, preset_names()},
       StringKey{"model.path", "torchscript: the file torch.jit.script(model).save(path) wrote; forward(tokens int64 [B, T]) -> logits [B, T, vocab]", [](RunConfig& c) -> std::string& { return c.model.path; }, {}},
@@ -80,7 +103,7 @@ const std::vector<KeySpec>& schema() {
       IntKey{"model.context", "sequence length T (bytes)", [](RunConfig& c) -> std::int64_t& { return c.model.context; }, 2, 65536},
       FloatKey{"model.dropout", "dropout probability", [](RunConfig& c) -> double& { return c.model.dropout; }, 0.0, 0.99, false},
       IntKey{"model.init_seed", "seed of the GPT-2-style initialization", [](RunConfig& c) -> std::int64_t& { return c.model.init_seed; }, 0, std::numeric_limits<std::int64_t>::max()},
-      StringKey{"data.format", "text: the bytes of text files are the tokens; tokens: token files of nanoGPT (raw uint16) or llm.c (with its header)", [](RunConfig& c) -> std::string& { return c.data.format; }, {"text", "tokens"}},
+      ChoiceKey{"data.format", "text: the bytes of text files are the tokens; tokens: token files of nanoGPT (raw uint16) or llm.c (with its header)", [](RunConfig& c) { return choice_field(c.data.format); }},
       StringKey{"data.path", "text file or folder of text files (empty: the built-in synthetic language); with data.format = tokens, a token file or a folder holding *train*.bin and *val*.bin files", [](RunConfig& c) -> std::string& { return c.data.path; }, {}},
       IntKey{"data.vocab_size", "vocabulary of the model: 0 means 256 (bytes); token files need their tokenizer's size (50257 for GPT-2)", [](RunConfig& c) -> std::int64_t& { return c.data.vocab_size; }, 0, 1LL << 31},
       FloatKey{"data.val_fraction", "fraction of the corpus (its end) held out for validation", [](RunConfig& c) -> double& { return c.data.val_fraction; }, 0.0, 0.5, true},
@@ -100,7 +123,7 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"train.beta1", "AdamW beta1", [](RunConfig& c) -> double& { return c.train.beta1; }, 0.0, 0.999999, false},
       FloatKey{"train.beta2", "AdamW beta2", [](RunConfig& c) -> double& { return c.train.beta2; }, 0.0, 0.999999, false},
       FloatKey{"train.eps", "AdamW epsilon", [](RunConfig& c) -> double& { return c.train.eps; }, 0.0, 1.0, true},
-      StringKey{"train.optimizer", "inner optimizer: adamw, or muon (the hidden layers' weight matrices by Muon, orthogonalized momentum, at train.muon_lr; embeddings, norms and biases by AdamW at train.lr)", [](RunConfig& c) -> std::string& { return c.train.optimizer; }, {"adamw", "muon"}},
+      ChoiceKey{"train.optimizer", "inner optimizer: adamw, or muon (the hidden layers' weight matrices by Muon, orthogonalized momentum, at train.muon_lr; embeddings, norms and biases by AdamW at train.lr)", [](RunConfig& c) { return choice_field(c.train.optimizer); }},
       FloatKey{"train.muon_lr", "muon: 0 (the default): the weight matrices at AdamW's train.lr and weight decay with Moonlight's scale, every matrix's step of RMS 0.2 lr; above 0: their peak lr in the reference's form (its 0.02 was set for 768-wide models), scaled by the lr schedule as train.lr is", [](RunConfig& c) -> double& { return c.train.muon_lr; }, 0.0, 10.0, false},
       FloatKey{"train.muon_momentum", "muon: momentum (Nesterov) of the weight matrices", [](RunConfig& c) -> double& { return c.train.muon_momentum; }, 0.0, 0.999999, false},
       FloatKey{"train.grad_clip", "clip the global gradient norm to this; 0 disables", [](RunConfig& c) -> double& { return c.train.grad_clip; }, 0.0, 1e6, false},
@@ -111,34 +134,34 @@ const std::vector<KeySpec>& schema() {
       IntKey{"train.seed", "seed of data order and dropout", [](RunConfig& c) -> std::int64_t& { return c.train.seed; }, 0, std::numeric_limits<std::int64_t>::max()},
       IntKey{"train.threads", "CPU threads for LibTorch; 0 uses every core", [](RunConfig& c) -> std::int64_t& { return c.train.threads; }, 0, 1024},
       StringKey{"train.device", "where the model trains: auto (a GPU when LibTorch has CUDA, else the CPU), cpu, cuda or cuda:N", [](RunConfig& c) -> std::string& { return c.train.device; }, {}},
-      StringKey{"train.precision", "fp32, or bf16: forward passes under autocast to bfloat16, weights, gradients and optimizer state in fp32", [](RunConfig& c) -> std::string& { return c.train.precision; }, {"fp32", "bf16"}},
+      ChoiceKey{"train.precision", "fp32, or bf16: forward passes under autocast to bfloat16, weights, gradients and optimizer state in fp32", [](RunConfig& c) { return choice_field(c.train.precision); }},
       FloatKey{"train.quorum", "a round closes short of some members once this share of the members' expected work (inner steps) is ready and the learned grace has passed since", [](RunConfig& c) -> double& { return c.train.quorum; }, 0.0, 1.0, false},
       FloatKey{"train.grace_spread", "the learned grace: the median lag of the last members in recent rounds plus this many robust spreads", [](RunConfig& c) -> double& { return c.train.grace_spread; }, 0.0, 100.0, false},
       FloatKey{"train.round_timeout_s", "a synchronization round (all-reduce, pair exchange) gives up after this many seconds and is skipped", [](RunConfig& c) -> double& { return c.train.round_timeout_s; }, 0.0, 1e7, true},
       StringKey{"outer.method", "outer optimizer: how the workers synchronize", [](RunConfig& c) -> std::string& { return c.outer.method; }, optim::method_names()},
       IntKey{"outer.codec_block", "values per scale block of the scaled codecs (int8, fp8, int4, fp4)", [](RunConfig& c) -> std::int64_t& { return c.outer.codec_block; }, 1, 1 << 20},
-      StringKey{"outer.aggregation", "how the workers' contributions are combined: mean; filtered (non-finite ones and outliers left out); trimmed_mean (per coordinate, outer.trim values dropped at each end); all-reduce methods", [](RunConfig& c) -> std::string& { return c.outer.aggregation; }, {"mean", "filtered", "trimmed_mean"}},
+      ChoiceKey{"outer.aggregation", "how the workers' contributions are combined: mean; filtered (non-finite ones and outliers left out); trimmed_mean (per coordinate, outer.trim values dropped at each end); all-reduce methods", [](RunConfig& c) { return choice_field(c.outer.aggregation); }},
       FloatKey{"outer.outlier_factor", "filtered: a contribution farther from the coordinate-wise median than this many times the median distance is left out", [](RunConfig& c) -> double& { return c.outer.outlier_factor; }, 1.0, 1e6, false},
-      StringKey{"outer.round_budget", "steps: every member runs the method's inner steps each round (lockstep); time: a round lasts the inner steps of the group's fastest member, each member runs the steps that fit and the mean weighs each contribution by the steps behind it (diloco, streaming_diloco, sparseloco, muloco)", [](RunConfig& c) -> std::string& { return c.outer.round_budget; }, {"steps", "time"}},
-      StringKey{"outer.late_work", "a member left out of a round (late) and caught up: merge (what it computed rides on into its next contribution, weighted by the age gate) or drop; counted either way", [](RunConfig& c) -> std::string& { return c.outer.late_work; }, {"merge", "drop"}},
+      ChoiceKey{"outer.round_budget", "steps: every member runs the method's inner steps each round (lockstep); time: a round lasts the inner steps of the group's fastest member, each member runs the steps that fit and the mean weighs each contribution by the steps behind it (diloco, streaming_diloco, sparseloco, muloco)", [](RunConfig& c) { return choice_field(c.outer.round_budget); }},
+      ChoiceKey{"outer.late_work", "a member left out of a round (late) and caught up: merge (what it computed rides on into its next contribution, weighted by the age gate) or drop; counted either way", [](RunConfig& c) { return choice_field(c.outer.late_work); }},
       FloatKey{"outer.age_decay", "age gate sigma(tau) = gamma(tau) exp(-decay tau) of late contributions and the cgad outer step: the decay per round of age (default -ln 0.9)", [](RunConfig& c) -> double& { return c.outer.age_decay; }, 0.0, 100.0, false},
       FloatKey{"outer.age_cutoff", "age gate: contributions this many rounds old or older weigh nothing (cosine gate to zero)", [](RunConfig& c) -> double& { return c.outer.age_cutoff; }, 1e-3, 1e6, false},
       IntKey{"outer.trim", "trimmed_mean: values dropped at each end of every coordinate (fewer when too few workers remain)", [](RunConfig& c) -> std::int64_t& { return c.outer.trim; }, 0, 1 << 20},
-      StringKey{"outer.state_device", "where the outer optimizer keeps its state: host (memory of the machine, sparing the GPU's) or device (train.device's memory)", [](RunConfig& c) -> std::string& { return c.outer.state_device; }, {"host", "device"}},
+      ChoiceKey{"outer.state_device", "where the outer optimizer keeps its state: host (memory of the machine, sparing the GPU's) or device (train.device's memory)", [](RunConfig& c) { return choice_field(c.outer.state_device); }},
       StringKey{"ddp.codec", "codec of the gradients ddp all-reduces", [](RunConfig& c) -> std::string& { return c.ddp.codec; }, codec_names()},
-      StringKey{"ddp.engine", "links: our all-reduce; gloo: c10d ProcessGroupGloo (real runs, fp32)", [](RunConfig& c) -> std::string& { return c.ddp.engine; }, {"links", "gloo"}},
+      ChoiceKey{"ddp.engine", "links: our all-reduce; gloo: c10d ProcessGroupGloo (real runs, fp32)", [](RunConfig& c) { return choice_field(c.ddp.engine); }},
       IntKey{"ddp.round_steps", "real runs: steps between agreements on the members (a newcomer joins there; a lost member is dropped at once)", [](RunConfig& c) -> std::int64_t& { return c.ddp.round_steps; }, 1, 1LL << 40},
       IntKey{"diloco.inner_steps", "H: inner steps per outer round", [](RunConfig& c) -> std::int64_t& { return c.diloco.inner_steps; }, 1, 1LL << 40},
       FloatKey{"diloco.outer_lr", "outer Nesterov learning rate", [](RunConfig& c) -> double& { return c.diloco.outer_lr; }, 0.0, 10.0, true},
-      StringKey{"diloco.outer_step", "the outer step: nesterov (Nesterov momentum SGD, the paper's) or cgad (Cosine-Gated Adam-Decay: Adam on pseudo-gradients scaled by the age gate, outer.age_decay and outer.age_cutoff; beta1 = diloco.outer_momentum)", [](RunConfig& c) -> std::string& { return c.diloco.outer_step; }, {"nesterov", "cgad"}},
+      ChoiceKey{"diloco.outer_step", "the outer step: nesterov (Nesterov momentum SGD, the paper's) or cgad (Cosine-Gated Adam-Decay: Adam on pseudo-gradients scaled by the age gate, outer.age_decay and outer.age_cutoff; beta1 = diloco.outer_momentum)", [](RunConfig& c) { return choice_field(c.diloco.outer_step); }},
       FloatKey{"diloco.cgad_lr", "cgad's learning rate; 0: the rule train.lr x sqrt(diloco.inner_steps) (the size of H inner steps of random sign)", [](RunConfig& c) -> double& { return c.diloco.cgad_lr; }, 0.0, 10.0, false},
       IntKey{"diloco.delay_rounds", "a controlled delay: each round's averaged pseudo-gradient is applied this many rounds later (asynchronous DiLoCo's staleness, for stability studies); 0: none", [](RunConfig& c) -> std::int64_t& { return c.diloco.delay_rounds; }, 0, 64},
       FloatKey{"diloco.outer_momentum", "outer Nesterov momentum", [](RunConfig& c) -> double& { return c.diloco.outer_momentum; }, 0.0, 0.999999, false},
       StringKey{"diloco.codec", "codec of the pseudo-gradient on the wire", [](RunConfig& c) -> std::string& { return c.diloco.codec; }, codec_names()},
       IntKey{"streaming_diloco.inner_steps", "H: each fragment is synchronized once every H steps", [](RunConfig& c) -> std::int64_t& { return c.streaming_diloco.inner_steps; }, 1, 1LL << 40},
       IntKey{"streaming_diloco.fragment_layers", "transformer blocks per fragment (the paper uses 3)", [](RunConfig& c) -> std::int64_t& { return c.streaming_diloco.fragment_layers; }, 1, 1024},
-      StringKey{"streaming_diloco.pattern", "how blocks are grouped into fragments", [](RunConfig& c) -> std::string& { return c.streaming_diloco.pattern; }, {"strided", "sequential"}},
-      StringKey{"streaming_diloco.edges", "embedding and final layer: with_neighbors (first / last fragment) or own_fragments", [](RunConfig& c) -> std::string& { return c.streaming_diloco.edges; }, {"with_neighbors", "own_fragments"}},
+      ChoiceKey{"streaming_diloco.pattern", "how blocks are grouped into fragments", [](RunConfig& c) { return choice_field(c.streaming_diloco.pattern); }},
+      ChoiceKey{"streaming_diloco.edges", "embedding and final layer: with_neighbors (first / last fragment) or own_fragments", [](RunConfig& c) { return choice_field(c.streaming_diloco.edges); }},
       IntKey{"streaming_diloco.overlap", "tau: inner steps a fragment's all-reduce may overlap", [](RunConfig& c) -> std::int64_t& { return c.streaming_diloco.overlap; }, 0, 1LL << 40},
       FloatKey{"streaming_diloco.mixing", "alpha: local share when merging a synchronized fragment (0: take the global one)", [](RunConfig& c) -> double& { return c.streaming_diloco.mixing; }, 0.0, 1.0, false},
       FloatKey{"streaming_diloco.outer_lr", "outer Nesterov learning rate", [](RunConfig& c) -> double& { return c.streaming_diloco.outer_lr; }, 0.0, 10.0, true},
@@ -170,22 +193,22 @@ const std::vector<KeySpec>& schema() {
       BoolKey{"join.align", "true: a newcomer starts at the step the members are at when it has caught up (the donors say where), leaving out the slots they computed before it arrived, so nobody waits at the round's end while it computes them; false: it starts at the round end its state is from, and the group waits (a run whose newcomers start where a simulation of it starts them, whatever their timing)", [](RunConfig& c) -> bool& { return c.join.align; }},
       FloatKey{"join.serve_share", "share of a donor's link that serving newcomers may take, where the link's bandwidth is known (--shape, the simulator); 1: all of it", [](RunConfig& c) -> double& { return c.join.serve_share; }, 0.0, 1.0, true},
       BoolKey{"pipeline.enabled", "true: `gossamer peer` trains the run as a SkipPipe pipeline over its peers (a node per peer; the pipeline.* keys), not data-parallel; `gossamer pipeline` and `gossamer sim --pipeline` run pipelines whatever it says", [](RunConfig& c) -> bool& { return c.pipeline.enabled; }},
-      StringKey{"pipeline.mode", "SkipPipe paths: full (every stage in order), random (skipping, cost-blind), noca (cost-aware, without collision awareness), skippipe (CBS with TC2)", [](RunConfig& c) -> std::string& { return c.pipeline.mode; }, {"full", "random", "noca", "skippipe"}},
+      ChoiceKey{"pipeline.mode", "SkipPipe paths: full (every stage in order), random (skipping, cost-blind), noca (cost-aware, without collision awareness), skippipe (CBS with TC2)", [](RunConfig& c) { return choice_field(c.pipeline.mode); }},
       IntKey{"pipeline.nodes", "nodes of the pipeline (over peers, pipeline.enabled: the peers the first one waits for unless given --wait-for; the pipeline is planned over every peer there at its start)", [](RunConfig& c) -> std::int64_t& { return c.pipeline.nodes; }, 2, 4096},
       IntKey{"pipeline.stages", "stages the model is cut into (model.layers divisible by it)", [](RunConfig& c) -> std::int64_t& { return c.pipeline.stages; }, 2, 64},
       IntKey{"pipeline.path_length", "stages each micro-batch visits, stage 0 included (the rest are skipped)", [](RunConfig& c) -> std::int64_t& { return c.pipeline.path_length; }, 2, 64},
       IntKey{"pipeline.memory", "micro-batches in flight per node", [](RunConfig& c) -> std::int64_t& { return c.pipeline.memory; }, 1, 1024},
       IntKey{"pipeline.mbs_per_origin", "micro-batches (of train.batch_size samples) each stage-0 node starts per iteration", [](RunConfig& c) -> std::int64_t& { return c.pipeline.mbs_per_origin; }, 1, 1 << 16},
       IntKey{"pipeline.mbs_per_agent", "micro-batches one planned path carries", [](RunConfig& c) -> std::int64_t& { return c.pipeline.mbs_per_agent; }, 1, 1 << 16},
-      StringKey{"pipeline.network", "the nodes' links, as the scheduler plans on them and the simulator emulates them: geo (the reference's table of 12 places, as published), geo-fixed (the same with its suspicious NL-LDN entry, 1000 times below the other European pairs, replaced by BE-LDN's), uniform (50 ms, 1 Gbit/s) or measured (across processes and peers only: the nodes time each pair's latency and bandwidth and each machine's stage forward at the start, and the scheduler plans on that)", [](RunConfig& c) -> std::string& { return c.pipeline.network; }, {"geo", "geo-fixed", "uniform", "measured"}},
+      ChoiceKey{"pipeline.network", "the nodes' links, as the scheduler plans on them and the simulator emulates them: geo (the reference's table of 12 places, as published), geo-fixed (the same with its suspicious NL-LDN entry, 1000 times below the other European pairs, replaced by BE-LDN's), uniform (50 ms, 1 Gbit/s) or measured (across processes and peers only: the nodes time each pair's latency and bandwidth and each machine's stage forward at the start, and the scheduler plans on that)", [](RunConfig& c) { return choice_field(c.pipeline.network); }},
       FloatKey{"pipeline.forward_s", "the scheduler's cost of one stage's forward of one micro-batch (s)", [](RunConfig& c) -> double& { return c.pipeline.forward_s; }, 0.0, 1e6, true},
       FloatKey{"pipeline.activation_mib", "the scheduler's size of one hop (MiB)", [](RunConfig& c) -> double& { return c.pipeline.activation_mib; }, 0.0, 1e6, false},
       StringKey{"pipeline.activation_codec", "codec of activations and their gradients between stages", [](RunConfig& c) -> std::string& { return c.pipeline.activation_codec; }, codec_names()},
-      StringKey{"pipeline.stage_sync", "how a stage's replicas synchronise: ddp (all-reduce of the gradients every iteration) or an outer optimizer over the stage's replicas, each stepping on its own between rounds: diloco, streaming_diloco, noloco or co2 (their own sections' keys)", [](RunConfig& c) -> std::string& { return c.pipeline.stage_sync; }, {"ddp", "diloco", "streaming_diloco", "noloco", "co2"}},
+      StringKey{"pipeline.stage_sync", "how a stage's replicas synchronise: ddp (all-reduce of the gradients every iteration) or an outer optimizer over the stage's replicas, each stepping on its own between rounds: diloco, streaming_diloco, noloco or co2 (their own sections' keys)", [](RunConfig& c) -> std::string& { return c.pipeline.stage_sync; }, optim::stage_sync_names()},
       IntKey{"pipeline.gcma_trials", "children the genetic node-to-stage assignment tries", [](RunConfig& c) -> std::int64_t& { return c.pipeline.gcma_trials; }, 0, 1 << 24},
       IntKey{"pipeline.crash_node", "simulator scenario (gossamer sim --pipeline, compare): this node crashes half-way through pipeline.crash_at_iteration, and the pipeline goes on without it; -1: none", [](RunConfig& c) -> std::int64_t& { return c.pipeline.crash_node; }, -1, 4095},
       IntKey{"pipeline.crash_at_iteration", "the iteration during which pipeline.crash_node crashes", [](RunConfig& c) -> std::int64_t& { return c.pipeline.crash_at_iteration; }, 0, 1LL << 40},
-      StringKey{"pipeline.order", "the order of a node's work: timetable (the scheduler's simulated timetable: every run adds its gradients in the same order, bit for bit the same on any network) or arrival (first come, first served: no waiting for a late message's turn, last bits vary between runs)", [](RunConfig& c) -> std::string& { return c.pipeline.order; }, {"timetable", "arrival"}},
+      ChoiceKey{"pipeline.order", "the order of a node's work: timetable (the scheduler's simulated timetable: every run adds its gradients in the same order, bit for bit the same on any network) or arrival (first come, first served: no waiting for a late message's turn, last bits vary between runs)", [](RunConfig& c) { return choice_field(c.pipeline.order); }},
       BoolKey{"pipeline.depth_scaling", "true: the model assembled from the stages (evaluation, the omission check) scales each non-zero stage's residual branches by the share of the trained micro-batches that visited it, stochastic depth's inference rule (a model trained on paths of 4 of 6 stages then gets from all six what it got on average in training; the full pipeline's shares are 1, so it is unchanged); false: the stages' weights as trained", [](RunConfig& c) -> bool& { return c.pipeline.depth_scaling; }},
       IntKey{"sim.workers", "simulated workers", [](RunConfig& c) -> std::int64_t& { return c.sim.workers; }, 1, 4096},
       StringKey{"sim.network", "network preset of every worker's link, or custom; skippipe-geo: worker i at the SkipPipe reference's place i mod 12, each pair of places its own latency and bandwidth from the reference's table", [](RunConfig& c) -> std::string& { return c.sim.network; }, {"custom", "loopback", "datacenter", "cross-region", "intercontinental", "home", "wan-100m-80ms", "skippipe-geo"}},
@@ -199,7 +222,7 @@ const std::vector<KeySpec>& schema() {
       IntKey{"sim.sites", "> 0 splits the workers into this many sites (contiguous blocks), each behind its own shared link; 0: none", [](RunConfig& c) -> std::int64_t& { return c.sim.sites; }, 0, 4096},
       FloatKey{"sim.site_uplink_mbit", "bandwidth of each site's shared uplink (and, separately, downlink) (Mbit/s)", [](RunConfig& c) -> double& { return c.sim.site_uplink_mbit; }, 0.0, 1e9, true},
       FloatKey{"sim.site_latency_ms", "extra one-way latency to leave or enter a site (ms)", [](RunConfig& c) -> double& { return c.sim.site_latency_ms; }, 0.0, 1e6, false},
-      StringKey{"sim.compute", "step time: fixed (sim.step_time_s), device (6 x params x tokens / (FLOP/s x utilization)) or measured (this machine; not deterministic)", [](RunConfig& c) -> std::string& { return c.sim.compute; }, {"fixed", "device", "measured"}},
+      ChoiceKey{"sim.compute", "step time: fixed (sim.step_time_s), device (6 x params x tokens / (FLOP/s x utilization)) or measured (this machine; not deterministic)", [](RunConfig& c) { return choice_field(c.sim.compute); }},
       FloatKey{"sim.step_time_s", "fixed compute: seconds per inner step", [](RunConfig& c) -> double& { return c.sim.step_time_s; }, 0.0, 1e6, true},
       FloatKey{"sim.device_tflops", "device compute: peak TFLOP/s of each worker", [](RunConfig& c) -> double& { return c.sim.device_tflops; }, 0.0, 1e6, true},
       FloatKey{"sim.device_utilization", "device compute: fraction of peak reached (MFU)", [](RunConfig& c) -> double& { return c.sim.device_utilization; }, 0.0, 1.0, true},
@@ -213,7 +236,7 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"sim.straggler_factor", "compute slowdown of the straggler", [](RunConfig& c) -> double& { return c.sim.straggler_factor; }, 1.0, 1e6, false},
       StringKey{"sim.speeds", "per-worker compute speeds in worker order (1: as sim.compute says, 0.5: steps take twice as long), SPEED or SPEEDxCOUNT items separated by commas, e.g. 1x11,0.5x4,0.25; workers not listed run at 1", [](RunConfig& c) -> std::string& { return c.sim.speeds; }, {}},
       FloatKey{"sim.speed_spread", "sigma of a seeded log-normal factor on each worker's speed (0: none)", [](RunConfig& c) -> double& { return c.sim.speed_spread; }, 0.0, 3.0, false},
-      StringKey{"sim.poison", "what the poisoned workers send in all-reduces: none; scale (contributions times sim.poison_scale); sign (times -1); nan (a NaN in each, fp32 codec)", [](RunConfig& c) -> std::string& { return c.sim.poison; }, {"none", "scale", "sign", "nan"}},
+      ChoiceKey{"sim.poison", "what the poisoned workers send in all-reduces: none; scale (contributions times sim.poison_scale); sign (times -1); nan (a NaN in each, fp32 codec)", [](RunConfig& c) { return choice_field(c.sim.poison); }},
       IntKey{"sim.poison_workers", "how many workers are poisoned (the last ones)", [](RunConfig& c) -> std::int64_t& { return c.sim.poison_workers; }, 1, 4095},
       FloatKey{"sim.poison_scale", "sim.poison = scale: the factor", [](RunConfig& c) -> double& { return c.sim.poison_scale; }, -1e6, 1e6, false},
       FloatKey{"sim.churn_rate", "share of the workers that crash per 100 inner steps, at seeded steps, each restarting sim.churn_downtime_s later from its last checkpoint; 0: none", [](RunConfig& c) -> double& { return c.sim.churn_rate; }, 0.0, 1.0, false},
@@ -248,6 +271,11 @@ std::string allowed_text(const KeySpec& k) {
           return "an integer in [" + std::to_string(s.min) + ", " + std::to_string(s.max) + "]";
         } else if constexpr (std::is_same_v<T, BoolKey>) {
           return "true or false";
+        } else if constexpr (std::is_same_v<T, ChoiceKey>) {
+          RunConfig scratch;
+          std::string out = "one of";
+          for (const auto& c : s.ref(scratch).names()) out += " '" + c + "'";
+          return out;
         } else if constexpr (std::is_same_v<T, FloatKey>) {
           return std::string("a number in ") + (s.min_exclusive ? "(" : "[") + format_double(s.min) + ", " + format_double(s.max) + "]";
         } else {
@@ -297,6 +325,11 @@ Status set_value(RunConfig& config, const KeySpec& spec, const toml::node& node,
         } else if constexpr (std::is_same_v<T, BoolKey>) {
           if (!node.is_boolean()) return bad("has the wrong type (" + std::string(toml::impl::node_type_friendly_names[static_cast<int>(node.type())]) + ")");
           s.ref(config) = node.as_boolean()->get();
+        } else if constexpr (std::is_same_v<T, ChoiceKey>) {
+          if (!node.is_string()) return bad("has the wrong type (" + std::string(toml::impl::node_type_friendly_names[static_cast<int>(node.type())]) + ")");
+          const std::string v = node.as_string()->get();
+          const ChoiceField field = s.ref(config);
+          if (!field.set(field.at, v)) return bad("= '" + v + "' is not allowed");
         } else {
           if (!node.is_string()) return bad("has the wrong type (" + std::string(toml::impl::node_type_friendly_names[static_cast<int>(node.type())]) + ")");
           std::string v = node.as_string()->get();
@@ -404,7 +437,7 @@ Status apply_override(RunConfig& config, std::string_view assignment) {
   Status st;
   // A string key takes the text as typed unless it is a quoted TOML string: --set data.path=123 is the
   // file "123", not an integer.
-  const bool string_key = std::holds_alternative<StringKey>(*spec);
+  const bool string_key = std::holds_alternative<StringKey>(*spec) || std::holds_alternative<ChoiceKey>(*spec);
   if (is_toml && parsed.contains("v") && (!string_key || parsed.get("v")->is_string())) {
     st = set_value(updated, *spec, *parsed.get("v"), "--set");
   } else {
@@ -452,6 +485,8 @@ std::string to_toml(const RunConfig& config_in) {
             os << format_double(s.ref(config));
           } else if constexpr (std::is_same_v<T, BoolKey>) {
             os << (s.ref(config) ? "true" : "false");
+          } else if constexpr (std::is_same_v<T, ChoiceKey>) {
+            os << toml::value<std::string>(s.ref(config).name());
           } else {
             os << toml::value<std::string>(s.ref(config));
           }
@@ -471,8 +506,15 @@ std::vector<std::string> config_differences(const RunConfig& a_in, const RunConf
     std::visit(
         [&](const auto& s) {
           using T = std::decay_t<decltype(s)>;
-          if (s.ref(a) == s.ref(b)) return;
-          if constexpr (std::is_same_v<T, FloatKey>) {
+          if constexpr (std::is_same_v<T, ChoiceKey>) {
+            const std::string x = s.ref(a).name(), y = s.ref(b).name();
+            if (x != y) out.push_back(name + ": '" + x + "' -> '" + y + "'");
+            return;
+          } else {
+            if (s.ref(a) == s.ref(b)) return;
+          }
+          if constexpr (std::is_same_v<T, ChoiceKey>) {
+          } else if constexpr (std::is_same_v<T, FloatKey>) {
             out.push_back(name + ": " + format_double(s.ref(a)) + " -> " + format_double(s.ref(b)));
           } else if constexpr (std::is_same_v<T, IntKey>) {
             out.push_back(name + ": " + std::to_string(s.ref(a)) + " -> " + std::to_string(s.ref(b)));

@@ -7,17 +7,107 @@
 // Threading: plain values and pure functions.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
+#include "optim/method.h"
+#include "train/choice.h"
 
 namespace gossamer::train {
 
+// The keys whose value is one of a few names (choice.h): their enums and tables.
+enum class ModelKind : std::uint8_t { kGpt, kTorchScript, kExternal };  // what computes the model
+template <>
+struct Choices<ModelKind> {
+  static constexpr std::array<ChoiceRow<ModelKind>, 3> rows = {{{ModelKind::kGpt, "gpt"}, {ModelKind::kTorchScript, "torchscript"}, {ModelKind::kExternal, "external"}}};
+};
+enum class DataFormat : std::uint8_t { kText, kTokens };  // what data.path holds
+template <>
+struct Choices<DataFormat> {
+  static constexpr std::array<ChoiceRow<DataFormat>, 2> rows = {{{DataFormat::kText, "text"}, {DataFormat::kTokens, "tokens"}}};
+};
+enum class InnerOptimizer : std::uint8_t { kAdamW, kMuon };  // the inner optimizer
+template <>
+struct Choices<InnerOptimizer> {
+  static constexpr std::array<ChoiceRow<InnerOptimizer>, 2> rows = {{{InnerOptimizer::kAdamW, "adamw"}, {InnerOptimizer::kMuon, "muon"}}};
+};
+enum class Precision : std::uint8_t { kFp32, kBf16 };  // the forward pass's arithmetic
+template <>
+struct Choices<Precision> {
+  static constexpr std::array<ChoiceRow<Precision>, 2> rows = {{{Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}}};
+};
+enum class StateDevice : std::uint8_t { kHost, kDevice };  // where the outer optimizer's state lives
+template <>
+struct Choices<StateDevice> {
+  static constexpr std::array<ChoiceRow<StateDevice>, 2> rows = {{{StateDevice::kHost, "host"}, {StateDevice::kDevice, "device"}}};
+};
+enum class Aggregation : std::uint8_t { kMean, kFiltered, kTrimmedMean };  // how a chunk's owner combines contributions
+template <>
+struct Choices<Aggregation> {
+  static constexpr std::array<ChoiceRow<Aggregation>, 3> rows = {{{Aggregation::kMean, "mean"}, {Aggregation::kFiltered, "filtered"}, {Aggregation::kTrimmedMean, "trimmed_mean"}}};
+};
+enum class RoundBudget : std::uint8_t { kSteps, kTime };  // what a round is
+template <>
+struct Choices<RoundBudget> {
+  static constexpr std::array<ChoiceRow<RoundBudget>, 2> rows = {{{RoundBudget::kSteps, "steps"}, {RoundBudget::kTime, "time"}}};
+};
+enum class LateWork : std::uint8_t { kMerge, kDrop };  // what a late member's work becomes
+template <>
+struct Choices<LateWork> {
+  static constexpr std::array<ChoiceRow<LateWork>, 2> rows = {{{LateWork::kMerge, "merge"}, {LateWork::kDrop, "drop"}}};
+};
+enum class DdpEngine : std::uint8_t { kLinks, kGloo };  // what carries ddp's all-reduce
+template <>
+struct Choices<DdpEngine> {
+  static constexpr std::array<ChoiceRow<DdpEngine>, 2> rows = {{{DdpEngine::kLinks, "links"}, {DdpEngine::kGloo, "gloo"}}};
+};
+enum class OuterStep : std::uint8_t { kNesterov, kCgad };  // DiLoCo's outer step
+template <>
+struct Choices<OuterStep> {
+  static constexpr std::array<ChoiceRow<OuterStep>, 2> rows = {{{OuterStep::kNesterov, "nesterov"}, {OuterStep::kCgad, "cgad"}}};
+};
+enum class FragmentOrder : std::uint8_t { kStrided, kSequential };  // which layers a Streaming DiLoCo fragment holds
+template <>
+struct Choices<FragmentOrder> {
+  static constexpr std::array<ChoiceRow<FragmentOrder>, 2> rows = {{{FragmentOrder::kStrided, "strided"}, {FragmentOrder::kSequential, "sequential"}}};
+};
+enum class FragmentEdges : std::uint8_t { kWithNeighbors, kOwnFragments };  // what a fragment's embeddings and head go with
+template <>
+struct Choices<FragmentEdges> {
+  static constexpr std::array<ChoiceRow<FragmentEdges>, 2> rows = {{{FragmentEdges::kWithNeighbors, "with_neighbors"}, {FragmentEdges::kOwnFragments, "own_fragments"}}};
+};
+enum class PipelineMode : std::uint8_t { kFull, kRandom, kNoca, kSkipPipe };  // a pipeline's paths
+template <>
+struct Choices<PipelineMode> {
+  static constexpr std::array<ChoiceRow<PipelineMode>, 4> rows = {{{PipelineMode::kFull, "full"}, {PipelineMode::kRandom, "random"}, {PipelineMode::kNoca, "noca"}, {PipelineMode::kSkipPipe, "skippipe"}}};
+};
+enum class PipelineNetwork : std::uint8_t { kGeo, kGeoFixed, kUniform, kMeasured };  // the scheduler's view of the nodes
+template <>
+struct Choices<PipelineNetwork> {
+  static constexpr std::array<ChoiceRow<PipelineNetwork>, 4> rows = {{{PipelineNetwork::kGeo, "geo"}, {PipelineNetwork::kGeoFixed, "geo-fixed"}, {PipelineNetwork::kUniform, "uniform"}, {PipelineNetwork::kMeasured, "measured"}}};
+};
+enum class PipelineOrder : std::uint8_t { kTimetable, kArrival };  // the order of a node's work
+template <>
+struct Choices<PipelineOrder> {
+  static constexpr std::array<ChoiceRow<PipelineOrder>, 2> rows = {{{PipelineOrder::kTimetable, "timetable"}, {PipelineOrder::kArrival, "arrival"}}};
+};
+enum class ComputeModel : std::uint8_t { kFixed, kDevice, kMeasured };  // the simulator's compute time
+template <>
+struct Choices<ComputeModel> {
+  static constexpr std::array<ChoiceRow<ComputeModel>, 3> rows = {{{ComputeModel::kFixed, "fixed"}, {ComputeModel::kDevice, "device"}, {ComputeModel::kMeasured, "measured"}}};
+};
+enum class PoisonKind : std::uint8_t { kNone, kScale, kSign, kNan };  // what the simulator's poisoned workers send
+template <>
+struct Choices<PoisonKind> {
+  static constexpr std::array<ChoiceRow<PoisonKind>, 4> rows = {{{PoisonKind::kNone, "none"}, {PoisonKind::kScale, "scale"}, {PoisonKind::kSign, "sign"}, {PoisonKind::kNan, "nan"}}};
+};
+
 struct ModelSection {
-  std::string kind = "gpt";       // gpt (built in), torchscript (model.path) or external (the Python package's caller's)
+  ModelKind kind = ModelKind::kGpt;       // gpt (built in), torchscript (model.path) or external (the Python package's caller's)
   std::string signature;          // external: the digest of the caller's parameters' names, shapes and types
   std::string preset;             // "" or a shape of model_presets(): sets layers, width, heads, context
   std::string path;               // torchscript: the module file
@@ -39,7 +129,7 @@ struct SyntheticSection {
 };
 
 struct DataSection {
-  std::string format = "text";    // text (bytes are tokens) or tokens (token files, data/token_files.h)
+  DataFormat format = DataFormat::kText;    // text (bytes are tokens) or tokens (token files, data/token_files.h)
   std::string path;               // empty: the built-in synthetic language
   std::int64_t vocab_size = 0;    // 0: 256 (bytes); token files need their tokenizer's size
   double val_fraction = 0.05;
@@ -63,7 +153,7 @@ struct TrainSection {
   // muon_lr, with muon_momentum; embeddings, norms and biases by AdamW at lr). Both follow the lr
   // schedule. muon_lr 0: Moonlight's scale at lr (every matrix's step of RMS 0.2 lr, as an AdamW
   // step's); the reference's 0.02 was set for a 768-wide model and stalls small ones on long runs.
-  std::string optimizer = "adamw";
+  InnerOptimizer optimizer = InnerOptimizer::kAdamW;
   double muon_lr = 0.0;
   double muon_momentum = 0.95;
   double grad_clip = 1.0;
@@ -74,7 +164,7 @@ struct TrainSection {
   std::int64_t seed = 42;
   std::int64_t threads = 0;  // 0: all cores
   std::string device = "auto";     // auto, cpu, cuda, cuda:N (train/device.h)
-  std::string precision = "fp32";  // fp32, or bf16 (autocast forward, fp32 master weights)
+  Precision precision = Precision::kFp32;  // fp32, or bf16 (autocast forward, fp32 master weights)
   double round_timeout_s = 600;  // a synchronization round gives up after this long
   // Real runs and the simulator: a round closes once every member is ready, or once this share of
   // the members' expected work is and a grace learned from recent arrivals (their median lag plus
@@ -90,22 +180,22 @@ struct OuterSection {
   std::int64_t codec_block = 128;  // values per scale block of the scaled codecs
   // Where the outer optimizer keeps its state (outer weights, momentum, pending averages): host
   // memory, sparing the training device's, or the training device itself (no copies per round).
-  std::string state_device = "host";
+  StateDevice state_device = StateDevice::kHost;
   // How each chunk's owner combines the workers' contributions (optim/collectives.h): mean, filtered
   // (outliers and non-finite left out) or trimmed_mean; all-reduce methods only.
-  std::string aggregation = "mean";
+  Aggregation aggregation = Aggregation::kMean;
   double outlier_factor = 3.0;  // filtered: left out beyond this many times the median distance
   std::int64_t trim = 1;        // trimmed_mean: values dropped at each end, per coordinate
   // What a round is: "steps", every member runs the method's inner steps (lockstep among equals);
   // "time", a round lasts the inner steps of the group's fastest member, each member runs the steps
   // that fit, and the round's mean weighs each contribution by the steps behind it (diloco,
   // streaming_diloco and sparseloco; train/step_budget.h, optim/token_weights.h).
-  std::string round_budget = "steps";
+  RoundBudget round_budget = RoundBudget::kSteps;
   // A member left out of a round (late) and caught up: what it computed since its last merge
   // rides on into its next contribution at the age gate's weight (optim/age_gate.h; "merge"), or is
   // dropped ("drop"); counted either way (diloco, streaming_diloco, sparseloco in real runs and
   // the simulator).
-  std::string late_work = "merge";
+  LateWork late_work = LateWork::kMerge;
   // The age gate sigma(tau) = gamma(tau) e^{-decay tau}, gamma zero from `age_cutoff` rounds on
   // (CGAD's; defaults by the rule in optim/age_gate.h).
   double age_decay = 0.10536051565782628;
@@ -113,7 +203,7 @@ struct OuterSection {
 };
 struct DdpSection {
   std::string codec = "fp32";
-  std::string engine = "links";  // links (our all-reduce) or gloo (c10d ProcessGroupGloo, real runs)
+  DdpEngine engine = DdpEngine::kLinks;  // links (our all-reduce) or gloo (c10d ProcessGroupGloo, real runs)
   std::int64_t round_steps = 10;  // real runs: members are agreed (newcomers join) every this many steps
 };
 struct DiLoCoSection {
@@ -124,15 +214,15 @@ struct DiLoCoSection {
   // The outer step: "nesterov" (the paper's SGD) or "cgad" (Adam on age-gated pseudo-gradients,
   // optim/diloco.h; its lr: cgad_lr, or 0 for the rule train.lr x sqrt(inner_steps)), and a
   // controlled delay: each round's mean applied this many rounds later (docs/methods.md).
-  std::string outer_step = "nesterov";
+  OuterStep outer_step = OuterStep::kNesterov;
   double cgad_lr = 0.0;
   std::int64_t delay_rounds = 0;
 };
 struct StreamingSection {
   std::int64_t inner_steps = 100;
   std::int64_t fragment_layers = 3;  // transformer blocks per fragment
-  std::string pattern = "strided";
-  std::string edges = "with_neighbors";
+  FragmentOrder pattern = FragmentOrder::kStrided;
+  FragmentEdges edges = FragmentEdges::kWithNeighbors;
   std::int64_t overlap = 1;
   double mixing = 0.5;
   double outer_lr = 0.7;
@@ -189,14 +279,14 @@ struct JoinSection {
 // micro-batches whose paths skip and reorder stages (skippipe/schedule.h).
 struct PipelineSection {
   bool enabled = false;               // `gossamer peer` runs the run as a pipeline over its peers
-  std::string mode = "skippipe";      // full, random (cost-blind skip), noca (without TC2), skippipe
+  PipelineMode mode = PipelineMode::kSkipPipe;      // full, random (cost-blind skip), noca (without TC2), skippipe
   std::int64_t nodes = 20;
   std::int64_t stages = 6;            // model.layers must be divisible by it
   std::int64_t path_length = 4;       // stages each micro-batch visits, stage 0 included
   std::int64_t memory = 3;            // micro-batches in flight per node
   std::int64_t mbs_per_origin = 6;    // micro-batches each stage-0 node starts per iteration (train.batch_size samples each)
   std::int64_t mbs_per_agent = 2;
-  std::string network = "geo";        // the scheduler's view of the nodes: geo (the reference's table) or uniform
+  PipelineNetwork network = PipelineNetwork::kGeo;        // the scheduler's view of the nodes: geo (the reference's table) or uniform
   double forward_s = 1.76;            // the scheduler's cost of one stage's forward of one micro-batch
   double activation_mib = 32;         // and of one hop's bytes
   std::string activation_codec = "fp32";
@@ -204,7 +294,7 @@ struct PipelineSection {
   std::int64_t gcma_trials = 8000;
   std::int64_t crash_node = -1;           // the simulator's scenario: this node crashes (-1: none) ...
   std::int64_t crash_at_iteration = 0;    // ... half-way through this iteration (by the scheduler's prediction)
-  std::string order = "timetable";    // a node's work: in the planned timetable's order (deterministic) or as messages arrive
+  PipelineOrder order = PipelineOrder::kTimetable;    // a node's work: in the planned timetable's order (deterministic) or as messages arrive
   // The assembled model (evaluation, omission) scales each non-zero stage's residual branches by the
   // share of trained micro-batches that visited it (stochastic depth's inference rule); false: as trained.
   bool depth_scaling = true;
@@ -224,7 +314,7 @@ struct SimSection {
   std::int64_t sites = 0;                 // > 0: workers split into this many sites (contiguous blocks),
   double site_uplink_mbit = 100.0;        //   each behind its own shared uplink and downlink
   double site_latency_ms = 0.0;           //   extra one-way latency to leave or enter a site
-  std::string compute = "device";         // fixed (step_time_s), device (FLOP/s model) or measured
+  ComputeModel compute = ComputeModel::kDevice;         // fixed (step_time_s), device (FLOP/s model) or measured
   double step_time_s = 0.1;
   double device_tflops = 100.0;           // peak
   double device_utilization = 0.4;
@@ -246,7 +336,7 @@ struct SimSection {
                                           //   restarting sim.churn_downtime_s later from its last checkpoint
   double stalls_per_minute = 0.0;         // stalls per minute per 10 workers (seeded): a worker stops computing for
   double stall_s = 10.0;                  //   this many virtual seconds and goes on (a hiccup: it neither dies nor restarts)
-  std::string poison = "none";            // none, scale, sign or nan: what poisoned workers send
+  PoisonKind poison = PoisonKind::kNone;            // none, scale, sign or nan: what poisoned workers send
   std::int64_t poison_workers = 1;        //   the last N workers (when poison is not none)
   double poison_scale = 10.0;             //   scale: contributions multiplied by this
   std::int64_t seed = 1;
@@ -271,7 +361,10 @@ struct RunConfig {
 
 // The inner optimizer steps the weight matrices with Muon: train.optimizer = muon, or MuLoCo, which is
 // Muon's by definition.
-inline bool muon_inner(const RunConfig& c) { return c.train.optimizer == "muon" || c.outer.method == "muloco"; }
+inline bool muon_inner(const RunConfig& c) {
+  const auto method = optim::parse_method(c.outer.method);
+  return c.train.optimizer == InnerOptimizer::kMuon || (method.ok() && optim::method_info(*method).muon_inner);
+}
 
 // Overlays a TOML document onto `config`. Keys not given keep their current values.
 [[nodiscard]] Status apply_toml(RunConfig& config, std::string_view toml_text, std::string_view source_name);

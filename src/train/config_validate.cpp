@@ -5,12 +5,36 @@
 #include <cmath>
 #include <string>
 
+#include "optim/method.h"
 #include "train/speeds.h"
 
 namespace gossamer::train {
 
-Status validate(const RunConfig& c) {
-  auto bad = [](const std::string& m) { return error(ErrorCode::kInvalidArgument, m); };
+namespace {
+
+// The value of a method's codec key (optim::MethodInfo::codec_key).
+const std::string* codec_value(const RunConfig& c, std::string_view key) {
+  for (const auto& [name, value] : {std::pair<std::string_view, const std::string*>{"ddp.codec", &c.ddp.codec},
+                                    {"diloco.codec", &c.diloco.codec},
+                                    {"streaming_diloco.codec", &c.streaming_diloco.codec},
+                                    {"noloco.codec", &c.noloco.codec},
+                                    {"co2.codec", &c.co2.codec},
+                                    {"muloco.codec", &c.muloco.codec}}) {
+    if (name == key) return value;
+  }
+  return nullptr;
+}
+
+// What a check needs to know of the run's method.
+struct MethodFacts {
+  const optim::MethodInfo& m;
+  bool on_gloo;         // ddp on Gloo's all-reduce
+  bool own_collective;  // its round is Gossamer's own all-reduce or all-gather over the group's links
+};
+
+Status bad(const std::string& m) { return error(ErrorCode::kInvalidArgument, m); }
+
+Status check_model_data_pipeline(const RunConfig& c) {
   if (c.model.width % c.model.heads != 0) {
     return bad("model.width (" + std::to_string(c.model.width) + ") must be divisible by model.heads (" + std::to_string(c.model.heads) + ")");
   }
@@ -25,26 +49,26 @@ Status validate(const RunConfig& c) {
                                       !(d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.find_first_not_of("0123456789", 5) == std::string::npos)) {
     return bad("train.device = " + d + ": use auto, cpu, cuda or cuda:N");
   }
-  if (c.model.kind == "torchscript" && c.model.path.empty()) {
+  if (c.model.kind == ModelKind::kTorchScript && c.model.path.empty()) {
     return bad("model.kind = torchscript needs model.path: the file torch.jit.script(model).save(path) wrote");
   }
-  if (c.model.kind == "external" && c.model.signature.empty()) {
+  if (c.model.kind == ModelKind::kExternal && c.model.signature.empty()) {
     return bad("model.kind = external needs model.signature: the Python package sets it from the model (gossamer.Peer)");
   }
-  if (c.data.format == "tokens" && c.data.path.empty()) {
+  if (c.data.format == DataFormat::kTokens && c.data.path.empty()) {
     return bad("data.format = tokens needs data.path: a token file, or a folder holding train.bin and val.bin");
   }
-  if (c.data.format == "tokens" && c.data.vocab_size == 0) {
+  if (c.data.format == DataFormat::kTokens && c.data.vocab_size == 0) {
     return bad("data.format = tokens needs data.vocab_size: the size of the tokenizer's vocabulary (50257 for GPT-2's, 128256 for Llama 3's)");
   }
-  if (c.data.format == "text" && c.data.vocab_size != 0 && c.data.vocab_size < 256) {
+  if (c.data.format == DataFormat::kText && c.data.vocab_size != 0 && c.data.vocab_size < 256) {
     return bad("data.vocab_size (" + std::to_string(c.data.vocab_size) + ") is below 256: text is read as bytes, which need 256 ids; use 0");
   }
   if (c.data.synthetic.classes > c.data.synthetic.words) {
     return bad("data.synthetic.classes (" + std::to_string(c.data.synthetic.classes) + ") must not exceed data.synthetic.words (" +
                std::to_string(c.data.synthetic.words) + ")");
   }
-  if (c.pipeline.crash_node >= 0 && c.pipeline.stage_sync != "ddp") {
+  if (c.pipeline.crash_node >= 0 && c.pipeline.stage_sync != optim::method_name(optim::Method::kDdp)) {
     return bad("pipeline.crash_node needs pipeline.stage_sync = ddp: with an outer method inside the stages, replicas step on their own before an "
                "iteration is known to have failed, so running it again without the lost node would step them twice");
   }
@@ -58,6 +82,11 @@ Status validate(const RunConfig& c) {
   if (c.sim.crash_worker >= c.sim.workers) {
     return bad("sim.crash_worker (" + std::to_string(c.sim.crash_worker) + ") must name one of the " + std::to_string(c.sim.workers) + " workers");
   }
+  return Status();
+}
+
+Status check_sim(const RunConfig& c, const MethodFacts& f) {
+  const bool on_gloo = f.on_gloo, own_collective = f.own_collective;
   if (c.sim.slow_link_workers > c.sim.workers) {
     return bad("sim.slow_link_workers (" + std::to_string(c.sim.slow_link_workers) + ") exceeds sim.workers (" + std::to_string(c.sim.workers) + ")");
   }
@@ -77,10 +106,9 @@ Status validate(const RunConfig& c) {
       return bad("sim.crash_mid_round needs sim.crash_worker to name a worker of the run from its start (not sim.join_worker), and "
                  "sim.crash_at_step = 0: the worker dies in that round instead");
     }
-    if (c.outer.method == "local" || c.outer.method == "noloco" || (c.outer.method == "ddp" && c.ddp.engine == "gloo")) {
+    if (!own_collective) {
       return bad("sim.crash_mid_round needs a method whose round is Gossamer's all-reduce or all-gather (diloco, streaming_diloco, "
-                 "sparseloco, muloco, co2, or ddp with ddp.engine = links), not outer.method = " + c.outer.method +
-                 (c.outer.method == "ddp" ? " on Gloo" : ""));
+                 "sparseloco, muloco, co2, or ddp with ddp.engine = links), not outer.method = " + c.outer.method + (on_gloo ? " on Gloo" : ""));
     }
   }
   if (c.sim.join_worker >= 0) {
@@ -97,34 +125,43 @@ Status validate(const RunConfig& c) {
                  "]: the newcomer takes the state after step sim.join_at_step - 1");
     }
   }
-  if (c.outer.aggregation != "mean" && c.outer.method == "ddp" && c.ddp.engine == "gloo") {
-    return bad("outer.aggregation = " + c.outer.aggregation + " needs ddp.engine = links: Gloo's all-reduce only sums");
+  return Status();
+}
+
+Status check_method(const RunConfig& c, const MethodFacts& f) {
+  const optim::MethodInfo& m = f.m;
+  const bool on_gloo = f.on_gloo, own_collective = f.own_collective;
+  if (c.outer.aggregation != Aggregation::kMean && on_gloo) {
+    return bad("outer.aggregation = " + name_of(c.outer.aggregation) + " needs ddp.engine = links: Gloo's all-reduce only sums");
   }
-  if (c.outer.aggregation != "mean" && c.outer.method == "noloco") {
-    return bad("outer.aggregation = " + c.outer.aggregation + " does not apply to noloco, which averages pairs (a partner's malformed or non-finite "
-               "contribution already fails that round alone); use mean");
+  if (c.outer.aggregation != Aggregation::kMean && m.exchange == optim::Exchange::kPairs) {
+    return bad("outer.aggregation = " + name_of(c.outer.aggregation) + " does not apply to " + c.outer.method + ", which averages pairs (a partner's "
+               "malformed or non-finite contribution already fails that round alone); use mean");
+  }
+  if (c.outer.aggregation != Aggregation::kMean && m.exchange == optim::Exchange::kNone) {
+    return bad("outer.aggregation = " + name_of(c.outer.aggregation) + " does not apply to " + c.outer.method + ", which combines nothing; use mean");
   }
   if (c.sparseloco.topk > c.sparseloco.chunk) {
     return bad("sparseloco.topk (" + std::to_string(c.sparseloco.topk) + ") must not exceed sparseloco.chunk (" + std::to_string(c.sparseloco.chunk) + ")");
   }
-  if (c.outer.aggregation == "trimmed_mean" && c.outer.method == "sparseloco") {
-    return bad("outer.aggregation = trimmed_mean does not apply to sparseloco (a coordinate-wise trim of sparse updates is mostly of zeros); use mean or filtered");
+  if (c.outer.aggregation == Aggregation::kTrimmedMean && !m.trimmed_aggregation && m.filtered_aggregation) {
+    return bad("outer.aggregation = trimmed_mean does not apply to " + c.outer.method +
+               " (a coordinate-wise trim of sparse updates is mostly of zeros); use mean or filtered");
   }
-  if (c.sim.poison != "none") {
+  if (c.sim.poison != PoisonKind::kNone) {
     if (c.sim.poison_workers >= c.sim.workers) {
       return bad("sim.poison_workers (" + std::to_string(c.sim.poison_workers) + ") must leave at least one of the " + std::to_string(c.sim.workers) +
                  " workers honest");
     }
-    if (c.outer.method == "noloco" || c.outer.method == "local" || (c.outer.method == "ddp" && c.ddp.engine == "gloo")) {
+    if (!own_collective) {
       return bad("sim.poison applies to all-reduces over our links: ddp (links), diloco, streaming_diloco, co2, sparseloco and muloco, not " + c.outer.method);
     }
-    if (c.sim.poison == "nan" && c.outer.method == "sparseloco") {
+    if (c.sim.poison == PoisonKind::kNan && m.exchange == optim::Exchange::kAllGather) {
       return bad("sim.poison = nan writes a NaN into fp32 payloads; sparseloco's are sparse 2-bit ones: use scale or sign");
     }
-    const std::string& codec = c.outer.method == "ddp" ? c.ddp.codec : c.outer.method == "diloco" ? c.diloco.codec
-                               : c.outer.method == "co2" ? c.co2.codec : c.outer.method == "muloco" ? c.muloco.codec : c.streaming_diloco.codec;
-    if (c.sim.poison == "nan" && codec != "fp32") {
-      return bad("sim.poison = nan writes a NaN into fp32 payloads: set the method's codec to fp32 (it is " + codec + ")");
+    const std::string* codec = codec_value(c, m.codec_key);
+    if (c.sim.poison == PoisonKind::kNan && codec != nullptr && *codec != "fp32") {
+      return bad("sim.poison = nan writes a NaN into fp32 payloads: set " + std::string(m.codec_key) + " to fp32 (it is " + *codec + ")");
     }
   }
   const auto& sd = c.streaming_diloco;
@@ -133,6 +170,19 @@ Status validate(const RunConfig& c) {
                std::to_string(sd.inner_steps) + ")");
   }
   return Status();
+}
+
+}  // namespace
+
+Status validate(const RunConfig& c) {
+  const auto method = optim::parse_method(c.outer.method);
+  if (!method.ok()) return method.status();
+  const optim::MethodInfo& m = optim::method_info(*method);
+  const bool on_gloo = m.id == optim::Method::kDdp && c.ddp.engine == DdpEngine::kGloo;
+  const MethodFacts facts{m, on_gloo, (m.exchange == optim::Exchange::kAllReduce || m.exchange == optim::Exchange::kAllGather) && !on_gloo};
+  if (Status st = check_model_data_pipeline(c); !st.ok()) return st;
+  if (Status st = check_sim(c, facts); !st.ok()) return st;
+  return check_method(c, facts);
 }
 
 }  // namespace gossamer::train

@@ -38,7 +38,7 @@ Result<std::vector<PinnedInput>> pin_inputs(const RunConfig& c) {
   std::vector<PinnedInput> out;
   if (!c.data.path.empty()) {
     std::vector<fs::path> files;
-    if (c.data.format == "tokens") {
+    if (c.data.format == DataFormat::kTokens) {
       auto listed = data::token_corpus_files(c.data.path);
       if (!listed.ok()) return about("data.path", listed.status());
       files = listed->train;
@@ -52,7 +52,7 @@ Result<std::vector<PinnedInput>> pin_inputs(const RunConfig& c) {
       if (Status st = pin(out, "data.path", f); !st.ok()) return st;
     }
   }
-  if (c.model.kind != "gpt" && !c.model.path.empty()) {
+  if (c.model.kind != ModelKind::kGpt && !c.model.path.empty()) {
     if (Status st = pin(out, "model.path", c.model.path); !st.ok()) return st;
   }
   return out;
@@ -120,7 +120,7 @@ Result<std::optional<std::vector<PinnedInput>>> read_record(const fs::path& fold
 }  // namespace
 
 Status check_model_input(const fs::path& folder, const RunConfig& config) {
-  if (config.model.kind == "gpt" || config.model.path.empty()) return Status();
+  if (config.model.kind == ModelKind::kGpt || config.model.path.empty()) return Status();
   auto record = read_record(folder);
   if (!record.ok()) return record.status();
   if (!*record) return Status();

@@ -85,7 +85,8 @@ MemoryEstimate estimate_memory(const RunConfig& c, std::int64_t workers, std::op
   if (!e.on_gpu) {
     e.host_bytes = e.total_bytes;
   } else {
-    const bool outer_on_host = c.outer.state_device == "host" || c.outer.method == "ddp";  // ddp's flat gradient is in host memory
+    const auto method = optim::parse_method(c.outer.method);
+    const bool outer_on_host = c.outer.state_device == StateDevice::kHost || (method.ok() && optim::method_info(*method).flat_gradient_on_host);
     const double outer_host = outer_on_host ? n * e.outer_bytes + e.parameters * kFloat * outer_step : 0.0;
     e.host_bytes = outer_host + e.corpus_bytes + kRuntimeBytes + e.checkpoint_bytes;
     e.device_bytes = n * e.state_bytes + e.activation_bytes - outer_host - kRuntimeBytes;
@@ -129,7 +130,7 @@ std::string format_bytes(double bytes) {
 Status check_resources(const RunConfig& c, std::int64_t workers, const std::string& workers_key) {
   if (auto device = resolve_device(c.train.device); !device.ok()) return device.status();
   std::optional<double> parameters;
-  if (c.model.kind != "gpt") {
+  if (c.model.kind != ModelKind::kGpt) {
     auto model = make_model(c, 0);
     if (!model.ok()) return model.status();
     parameters = static_cast<double>((*model)->num_parameters());

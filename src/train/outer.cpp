@@ -68,8 +68,12 @@ std::vector<std::string> config_warnings(const RunConfig& c) {
                   "): the whole model is one fragment, synchronized every streaming_diloco.inner_steps steps as DiLoCo would; set it to at most " +
                   std::to_string(c.model.layers) + " for fragments that take turns");
   }
-  if (c.outer.round_budget == "time" && budget_period(c) == 0) {
-    out.push_back("outer.round_budget = time applies to diloco, streaming_diloco, sparseloco and muloco; " + c.outer.method +
+  if (c.outer.round_budget == RoundBudget::kTime && budget_period(c) == 0) {
+    std::string applies;
+    for (const auto& m : optim::kMethods) {
+      if (m.time_budget) applies += (applies.empty() ? "" : ", ") + std::string(m.name);
+    }
+    out.push_back("outer.round_budget = time applies to " + applies + "; " + c.outer.method +
                   " runs every member's steps in lockstep as with outer.round_budget = steps");
   }
   return out;
@@ -83,7 +87,7 @@ std::int64_t sparseloco_period(const RunConfig& c) {
 }
 
 std::int64_t budget_period(const RunConfig& c) {
-  if (c.outer.round_budget != "time") return 0;
+  if (c.outer.round_budget != RoundBudget::kTime) return 0;
   switch (method_of(c)) {
     case optim::Method::kDiLoCo: return c.diloco.inner_steps;
     case optim::Method::kStreamingDiLoCo: return c.streaming_diloco.inner_steps;
@@ -109,14 +113,14 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
     if (!r->ok()) return r->status();
   }
   o.ddp_codec = *ddp_codec;
-  o.ddp_engine = c.ddp.engine;
+  o.ddp_engine = c.ddp.engine == DdpEngine::kGloo ? optim::OuterConfig::DdpEngine::kGloo : optim::OuterConfig::DdpEngine::kLinks;
 
   o.diloco.inner_steps = c.diloco.inner_steps;
   o.diloco.outer_lr = c.diloco.outer_lr;
   o.diloco.outer_momentum = c.diloco.outer_momentum;
   o.diloco.codec = *diloco_codec;
   o.diloco.delay_rounds = c.diloco.delay_rounds;
-  if (c.diloco.outer_step == "cgad") {
+  if (c.diloco.outer_step == OuterStep::kCgad) {
     o.diloco.outer_step = optim::OuterStep::kCGAD;
     // The rule: an Adam step moves each weight by about its lr; H inner steps of random sign move it
     // by about sqrt(H) inner lrs.
@@ -125,8 +129,8 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   }
 
   const auto& sd = c.streaming_diloco;
-  o.fragments.pattern = sd.pattern == "sequential" ? optim::FragmentPattern::kSequential : optim::FragmentPattern::kStrided;
-  o.fragments.edges = sd.edges == "own_fragments" ? optim::EdgePlacement::kOwnFragments : optim::EdgePlacement::kWithNeighbors;
+  o.fragments.pattern = sd.pattern == FragmentOrder::kSequential ? optim::FragmentPattern::kSequential : optim::FragmentPattern::kStrided;
+  o.fragments.edges = sd.edges == FragmentEdges::kOwnFragments ? optim::EdgePlacement::kOwnFragments : optim::EdgePlacement::kWithNeighbors;
   o.fragments.fragments = static_cast<int>((c.model.layers + sd.fragment_layers - 1) / sd.fragment_layers);
   const std::int64_t p = optim::fragment_count(o.fragments);
   o.streaming.inner_steps = sd.inner_steps;
@@ -150,7 +154,7 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   if (Status st = check_synchronizes(c, o.method, p); !st.ok()) return st;
 
   at::Device state_device = at::kCPU;
-  if (c.outer.state_device == "device") {
+  if (c.outer.state_device == StateDevice::kDevice) {
     auto device = resolve_device(c.train.device);
     if (!device.ok()) return device.status().with_context("outer.state_device = \"device\"");
     state_device = *device;
@@ -165,13 +169,13 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
       state_device;
 
   optim::Aggregation agg;
-  agg.rule = c.outer.aggregation == "filtered"       ? optim::Aggregation::Rule::kFiltered
-             : c.outer.aggregation == "trimmed_mean" ? optim::Aggregation::Rule::kTrimmedMean
+  agg.rule = c.outer.aggregation == Aggregation::kFiltered       ? optim::Aggregation::Rule::kFiltered
+             : c.outer.aggregation == Aggregation::kTrimmedMean ? optim::Aggregation::Rule::kTrimmedMean
                                                      : optim::Aggregation::Rule::kMean;
   agg.outlier_factor = c.outer.outlier_factor;
   agg.trim = static_cast<int>(c.outer.trim);
   o.diloco.aggregation = o.streaming.aggregation = o.co2.aggregation = o.sparseloco.aggregation = o.muloco.aggregation = o.ddp_aggregation = agg;
-  o.diloco.token_weighted = o.streaming.token_weighted = o.sparseloco.token_weighted = o.muloco.token_weighted = c.outer.round_budget == "time";
+  o.diloco.token_weighted = o.streaming.token_weighted = o.sparseloco.token_weighted = o.muloco.token_weighted = c.outer.round_budget == RoundBudget::kTime;
 
   o.noloco.inner_steps = c.noloco.inner_steps;
   o.noloco.outer_lr = c.noloco.outer_lr;

@@ -17,12 +17,18 @@
 
 namespace gossamer::train {
 
-Result<skippipe::Mode> pipeline_mode(const std::string& name) {
-  if (name == "full") return skippipe::Mode::kFull;
-  if (name == "random") return skippipe::Mode::kCostBlind;
-  if (name == "noca") return skippipe::Mode::kNoCollision;
-  if (name == "skippipe") return skippipe::Mode::kSkipPipe;
-  return error(ErrorCode::kInvalidArgument, "pipeline.mode '" + name + "': use full, random, noca or skippipe");
+skippipe::Mode pipeline_mode(PipelineMode mode) {
+  switch (mode) {
+    case PipelineMode::kFull:
+      return skippipe::Mode::kFull;
+    case PipelineMode::kRandom:
+      return skippipe::Mode::kCostBlind;
+    case PipelineMode::kNoca:
+      return skippipe::Mode::kNoCollision;
+    case PipelineMode::kSkipPipe:
+      break;
+  }
+  return skippipe::Mode::kSkipPipe;
 }
 
 std::size_t hop_bytes(const RunConfig& c) {
@@ -52,10 +58,10 @@ double measure_stage_forward_s(const RunConfig& c, int runs) {
 
 Status check_pipeline_shape(const RunConfig& c) {
   const auto& p = c.pipeline;
-  if (c.model.kind != "gpt") return error(ErrorCode::kInvalidArgument, "pipelines cut the built-in GPT into stages: set model.kind = gpt");
+  if (c.model.kind != ModelKind::kGpt) return error(ErrorCode::kInvalidArgument, "pipelines cut the built-in GPT into stages: set model.kind = gpt");
   if (muon_inner(c)) {
     return error(ErrorCode::kInvalidArgument, "a pipeline's stages train with AdamW: " +
-                                                  std::string(c.train.optimizer == "muon" ? "train.optimizer = muon" : "outer.method = muloco (Muon's inner steps)") +
+                                                  std::string(c.train.optimizer == InnerOptimizer::kMuon ? "train.optimizer = muon" : "outer.method = muloco (Muon's inner steps)") +
                                                   " is for data-parallel runs; drop it");
   }
   if (c.model.layers % p.stages != 0) {
@@ -71,7 +77,7 @@ Status check_pipeline_shape(const RunConfig& c) {
 }
 
 Status check_network_in_one_process(const RunConfig& c) {
-  if (c.pipeline.network != "measured") return Status();
+  if (c.pipeline.network != PipelineNetwork::kMeasured) return Status();
   return error(ErrorCode::kInvalidArgument, "pipeline.network = measured plans on the links the nodes measure between their processes: run it with "
                                             "--node (a process per node) or over gossamer peer; one process and the simulator have none to measure, "
                                             "so give them geo, geo-fixed or uniform (--set pipeline.network=geo)");
@@ -79,7 +85,7 @@ Status check_network_in_one_process(const RunConfig& c) {
 
 skippipe::Network pipeline_network(const RunConfig& c) {
   const int n = static_cast<int>(c.pipeline.nodes);
-  if (c.pipeline.network == "geo" || c.pipeline.network == "geo-fixed") return skippipe::geo_network(n, c.pipeline.network == "geo-fixed");
+  if (c.pipeline.network == PipelineNetwork::kGeo || c.pipeline.network == PipelineNetwork::kGeoFixed) return skippipe::geo_network(n, c.pipeline.network == PipelineNetwork::kGeoFixed);
   return skippipe::uniform_network(n, 0.05, 1e9 / 8);
 }
 

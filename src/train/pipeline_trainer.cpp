@@ -65,8 +65,7 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   impl->data = &data;
   const auto& p = c.pipeline;
   if (Status st = check_pipeline_shape(c); !st.ok()) return st;
-  auto mode = pipeline_mode(p.mode);
-  if (!mode.ok()) return mode.status();
+  const skippipe::Mode mode = pipeline_mode(p.mode);
   auto codec_id = quant::codec_from_name(p.activation_codec);
   if (!codec_id.ok()) return codec_id.status();
   skippipe::Options o;
@@ -97,13 +96,13 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   g.seed = static_cast<std::uint64_t>(c.train.seed);
   auto stage_of = skippipe::assign_gcma(net, costs, o, g);
   if (!stage_of.ok()) return stage_of.status();
-  auto planned = skippipe::plan(net, costs, *stage_of, o, *mode);
+  auto planned = skippipe::plan(net, costs, *stage_of, o, mode);
   if (!planned.ok()) return planned.status().with_context("planning the pipeline");
   impl->plan = std::move(*planned);
   // Every mode's nodes follow the planned iteration's timetable (pipeline.order), which the
   // skippipe mode's schedule already carries; the others get their simulation's.
-  if (p.order == "timetable" && impl->plan.schedule.timetable.empty()) impl->plan.schedule.timetable = impl->plan.simulation.timetable;
-  if (p.order == "arrival") impl->plan.schedule.timetable.clear();
+  if (p.order == PipelineOrder::kTimetable && impl->plan.schedule.timetable.empty()) impl->plan.schedule.timetable = impl->plan.simulation.timetable;
+  if (p.order == PipelineOrder::kArrival) impl->plan.schedule.timetable.clear();
   const skippipe::Schedule& s = impl->plan.schedule;
 
   quant::EncodeOptions codec;
@@ -114,7 +113,7 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   impl->node_options.clock = env.clock;
   impl->node_options.compute = env.compute;
   impl->options = o;
-  impl->mode = *mode;
+  impl->mode = mode;
   impl->net = net;
   impl->costs = costs;
   if (env.local.empty()) {
@@ -393,8 +392,8 @@ Status PipelineTrainer::exclude(const std::vector<int>& dead) {
   }
   if (!planned.ok()) return planned.status().with_context("rescheduling the pipeline without the lost nodes");
   skippipe::Schedule s = planned->schedule;
-  if (m.config.pipeline.order == "timetable" && s.timetable.empty()) s.timetable = planned->simulation.timetable;
-  if (m.config.pipeline.order == "arrival") s.timetable.clear();
+  if (m.config.pipeline.order == PipelineOrder::kTimetable && s.timetable.empty()) s.timetable = planned->simulation.timetable;
+  if (m.config.pipeline.order == PipelineOrder::kArrival) s.timetable.clear();
   // Checked over the survivors (the lost nodes, still listed by their stage in the pipeline's
   // numbering, would count as origins that start nothing).
   if (Status st = skippipe::validate(s); !st.ok()) return st.with_context("the rescheduled pipeline");

@@ -180,6 +180,6 @@ skippipe::Costs pipeline_costs(const RunConfig& config);
 std::vector<int> default_omitted_stages(std::int64_t stages);
 
 // pipeline.mode's name to the scheduler's mode.
-[[nodiscard]] Result<skippipe::Mode> pipeline_mode(const std::string& name);
+skippipe::Mode pipeline_mode(PipelineMode mode);
 
 }  // namespace gossamer::train

@@ -52,7 +52,7 @@ Result<Corpus> load_token_corpus(const RunConfig& config) {
 }  // namespace
 
 Result<Corpus> load_corpus(const RunConfig& config) {
-  if (config.data.format == "tokens") return load_token_corpus(config);
+  if (config.data.format == DataFormat::kTokens) return load_token_corpus(config);
   std::string text, description;
   std::optional<double> floor;
   if (config.data.path.empty()) {
@@ -106,7 +106,7 @@ const std::vector<std::string> kIdentityPrefixes = {"model.", "data."};
 std::vector<std::string> identity_differences(const RunConfig& a, const RunConfig& b) {
   std::vector<std::string> diffs = config_differences(a, b, kIdentityPrefixes);
   // The inner optimizer's state is of its kind: another one cannot take it over.
-  if (a.train.optimizer != b.train.optimizer) diffs.push_back("train.optimizer: " + a.train.optimizer + " -> " + b.train.optimizer);
+  if (a.train.optimizer != b.train.optimizer) diffs.push_back("train.optimizer: " + name_of(a.train.optimizer) + " -> " + name_of(b.train.optimizer));
   // The size cap on corpora changes neither the model nor the data a run was given.
   diffs.erase(std::remove_if(diffs.begin(), diffs.end(), [](const std::string& d) { return d.rfind("data.max_bytes:", 0) == 0; }), diffs.end());
   return diffs;

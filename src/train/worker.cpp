@@ -37,11 +37,11 @@ model::GptConfig gpt_config(const RunConfig& c, int rank) {
 
 Result<std::unique_ptr<model::LanguageModel>> make_model(const RunConfig& c, int rank) {
   const auto g = gpt_config(c, rank);
-  if (c.model.kind == "external") {
+  if (c.model.kind == ModelKind::kExternal) {
     return error(ErrorCode::kInvalidArgument, "model.kind = external is a model its caller computes: train it from Python with the gossamer "
                                               "package (gossamer.Peer and an outer optimizer; see examples/python)");
   }
-  if (c.model.kind == "torchscript") {
+  if (c.model.kind == ModelKind::kTorchScript) {
     model::TorchScriptOptions o;
     o.path = c.model.path;
     o.block_pattern = c.model.block_pattern;
@@ -107,7 +107,7 @@ struct Worker::Impl {
       : config(c),
         clock(&clk),
         device(must_resolve(c)),
-        bf16(c.train.precision == "bf16"),
+        bf16(c.train.precision == Precision::kBf16),
         model(must_make_model(c, rank, device)),
         sampler(std::in_place, d.train(), rank, world, c.train.batch_size, c.model.context, static_cast<std::uint64_t>(c.train.seed), c.data.shard_block),
         eval_set(data::validation_batches(d.val(), c.train.batch_size, c.model.context, c.train.eval_batches)) {

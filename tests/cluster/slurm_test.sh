@@ -27,7 +27,28 @@ fail() { echo "FAIL: $*"; for f in "$WORK"/*.log "$WORK"/job.out; do [ -f "$f" ]
 
 # Free ports for the daemons (the peers take PORT.. from the job's environment).
 free_port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-CTLD_PORT=$(free_port); SLURMD_PORT=$(free_port); PEER_PORT=$(( 30000 + RANDOM % 20000 ))
+# The peers' ports sit below the kernel's ephemeral range (32768 and up by default), where no outgoing
+# connection takes one of them first; the 8 from the base up are checked free.
+free_block() {
+  /usr/bin/python3 - <<'PY'
+import random, socket
+lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(200):
+    base = random.randrange(20000, max(20001, lo - 16))
+    socks = []
+    try:
+        for p in range(base, base + 8):
+            s = socket.socket(); s.bind(("127.0.0.1", p)); socks.append(s)
+        print(base)
+        break
+    except OSError:
+        pass
+    finally:
+        for s in socks: s.close()
+PY
+}
+CTLD_PORT=$(free_port); SLURMD_PORT=$(free_port); PEER_PORT=$(free_block)
+[ -n "$PEER_PORT" ] || fail "no 8 free ports below the ephemeral range for the peers"
 
 # munge with a key and socket of its own
 dd if=/dev/urandom of="$WORK/munge.key" bs=1024 count=1 status=none

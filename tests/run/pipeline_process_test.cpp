@@ -277,7 +277,7 @@ TEST_CASE("a pipeline across processes: another config is refused at the handsha
 
 TEST_CASE("a pipeline across processes planned on measured links: every node measures the same network and plans the same schedule on it") {
   auto c = small_pipeline();
-  c.pipeline.network = "measured";
+  c.pipeline.network = train::PipelineNetwork::kMeasured;
   auto corpus = train::load_corpus(c);
   REQUIRE(corpus.ok());
   // One process and the simulator have no links to measure.

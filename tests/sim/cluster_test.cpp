@@ -343,7 +343,7 @@ TEST_CASE("a scripted crash with a restart: the worker resumes its checkpoint, c
   auto c = tiny("diloco");
   c.train.steps = 36;
   c.train.checkpoint_every = 6;
-  c.sim.compute = "fixed";
+  c.sim.compute = train::ComputeModel::kFixed;
   c.sim.step_time_s = 1.0;
   c.sim.crash_worker = 2;
   c.sim.crash_at_step = 9;
@@ -372,7 +372,7 @@ TEST_CASE("a TorchScript model runs DiLoCo and Streaming DiLoCo in the simulator
     // The same initial weights as every simulated GPT worker, as a TorchScript file.
     model::script_gpt(model::Gpt(train::gpt_config(gpt, 0))).save(path.string());
     train::RunConfig ts = gpt;
-    ts.model.kind = "torchscript";
+    ts.model.kind = train::ModelKind::kTorchScript;
     ts.model.path = path.string();
     const auto a = run(ts), b = run(ts), reference = run(gpt);
     REQUIRE(a.records.size() == b.records.size());
@@ -391,10 +391,10 @@ TEST_CASE("a poisoned worker: filtered aggregation leaves it out and the run end
   train::RunConfig clean = tiny("diloco");
   clean.sim.workers = 4;
   train::RunConfig poisoned = clean;
-  poisoned.sim.poison = "scale";
+  poisoned.sim.poison = train::PoisonKind::kScale;
   poisoned.sim.poison_scale = 50.0;
   train::RunConfig robust = poisoned;
-  robust.outer.aggregation = "filtered";
+  robust.outer.aggregation = train::Aggregation::kFiltered;
   REQUIRE(train::validate(robust).ok());
   const auto c = run(clean), p = run(poisoned), r = run(robust);
   // The honest workers (0..2) end alike in every run; with the filter they hold the mean of the
@@ -412,7 +412,7 @@ TEST_CASE("a poisoned worker: filtered aggregation leaves it out and the run end
   bad.outer.method = "noloco";
   CHECK_FALSE(train::validate(bad).ok());
   bad = poisoned;
-  bad.sim.poison = "nan";
+  bad.sim.poison = train::PoisonKind::kNan;
   bad.diloco.codec = "int8";
   CHECK_FALSE(train::validate(bad).ok());
   bad.sim.poison_workers = 4;

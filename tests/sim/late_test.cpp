@@ -26,7 +26,7 @@ train::RunConfig stalling(const std::string& method, const std::string& late_wor
   c.train.round_timeout_s = 20;  // the first rounds wait up to 10 s for everyone
   c.sim.stalls_per_minute = 20;  // 2 per minute per worker
   c.sim.stall_s = 6;             // past the learned grace (2 s at least): left out
-  c.outer.late_work = late_work;
+  c.outer.late_work = *train::parse_choice<train::LateWork>(late_work);
   return c;
 }
 
@@ -91,7 +91,7 @@ TEST_CASE("CGAD with a delay over real rounds: a member that missed one catches 
   c.train.round_timeout_s = 20;
   c.sim.crash_worker = 1;
   c.sim.crash_mid_round = 2;
-  c.diloco.outer_step = "cgad";
+  c.diloco.outer_step = train::OuterStep::kCgad;
   c.diloco.delay_rounds = 2;
   const ClusterResult r = testing::simulate(c);
   CHECK(r.crashed[1]);

@@ -34,7 +34,7 @@ train::RunConfig geo_pipeline(const std::string& mode, int steps) {
   c.train.lr = 1e-2;
   c.train.eval_every = 0;
   c.train.eval_batches = 2;
-  c.pipeline.mode = mode;
+  c.pipeline.mode = *train::parse_choice<train::PipelineMode>(mode);
   c.pipeline.gcma_trials = 200;
   c.train.round_timeout_s = 1e6;
   return c;

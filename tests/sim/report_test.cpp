@@ -130,7 +130,7 @@ TEST_CASE("a pipeline comparison's report: makespans predicted and simulated, pe
     c.pipeline.mbs_per_origin = 2;
     c.pipeline.mbs_per_agent = 1;
     c.pipeline.gcma_trials = 20;
-    c.pipeline.mode = mode;
+    c.pipeline.mode = *train::parse_choice<train::PipelineMode>(mode);
     auto corpus = train::load_corpus(c);
     REQUIRE(corpus.ok());
     auto r = run_pipeline_cluster(c, *corpus);

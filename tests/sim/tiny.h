@@ -28,7 +28,7 @@ inline train::RunConfig tiny_run(const std::string& method, int workers, int ste
   c.train.eval_batches = 2;
   c.outer.method = method;
   c.sim.workers = workers;
-  c.sim.compute = "fixed";
+  c.sim.compute = train::ComputeModel::kFixed;
   c.sim.step_time_s = 0.05;
   return c;
 }

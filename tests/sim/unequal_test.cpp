@@ -21,7 +21,7 @@ train::RunConfig unequal(const std::string& method, const std::string& budget) {
   c.sparseloco.inner_steps = 12;
   c.streaming_diloco.inner_steps = 12;
   c.streaming_diloco.fragment_layers = 1;
-  c.outer.round_budget = budget;
+  c.outer.round_budget = *train::parse_choice<train::RoundBudget>(budget);
   c.sim.speeds = "1x2,0.5,0.25";
   c.sim.step_time_s = 0.2;  // a round's compute well above its communication, as DiLoCo is meant to run
   return c;
@@ -68,7 +68,7 @@ TEST_CASE("a time budget among equals is the lockstep run, bit for bit, and reru
   auto steps = unequal("diloco", "steps");
   steps.sim.speeds = "";
   auto time = steps;
-  time.outer.round_budget = "time";
+  time.outer.round_budget = train::RoundBudget::kTime;
   const auto a = run(steps), b = run(time), b2 = run(time);
   for (std::size_t w = 0; w < a.final_params.size(); ++w) {
     CHECK(b.accounts[w].computed_steps == 48);

@@ -24,7 +24,7 @@ inline train::RunConfig small_pipeline_run() {
   c.pipeline.path_length = 2;
   c.pipeline.mbs_per_origin = 2;
   c.pipeline.mbs_per_agent = 1;
-  c.pipeline.network = "uniform";
+  c.pipeline.network = train::PipelineNetwork::kUniform;
   c.pipeline.gcma_trials = 50;
   return c;
 }

@@ -141,7 +141,7 @@ TEST_CASE("model.preset sets a well-known shape that the other model keys of the
 
 TEST_CASE("outer.state_device: host or device, and on a GPU the memory estimate puts the outer state where it says") {
   RunConfig c;
-  CHECK(c.outer.state_device == "host");
+  CHECK(c.outer.state_device == StateDevice::kHost);
   CHECK_FALSE(apply_override(c, "outer.state_device=gpu").ok());
   for (const char* kv : {"model.preset=gpt2-124m", "data.format=tokens", "data.path=x", "data.vocab_size=50257", "outer.method=diloco"}) {
     REQUIRE(apply_override(c, kv).ok());

@@ -74,7 +74,7 @@ TEST_CASE("bf16 trains with fp32 master weights, and its loss curve tracks fp32'
   REQUIRE(corpus.ok());
   auto curve = [&](const std::string& precision) {
     RunConfig r = c;
-    r.train.precision = precision;
+    r.train.precision = *train::parse_choice<train::Precision>(precision);
     Worker w(r, corpus->dataset, 0, 1, real_clock());
     std::vector<double> out = {w.evaluate()};
     for (int i = 1; i <= r.train.steps; ++i) {
@@ -176,7 +176,7 @@ TEST_CASE("CUDA: a GPT on the GPU computes the CPU's loss, and a bf16 worker the
   // Same initial weights, same batch: the evaluation (fused attention on the GPU) agrees closely.
   CHECK(on_gpu.evaluate() == doctest::Approx(on_cpu.evaluate()).epsilon(1e-4));
   RunConfig bf16 = gpu;
-  bf16.train.precision = "bf16";
+  bf16.train.precision = Precision::kBf16;
   Worker w(bf16, corpus->dataset, 0, 1, real_clock());
   const double before = w.evaluate();
   for (int i = 0; i < c.train.steps; ++i) CHECK(std::isfinite(w.step().loss));

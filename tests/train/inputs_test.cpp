@@ -32,7 +32,7 @@ TEST_CASE("inputs: a text folder's files and a TorchScript file are pinned; the 
   write(dir / "corpus" / "sub" / "a.txt", "first");
   write(dir / "model.pt", "not really a module");
   c.data.path = (dir / "corpus").string();
-  c.model.kind = "torchscript";
+  c.model.kind = ModelKind::kTorchScript;
   c.model.path = (dir / "model.pt").string();
   auto pinned = pin_inputs(c);
   REQUIRE(pinned.ok());
@@ -60,7 +60,7 @@ TEST_CASE("inputs: token folders pin their train and val files only") {
   write(dir / "val.bin", std::string(16, '\2'));
   write(dir / "readme.md", "not read");
   RunConfig c;
-  c.data.format = "tokens";
+  c.data.format = DataFormat::kTokens;
   c.data.path = dir.string();
   auto pinned = pin_inputs(c);
   REQUIRE(pinned.ok());

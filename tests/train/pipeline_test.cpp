@@ -390,7 +390,7 @@ TEST_CASE("a skip-trained model is assembled by stochastic depth's rule: each st
   CHECK((*scaled)->depth_scales({1}) == std::vector<double>{1.0, 1.0, 1.0});
   CHECK((*scaled)->evaluate({1}) == (*plain)->evaluate({1}));
   // The full pipeline trains every stage on every micro-batch: its model is assembled as trained.
-  c.pipeline.mode = "full";
+  c.pipeline.mode = PipelineMode::kFull;
   c.pipeline.depth_scaling = true;
   auto full = PipelineTrainer::make(c, corpus->dataset);
   REQUIRE(full.ok());
@@ -430,7 +430,7 @@ TEST_CASE("a pipeline trainer learns: its loss falls over iterations, and leavin
  for (const std::string mode : {"skippipe", "full"}) {
   CAPTURE(mode);
   RunConfig c = small_pipeline_run();
-  c.pipeline.mode = mode;
+  c.pipeline.mode = *train::parse_choice<train::PipelineMode>(mode);
   auto corpus = load_corpus(c);
   REQUIRE(corpus.ok());
   auto t = PipelineTrainer::make(c, corpus->dataset);
@@ -455,7 +455,7 @@ TEST_CASE("a pipeline trainer learns: its loss falls over iterations, and leavin
   for (int i = 0; i < 12; ++i) CHECK((*again)->step()->train_loss == losses[static_cast<std::size_t>(i)]);
   CHECK((*again)->evaluate() == full);
   // First come, first served: it learns as well, to the last bits only in the first iteration.
-  c.pipeline.order = "arrival";
+  c.pipeline.order = PipelineOrder::kArrival;
   auto arrival = PipelineTrainer::make(c, corpus->dataset);
   REQUIRE(arrival.ok());
   CHECK((*arrival)->step()->train_loss == losses[0]);
@@ -563,7 +563,7 @@ TEST_CASE("a pipeline goes on without lost nodes: rescheduled over the survivors
   for (const std::string mode : {"skippipe", "full"}) {
     CAPTURE(mode);
     RunConfig c = small_pipeline_run();
-    c.pipeline.mode = mode;
+    c.pipeline.mode = *train::parse_choice<train::PipelineMode>(mode);
     auto corpus = load_corpus(c);
     REQUIRE(corpus.ok());
     auto t = PipelineTrainer::make(c, corpus->dataset);

@@ -146,12 +146,12 @@ TEST_CASE("20 steps straight and 10 + resume + 10 give bit-identical parameters 
   SUBCASE("the built-in GPT") { check_resume(tiny()); }
   SUBCASE("the built-in GPT with Muon for its weight matrices") {
     RunConfig c = tiny();
-    c.train.optimizer = "muon";
+    c.train.optimizer = InnerOptimizer::kMuon;
     check_resume(c);
   }
   SUBCASE("a TorchScript module with dropout") {
     RunConfig c = tiny();
-    c.model.kind = "torchscript";
+    c.model.kind = ModelKind::kTorchScript;
     c.model.path = dropout_module().string();
     check_resume(c);
     fs::remove(c.model.path);
@@ -215,7 +215,7 @@ TEST_CASE("training on the synthetic language falls toward its entropy floor") {
 TEST_CASE("the inner optimizer's state in plain bytes: the same state gives the same bytes, it round-trips, and bad bytes change nothing") {
   RunConfig config = tiny();
   SUBCASE("AdamW") {}
-  SUBCASE("Muon and AdamW") { config.train.optimizer = "muon"; }
+  SUBCASE("Muon and AdamW") { config.train.optimizer = InnerOptimizer::kMuon; }
   auto corpus = load_corpus(config);
   REQUIRE(corpus.ok());
   Worker a(config, corpus->dataset, 0, 1, real_clock()), b(config, corpus->dataset, 0, 1, real_clock());
@@ -243,7 +243,7 @@ TEST_CASE("Muon as the inner optimizer: it trains, and another optimizer's state
   config.train.steps = 60;
   config.train.warmup_steps = 5;
   RunConfig with_muon = config;
-  with_muon.train.optimizer = "muon";
+  with_muon.train.optimizer = InnerOptimizer::kMuon;
   auto corpus = load_corpus(config);
   REQUIRE(corpus.ok());
   RunConfig with_rule = with_muon;  // the default, train.muon_lr = 0: AdamW's lr with Moonlight's scale
@@ -278,7 +278,7 @@ TEST_CASE("Muon as the inner optimizer: it trains, and another optimizer's state
   config.train.warmup_steps = 1;
   REQUIRE(run_training(request(config, dir), real_clock()).ok());
   with_muon = config;
-  with_muon.train.optimizer = "muon";
+  with_muon.train.optimizer = InnerOptimizer::kMuon;
   with_muon.train.steps = 8;
   TrainRequest resume = request(with_muon, dir);
   resume.resume = true;
