@@ -98,6 +98,10 @@ struct PipelineNodeOptions {
   StageCompute compute;
 };
 
+namespace pipeline_detail {
+class PipelineIteration;  // pipeline_iteration.h
+}
+
 class PipelineNode {
  public:
   // links[j]: a link to node j (null for this node and nodes it never talks to).
@@ -125,6 +129,7 @@ class PipelineNode {
   [[nodiscard]] Status sync_stage(const optim::Group& group, std::uint64_t iteration, Deadline deadline, optim::CommStats* stats = nullptr);
 
  private:
+  friend class pipeline_detail::PipelineIteration;
   const int node_;
   skippipe::Schedule schedule_;
   model::Gpt model_;
