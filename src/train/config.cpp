@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <iomanip>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <variant>
@@ -90,8 +91,9 @@ std::vector<std::string> preset_names() {
   return out;
 }
 
-const std::vector<KeySpec>& schema() {
-  static const std::vector<KeySpec> keys = {
+// The keys of the model and its data, in the order the effective config lists them.
+std::vector<KeySpec> model_and_data_keys() {
+  return {
       ChoiceKey{"model.kind", "gpt: the built-in GPT (model.layers, width, heads); torchscript: a module saved by PyTorch (model.path); external: a model the Python package's caller computes itself (model.signature)", [](RunConfig& c) { return choice_field(c.model.kind); }},
       StringKey{"model.signature", "external: the digest of the caller's parameters' names, shapes and types (set by the Python package); peers with another model are refused", [](RunConfig& c) -> std::string& { return c.model.signature; }, {}},
       StringKey{"model.preset", "a well-known shape (layers, width, heads, context; no weights) to start from, e.g. gpt2-124m; later model.* keys refine it", [](RunConfig& c) -> std::string& { return c.model.preset; }, preset_names()},
@@ -114,6 +116,12 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"data.synthetic.zipf", "Zipf exponent of the next-word distribution", [](RunConfig& c) -> double& { return c.data.synthetic.zipf; }, 0.0, 10.0, false},
       IntKey{"data.synthetic.bytes", "size of the generated corpus", [](RunConfig& c) -> std::int64_t& { return c.data.synthetic.bytes; }, 10000, 1LL << 34},
       IntKey{"data.synthetic.seed", "seed of the synthetic language and its text", [](RunConfig& c) -> std::int64_t& { return c.data.synthetic.seed; }, 0, std::numeric_limits<std::int64_t>::max()},
+  };
+}
+
+// The keys of the inner loop, in the order the effective config lists them.
+std::vector<KeySpec> train_keys() {
+  return {
       IntKey{"train.steps", "inner optimizer steps of the run", [](RunConfig& c) -> std::int64_t& { return c.train.steps; }, 1, 1LL << 40},
       IntKey{"train.batch_size", "sequences per step per worker", [](RunConfig& c) -> std::int64_t& { return c.train.batch_size; }, 1, kBig},
       FloatKey{"train.lr", "peak AdamW learning rate", [](RunConfig& c) -> double& { return c.train.lr; }, 0.0, 10.0, true},
@@ -138,6 +146,12 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"train.quorum", "a round closes short of some members once this share of the members' expected work (inner steps) is ready and the learned grace has passed since", [](RunConfig& c) -> double& { return c.train.quorum; }, 0.0, 1.0, false},
       FloatKey{"train.grace_spread", "the learned grace: the median lag of the last members in recent rounds plus this many robust spreads", [](RunConfig& c) -> double& { return c.train.grace_spread; }, 0.0, 100.0, false},
       FloatKey{"train.round_timeout_s", "a synchronization round (all-reduce, pair exchange) gives up after this many seconds and is skipped", [](RunConfig& c) -> double& { return c.train.round_timeout_s; }, 0.0, 1e7, true},
+  };
+}
+
+// The keys of the outer method and each method's own, in the order the effective config lists them.
+std::vector<KeySpec> method_keys() {
+  return {
       StringKey{"outer.method", "outer optimizer: how the workers synchronize", [](RunConfig& c) -> std::string& { return c.outer.method; }, optim::method_names()},
       IntKey{"outer.codec_block", "values per scale block of the scaled codecs (int8, fp8, int4, fp4)", [](RunConfig& c) -> std::int64_t& { return c.outer.codec_block; }, 1, 1 << 20},
       ChoiceKey{"outer.aggregation", "how the workers' contributions are combined: mean; filtered (non-finite ones and outliers left out); trimmed_mean (per coordinate, outer.trim values dropped at each end); all-reduce methods", [](RunConfig& c) { return choice_field(c.outer.aggregation); }},
@@ -188,6 +202,12 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"muloco.outer_momentum", "outer Nesterov momentum", [](RunConfig& c) -> double& { return c.muloco.outer_momentum; }, 0.0, 0.999999, false},
       StringKey{"muloco.codec", "codec of the error-fed pseudo-gradient (int2: 2 bits, int4 or fp4_e2m1: 4 bits, ...)", [](RunConfig& c) -> std::string& { return c.muloco.codec; }, codec_names()},
       FloatKey{"muloco.error_decay", "beta: decay per round of what the codec has not sent yet (1: nothing unsent is ever dropped)", [](RunConfig& c) -> double& { return c.muloco.error_decay; }, 0.0, 1.0, false},
+  };
+}
+
+// The keys of joining runs and pipelines, in the order the effective config lists them.
+std::vector<KeySpec> join_and_pipeline_keys() {
+  return {
       IntKey{"join.keep_rounds", "outer rounds of updates a donor keeps after the snapshot it offers (Streaming DiLoCo: rounds of all its fragments, H inner steps each), so that a newcomer whose state takes that long to arrive catches up instead of fetching again", [](RunConfig& c) -> std::int64_t& { return c.join.keep_rounds; }, 1, 1 << 20},
       FloatKey{"join.keep_mb", "memory (MB) a donor's kept updates may take at most (the oldest go first)", [](RunConfig& c) -> double& { return c.join.keep_mb; }, 1.0, 1e9, true},
       BoolKey{"join.align", "true: a newcomer starts at the step the members are at when it has caught up (the donors say where), leaving out the slots they computed before it arrived, so nobody waits at the round's end while it computes them; false: it starts at the round end its state is from, and the group waits (a run whose newcomers start where a simulation of it starts them, whatever their timing)", [](RunConfig& c) -> bool& { return c.join.align; }},
@@ -210,6 +230,12 @@ const std::vector<KeySpec>& schema() {
       IntKey{"pipeline.crash_at_iteration", "the iteration during which pipeline.crash_node crashes", [](RunConfig& c) -> std::int64_t& { return c.pipeline.crash_at_iteration; }, 0, 1LL << 40},
       ChoiceKey{"pipeline.order", "the order of a node's work: timetable (the scheduler's simulated timetable: every run adds its gradients in the same order, bit for bit the same on any network) or arrival (first come, first served: no waiting for a late message's turn, last bits vary between runs)", [](RunConfig& c) { return choice_field(c.pipeline.order); }},
       BoolKey{"pipeline.depth_scaling", "true: the model assembled from the stages (evaluation, the omission check) scales each non-zero stage's residual branches by the share of the trained micro-batches that visited it, stochastic depth's inference rule (a model trained on paths of 4 of 6 stages then gets from all six what it got on average in training; the full pipeline's shares are 1, so it is unchanged); false: the stages' weights as trained", [](RunConfig& c) -> bool& { return c.pipeline.depth_scaling; }},
+  };
+}
+
+// The keys of the simulator, in the order the effective config lists them.
+std::vector<KeySpec> sim_keys() {
+  return {
       IntKey{"sim.workers", "simulated workers", [](RunConfig& c) -> std::int64_t& { return c.sim.workers; }, 1, 4096},
       StringKey{"sim.network", "network preset of every worker's link, or custom; skippipe-geo: worker i at the SkipPipe reference's place i mod 12, each pair of places its own latency and bandwidth from the reference's table", [](RunConfig& c) -> std::string& { return c.sim.network; }, {"custom", "loopback", "datacenter", "cross-region", "intercontinental", "home", "wan-100m-80ms", "skippipe-geo"}},
       FloatKey{"sim.bandwidth_mbit", "custom network: access bandwidth per worker (Mbit/s)", [](RunConfig& c) -> double& { return c.sim.bandwidth_mbit; }, 0.0, 1e9, true},
@@ -246,6 +272,17 @@ const std::vector<KeySpec>& schema() {
       FloatKey{"sim.churn_downtime_s", "virtual seconds a worker crashed by churn stays down before it restarts", [](RunConfig& c) -> double& { return c.sim.churn_downtime_s; }, 0.0, 1e9, false},
       IntKey{"sim.seed", "seed of the network's jitter and loss draws", [](RunConfig& c) -> std::int64_t& { return c.sim.seed; }, 0, std::numeric_limits<std::int64_t>::max()},
   };
+}
+
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> keys = [] {
+    std::vector<KeySpec> all;
+    for (auto part : {&model_and_data_keys, &train_keys, &method_keys, &join_and_pipeline_keys, &sim_keys}) {
+      auto more = part();
+      all.insert(all.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+    }
+    return all;
+  }();
   return keys;
 }
 
