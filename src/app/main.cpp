@@ -55,9 +55,8 @@ std::optional<std::string> first_word(int argc, char** argv) {
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// glibc's heaps tuned for buffers that come and go every round.
+void tune_malloc() {
 #ifdef __GLIBC__
   // Large buffers (encoded fragments, received messages, tensors) come and go every round. glibc's
   // default hands each one fresh mmapped pages, zero-filled by the kernel on first touch and unmapped
@@ -71,40 +70,57 @@ int main(int argc, char** argv) {
   if (std::getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 #endif
-  CLI::App app{"Gossamer: train neural networks across machines joined by slow, unreliable links"};
-  app.require_subcommand(1);
-  app.fallthrough();  // global options (--log-level) may follow the subcommand
-  app.set_version_flag("--version", std::string("gossamer ") + GOSSAMER_VERSION);
-  std::string log_level = "info";
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")->capture_default_str();
-  bool debug = false;
-  app.add_flag("--debug", debug, "on an internal error, print the full message with its stack trace");
+}
 
-  gossamer::app::TrainArgs train_args;
-  gossamer::app::add_train_command(app, train_args);
-  gossamer::app::ConfigArgs config_args;
-  gossamer::app::add_config_command(app, config_args);
-  gossamer::app::KeygenArgs keygen_args;
-  gossamer::app::add_keygen_command(app, keygen_args);
-  gossamer::app::PeerArgs peer_args;
-  gossamer::app::add_peer_command(app, peer_args);
-  gossamer::app::SimArgs sim_args;
-  gossamer::app::add_sim_command(app, sim_args);
-  gossamer::app::CompareArgs compare_args;
-  gossamer::app::add_compare_command(app, compare_args);
-  gossamer::app::PlanArgs plan_args;
-  gossamer::app::add_plan_command(app, plan_args);
-  gossamer::app::PipelineArgs pipeline_args;
-  gossamer::app::add_pipeline_command(app, pipeline_args);
-  gossamer::app::ScheduleArgs schedule_args;
-  gossamer::app::add_schedule_command(app, schedule_args);
-  gossamer::app::BenchArgs bench_args;
-  gossamer::app::add_bench_command(app, bench_args);
-  gossamer::app::SampleArgs sample_args;
-  gossamer::app::add_sample_command(app, sample_args);
-  gossamer::app::ExportArgs export_args;
-  gossamer::app::add_export_command(app, export_args);
+// Every command's options, and the command that ran.
+struct Commands {
+  gossamer::app::TrainArgs train;
+  gossamer::app::ConfigArgs config;
+  gossamer::app::KeygenArgs keygen;
+  gossamer::app::PeerArgs peer;
+  gossamer::app::SimArgs sim;
+  gossamer::app::CompareArgs compare;
+  gossamer::app::PlanArgs plan;
+  gossamer::app::PipelineArgs pipeline;
+  gossamer::app::ScheduleArgs schedule;
+  gossamer::app::BenchArgs bench;
+  gossamer::app::SampleArgs sample;
+  gossamer::app::ExportArgs exporter;
 
+  void add(CLI::App& app) {
+    gossamer::app::add_train_command(app, train);
+    gossamer::app::add_config_command(app, config);
+    gossamer::app::add_keygen_command(app, keygen);
+    gossamer::app::add_peer_command(app, peer);
+    gossamer::app::add_sim_command(app, sim);
+    gossamer::app::add_compare_command(app, compare);
+    gossamer::app::add_plan_command(app, plan);
+    gossamer::app::add_pipeline_command(app, pipeline);
+    gossamer::app::add_schedule_command(app, schedule);
+    gossamer::app::add_bench_command(app, bench);
+    gossamer::app::add_sample_command(app, sample);
+    gossamer::app::add_export_command(app, exporter);
+  }
+
+  int run(const CLI::App& app) {
+    if (app.got_subcommand("train")) return gossamer::app::run_train_command(train);
+    if (app.got_subcommand("peer")) return gossamer::app::run_peer_command(peer);
+    if (app.got_subcommand("sim")) return gossamer::app::run_sim_command(sim);
+    if (app.got_subcommand("compare")) return gossamer::app::run_compare_command(compare);
+    if (app.got_subcommand("plan")) return gossamer::app::run_plan_command(plan);
+    if (app.got_subcommand("schedule")) return gossamer::app::run_schedule_command(schedule);
+    if (app.got_subcommand("pipeline")) return gossamer::app::run_pipeline_command(pipeline);
+    if (app.got_subcommand("config")) return gossamer::app::run_config_command(config);
+    if (app.got_subcommand("bench")) return gossamer::app::run_bench_command(bench);
+    if (app.got_subcommand("keygen")) return gossamer::app::run_keygen_command(keygen);
+    if (app.got_subcommand("sample")) return gossamer::app::run_sample_command(sample);
+    if (app.got_subcommand("export")) return gossamer::app::run_export_command(exporter);
+    return 2;
+  }
+};
+
+// Parses the command line; an exit code when the parse ends the program (help, version, an error).
+std::optional<int> parse(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -127,30 +143,13 @@ int main(int argc, char** argv) {
     std::cerr << "gossamer: " << e.what() << "\n(run `gossamer --help` or `gossamer <command> --help`)\n";
     return 2;
   }
-  if (auto st = gossamer::init_logging(log_level); !st.ok()) {
-    std::cerr << "gossamer: " << st.message() << "\n";
-    return 2;
-  }
-  if (!app.got_subcommand("train") && !app.got_subcommand("peer")) {
-    // Train and peer stop gracefully (app/stop.h); pipeline switches to it once it trains.
-    gossamer::app::install_immediate_stop();
-  }
-  // A closed pipe (`gossamer config | head -1`) is a write error, seen below, not a signal.
-  std::signal(SIGPIPE, SIG_IGN);
-  const int code = [&]() -> int {
+  return std::nullopt;
+}
+
+// Runs the command, turning what escapes it into a message and an exit code.
+int run_guarded(Commands& commands, const CLI::App& app, bool debug) {
   try {
-    if (app.got_subcommand("train")) return gossamer::app::run_train_command(train_args);
-    if (app.got_subcommand("peer")) return gossamer::app::run_peer_command(peer_args);
-    if (app.got_subcommand("sim")) return gossamer::app::run_sim_command(sim_args);
-    if (app.got_subcommand("compare")) return gossamer::app::run_compare_command(compare_args);
-    if (app.got_subcommand("plan")) return gossamer::app::run_plan_command(plan_args);
-    if (app.got_subcommand("schedule")) return gossamer::app::run_schedule_command(schedule_args);
-    if (app.got_subcommand("pipeline")) return gossamer::app::run_pipeline_command(pipeline_args);
-    if (app.got_subcommand("config")) return gossamer::app::run_config_command(config_args);
-    if (app.got_subcommand("bench")) return gossamer::app::run_bench_command(bench_args);
-    if (app.got_subcommand("keygen")) return gossamer::app::run_keygen_command(keygen_args);
-    if (app.got_subcommand("sample")) return gossamer::app::run_sample_command(sample_args);
-    if (app.got_subcommand("export")) return gossamer::app::run_export_command(export_args);
+    return commands.run(app);
   } catch (const std::bad_alloc&) {
     spdlog::error("out of memory: an allocation failed; make the model, batch or corpus smaller, or run fewer workers on this machine");
     return 1;
@@ -167,8 +166,34 @@ int main(int argc, char** argv) {
     spdlog::error("internal error: {} (please report it with the command you ran)", e.what());
     return 1;
   }
-  return 2;
-  }();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tune_malloc();
+  CLI::App app{"Gossamer: train neural networks across machines joined by slow, unreliable links"};
+  app.require_subcommand(1);
+  app.fallthrough();  // global options (--log-level) may follow the subcommand
+  app.set_version_flag("--version", std::string("gossamer ") + GOSSAMER_VERSION);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")->capture_default_str();
+  bool debug = false;
+  app.add_flag("--debug", debug, "on an internal error, print the full message with its stack trace");
+  Commands commands;
+  commands.add(app);
+  if (auto exit_code = parse(app, argc, argv)) return *exit_code;
+  if (auto st = gossamer::init_logging(log_level); !st.ok()) {
+    std::cerr << "gossamer: " << st.message() << "\n";
+    return 2;
+  }
+  if (!app.got_subcommand("train") && !app.got_subcommand("peer")) {
+    // Train and peer stop gracefully (app/stop.h); pipeline switches to it once it trains.
+    gossamer::app::install_immediate_stop();
+  }
+  // A closed pipe (`gossamer config | head -1`) is a write error, seen below, not a signal.
+  std::signal(SIGPIPE, SIG_IGN);
+  const int code = run_guarded(commands, app, debug);
   // What went to standard output must have got there: a full disk or a closed pipe is a failure.
   if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
     const int e = errno;
