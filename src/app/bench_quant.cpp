@@ -8,6 +8,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include <fmt/format.h>
@@ -32,6 +33,63 @@ class Collector : public benchmark::ConsoleReporter {
   }
   std::map<std::string, double> rates;
 };
+
+// Runs the registered benchmarks for at least `min_time` seconds each: bytes per second by name.
+std::map<std::string, double> run_registered(double min_time) {
+  std::vector<std::string> argv_store = {"gossamer-bench-quant", "--benchmark_min_time=" + std::to_string(min_time)};
+  std::vector<char*> argv;
+  for (auto& s : argv_store) argv.push_back(s.data());
+  int argc = static_cast<int>(argv.size());
+  benchmark::Initialize(&argc, argv.data());
+  Collector collector;
+  benchmark::RunSpecifiedBenchmarks(&collector);
+  benchmark::Shutdown();
+  return collector.rates;
+}
+
+// Each codec's encode and decode (and LibTorch's naive ones with --naive) as benchmarks.
+void register_codecs(const BenchArgs& args, const at::Tensor& x, const at::Tensor& on_device, bool gpu, const at::Device& device,
+                     const std::function<void()>& wait) {
+  const std::int64_t n = args.elements;
+  const std::int64_t bytes = n * 4;
+  for (const auto& t : quant::codec_table()) {
+    quant::EncodeOptions o;
+    o.codec = t.id;
+    o.block_size = static_cast<std::uint32_t>(args.block);
+    const std::string name(t.name);
+    const Bytes payload = quant::encode(x, o);
+    benchmark::RegisterBenchmark(("encode/" + name).c_str(), [&on_device, o, bytes, gpu](benchmark::State& st) {
+      for (auto _ : st) benchmark::DoNotOptimize(quant::encode(gpu ? on_device.to(torch::kCPU) : on_device, o));
+      st.SetBytesProcessed(st.iterations() * bytes);
+    });
+    benchmark::RegisterBenchmark(("decode/" + name).c_str(), [payload, bytes, gpu, wait, d = device](benchmark::State& st) {
+      for (auto _ : st) {
+        auto y = quant::decode(payload);
+        if (gpu && y.ok()) benchmark::DoNotOptimize(y->to(d));
+        wait();
+        benchmark::DoNotOptimize(y);
+      }
+      st.SetBytesProcessed(st.iterations() * bytes);
+    });
+    if (!args.naive) continue;
+    const quant::reference::Encoded ref = quant::reference::encode(on_device, t.id, o.block_size);
+    benchmark::RegisterBenchmark(("naive_encode/" + name).c_str(), [&on_device, wait, id = t.id, block = o.block_size, bytes](benchmark::State& st) {
+      for (auto _ : st) {
+        benchmark::DoNotOptimize(quant::reference::encode(on_device, id, block));
+        wait();
+      }
+      st.SetBytesProcessed(st.iterations() * bytes);
+    });
+    benchmark::RegisterBenchmark(("naive_decode/" + name).c_str(), [ref, wait, id = t.id, block = o.block_size, n, bytes](benchmark::State& st) {
+      for (auto _ : st) {
+        benchmark::DoNotOptimize(quant::reference::decode(ref, id, block, {n}));
+        wait();
+      }
+      st.SetBytesProcessed(st.iterations() * bytes);
+    });
+  }
+
+}
 
 }  // namespace
 
@@ -79,55 +137,12 @@ int bench_quant(const BenchArgs& args) {
       st.SetBytesProcessed(st.iterations() * bytes);
     });
   }
-  for (const auto& t : quant::codec_table()) {
-    quant::EncodeOptions o;
-    o.codec = t.id;
-    o.block_size = static_cast<std::uint32_t>(args.block);
-    const std::string name(t.name);
-    const Bytes payload = quant::encode(x, o);
-    benchmark::RegisterBenchmark(("encode/" + name).c_str(), [&on_device, o, bytes, gpu](benchmark::State& st) {
-      for (auto _ : st) benchmark::DoNotOptimize(quant::encode(gpu ? on_device.to(torch::kCPU) : on_device, o));
-      st.SetBytesProcessed(st.iterations() * bytes);
-    });
-    benchmark::RegisterBenchmark(("decode/" + name).c_str(), [payload, bytes, gpu, &wait, d = *device](benchmark::State& st) {
-      for (auto _ : st) {
-        auto y = quant::decode(payload);
-        if (gpu && y.ok()) benchmark::DoNotOptimize(y->to(d));
-        wait();
-        benchmark::DoNotOptimize(y);
-      }
-      st.SetBytesProcessed(st.iterations() * bytes);
-    });
-    if (!args.naive) continue;
-    const quant::reference::Encoded ref = quant::reference::encode(on_device, t.id, o.block_size);
-    benchmark::RegisterBenchmark(("naive_encode/" + name).c_str(), [&on_device, &wait, id = t.id, block = o.block_size, bytes](benchmark::State& st) {
-      for (auto _ : st) {
-        benchmark::DoNotOptimize(quant::reference::encode(on_device, id, block));
-        wait();
-      }
-      st.SetBytesProcessed(st.iterations() * bytes);
-    });
-    benchmark::RegisterBenchmark(("naive_decode/" + name).c_str(), [ref, &wait, id = t.id, block = o.block_size, n, bytes](benchmark::State& st) {
-      for (auto _ : st) {
-        benchmark::DoNotOptimize(quant::reference::decode(ref, id, block, {n}));
-        wait();
-      }
-      st.SetBytesProcessed(st.iterations() * bytes);
-    });
-  }
+  register_codecs(args, x, on_device, gpu, *device, wait);
 
-  std::vector<std::string> argv_store = {"gossamer-bench-quant", "--benchmark_min_time=" + std::to_string(args.min_time)};
-  std::vector<char*> argv;
-  for (auto& s : argv_store) argv.push_back(s.data());
-  int argc = static_cast<int>(argv.size());
-  benchmark::Initialize(&argc, argv.data());
-  Collector collector;
-  benchmark::RunSpecifiedBenchmarks(&collector);
-  benchmark::Shutdown();
-
+  const std::map<std::string, double> rates = run_registered(args.min_time);
   auto gbs = [&](const std::string& k) {
-    auto it = collector.rates.find(k);
-    return it == collector.rates.end() ? std::string("-") : fmt::format("{:.2f}", it->second / 1e9);
+    auto it = rates.find(k);
+    return it == rates.end() ? std::string("-") : fmt::format("{:.2f}", it->second / 1e9);
   };
   fmt::print("\nquant codecs: {} fp32 values ({} MiB), block {}, fp32 scales, one core; GB/s of fp32 input{}\n", n, bytes >> 20, args.block,
              gpu ? "; values on " + device->str() + ": encode = copy to the host + encode, decode = decode + copy to the GPU, naive = LibTorch ops on the GPU" : "");
