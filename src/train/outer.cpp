@@ -97,6 +97,110 @@ std::int64_t budget_period(const RunConfig& c) {
   }
 }
 
+namespace {
+
+void set_diloco_and_muloco(const RunConfig& c, optim::OuterConfig& o, const quant::EncodeOptions& diloco_codec, const quant::EncodeOptions& muloco_codec) {
+  o.diloco.inner_steps = c.diloco.inner_steps;
+  o.diloco.outer_lr = c.diloco.outer_lr;
+  o.diloco.outer_momentum = c.diloco.outer_momentum;
+  o.diloco.codec = diloco_codec;
+  o.diloco.delay_rounds = c.diloco.delay_rounds;
+  if (c.diloco.outer_step == OuterStep::kCgad) {
+    o.diloco.outer_step = optim::OuterStep::kCGAD;
+    // The rule: an Adam step moves each weight by about its lr; H inner steps of random sign move it
+    // by about sqrt(H) inner lrs.
+    o.diloco.cgad.lr = c.diloco.cgad_lr > 0 ? c.diloco.cgad_lr : c.train.lr * std::sqrt(static_cast<double>(c.diloco.inner_steps));
+    o.diloco.cgad.gate = optim::AgeGate{c.outer.age_decay, c.outer.age_cutoff};
+  }
+  o.muloco.inner_steps = c.muloco.inner_steps;
+  o.muloco.outer_lr = c.muloco.outer_lr;
+  o.muloco.outer_momentum = c.muloco.outer_momentum;
+  o.muloco.codec = muloco_codec;
+  o.muloco.error_feedback = true;
+  o.muloco.error_decay = c.muloco.error_decay;
+}
+
+// Streaming DiLoCo's options and fragments; their count in `fragments`.
+Status set_streaming(const RunConfig& c, optim::OuterConfig& o, const quant::EncodeOptions& codec, std::int64_t& fragments) {
+  const auto& sd = c.streaming_diloco;
+  o.fragments.pattern = sd.pattern == FragmentOrder::kSequential ? optim::FragmentPattern::kSequential : optim::FragmentPattern::kStrided;
+  o.fragments.edges = sd.edges == FragmentEdges::kOwnFragments ? optim::EdgePlacement::kOwnFragments : optim::EdgePlacement::kWithNeighbors;
+  o.fragments.fragments = static_cast<int>((c.model.layers + sd.fragment_layers - 1) / sd.fragment_layers);
+  const std::int64_t p = optim::fragment_count(o.fragments);
+  fragments = p;
+  o.streaming.inner_steps = sd.inner_steps;
+  o.streaming.overlap = sd.overlap;
+  o.streaming.mixing = sd.mixing;
+  o.streaming.outer_lr = sd.outer_lr;
+  o.streaming.outer_momentum = sd.outer_momentum;
+  o.streaming.codec = codec;
+  if (o.method != optim::Method::kStreamingDiLoCo) return Status();
+  if (sd.inner_steps % p != 0) {
+    return error(ErrorCode::kInvalidArgument, "streaming_diloco.inner_steps (" + std::to_string(sd.inner_steps) + ") must be a multiple of the " +
+                                                  std::to_string(p) + " fragments (" + std::to_string(c.model.layers) + " layers in fragments of " +
+                                                  std::to_string(sd.fragment_layers) + ")");
+  }
+  if (sd.overlap >= sd.inner_steps / p) {
+    return error(ErrorCode::kInvalidArgument, "streaming_diloco.overlap (" + std::to_string(sd.overlap) + ") must be below inner_steps / fragments = " +
+                                                  std::to_string(sd.inner_steps / p));
+  }
+  return Status();
+}
+
+void set_noloco_and_co2(const RunConfig& c, optim::OuterConfig& o, const quant::EncodeOptions& noloco_codec, const quant::EncodeOptions& co2_codec) {
+  o.noloco.inner_steps = c.noloco.inner_steps;
+  o.noloco.outer_lr = c.noloco.outer_lr;
+  o.noloco.outer_lr_gamma = c.noloco.outer_lr;
+  o.noloco.outer_momentum = c.noloco.outer_momentum;
+  o.noloco.seed = static_cast<std::uint64_t>(c.train.seed);
+  o.noloco.codec = noloco_codec;
+  o.co2.inner_steps = c.co2.inner_steps;
+  o.co2.outer_lr = c.co2.outer_lr;
+  o.co2.outer_momentum = c.co2.outer_momentum;
+  o.co2.gap_penalty = c.co2.gap_penalty;
+  o.co2.clip = c.co2.clip_threshold > 0;
+  o.co2.clip_threshold = c.co2.clip_threshold > 0 ? c.co2.clip_threshold : 1.0;
+  o.co2.codec = co2_codec;
+}
+
+Status set_sparseloco(const RunConfig& c, optim::OuterConfig& o) {
+  o.sparseloco.inner_steps = sparseloco_period(c);
+  o.sparseloco.outer_lr = c.sparseloco.outer_lr;
+  o.sparseloco.error_decay = c.sparseloco.error_decay;
+  o.sparseloco.sparse.chunk = static_cast<std::uint32_t>(c.sparseloco.chunk);
+  o.sparseloco.sparse.topk = static_cast<std::uint32_t>(c.sparseloco.topk);
+  if (c.sparseloco.flush_codec != "none") {
+    auto flush = codec(c.sparseloco.flush_codec, c.outer.codec_block, "sparseloco.flush_codec");
+    if (!flush.ok()) return flush.status();
+    o.sparseloco.flush_codec = *flush;
+    o.sparseloco.last_step = c.train.steps;
+  }
+  return Status();
+}
+
+// What every method shares: where the outer state lives, how contributions combine, token weights.
+Status set_shared(const RunConfig& c, optim::OuterConfig& o) {
+  at::Device state_device = at::kCPU;
+  if (c.outer.state_device == StateDevice::kDevice) {
+    auto device = resolve_device(c.train.device);
+    if (!device.ok()) return device.status().with_context("outer.state_device = \"device\"");
+    state_device = *device;
+  }
+  o.diloco.state_device = o.streaming.state_device = o.noloco.state_device = o.co2.state_device = o.sparseloco.state_device = o.muloco.state_device =
+      state_device;
+  optim::Aggregation agg;
+  agg.rule = c.outer.aggregation == Aggregation::kFiltered       ? optim::Aggregation::Rule::kFiltered
+             : c.outer.aggregation == Aggregation::kTrimmedMean ? optim::Aggregation::Rule::kTrimmedMean
+                                                                : optim::Aggregation::Rule::kMean;
+  agg.outlier_factor = c.outer.outlier_factor;
+  agg.trim = static_cast<int>(c.outer.trim);
+  o.diloco.aggregation = o.streaming.aggregation = o.co2.aggregation = o.sparseloco.aggregation = o.muloco.aggregation = o.ddp_aggregation = agg;
+  o.diloco.token_weighted = o.streaming.token_weighted = o.sparseloco.token_weighted = o.muloco.token_weighted = c.outer.round_budget == RoundBudget::kTime;
+  return Status();
+}
+
+}  // namespace
+
 Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   optim::OuterConfig o;
   auto method = optim::parse_method(c.outer.method);
@@ -114,95 +218,13 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   }
   o.ddp_codec = *ddp_codec;
   o.ddp_engine = c.ddp.engine == DdpEngine::kGloo ? optim::OuterConfig::DdpEngine::kGloo : optim::OuterConfig::DdpEngine::kLinks;
-
-  o.diloco.inner_steps = c.diloco.inner_steps;
-  o.diloco.outer_lr = c.diloco.outer_lr;
-  o.diloco.outer_momentum = c.diloco.outer_momentum;
-  o.diloco.codec = *diloco_codec;
-  o.diloco.delay_rounds = c.diloco.delay_rounds;
-  if (c.diloco.outer_step == OuterStep::kCgad) {
-    o.diloco.outer_step = optim::OuterStep::kCGAD;
-    // The rule: an Adam step moves each weight by about its lr; H inner steps of random sign move it
-    // by about sqrt(H) inner lrs.
-    o.diloco.cgad.lr = c.diloco.cgad_lr > 0 ? c.diloco.cgad_lr : c.train.lr * std::sqrt(static_cast<double>(c.diloco.inner_steps));
-    o.diloco.cgad.gate = optim::AgeGate{c.outer.age_decay, c.outer.age_cutoff};
-  }
-
-  const auto& sd = c.streaming_diloco;
-  o.fragments.pattern = sd.pattern == FragmentOrder::kSequential ? optim::FragmentPattern::kSequential : optim::FragmentPattern::kStrided;
-  o.fragments.edges = sd.edges == FragmentEdges::kOwnFragments ? optim::EdgePlacement::kOwnFragments : optim::EdgePlacement::kWithNeighbors;
-  o.fragments.fragments = static_cast<int>((c.model.layers + sd.fragment_layers - 1) / sd.fragment_layers);
-  const std::int64_t p = optim::fragment_count(o.fragments);
-  o.streaming.inner_steps = sd.inner_steps;
-  o.streaming.overlap = sd.overlap;
-  o.streaming.mixing = sd.mixing;
-  o.streaming.outer_lr = sd.outer_lr;
-  o.streaming.outer_momentum = sd.outer_momentum;
-  o.streaming.codec = *streaming_codec;
-  if (o.method == optim::Method::kStreamingDiLoCo) {
-    if (sd.inner_steps % p != 0) {
-      return error(ErrorCode::kInvalidArgument, "streaming_diloco.inner_steps (" + std::to_string(sd.inner_steps) + ") must be a multiple of the " +
-                                                    std::to_string(p) + " fragments (" + std::to_string(c.model.layers) + " layers in fragments of " +
-                                                    std::to_string(sd.fragment_layers) + ")");
-    }
-    if (sd.overlap >= sd.inner_steps / p) {
-      return error(ErrorCode::kInvalidArgument, "streaming_diloco.overlap (" + std::to_string(sd.overlap) + ") must be below inner_steps / fragments = " +
-                                                    std::to_string(sd.inner_steps / p));
-    }
-  }
-
-  if (Status st = check_synchronizes(c, o.method, p); !st.ok()) return st;
-
-  at::Device state_device = at::kCPU;
-  if (c.outer.state_device == StateDevice::kDevice) {
-    auto device = resolve_device(c.train.device);
-    if (!device.ok()) return device.status().with_context("outer.state_device = \"device\"");
-    state_device = *device;
-  }
-  o.muloco.inner_steps = c.muloco.inner_steps;
-  o.muloco.outer_lr = c.muloco.outer_lr;
-  o.muloco.outer_momentum = c.muloco.outer_momentum;
-  o.muloco.codec = *muloco_codec;
-  o.muloco.error_feedback = true;
-  o.muloco.error_decay = c.muloco.error_decay;
-  o.diloco.state_device = o.streaming.state_device = o.noloco.state_device = o.co2.state_device = o.sparseloco.state_device = o.muloco.state_device =
-      state_device;
-
-  optim::Aggregation agg;
-  agg.rule = c.outer.aggregation == Aggregation::kFiltered       ? optim::Aggregation::Rule::kFiltered
-             : c.outer.aggregation == Aggregation::kTrimmedMean ? optim::Aggregation::Rule::kTrimmedMean
-                                                     : optim::Aggregation::Rule::kMean;
-  agg.outlier_factor = c.outer.outlier_factor;
-  agg.trim = static_cast<int>(c.outer.trim);
-  o.diloco.aggregation = o.streaming.aggregation = o.co2.aggregation = o.sparseloco.aggregation = o.muloco.aggregation = o.ddp_aggregation = agg;
-  o.diloco.token_weighted = o.streaming.token_weighted = o.sparseloco.token_weighted = o.muloco.token_weighted = c.outer.round_budget == RoundBudget::kTime;
-
-  o.noloco.inner_steps = c.noloco.inner_steps;
-  o.noloco.outer_lr = c.noloco.outer_lr;
-  o.noloco.outer_lr_gamma = c.noloco.outer_lr;
-  o.noloco.outer_momentum = c.noloco.outer_momentum;
-  o.noloco.seed = static_cast<std::uint64_t>(c.train.seed);
-  o.noloco.codec = *noloco_codec;
-
-  o.co2.inner_steps = c.co2.inner_steps;
-  o.co2.outer_lr = c.co2.outer_lr;
-  o.co2.outer_momentum = c.co2.outer_momentum;
-  o.co2.gap_penalty = c.co2.gap_penalty;
-  o.co2.clip = c.co2.clip_threshold > 0;
-  o.co2.clip_threshold = c.co2.clip_threshold > 0 ? c.co2.clip_threshold : 1.0;
-  o.co2.codec = *co2_codec;
-
-  o.sparseloco.inner_steps = sparseloco_period(c);
-  o.sparseloco.outer_lr = c.sparseloco.outer_lr;
-  o.sparseloco.error_decay = c.sparseloco.error_decay;
-  o.sparseloco.sparse.chunk = static_cast<std::uint32_t>(c.sparseloco.chunk);
-  o.sparseloco.sparse.topk = static_cast<std::uint32_t>(c.sparseloco.topk);
-  if (c.sparseloco.flush_codec != "none") {
-    auto flush = codec(c.sparseloco.flush_codec, block, "sparseloco.flush_codec");
-    if (!flush.ok()) return flush.status();
-    o.sparseloco.flush_codec = *flush;
-    o.sparseloco.last_step = c.train.steps;
-  }
+  set_diloco_and_muloco(c, o, *diloco_codec, *muloco_codec);
+  std::int64_t fragments = 0;
+  if (Status st = set_streaming(c, o, *streaming_codec, fragments); !st.ok()) return st;
+  if (Status st = check_synchronizes(c, o.method, fragments); !st.ok()) return st;
+  if (Status st = set_shared(c, o); !st.ok()) return st;
+  set_noloco_and_co2(c, o, *noloco_codec, *co2_codec);
+  if (Status st = set_sparseloco(c, o); !st.ok()) return st;
   return o;
 }
 
