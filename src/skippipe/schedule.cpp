@@ -86,7 +86,10 @@ bool order_allowed(const std::vector<int>& stages, const Options& o) {
   return true;
 }
 
-Status validate(const Schedule& s, const Network* net, const Costs* costs) {
+namespace {
+
+// R1 to R6: the nodes host every stage, and each agent's path keeps the rules.
+Status check_paths(const Schedule& s) {
   if (Status st = s.options.check(); !st.ok()) return st;
   const int n = s.nodes();
   if (n < s.options.stages) return broken("R2 length", std::to_string(n) + " nodes cannot host " + std::to_string(s.options.stages) + " stages");
@@ -141,9 +144,14 @@ Status validate(const Schedule& s, const Network* net, const Costs* costs) {
   if (s.microbatches() != static_cast<std::int64_t>(s.origins()) * s.options.mbs_per_origin) {
     return broken("R6 count", "the agents carry " + std::to_string(s.microbatches()) + " micro-batches, not " + std::to_string(s.origins() * s.options.mbs_per_origin));
   }
-  if (s.timetable.empty()) return Status();
+  return Status();
+}
 
-  // R7: one entry per (agent, micro-batch, hop), the path's order kept, and no overlaps.
+// R7: one entry per (agent, micro-batch, hop), the path's order kept, and no overlaps (these only
+// with the network and costs that give durations).
+Status check_timetable(const Schedule& s, const Network* net, const Costs* costs) {
+  const int n = s.nodes();
+  const int hops = s.visited() - 1;
   std::map<std::tuple<int, int, int>, const TimetableEntry*> at;
   for (const auto& e : s.timetable) {
     if (e.agent < 0 || e.agent >= static_cast<int>(s.agents.size()) || e.microbatch < 0 || e.microbatch >= s.agents[static_cast<std::size_t>(e.agent)].microbatches ||
@@ -206,6 +214,14 @@ Status validate(const Schedule& s, const Network* net, const Costs* costs) {
     }
   }
   return Status();
+}
+
+}  // namespace
+
+Status validate(const Schedule& s, const Network* net, const Costs* costs) {
+  if (Status st = check_paths(s); !st.ok()) return st;
+  if (s.timetable.empty()) return Status();
+  return check_timetable(s, net, costs);
 }
 
 Bytes Schedule::encode() const {
