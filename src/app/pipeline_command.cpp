@@ -148,6 +148,61 @@ int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const st
   return 0;
 }
 
+
+// What a finished single-process pipeline run leaves: its summary, the assembled model, and the
+// closing lines (the loss with stages left out, with and without depth scaling).
+struct Totals {
+  double last_val = 0;
+  std::uint64_t activation_bytes = 0, sync_bytes = 0;
+};
+
+int finish_pipeline_run(const train::RunConfig& c, train::PipelineTrainer& t, train::RunFolder& folder, const std::vector<int>& omit, const Totals& totals,
+                        const std::string& out) {
+  const double last_val = totals.last_val;
+  const std::uint64_t activation_bytes = totals.activation_bytes, sync_bytes = totals.sync_bytes;
+  const auto& sim = t.plan().simulation;
+  const double omitted = t.evaluate(omit);
+  // The same weights without depth scaling, beside: what the scaling changes is in the summary.
+  const auto weights = t.stage_weights();
+  const double as_trained = t.evaluate_with(weights, {});
+  const double omitted_as_trained = t.evaluate_with(weights, {}, omit);
+  nlohmann::json summary = {{"mode", train::name_of(c.pipeline.mode)},
+                            {"nodes", c.pipeline.nodes},
+                            {"stages", c.pipeline.stages},
+                            {"path_length", c.pipeline.path_length},
+                            {"iterations", t.iterations_done()},
+                            {"samples", t.iterations_done() * t.samples_per_iteration()},
+                            {"final_val_loss", last_val},
+                            {"omitted_stages", omit},
+                            {"omitted_val_loss", omitted},
+                            {"omission_increase", omitted / last_val - 1},
+                            {"depth_scaling", c.pipeline.depth_scaling},
+                            {"stage_shares", t.stage_shares()},
+                            {"val_loss_as_trained", as_trained},
+                            {"omitted_val_loss_as_trained", omitted_as_trained},
+                            {"stage_sync", c.pipeline.stage_sync},
+                            {"activation_bytes", activation_bytes},
+                            {"stage_sync_bytes", sync_bytes},
+                            {"iteration_makespan_s", sim.makespan_s},
+                            {"predicted_makespan_s", t.plan().predicted_makespan_s},
+                            {"schedule_hash", t.plan().schedule.hash().hex()}};
+  if (Status st = folder.write_text("summary.json", summary.dump(2)); !st.ok()) return report_failure(st);
+  // The assembled model (depth-scaled as evaluated), for gossamer sample and export.
+  if (Status st = train::save_trained_model(folder.path(), c, t.assemble(weights, t.depth_scales()), t.iterations_done()); !st.ok()) {
+    return report_failure(st);
+  }
+  std::printf("%s pipeline: val loss %.4f after %lld iterations; with stages", train::name_of(c.pipeline.mode).c_str(), last_val, static_cast<long long>(t.iterations_done()));
+  for (int s : omit) std::printf(" %d", s);
+  std::printf(" left out %.4f (%+.1f%%); an iteration %.1f s over the scheduler's network; %.1f MB of activations, %.1f MB to sync the stages (%s)\n",
+              omitted, 100 * (omitted / last_val - 1), sim.makespan_s, activation_bytes / 1e6, sync_bytes / 1e6, c.pipeline.stage_sync.c_str());
+  if (as_trained != last_val) {
+    std::printf("the stages' residual branches scaled by their visit shares (pipeline.depth_scaling); as trained, unscaled: val loss %.4f, "
+                "with those stages left out %.4f (%+.1f%%)\n", as_trained, omitted_as_trained, 100 * (omitted_as_trained / as_trained - 1));
+  }
+  std::printf("the model: %s (gossamer sample --from %s, gossamer export --from %s)\n", folder.file("checkpoint.bin").string().c_str(), out.c_str(), out.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int run_pipeline_command(const PipelineArgs& a) {
@@ -212,46 +267,7 @@ int run_pipeline_command(const PipelineArgs& a) {
                    rec->train_loss, eval ? (", val loss " + std::to_string(last_val)).c_str() : "", rec->seconds);
     }
   }
-  const double omitted = t.evaluate(omit);
-  // The same weights without depth scaling, beside: what the scaling changes is in the summary.
-  const auto weights = t.stage_weights();
-  const double as_trained = t.evaluate_with(weights, {});
-  const double omitted_as_trained = t.evaluate_with(weights, {}, omit);
-  nlohmann::json summary = {{"mode", train::name_of(c.pipeline.mode)},
-                            {"nodes", c.pipeline.nodes},
-                            {"stages", c.pipeline.stages},
-                            {"path_length", c.pipeline.path_length},
-                            {"iterations", t.iterations_done()},
-                            {"samples", t.iterations_done() * t.samples_per_iteration()},
-                            {"final_val_loss", last_val},
-                            {"omitted_stages", omit},
-                            {"omitted_val_loss", omitted},
-                            {"omission_increase", omitted / last_val - 1},
-                            {"depth_scaling", c.pipeline.depth_scaling},
-                            {"stage_shares", t.stage_shares()},
-                            {"val_loss_as_trained", as_trained},
-                            {"omitted_val_loss_as_trained", omitted_as_trained},
-                            {"stage_sync", c.pipeline.stage_sync},
-                            {"activation_bytes", activation_bytes},
-                            {"stage_sync_bytes", sync_bytes},
-                            {"iteration_makespan_s", sim.makespan_s},
-                            {"predicted_makespan_s", t.plan().predicted_makespan_s},
-                            {"schedule_hash", t.plan().schedule.hash().hex()}};
-  if (Status st = folder->write_text("summary.json", summary.dump(2)); !st.ok()) return report_failure(st);
-  // The assembled model (depth-scaled as evaluated), for gossamer sample and export.
-  if (Status st = train::save_trained_model(folder->path(), c, t.assemble(weights, t.depth_scales()), t.iterations_done()); !st.ok()) {
-    return report_failure(st);
-  }
-  std::printf("%s pipeline: val loss %.4f after %lld iterations; with stages", train::name_of(c.pipeline.mode).c_str(), last_val, static_cast<long long>(t.iterations_done()));
-  for (int s : omit) std::printf(" %d", s);
-  std::printf(" left out %.4f (%+.1f%%); an iteration %.1f s over the scheduler's network; %.1f MB of activations, %.1f MB to sync the stages (%s)\n",
-              omitted, 100 * (omitted / last_val - 1), sim.makespan_s, activation_bytes / 1e6, sync_bytes / 1e6, c.pipeline.stage_sync.c_str());
-  if (as_trained != last_val) {
-    std::printf("the stages' residual branches scaled by their visit shares (pipeline.depth_scaling); as trained, unscaled: val loss %.4f, "
-                "with those stages left out %.4f (%+.1f%%)\n", as_trained, omitted_as_trained, 100 * (omitted_as_trained / as_trained - 1));
-  }
-  std::printf("the model: %s (gossamer sample --from %s, gossamer export --from %s)\n", folder->file("checkpoint.bin").string().c_str(), out.c_str(), out.c_str());
-  return 0;
+  return finish_pipeline_run(c, t, *folder, omit, Totals{last_val, activation_bytes, sync_bytes}, out);
 }
 
 }  // namespace gossamer::app
