@@ -58,6 +58,61 @@ void on_ranks(int m, F fn) {
   for (auto& t : threads) t.join();
 }
 
+
+// Gossamer: a full mesh of TCP links between m transports (kept in `transports`), as m groups.
+Result<std::vector<optim::Group>> loopback_mesh(int m, std::vector<std::unique_ptr<transport::Transport>>& transports) {
+  for (int r = 0; r < m; ++r) {
+    auto t = transport::make_tcp_transport(transport::TcpOptions{});
+    if (!t.ok()) return t.status();
+    transports.push_back(std::move(*t));
+  }
+  std::vector<optim::Group> groups(static_cast<std::size_t>(m));
+  for (int r = 0; r < m; ++r) {
+    groups[static_cast<std::size_t>(r)].rank = r;
+    groups[static_cast<std::size_t>(r)].size = m;
+    groups[static_cast<std::size_t>(r)].peers.resize(static_cast<std::size_t>(m));
+  }
+  for (int a = 0; a < m; ++a) {
+    for (int b = a + 1; b < m; ++b) {
+      auto ab = transports[static_cast<std::size_t>(a)]->connect(transports[static_cast<std::size_t>(b)]->address(), Deadline::after(real_clock(), 10s));
+      if (!ab.ok()) return ab.status();
+      auto ba = transports[static_cast<std::size_t>(b)]->accept(Deadline::after(real_clock(), 10s));
+      if (!ba.ok()) return ba.status();
+      groups[static_cast<std::size_t>(a)].peers[static_cast<std::size_t>(b)] = *ab;
+      groups[static_cast<std::size_t>(b)].peers[static_cast<std::size_t>(a)] = *ba;
+    }
+  }
+  return groups;
+}
+
+// Gloo: one process group per rank over a shared in-process store.
+std::vector<c10::intrusive_ptr<c10d::ProcessGroupGloo>> gloo_groups(int m) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<c10::intrusive_ptr<c10d::ProcessGroupGloo>> gloo(static_cast<std::size_t>(m));
+  on_ranks(m, [&](int r) {
+    auto opts = c10d::ProcessGroupGloo::Options::create();
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    gloo[static_cast<std::size_t>(r)] = c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, m, opts);
+  });
+  return gloo;
+}
+
+// One all-reduce on every rank at once, each rank reducing in place a fresh copy of its data made
+// before the clock starts (as DDP reduces its gradient buckets): bandwidth and CPU seconds, and
+// whether every rank succeeded (`reduce(r, tensor)` says whether rank r did).
+template <typename Reduce>
+std::pair<Timed, bool> timed_on_ranks(const std::vector<at::Tensor>& data, double bytes, Reduce reduce) {
+  const int m = static_cast<int>(data.size());
+  std::vector<at::Tensor> in;
+  for (int r = 0; r < m; ++r) in.push_back(data[static_cast<std::size_t>(r)].clone());
+  std::vector<int> ok(static_cast<std::size_t>(m), 0);
+  const double cpu = process_cpu_seconds();
+  Stopwatch w(real_clock());
+  on_ranks(m, [&](int r) { ok[static_cast<std::size_t>(r)] = reduce(r, in[static_cast<std::size_t>(r)]) ? 1 : 0; });
+  const double seconds = w.elapsed_seconds();
+  return {Timed{bytes / seconds, process_cpu_seconds() - cpu}, std::count(ok.begin(), ok.end(), 0) == 0};
+}
+
 }  // namespace
 
 int bench_allreduce(const BenchArgs& args) {
@@ -70,56 +125,17 @@ int bench_allreduce(const BenchArgs& args) {
   }
   torch::set_num_threads(1);
 
-  // Gossamer: a full mesh of TCP links between m transports.
   std::vector<std::unique_ptr<transport::Transport>> transports;
-  for (int r = 0; r < m; ++r) {
-    auto t = transport::make_tcp_transport(transport::TcpOptions{});
-    if (!t.ok()) return report_failure(t.status());
-    transports.push_back(std::move(*t));
-  }
-  std::vector<optim::Group> groups(static_cast<std::size_t>(m));
-  for (int r = 0; r < m; ++r) {
-    groups[static_cast<std::size_t>(r)].rank = r;
-    groups[static_cast<std::size_t>(r)].size = m;
-    groups[static_cast<std::size_t>(r)].peers.resize(static_cast<std::size_t>(m));
-  }
-  for (int a = 0; a < m; ++a) {
-    for (int b = a + 1; b < m; ++b) {
-      auto ab = transports[static_cast<std::size_t>(a)]->connect(transports[static_cast<std::size_t>(b)]->address(), Deadline::after(real_clock(), 10s));
-      if (!ab.ok()) return report_failure(ab.status());
-      auto ba = transports[static_cast<std::size_t>(b)]->accept(Deadline::after(real_clock(), 10s));
-      if (!ba.ok()) return report_failure(ba.status());
-      groups[static_cast<std::size_t>(a)].peers[static_cast<std::size_t>(b)] = *ab;
-      groups[static_cast<std::size_t>(b)].peers[static_cast<std::size_t>(a)] = *ba;
-    }
-  }
-
-  // Gloo: one process group per rank over a shared in-process store.
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<c10::intrusive_ptr<c10d::ProcessGroupGloo>> gloo(static_cast<std::size_t>(m));
-  on_ranks(m, [&](int r) {
-    auto opts = c10d::ProcessGroupGloo::Options::create();
-    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    gloo[static_cast<std::size_t>(r)] = c10::make_intrusive<c10d::ProcessGroupGloo>(store, r, m, opts);
-  });
+  auto mesh = loopback_mesh(m, transports);
+  if (!mesh.ok()) return report_failure(mesh.status());
+  std::vector<optim::Group>& groups = *mesh;
+  const auto gloo = gloo_groups(m);
 
   std::vector<at::Tensor> data(static_cast<std::size_t>(m));
   for (int r = 0; r < m; ++r) data[static_cast<std::size_t>(r)] = torch::randn({n});
   const double bytes = static_cast<double>(n) * 4;
 
-  // One all-reduce on every rank at once, each rank reducing in place a fresh copy of its data made
-  // before the clock starts (as DDP reduces its gradient buckets): bandwidth and CPU seconds.
-  // `reduce(r, tensor)` returns whether rank r succeeded.
-  auto timed = [&](auto reduce) -> std::pair<Timed, bool> {
-    std::vector<at::Tensor> in;
-    for (int r = 0; r < m; ++r) in.push_back(data[static_cast<std::size_t>(r)].clone());
-    std::vector<int> ok(static_cast<std::size_t>(m), 0);
-    const double cpu = process_cpu_seconds();
-    Stopwatch w(real_clock());
-    on_ranks(m, [&](int r) { ok[static_cast<std::size_t>(r)] = reduce(r, in[static_cast<std::size_t>(r)]) ? 1 : 0; });
-    const double seconds = w.elapsed_seconds();
-    return {Timed{bytes / seconds, process_cpu_seconds() - cpu}, std::count(ok.begin(), ok.end(), 0) == 0};
-  };
+  auto timed = [&](auto reduce) { return timed_on_ranks(data, bytes, reduce); };
   // Each returns the figures, or the first rank's failure (never a figure for a failed run).
   auto time_ours = [&](quant::CodecId codec, std::int64_t segment_values = optim::kAllreduceSegmentValues) -> Result<Timed> {
     quant::EncodeOptions o;
