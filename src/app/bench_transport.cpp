@@ -195,6 +195,58 @@ int bench_relay(const BenchArgs& args) {
   return 0;
 }
 
+
+// Small frames: one sender, one receiver, 64-byte messages.
+void small_frames(transport::Link& ab, transport::Link& ba) {
+  const int small = 100000;
+  const Bytes tiny(64, std::byte{2});
+  Stopwatch w(real_clock());
+  std::thread receiver([&] {
+    for (int m = 0; m < small; ++m) {
+      if (!ba.recv(2, Deadline::after(real_clock(), 60s)).ok()) return;
+    }
+  });
+  for (int m = 0; m < small; ++m) {
+    if (!ab.send(2, tiny, Deadline::after(real_clock(), 60s)).ok()) break;
+  }
+  receiver.join();
+  fmt::print("small frames: {} messages of 64 bytes in {:.3f} s: {:.0f} messages/s\n", small, w.elapsed_seconds(), small / w.elapsed_seconds());
+
+}
+
+// Gossip convergence: nodes join through one seed (default period); the time until every node sees
+// all the others alive. Whether they did within a minute.
+Result<bool> gossip_convergence(int nodes_wanted) {
+  transport::GossipOptions go;
+  std::vector<std::unique_ptr<transport::Gossip>> nodes;
+  Stopwatch gw(real_clock());
+  for (int i = 0; i < nodes_wanted; ++i) {
+    if (i > 0) go.seeds = {nodes[0]->address()};
+    auto g = transport::make_gossip(go);
+    if (!g.ok()) return g.status();
+    nodes.push_back(std::move(*g));
+  }
+  const Deadline limit = Deadline::after(real_clock(), 60s);
+  bool full = false;
+  while (!full && !limit.expired(real_clock())) {
+    full = true;
+    for (auto& n : nodes) {
+      std::size_t alive = 0;
+      for (const auto& m : n->members()) alive += m.state == transport::MemberState::kAlive ? 1 : 0;
+      if (alive != nodes.size() - 1) {
+        full = false;
+        break;
+      }
+    }
+    if (!full) std::this_thread::sleep_for(5ms);
+  }
+  const double seconds = gw.elapsed_seconds();
+  fmt::print("gossip: {} peers {} full membership in {:.2f} s ({:.1f} periods of {} ms, fanout {})\n", nodes_wanted,
+             full ? "reached" : "did NOT reach", seconds, seconds / std::chrono::duration<double>(go.period).count(),
+             std::chrono::duration_cast<std::chrono::milliseconds>(go.period).count(), go.fanout);
+  return full;
+}
+
 }  // namespace
 
 int bench_transport(const BenchArgs& args) {
@@ -268,52 +320,10 @@ int bench_transport(const BenchArgs& args) {
                median(secure) / 1e9, median(secure_ratios), 100.0 * (1.0 - median(secure) / median(ours)));
   }
 
-  // Small frames: one sender, one receiver, 64-byte messages.
-  const int small = 100000;
-  const Bytes tiny(64, std::byte{2});
-  Stopwatch w(real_clock());
-  std::thread receiver([&] {
-    for (int m = 0; m < small; ++m) {
-      if (!ba->recv(2, Deadline::after(real_clock(), 60s)).ok()) return;
-    }
-  });
-  for (int m = 0; m < small; ++m) {
-    if (!ab->send(2, tiny, Deadline::after(real_clock(), 60s)).ok()) break;
-  }
-  receiver.join();
-  fmt::print("small frames: {} messages of 64 bytes in {:.3f} s: {:.0f} messages/s\n", small, w.elapsed_seconds(), small / w.elapsed_seconds());
-
-  // Gossip convergence: 32 nodes join through one seed (default period); time until every node
-  // sees the 31 others alive.
-  const int nodes_wanted = static_cast<int>(args.gossip_peers);
-  transport::GossipOptions go;
-  std::vector<std::unique_ptr<transport::Gossip>> nodes;
-  Stopwatch gw(real_clock());
-  for (int i = 0; i < nodes_wanted; ++i) {
-    if (i > 0) go.seeds = {nodes[0]->address()};
-    auto g = transport::make_gossip(go);
-    if (!g.ok()) return report_failure(g.status());
-    nodes.push_back(std::move(*g));
-  }
-  const Deadline limit = Deadline::after(real_clock(), 60s);
-  bool full = false;
-  while (!full && !limit.expired(real_clock())) {
-    full = true;
-    for (auto& n : nodes) {
-      std::size_t alive = 0;
-      for (const auto& m : n->members()) alive += m.state == transport::MemberState::kAlive ? 1 : 0;
-      if (alive != nodes.size() - 1) {
-        full = false;
-        break;
-      }
-    }
-    if (!full) std::this_thread::sleep_for(5ms);
-  }
-  const double seconds = gw.elapsed_seconds();
-  fmt::print("gossip: {} peers {} full membership in {:.2f} s ({:.1f} periods of {} ms, fanout {})\n", nodes_wanted,
-             full ? "reached" : "did NOT reach", seconds, seconds / std::chrono::duration<double>(go.period).count(),
-             std::chrono::duration_cast<std::chrono::milliseconds>(go.period).count(), go.fanout);
-  return full ? 0 : 1;
+  small_frames(*ab, *ba);
+  auto gossip = gossip_convergence(static_cast<int>(args.gossip_peers));
+  if (!gossip.ok()) return report_failure(gossip.status());
+  return *gossip ? 0 : 1;
 }
 
 }  // namespace gossamer::app
