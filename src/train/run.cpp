@@ -146,6 +146,66 @@ Result<CheckpointState> checked_resume(const TrainRequest& req) {
 
 }  // namespace
 
+namespace {
+
+// How a run starts: new (its folder checked), resumed from its checkpoint, or already done.
+struct Start {
+  std::optional<CheckpointState> resumed;
+  std::optional<TrainOutcome> done;  // a finished run with its summary: nothing to do
+};
+
+Result<Start> start_or_resume(const TrainRequest& req) {
+  Start start;
+  if (!req.resume) {
+    if (Status st = RunFolder::check_new(req.out_dir, RunKind::kTrain); !st.ok()) return st;
+    return start;
+  }
+  auto state = checked_resume(req);
+  if (!state.ok()) return state.status();
+  // A finished run with its summary: nothing to do. (Without one, as after a crash between the last
+  // checkpoint and the summary, the run goes on and writes it.)
+  std::error_code ec;
+  if (state->step == req.config.train.steps && fs::exists(req.out_dir / "summary.json", ec)) {
+    TrainOutcome done;
+    done.steps = state->step;
+    done.tokens = state->tokens_seen;
+    done.finished = true;
+    done.nothing_to_do = true;
+    start.done = done;
+    return start;
+  }
+  start.resumed = std::move(*state);
+  return start;
+}
+
+Status write_summary(const RunFolder& folder, const TrainOutcome& outcome, bool stepped, std::int64_t parameters, const std::string& data) {
+  nlohmann::json summary = {{"steps", outcome.steps}, {"tokens", outcome.tokens}, {"parameters", parameters}, {"tok_per_s", outcome.tok_per_s}, {"data", data}};
+  if (stepped) summary["final_train_loss"] = outcome.final_train_loss;
+  if (outcome.final_val_loss) summary["final_val_loss"] = *outcome.final_val_loss;
+  if (outcome.entropy_floor) summary["entropy_floor"] = *outcome.entropy_floor;
+  return folder.write_text("summary.json", summary.dump(2) + "\n");
+}
+
+Status record_step(MetricsWriter& metrics, const StepResult& r, std::int64_t tokens, double tok_per_s, std::optional<double> val, double time_s) {
+  nlohmann::json rec = {{"step", r.step}, {"tokens", tokens}, {"train_loss", r.loss}, {"lr", r.lr}, {"tok_per_s", tok_per_s}, {"grad_norm", r.grad_norm},
+                        {"time_s", time_s}};
+  if (val) rec["val_loss"] = *val;
+  return metrics.write(rec);
+}
+
+// Says what the model is and, resuming, restores the worker from its checkpoint (then let go).
+Status announce_and_restore(Worker& worker, const RunConfig& config, std::optional<CheckpointState>& resumed, const fs::path& ckpt_path) {
+  spdlog::info("model: {} layers, width {}, {} heads, context {}: {} parameters", config.model.layers, config.model.width, config.model.heads,
+               config.model.context, worker.model().num_parameters());
+  if (!resumed) return Status();
+  if (Status st = worker.restore(*resumed); !st.ok()) return st.with_context("resuming");
+  spdlog::info("resumed from {} at step {}", ckpt_path.string(), worker.steps_done());
+  resumed.reset();
+  return Status();
+}
+
+}  // namespace
+
 Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
   const RunConfig& config = req.config;
   if (Status st = validate(config); !st.ok()) return st;
@@ -154,25 +214,10 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
   if (!inputs.ok()) return inputs.status();
   if (Status st = check_resources(config, /*workers=*/1); !st.ok()) return st;
   const fs::path ckpt_path = req.out_dir / kCheckpointFile;
-  std::optional<CheckpointState> resumed;
-  if (req.resume) {
-    auto state = checked_resume(req);
-    if (!state.ok()) return state.status();
-    // A finished run with its summary: nothing to do. (Without one, as after a crash between the last
-    // checkpoint and the summary, the run goes on below and writes it.)
-    std::error_code ec;
-    if (state->step == config.train.steps && fs::exists(req.out_dir / "summary.json", ec)) {
-      TrainOutcome done;
-      done.steps = state->step;
-      done.tokens = state->tokens_seen;
-      done.finished = true;
-      done.nothing_to_do = true;
-      return done;
-    }
-    resumed = std::move(*state);
-  } else if (Status st = RunFolder::check_new(req.out_dir, RunKind::kTrain); !st.ok()) {
-    return st;
-  }
+  auto start = start_or_resume(req);
+  if (!start.ok()) return start.status();
+  if (start->done) return *start->done;
+  std::optional<CheckpointState> resumed = std::move(start->resumed);
   auto corpus = load_corpus(config);
   if (!corpus.ok()) return corpus.status();
   spdlog::info("data: {}", corpus->description);
@@ -200,13 +245,7 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
   }
 
   Worker worker(config, corpus->dataset, /*rank=*/0, /*world=*/1, clock);
-  spdlog::info("model: {} layers, width {}, {} heads, context {}: {} parameters", config.model.layers, config.model.width,
-               config.model.heads, config.model.context, worker.model().num_parameters());
-  if (resumed) {
-    if (Status st = worker.restore(*resumed); !st.ok()) return st.with_context("resuming");
-    spdlog::info("resumed from {} at step {}", ckpt_path.string(), worker.steps_done());
-    resumed.reset();
-  }
+  if (Status st = announce_and_restore(worker, config, resumed, ckpt_path); !st.ok()) return st;
 
   auto metrics = MetricsWriter::open(req.out_dir / "metrics.jsonl",
                                      req.resume ? std::optional<std::int64_t>(worker.steps_done()) : std::nullopt);
@@ -220,10 +259,6 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
   Stopwatch run_watch(clock);
   double compute_s = 0.0;
   std::int64_t tokens_this_run = 0;
-
-  auto save = [&]() -> Status {
-    return write_checkpoint(ckpt_path, worker.checkpoint_state(config_toml));
-  };
 
   const std::int64_t steps_before = worker.steps_done();
   while (worker.steps_done() < stop_at) {
@@ -244,22 +279,18 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
       outcome.final_val_loss = val;
     }
     if (r.step % config.train.log_every == 0 || val || r.step == total) {
-      nlohmann::json rec = {{"step", r.step},         {"tokens", worker.tokens_seen()}, {"train_loss", r.loss},
-                            {"lr", r.lr},             {"tok_per_s", tok_per_s},          {"grad_norm", r.grad_norm},
-                            {"time_s", run_watch.elapsed_seconds()}};
-      if (val) rec["val_loss"] = *val;
-      if (Status st = metrics->write(rec); !st.ok()) return st;
+      if (Status st = record_step(*metrics, r, worker.tokens_seen(), tok_per_s, val, run_watch.elapsed_seconds()); !st.ok()) return st;
     }
     progress.update(r.step, r.loss, val, tok_per_s);
     if (config.train.checkpoint_every > 0 && r.step % config.train.checkpoint_every == 0 && r.step < stop_at) {
-      if (Status st = save(); !st.ok()) return st;
+      if (Status st = write_checkpoint(ckpt_path, worker.checkpoint_state(config_toml)); !st.ok()) return st;
     }
   }
   progress.finish();
   const bool stepped = worker.steps_done() > steps_before;
   // A resume that made no step leaves its checkpoint as it was.
   if (stepped || !req.resume) {
-    if (Status st = save(); !st.ok()) return st;
+    if (Status st = write_checkpoint(ckpt_path, worker.checkpoint_state(config_toml)); !st.ok()) return st;
   }
 
   outcome.steps = worker.steps_done();
@@ -269,16 +300,7 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
 
   if (outcome.finished) {
     if (!stepped) outcome.final_val_loss = worker.evaluate();  // a finished run whose summary was never written
-    nlohmann::json summary = {{"steps", outcome.steps},
-                              {"tokens", outcome.tokens},
-                              {"parameters", worker.model().num_parameters()},
-                              {"tok_per_s", outcome.tok_per_s},
-                              {"data", corpus->description}};
-    if (stepped) summary["final_train_loss"] = outcome.final_train_loss;
-    if (outcome.final_val_loss) summary["final_val_loss"] = *outcome.final_val_loss;
-    if (outcome.entropy_floor) summary["entropy_floor"] = *outcome.entropy_floor;
-    const std::string text = summary.dump(2) + "\n";
-    if (Status st = folder->write_text("summary.json", text); !st.ok()) return st;
+    if (Status st = write_summary(*folder, outcome, stepped, worker.model().num_parameters(), corpus->description); !st.ok()) return st;
   }
   return outcome;
 }
