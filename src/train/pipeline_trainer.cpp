@@ -40,6 +40,33 @@ Mesh memory_mesh(int n, std::uint64_t first_id) {
   return links;
 }
 
+// The scheduler's options from the [pipeline] keys.
+Result<skippipe::Options> scheduler_options(const RunConfig& c) {
+  const auto& p = c.pipeline;
+  skippipe::Options o;
+  o.stages = static_cast<int>(p.stages);
+  o.path_length = static_cast<int>(p.path_length);
+  o.memory = static_cast<int>(p.memory);
+  o.mbs_per_origin = static_cast<int>(p.mbs_per_origin);
+  o.mbs_per_agent = static_cast<int>(p.mbs_per_agent);
+  o.seed = static_cast<std::uint64_t>(c.train.seed);
+  if (Status st = o.check(); !st.ok()) return st;
+  return o;
+}
+
+// The nodes this process hosts, sorted and distinct (none named: all n).
+Result<std::vector<int>> hosted_nodes(std::vector<int> local, int n) {
+  if (local.empty()) {
+    for (int v = 0; v < n; ++v) local.push_back(v);
+  }
+  for (int v : local) {
+    if (v < 0 || v >= n) return error(ErrorCode::kInvalidArgument, "no pipeline node " + std::to_string(v) + " to host (pipeline.nodes = " + std::to_string(n) + ")");
+  }
+  std::sort(local.begin(), local.end());
+  local.erase(std::unique(local.begin(), local.end()), local.end());
+  return local;
+}
+
 }  // namespace
 
 
@@ -68,14 +95,9 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   const skippipe::Mode mode = pipeline_mode(p.mode);
   auto codec_id = quant::codec_from_name(p.activation_codec);
   if (!codec_id.ok()) return codec_id.status();
-  skippipe::Options o;
-  o.stages = static_cast<int>(p.stages);
-  o.path_length = static_cast<int>(p.path_length);
-  o.memory = static_cast<int>(p.memory);
-  o.mbs_per_origin = static_cast<int>(p.mbs_per_origin);
-  o.mbs_per_agent = static_cast<int>(p.mbs_per_agent);
-  o.seed = static_cast<std::uint64_t>(c.train.seed);
-  if (Status st = o.check(); !st.ok()) return st;
+  auto scheduler = scheduler_options(c);
+  if (!scheduler.ok()) return scheduler.status();
+  const skippipe::Options o = *scheduler;
   const int n = static_cast<int>(p.nodes);
   if (!env.network) {
     if (Status st = check_network_in_one_process(c); !st.ok()) return st;
@@ -116,16 +138,9 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   impl->mode = mode;
   impl->net = net;
   impl->costs = costs;
-  if (env.local.empty()) {
-    for (int v = 0; v < n; ++v) env.local.push_back(v);
-  }
-  for (int v : env.local) {
-    if (v < 0 || v >= n) return error(ErrorCode::kInvalidArgument, "no pipeline node " + std::to_string(v) + " to host (pipeline.nodes = " + std::to_string(n) + ")");
-  }
-  std::sort(env.local.begin(), env.local.end());
-  env.local.erase(std::unique(env.local.begin(), env.local.end()), env.local.end());
-  impl->local = env.local;
-  impl->env.local = env.local;
+  auto local = hosted_nodes(env.local, n);
+  if (!local.ok()) return local.status();
+  impl->local = impl->env.local = *local;
   impl->nodes.resize(static_cast<std::size_t>(n));
   impl->adam.resize(static_cast<std::size_t>(n));
   impl->alive.assign(static_cast<std::size_t>(n), true);
