@@ -422,6 +422,25 @@ void GossipCore::handle_broadcast_locked(Reader& r, std::vector<GossipSend>& sen
   }
 }
 
+Result<MemberUpdate> GossipCore::read_sender(Reader& r, std::uint8_t type) {
+  MemberUpdate hello;
+  hello.kind = UpdateKind::kAlive;
+  hello.id = r.u64();
+  const std::uint8_t flags = r.u8();
+  if (r.ok() && (flags & ~(kOutboundFlag | kAddressFlag)) != 0) r.fail(ErrorCode::kMalformed, "unknown sender flags " + std::to_string(flags));
+  if ((flags & kAddressFlag) != 0) hello.address = read_address(r);
+  hello.incarnation = static_cast<std::uint32_t>(r.uvar(UINT32_MAX));
+  const std::uint8_t health = r.u8();
+  hello.rto_ms = static_cast<std::uint16_t>(r.uvar(UINT16_MAX));
+  if (r.ok() && (flags & kAddressFlag) == 0 && type != static_cast<std::uint8_t>(MsgType::kAck) && type != static_cast<std::uint8_t>(MsgType::kNack)) {
+    r.fail(ErrorCode::kMalformed, "a gossip message without its sender's address");
+  }
+  if (!r.ok()) return r.status();
+  hello.outbound_only = (flags & kOutboundFlag) != 0;
+  hello.health = static_cast<std::uint8_t>(std::min<int>(health, kMaxHealth));
+  return hello;
+}
+
 std::vector<GossipSend> GossipCore::handle(ByteView data, const std::string& observed_ip) {
   std::vector<GossipSend> sends;
   bytes_received_.fetch_add(data.size());
@@ -437,24 +456,12 @@ std::vector<GossipSend> GossipCore::handle(ByteView data, const std::string& obs
                (version < kVersion ? "that peer runs an older Gossamer; upgrade it" : "this peer runs an older Gossamer; upgrade it"));
     return sends;
   }
-  MemberUpdate hello;
-  hello.kind = UpdateKind::kAlive;
-  hello.id = r.u64();
-  const std::uint8_t flags = r.u8();
-  if (r.ok() && (flags & ~(kOutboundFlag | kAddressFlag)) != 0) r.fail(ErrorCode::kMalformed, "unknown sender flags " + std::to_string(flags));
-  if ((flags & kAddressFlag) != 0) hello.address = read_address(r);
-  hello.incarnation = static_cast<std::uint32_t>(r.uvar(UINT32_MAX));
-  const std::uint8_t health = r.u8();
-  hello.rto_ms = static_cast<std::uint16_t>(r.uvar(UINT16_MAX));
-  if (r.ok() && (flags & kAddressFlag) == 0 && type != static_cast<std::uint8_t>(MsgType::kAck) && type != static_cast<std::uint8_t>(MsgType::kNack)) {
-    r.fail(ErrorCode::kMalformed, "a gossip message without its sender's address");
-  }
-  if (!r.ok()) {
-    count_drop(r.status().message());
+  auto sender = read_sender(r, type);
+  if (!sender.ok()) {
+    count_drop(sender.status().message());
     return sends;
   }
-  hello.outbound_only = (flags & kOutboundFlag) != 0;
-  hello.health = static_cast<std::uint8_t>(std::min<int>(health, kMaxHealth));
+  MemberUpdate hello = std::move(*sender);
   if (hello.id == options_.self.value || hello.id == 0) return sends;
   std::lock_guard<std::mutex> lock(mu_);
   if (left_) return sends;

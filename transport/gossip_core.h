@@ -197,6 +197,8 @@ class GossipCore {
   Bytes seq_message(MsgType type, std::uint32_t seq, bool with_updates);
   // The messages of a probe (gossip_probes.cpp), after the header; false when the message was
   // malformed and already counted as dropped.
+  // The sender's header of a message of `type` (untrusted): who, where, its incarnation and health.
+  static Result<MemberUpdate> read_sender(Reader& r, std::uint8_t type);
   bool handle_probe_locked(MsgType msg, Reader& r, std::uint64_t sender, const Target& reply, std::vector<GossipSend>& sends, Nanos now);
   // Up to k live members to send to, at random: an outbound-only member only once it has opened a
   // connection to this node (heard from directly).
