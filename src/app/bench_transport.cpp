@@ -199,19 +199,8 @@ int bench_relay(const BenchArgs& args) {
 // Small frames: one sender, one receiver, 64-byte messages.
 void small_frames(transport::Link& ab, transport::Link& ba) {
   const int small = 100000;
-  const Bytes tiny(64, std::byte{2});
-  Stopwatch w(real_clock());
-  std::thread receiver([&] {
-    for (int m = 0; m < small; ++m) {
-      if (!ba.recv(2, Deadline::after(real_clock(), 60s)).ok()) return;
-    }
-  });
-  for (int m = 0; m < small; ++m) {
-    if (!ab.send(2, tiny, Deadline::after(real_clock(), 60s)).ok()) break;
-  }
-  receiver.join();
-  fmt::print("small frames: {} messages of 64 bytes in {:.3f} s: {:.0f} messages/s\n", small, w.elapsed_seconds(), small / w.elapsed_seconds());
-
+  const double rate = link_goodput(ab, ba, 64, small) / 64;  // messages per second
+  fmt::print("small frames: {} messages of 64 bytes in {:.3f} s: {:.0f} messages/s\n", small, small / rate, rate);
 }
 
 // Gossip convergence: nodes join through one seed (default period); the time until every node sees

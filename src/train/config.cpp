@@ -546,11 +546,8 @@ std::vector<std::string> config_differences(const RunConfig& a_in, const RunConf
           if constexpr (std::is_same_v<T, ChoiceKey>) {
             const std::string x = s.ref(a).name(), y = s.ref(b).name();
             if (x != y) out.push_back(name + ": '" + x + "' -> '" + y + "'");
+          } else if (s.ref(a) == s.ref(b)) {
             return;
-          } else {
-            if (s.ref(a) == s.ref(b)) return;
-          }
-          if constexpr (std::is_same_v<T, ChoiceKey>) {
           } else if constexpr (std::is_same_v<T, FloatKey>) {
             out.push_back(name + ": " + format_double(s.ref(a)) + " -> " + format_double(s.ref(b)));
           } else if constexpr (std::is_same_v<T, IntKey>) {
