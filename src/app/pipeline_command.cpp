@@ -64,6 +64,7 @@ namespace {
 int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const std::string& out) {
   run::PipelineProcessRequest req;
   req.config = c;
+  req.clock = &real_clock();
   req.node = a.node;
   req.addresses = a.addresses;
   req.stop = &install_graceful_stop();

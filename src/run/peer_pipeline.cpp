@@ -19,6 +19,34 @@
 
 namespace gossamer::run {
 
+Result<PipelineProcessRequest> Peer::pipeline_request(const GroupView& group) {
+  const int n = static_cast<int>(group.members.size());
+  PipelineProcessRequest req;
+  req.config = config_;
+  req.clock = &clock_;
+  req.config.pipeline.nodes = n;
+  if (Status st = train::validate(req.config); !st.ok()) return st.with_context("a pipeline over the " + std::to_string(n) + " peers at the start");
+  req.node = group.rank_of(gossip_.self());
+  // A member announced on a wildcard is dialled at the IP its gossip comes from. A member that joined
+  // last may not have reached this peer's member table yet (membership news spreads in a few
+  // periods): wait for it, up to 10 s, instead of dialling a wildcard.
+  const Deadline resolve_by = after(std::chrono::seconds(10));
+  for (const auto& m : group.members) {
+    req.ids.push_back(m.id);
+    std::string address = reachable_address(gossip_, m.id, m.address);
+    while (m.id != gossip_.self() && transport::is_wildcard_address(address) && !resolve_by.expired(clock_) && !stop_requested()) {
+      clock_.sleep_for(std::chrono::milliseconds(50));
+      address = reachable_address(gossip_, m.id, m.address);
+    }
+    req.addresses.push_back(std::move(address));
+  }
+  req.shape = plan_.shape;
+  req.stop = plan_.stop;
+  // A lost node is known by its links; the others wait for it as long as gossip would.
+  req.rejoin_timeout = std::max<Nanos>(std::chrono::seconds(10), 2 * plan_.dead_after);
+  return req;
+}
+
 Result<PeerOutcome> Peer::run_pipeline() {
   if (&clock_ != &real_clock()) {
     return error(ErrorCode::kInvalidArgument, "a pipeline over peers runs on real links and the real clock: simulate pipelines with `gossamer sim --pipeline`");
@@ -59,28 +87,9 @@ Result<PeerOutcome> Peer::run_pipeline() {
   }
   const GroupView& group = **start;
   const int n = static_cast<int>(group.members.size());
-  PipelineProcessRequest req;
-  req.config = config_;
-  req.config.pipeline.nodes = n;
-  if (Status st = train::validate(req.config); !st.ok()) return st.with_context("a pipeline over the " + std::to_string(n) + " peers at the start");
-  req.node = group.rank_of(gossip_.self());
-  // A member announced on a wildcard is dialled at the IP its gossip comes from. A member that joined
-  // last may not have reached this peer's member table yet (membership news spreads in a few
-  // periods): wait for it, up to 10 s, instead of dialling a wildcard.
-  const Deadline resolve_by = after(std::chrono::seconds(10));
-  for (const auto& m : group.members) {
-    req.ids.push_back(m.id);
-    std::string address = reachable_address(gossip_, m.id, m.address);
-    while (m.id != gossip_.self() && transport::is_wildcard_address(address) && !resolve_by.expired(clock_) && !stop_requested()) {
-      clock_.sleep_for(std::chrono::milliseconds(50));
-      address = reachable_address(gossip_, m.id, m.address);
-    }
-    req.addresses.push_back(std::move(address));
-  }
-  req.shape = plan_.shape;
-  req.stop = plan_.stop;
-  // A lost node is known by its links; the others wait for it as long as gossip would.
-  req.rejoin_timeout = std::max<Nanos>(std::chrono::seconds(10), 2 * plan_.dead_after);
+  auto request = pipeline_request(group);
+  if (!request.ok()) return request.status();
+  PipelineProcessRequest& req = *request;
   spdlog::info("pipeline of {} peers: this peer is node {}; planning the schedule over them", n, req.node);
   if (Status st = env_.open_records(std::nullopt); !st.ok()) return st;
   Status record_failed;

@@ -45,6 +45,7 @@
 #include "run/coordinator.h"
 #include "run/peer.h"
 #include "run/peer_links.h"
+#include "run/pipeline_process.h"
 #include "run/rounds.h"
 #include "run/state_sync.h"
 #include "run/update_log.h"
@@ -152,6 +153,8 @@ class Peer {
   // Instead of link_up .. finish when the run is a pipeline (pipeline.enabled; peer_pipeline.cpp):
   // round 0's group is the pipeline's nodes, in id order, and run_pipeline_process trains it.
   [[nodiscard]] Result<PeerOutcome> run_pipeline();
+  // The pipeline over round 0's group: this peer's node, every node's id and address to dial.
+  [[nodiscard]] Result<PipelineProcessRequest> pipeline_request(const GroupView& group);
 
   const train::RunConfig& config() const { return config_; }        // learn_run
   const RoundSchedule& schedule() const { return schedule_; }       // learn_run

@@ -26,6 +26,11 @@
 // the run). Nodes that disagree on who is left, or on how far they got, stop with an error that says
 // so. Counted in the outcome (lost_nodes, retried_iterations) and each record's lost_nodes.
 //
+// Every wait, thread and compute charge is on the request's clock: processes give the real one, the
+// simulator (sim/pipeline_processes.h) its virtual one with its transport, so a simulated node runs
+// this very protocol, a lost node's agreement included; each outcome notes that agreement step by
+// step (PipelineProcessOutcome::agreement), and a test holds a simulated run's against real ones.
+//
 // Threading: run_pipeline_process blocks until the run ends, fails, or `stop` becomes true (checked
 // between iterations: the node then closes its links, and the others go on without it). Errors: a node that cannot be reached within
 // connect_timeout (kUnavailable, naming it), another schedule (kInvalidArgument), a failed iteration
@@ -55,6 +60,11 @@ namespace gossamer::run {
 
 struct PipelineProcessRequest {
   train::RunConfig config;
+  // Required: the clock of every wait and thread of the node (real_clock() for a process).
+  Clock* clock = nullptr;
+  // What a stage's compute costs on `clock` (the simulator's compute model; zero for processes,
+  // whose compute takes real time).
+  train::StageCompute compute;
   int node = 0;                        // the node this process hosts
   std::vector<std::string> addresses;  // every node's links' host:port, in node order (pipeline.nodes of them)
   // Every node's transport peer id, in node order; empty: node k is peer k + 1 (`gossamer pipeline
@@ -91,6 +101,11 @@ struct PipelineProcessOutcome {
   std::shared_ptr<model::Gpt> model;
   // pipeline.network = measured: what the nodes measured at the start, and planned on.
   std::optional<MeasuredNetwork> measured;
+  // The agreement as this node took part in it, one line per step, in order: "linked E: 0,1,2"
+  // (epoch E's links, this node included), "schedule H" (the first 16 hex digits of the hash all
+  // confirmed), "confirmed I", "view E: done D, reaching 0,1,2", "caught up I", "without 3",
+  // "goodbye".
+  std::vector<std::string> agreement;
 };
 
 // A pipeline process's records, as metrics.jsonl holds them: one per iteration (with its validation

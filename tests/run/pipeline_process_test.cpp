@@ -41,6 +41,7 @@ struct Node {
 PipelineProcessRequest request(const train::RunConfig& c, int node, const std::vector<std::string>& addresses, Nanos connect_timeout) {
   PipelineProcessRequest req;
   req.config = c;
+  req.clock = &real_clock();
   req.node = node;
   req.addresses = addresses;
   req.connect_timeout = connect_timeout;
