@@ -21,8 +21,9 @@ namespace {
 
 class SimLink final : public transport::Link {
  public:
-  SimLink(Network::Impl& net, int self, int peer, int epoch, transport::PeerId peer_id = {}, std::string peer_address = {})
-      : net_(net),
+  SimLink(Network::Impl& net, int self, int peer, int epoch, transport::PeerId peer_id = {}, std::string peer_address = {}, bool graceful = false)
+      : graceful_(graceful),
+        net_(net),
         self_(self),
         peer_(peer),
         epoch_(epoch),
@@ -54,12 +55,13 @@ class SimLink final : public transport::Link {
     std::size_t size = 0;
     for (ByteView p : parts) size += p.size();
     f.remaining = profile.wire_bytes(size + transport::kFrameHeaderBytes);
+    const auto wire = static_cast<std::uint64_t>(f.remaining);
+    if (net_.spec.byte_weight) f.remaining *= net_.spec.byte_weight(tag);
     f.payload = net_.take_buffer(size);
     for (ByteView p : parts) f.payload.insert(f.payload.end(), p.begin(), p.end());
     f.delay = net_.draw_delay(self_, peer_, size);
     f.inbox = &outbox_;
     f.signal = sent_.get();
-    const auto wire = static_cast<std::uint64_t>(f.remaining);
     net_.add(&f);
     std::unique_lock<std::mutex> lock(f.mu);
     if (!f.signal->wait(lock, deadline, [&] { return f.done; })) {
@@ -96,13 +98,20 @@ class SimLink final : public transport::Link {
     return out;
   }
 
-  void close() override { net_.close_pair(self_, peer_, epoch_); }
+  void close() override {
+    if (graceful_) {
+      net_.close_gracefully(self_, peer_, epoch_);
+    } else {
+      net_.close_pair(self_, peer_, epoch_);
+    }
+  }
   void recycle(Bytes buffer) override { net_.recycle(std::move(buffer)); }
   transport::LinkStats stats() const override { return stats_; }
 
  private:
   Status lost() const { return error(ErrorCode::kPeerLost, "node " + std::to_string(peer_) + " is gone (link closed)"); }
 
+  const bool graceful_;  // a connection's close, as TCP's: what was sent still arrives
   Network::Impl& net_;
   int self_, peer_, epoch_;
   const transport::PeerId peer_id_;
@@ -131,7 +140,7 @@ std::shared_ptr<transport::Link> Network::connection(int from, int to, int epoch
   GOSSAMER_CHECK(from >= 0 && to >= 0 && from < impl_->n && to < impl_->n && from != to, "Network::connection: no such pair of nodes");
   auto& l = impl_->links[{from, to, epoch}];
   GOSSAMER_CHECK(!l, "Network::connection: that connection exists already");
-  l = std::make_shared<SimLink>(*impl_, from, to, epoch, peer, std::move(peer_address));
+  l = std::make_shared<SimLink>(*impl_, from, to, epoch, peer, std::move(peer_address), /*graceful=*/true);
   return l;
 }
 

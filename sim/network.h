@@ -62,6 +62,10 @@ struct NetworkSpec {
   // Empty, or nodes x nodes row-major by (from, to): each directed pair's own link (the diagonal unused).
   std::vector<PairSpec> pairs;
   std::uint64_t seed = 1;
+  // Empty, or how many bytes of the links' capacity one wire byte of a message with this tag takes
+  // (a pipeline's links are scaled down for its activations; its agreement's small messages are
+  // not activations, and take what they would on the unscaled links). Traffic counts wire bytes.
+  std::function<double(transport::Tag)> byte_weight;
 };
 
 struct NodeTraffic {
@@ -85,7 +89,9 @@ class Network {
   // after a failure moves to a new epoch, so nothing of an abandoned round reaches it.
   std::shared_ptr<transport::Link> link(int from, int to, int epoch = 0);
   // Like link(), for a transport's connection: the link names the peer by `peer` and `peer_address`
-  // (a process's id and address, not the node's). Each (from, to, epoch) is made once.
+  // (a process's id and address, not the node's). Each (from, to, epoch) is made once. Its close()
+  // is TCP's: what it already sent still arrives, and the peer sees the link closed after it (a
+  // link()'s close cuts both ways at once).
   std::shared_ptr<transport::Link> connection(int from, int to, int epoch, transport::PeerId peer, std::string peer_address);
   // a hangs up its link to b of one epoch, as a TCP close does: a stops reading and sending now; what
   // a already sent still reaches b, which then sees the link closed (kPeerLost), one path latency

@@ -15,6 +15,10 @@
 // So the simulated makespan is the runtime's own under the scheduler's cost model, and
 // predicted_makespan_s (the scheduler's event simulation) can be checked against it.
 //
+// A run without a lost node hosts every node in one trainer. With pipeline.crash_node, every node is
+// a simulated process instead (sim/pipeline_processes.h), so the survivors go through the real
+// agreement; the records and summary are the same, and the summary adds rejoin_s.
+//
 // Records (one per iteration, "worker" 0): step (the iteration), samples, train_loss, lr, time_s
 // (virtual time at its end), makespan_s, sync_s, predicted_makespan_s, activation_bytes,
 // sync_bytes, bytes_sent (per node so far, wire bytes, sync included), val_loss at train.eval_every

@@ -51,6 +51,7 @@ class SimTransport final : public transport::Transport {
       return error(to < 0 ? ErrorCode::kUnavailable : ErrorCode::kTimeout, "connecting to " + address + ": " + (to < 0 ? "refused" : "no answer"));
     }
     if (to == listener_.node) return error(ErrorCode::kInvalidArgument, "connecting to " + address + ": that is this node");
+    if (net.crashed(listener_.node)) return error(ErrorCode::kUnavailable, "connecting to " + address + ": this node is down");
     if (deadline.time() < s.now() + rtt) {
       s.sleep_until(deadline.time());
       return error(ErrorCode::kTimeout, "connecting to " + address + ": the handshake did not finish before the deadline");

@@ -5,7 +5,8 @@
 // an address opens a fresh connection (its own mailboxes, as a new TCP connection is) after one
 // round trip (the handshake), and the listener's accept() hands out the other end. Nobody listening
 // there: the connection is refused after a round trip (kUnavailable), as a TCP reset would say. A
-// crashed listener's pending connections fail like the rest of its links (Network::crash).
+// crashed listener's pending connections fail like the rest of its links (Network::crash), and a
+// crashed node dials nobody.
 //
 // Ownership: the fabric must outlive the transports it made. Threading: the Scheduler's actors and
 // callbacks only.

@@ -170,6 +170,13 @@ void print_summary(const nlohmann::json& summary) {
                   p["predicted_makespan_s"].get<double>(), vs.c_str(), p["sync_s"].get<double>(), 100 * m["compute_utilization"].get<double>(),
                   p["activation_bytes"].get<double>() / 1e6, p["sync_bytes"].get<double>() / 1e6);
     }
+    for (const auto& m : summary["methods"]) {  // lost nodes: what the fault cost
+      const auto& p = m["pipeline"];
+      if (p.value("lost_nodes", 0) == 0) continue;
+      std::printf("%s: %d node(s) lost; the failed attempt %.1f s, then %.1f s to link again and agree; an iteration %.1f -> %.1f s predicted\n",
+                  m["name"].get<std::string>().c_str(), p["lost_nodes"].get<int>(), p["retried_s"].get<double>(), p.value("rejoin_s", 0.0),
+                  p["predicted_makespan_s"].get<double>(), p["final_predicted_makespan_s"].get<double>());
+    }
     return;
   }
   std::printf("%-18s %10s %14s %10s %12s %11s %9s %14s\n", "method", "val loss", "sent/worker", "vs ddp", "sim time", "compute", "goodput", "to target");

@@ -1,6 +1,7 @@
 #include "run/pipeline_mesh.h"
 
 #include <algorithm>
+#include <mutex>
 
 #include <spdlog/spdlog.h>
 
@@ -14,12 +15,13 @@ namespace gossamer::run::pipeline_mesh {
 namespace {
 
 constexpr transport::Tag kEpochTag = transport::tags::kPipelineEpoch;
+constexpr Nanos kAttempt = std::chrono::seconds(5);  // one connection attempt's longest wait
 
 // One epoch's linking: a thread accepting the nodes above, one dialling each node below.
 class Mesh {
  public:
   Mesh(const PipelineProcessRequest& req, transport::Transport& transport, const Want& want)
-      : req_(req), clock_(*req.clock), transport_(transport), want_(want), n_(static_cast<int>(req.addresses.size())), links_(static_cast<std::size_t>(n_)) {}
+      : req_(req), clock_(*req.clock), transport_(transport), want_(want), n_(static_cast<int>(req.addresses.size())), links_(static_cast<std::size_t>(n_)), alive_(static_cast<std::size_t>(n_), kUnknown) {}
 
   Result<Links> run();
 
@@ -35,7 +37,20 @@ class Mesh {
   }
   bool stopped() const { return req_.stop != nullptr && req_.stop->load(); }
   bool wanted(int j) const { return want_.nodes[static_cast<std::size_t>(j)]; }
-  Deadline soon(Nanos d) const { return Deadline::at(std::min(want_.deadline.time(), clock_.now() + d)); }
+  Deadline soon(Deadline limit, Nanos d) const { return Deadline::at(std::min(limit.time(), clock_.now() + d)); }
+  bool dialling() {
+    std::lock_guard lock(mu_);
+    return dialling_ > 0;
+  }
+  // A node above whose process answers (or has not been probed yet) may still be inside the failed
+  // iteration, not having noticed yet: it is waited for up to alive_deadline.
+  bool waiting_for_alive_above() {
+    std::lock_guard lock(mu_);
+    for (int j = req_.node + 1; j < n_; ++j) {
+      if (wanted(j) && alive_[static_cast<std::size_t>(j)] != kGone && !links_[static_cast<std::size_t>(j)]) return true;
+    }
+    return false;
+  }
   Bytes epoch_bytes() const {
     Writer w;
     w.u64(want_.epoch);
@@ -50,6 +65,7 @@ class Mesh {
     return r.ok() ? std::optional(e) : std::nullopt;
   }
   void accept_above();
+  void probe(int j);
   Status dial(int j);
   bool take_from_above(const std::shared_ptr<transport::Link>& link);
   Status shape();
@@ -59,45 +75,115 @@ class Mesh {
   transport::Transport& transport_;
   const Want& want_;
   const int n_;
+  std::mutex mu_;  // links_ above this node, linked_above_ and alive_, between the threads
   Links links_;
+  int linked_above_ = 0;
+  static constexpr signed char kUnknown = -1, kGone = 0, kAlive = 1;
+  std::vector<signed char> alive_;  // per node: whether its process answered the last probe
+  bool accepting_over_ = false;  // the acceptor is done: the probes end
+  int dialling_ = 0;             // dialers still at work
   Status accepted_;
 };
 
 // Takes a connection from a node above: it must be one expected, say this epoch first, and hear
-// this node's answer.
+// this node's answer. Each on a thread of its own: one slow or silent connection holds up no other.
 bool Mesh::take_from_above(const std::shared_ptr<transport::Link>& link) {
   const int self = req_.node;
   const int from = node_of(link->peer());
-  const bool known = from > self && wanted(from) && !links_[static_cast<std::size_t>(from)];
-  const auto their = known ? epoch_in(link->recv(kEpochTag, Deadline::after(clock_, std::chrono::seconds(5)))) : std::nullopt;
+  auto free_slot = [&] {
+    std::lock_guard lock(mu_);
+    return from > self && wanted(from) && !links_[static_cast<std::size_t>(from)];
+  };
+  auto said = free_slot() ? link->recv(kEpochTag, Deadline::after(clock_, std::chrono::seconds(5))) : Result<Bytes>(error(ErrorCode::kMalformed, "unexpected"));
+  const auto their = epoch_in(said);
   if (!their || *their != want_.epoch) {
     link->close();
+    // Another node's probe of this one (Mesh::probe: from a node below, closed without a word).
+    if ((from >= 0 && from < self) || said.status().code() == ErrorCode::kPeerLost) return false;
     spdlog::warn("pipeline node {}: closed a link from peer {}: not a node above this one expected in epoch {}", self, link->peer().to_string(), want_.epoch);
     return false;
   }
   // The dialler keeps the link only once this node said it takes part.
-  if (!link->send(kEpochTag, epoch_bytes(), Deadline::after(clock_, std::chrono::seconds(5))).ok()) {
+  if (!free_slot() || !link->send(kEpochTag, epoch_bytes(), Deadline::after(clock_, std::chrono::seconds(5))).ok()) {
     link->close();
     return false;
   }
+  std::lock_guard lock(mu_);
   links_[static_cast<std::size_t>(from)] = link;
+  ++linked_above_;
   return true;
 }
 
 void Mesh::accept_above() {
   int above = 0;
   for (int j = req_.node + 1; j < n_; ++j) above += wanted(j) ? 1 : 0;
-  for (int k = 0; k < above;) {
-    // In short waits, so that a stop is seen at once.
-    auto link = transport_.accept(soon(std::chrono::milliseconds(250)));
-    if (!link.ok() && link.status().code() == ErrorCode::kTimeout && !want_.deadline.expired(clock_) && !stopped()) continue;
+  std::vector<std::unique_ptr<ClockThread>> handshakes;
+  auto all_linked = [&] {
+    std::lock_guard lock(mu_);
+    return linked_above_ >= above;
+  };
+  std::vector<std::unique_ptr<ClockThread>> probes;
+  for (int j = req_.node + 1; j < n_ && want_.tolerate; ++j) {
+    if (wanted(j)) probes.push_back(clock_.start_thread([this, j] { probe(j); }));
+  }
+  auto keep_waiting = [&] {
+    if (stopped()) return false;
+    if (!want_.deadline.expired(clock_)) return true;
+    // While this node still dials, a node above that dials it now is taken too: a node that sees it
+    // as linked must not be left out here.
+    return want_.tolerate && !want_.alive_deadline.expired(clock_) && (waiting_for_alive_above() || dialling());
+  };
+  while (!all_linked()) {
+    // In short waits, so that a stop (and the handshakes' end) is seen at once.
+    auto link = transport_.accept(soon(want_.tolerate ? want_.alive_deadline : want_.deadline, std::chrono::milliseconds(250)));
+    if (!link.ok() && link.status().code() == ErrorCode::kTimeout && keep_waiting()) continue;
     if (!link.ok()) {
       if (!want_.tolerate || stopped()) {
         accepted_ = link.status().with_context("waiting for the nodes above " + std::to_string(req_.node) + " to connect (start them, with the same --addresses)");
       }
-      return;
+      break;
     }
-    if (take_from_above(*link)) ++k;
+    handshakes.push_back(clock_.start_thread([this, l = std::move(*link)] { (void)take_from_above(l); }));
+  }
+  for (auto& h : handshakes) h->join();
+  {
+    std::lock_guard lock(mu_);
+    accepting_over_ = true;
+  }
+  for (auto& p : probes) p->join();
+  if (accepted_.ok() && !want_.tolerate && !all_linked()) accepted_ = error(ErrorCode::kUnavailable, "not every node above " + std::to_string(req_.node) + " linked");
+}
+
+// Once the deadline has passed without node j: whether its process answers (a connection through
+// the transport's handshake, closed at once), again and again until it linked or the longest wait
+// is over. A process that has ended stops answering, and is no longer waited for. (Not before the
+// deadline: until then every node is waited for anyway, and probes would only crowd the handshakes.)
+void Mesh::probe(int j) {
+  const std::string& at = req_.addresses[static_cast<std::size_t>(j)];
+  Nanos pause = std::chrono::seconds(1);
+  Nanos next = want_.deadline.time();
+  int failures = 0;
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      if (links_[static_cast<std::size_t>(j)] || accepting_over_) return;
+    }
+    if (stopped() || want_.alive_deadline.expired(clock_)) return;
+    if (clock_.now() >= next) {
+      // A whole attempt each time, even past a deadline: a handshake cut short says nothing.
+      auto link = transport_.connect(at, Deadline::after(clock_, kAttempt));
+      failures = link.ok() ? 0 : failures + 1;
+      {
+        // Gone after two attempts in a row that failed (one may fail under load).
+        std::lock_guard lock(mu_);
+        if (link.ok()) alive_[static_cast<std::size_t>(j)] = kAlive;
+        if (failures >= 2) alive_[static_cast<std::size_t>(j)] = kGone;
+      }
+      if (link.ok()) (*link)->close();
+      next = clock_.now() + (failures == 1 ? std::chrono::milliseconds(200) : pause);
+      if (link.ok()) pause = std::min<Nanos>(2 * pause, std::chrono::seconds(30));  // (each probe waits in its accept queue)
+    }
+    clock_.sleep_until(std::min({want_.alive_deadline.time(), next, clock_.now() + std::chrono::milliseconds(250)}));
   }
 }
 
@@ -107,15 +193,18 @@ void Mesh::accept_above() {
 Status Mesh::dial(int j) {
   const std::string& at = req_.addresses[static_cast<std::size_t>(j)];
   for (;;) {
-    auto link = transport_.connect(at, soon(std::chrono::seconds(5)));
+    // A whole attempt each time, even one that ends past the deadline: a handshake cut short by it
+    // would leave out a node that is there, while it waits for this one.
+    auto link = transport_.connect(at, Deadline::after(clock_, kAttempt));
     if (link.ok()) {
       if ((*link)->peer() != id_of(j)) {
         (*link)->close();
         return error(ErrorCode::kInvalidArgument, "the process at " + at + " is not pipeline node " + std::to_string(j) +
                                                       ": check --addresses (the same list, in node order, on every node)");
       }
-      Status st = (*link)->send(kEpochTag, epoch_bytes(), want_.deadline);
-      auto ack = st.ok() ? (*link)->recv(kEpochTag, want_.deadline) : Result<Bytes>(st);
+      const Deadline answer_by = want_.tolerate ? want_.alive_deadline : want_.deadline;
+      Status st = (*link)->send(kEpochTag, epoch_bytes(), answer_by);
+      auto ack = st.ok() ? (*link)->recv(kEpochTag, answer_by) : Result<Bytes>(st);
       const auto their = epoch_in(ack);
       if (!their || *their != want_.epoch) {
         (*link)->close();
@@ -156,7 +245,16 @@ Result<Links> Mesh::run() {
   std::vector<Status> dialled(static_cast<std::size_t>(std::max(req_.node, 0)));
   std::vector<std::unique_ptr<ClockThread>> dialers;
   for (int j = 0; j < req_.node; ++j) {
-    if (wanted(j)) dialers.push_back(clock_.start_thread([this, j, &dialled] { dialled[static_cast<std::size_t>(j)] = dial(j); }));
+    if (!wanted(j)) continue;
+    {
+      std::lock_guard lock(mu_);
+      ++dialling_;
+    }
+    dialers.push_back(clock_.start_thread([this, j, &dialled] {
+      dialled[static_cast<std::size_t>(j)] = dial(j);
+      std::lock_guard lock(mu_);
+      --dialling_;
+    }));
   }
   for (auto& d : dialers) d->join();
   Status st;
@@ -189,15 +287,21 @@ Result<Links> connect(const PipelineProcessRequest& request, transport::Transpor
 }
 
 Result<std::vector<Bytes>> exchange(const Links& links, int self, transport::Tag tag, ByteView payload, Deadline deadline, const std::string& what) {
+  // To every node, even past one that is gone: the others must hear this node all the same (a node
+  // that heard everyone's confirmation applies the iteration, whoever died after sending it).
+  std::vector<Status> sent(links.size());
   for (std::size_t j = 0; j < links.size(); ++j) {
-    if (!links[j] || static_cast<int>(j) == self) continue;
-    if (Status st = links[j]->send(tag, payload, deadline); !st.ok()) return st.with_context(what + ": sending to node " + std::to_string(j));
+    if (links[j] && static_cast<int>(j) != self) sent[j] = links[j]->send(tag, payload, deadline);
   }
+  // A node's message that arrived before its link closed counts; the link's failure only when not.
   std::vector<Bytes> out(links.size());
   for (std::size_t j = 0; j < links.size(); ++j) {
     if (!links[j] || static_cast<int>(j) == self) continue;
     auto got = links[j]->recv(tag, deadline);
-    if (!got.ok()) return got.status().with_context(what + ": waiting for node " + std::to_string(j));
+    if (!got.ok()) {
+      const bool send_failed = !sent[j].ok();
+      return (send_failed ? sent[j] : got.status()).with_context(what + ": " + (send_failed ? "sending to" : "waiting for") + " node " + std::to_string(j));
+    }
     out[j] = std::move(*got);
   }
   return out;

@@ -30,14 +30,21 @@ struct Want {
   // A node not linked by the deadline is left out (its slot stays null); otherwise that is an error
   // (kUnavailable naming it, kInvalidArgument for a process that is another node).
   bool tolerate = false;
+  // With tolerate: a node whose process answers (the transport's handshake goes through: it is
+  // alive, and may still be inside the failed iteration, not having noticed yet) is waited for until
+  // this later deadline. A node that noticed the failure first must not leave out the ones that
+  // notice it an iteration later.
+  Deadline alive_deadline = Deadline::never();
 };
 
 // One link per wanted node (null in this node's slot and for nodes left out), shaped as the
 // request says.
 [[nodiscard]] Result<Links> connect(const PipelineProcessRequest& request, transport::Transport& transport, const Want& want);
 
-// Sends `payload` to every linked node, then takes one message of the tag from each (empty slots
-// for this node and unlinked ones).
+// Sends `payload` to every linked node (to each even when sending to another failed), then takes
+// one message of the tag from each (empty slots for this node and unlinked ones). A node's message
+// that arrived counts even when sending to it failed; the exchange fails on the first node whose
+// message did not come.
 [[nodiscard]] Result<std::vector<Bytes>> exchange(const Links& links, int self, transport::Tag tag, ByteView payload, Deadline deadline,
                                                   const std::string& what);
 

@@ -178,7 +178,13 @@ class PipelineProcess {
     outcome_.stopped = true;
     return trainer_ ? with_digest() : outcome_;
   }
-  Status link(Deadline deadline, bool tolerate);
+  // Epoch epoch_'s links (pipeline_mesh::Want says what the deadlines mean).
+  Status link(Deadline deadline, bool tolerate, Deadline alive_deadline);
+  // As long as the slowest node's iteration may take (PipelineTrainer::step's deadlines): how long
+  // the others wait for a node's confirmation, and for a node that has not noticed a failure yet.
+  Nanos iteration_patience() const {
+    return 2 * round_timeout_ + std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(4 * trainer_->plan().simulation.makespan_s));
+  }
   Status make_trainer();
   Status agree_on_schedule(Deadline deadline);
   Status commit();
@@ -205,8 +211,8 @@ class PipelineProcess {
   std::deque<Waiting> waiting_;  // after trainer_: destroyed (evaluations joined) first
 };
 
-Status PipelineProcess::link(Deadline deadline, bool tolerate) {
-  auto mesh = pipeline_mesh::connect(req_, transport_, pipeline_mesh::Want{alive_, epoch_, deadline, tolerate});
+Status PipelineProcess::link(Deadline deadline, bool tolerate, Deadline alive_deadline) {
+  auto mesh = pipeline_mesh::connect(req_, transport_, pipeline_mesh::Want{alive_, epoch_, deadline, tolerate, alive_deadline});
   if (!mesh.ok()) return mesh.status();
   links_ = std::move(*mesh);
   std::vector<bool> linked(static_cast<std::size_t>(n_));
@@ -268,9 +274,7 @@ Status PipelineProcess::commit() {
     close_all(links_);
     return error(ErrorCode::kAborted, "fault drill: died while confirming iteration " + std::to_string(committing_));
   }
-  // As long as the slowest node's iteration may take (PipelineTrainer::step's deadlines).
-  const auto expected = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(4 * trainer_->plan().simulation.makespan_s));
-  auto acks = exchange(links_, req_.node, kCommitTag, w.bytes(), after(2 * round_timeout_ + expected), "confirming the iteration");
+  auto acks = exchange(links_, req_.node, kCommitTag, w.bytes(), after(iteration_patience()), "confirming the iteration");
   if (!acks.ok()) return acks.status();
   for (std::size_t j = 0; j < acks->size(); ++j) {
     if (!links_[j] || static_cast<int>(j) == req_.node) continue;
@@ -320,7 +324,12 @@ Status PipelineProcess::recover(const Status& failure, std::int64_t iteration) {
   close_all(links_);
   ++epoch_;
   spdlog::warn("pipeline node {}: iteration {} failed ({}); linking again with the nodes that answer", req_.node, iteration, failure.message());
-  if (Status st = link(after(req_.rejoin_timeout), true); !st.ok()) return st.with_context("after: " + failure.message());
+  // The nodes that notice the failure an iteration later are waited for, in linking and after (a
+  // node linked late sends its view late).
+  if (Status st = link(after(req_.rejoin_timeout), true, after(req_.rejoin_timeout + iteration_patience())); !st.ok()) {
+    return st.with_context("after: " + failure.message());
+  }
+  const Deadline patient = after(req_.rejoin_timeout + iteration_patience() + std::chrono::seconds(5));
   std::vector<bool> left(static_cast<std::size_t>(n_), false);
   for (int j = 0; j < n_; ++j) left[static_cast<std::size_t>(j)] = j == req_.node || links_[static_cast<std::size_t>(j)] != nullptr;
   const auto mine = static_cast<std::uint64_t>(trainer_->iterations_done());
@@ -328,7 +337,7 @@ Status PipelineProcess::recover(const Status& failure, std::int64_t iteration) {
   w.u64(mine);
   for (int j = 0; j < n_; ++j) w.u8(left[static_cast<std::size_t>(j)] ? 1 : 0);
   note("view " + std::to_string(epoch_) + ": done " + std::to_string(mine) + ", reaching " + pipeline_mesh::node_list(left));
-  auto views = exchange(links_, req_.node, kViewTag, w.bytes(), after(req_.rejoin_timeout), "agreeing on the nodes left");
+  auto views = exchange(links_, req_.node, kViewTag, w.bytes(), patient, "agreeing on the nodes left");
   if (!views.ok()) return views.status().with_context("after: " + failure.message());
   auto furthest = check_views(*views, left);
   if (!furthest.ok()) return furthest.status();
@@ -352,7 +361,7 @@ Status PipelineProcess::recover(const Status& failure, std::int64_t iteration) {
   for (int j : dead) gone[static_cast<std::size_t>(j)] = true;
   note("without " + pipeline_mesh::node_list(gone));
   alive_ = left;
-  return agree_on_schedule(after(req_.rejoin_timeout));
+  return agree_on_schedule(patient);
 }
 
 // Evaluation at iteration i: each stage's holder sends its weights to stage 0's, which evaluates
@@ -397,8 +406,22 @@ std::unique_ptr<PipelineProcess::Evaluation> PipelineProcess::evaluate(std::int6
   }
   if (i == req_.config.train.steps) outcome_.model = std::make_shared<model::Gpt>(t.assemble(stages, t.depth_scales()));
   auto e = std::make_unique<Evaluation>();
-  e->thread = clock_.start_thread([&t, stages = std::move(stages), scales = t.depth_scales(), done = e->done, value = e->value] {
+  std::optional<PipelineEndEvaluations> end;
+  if (i == req_.config.train.steps && req_.omission_check) {
+    end.emplace();
+    end->omitted = train::default_omitted_stages(req_.config.pipeline.stages);
+    end->stage_shares = t.stage_shares();
+  }
+  e->thread = clock_.start_thread([this, &t, stages = std::move(stages), scales = t.depth_scales(), omitted_scales = end ? t.depth_scales(end->omitted) : std::vector<double>(),
+                                   end, done = e->done, value = e->value]() mutable {
     *value = t.evaluate_with(stages, scales);
+    if (end) {
+      end->val_loss = *value;
+      end->omitted_val_loss = t.evaluate_with(stages, omitted_scales, end->omitted);
+      end->val_loss_as_trained = t.evaluate_with(stages, {});
+      end->omitted_val_loss_as_trained = t.evaluate_with(stages, {}, end->omitted);
+      outcome_.end = std::move(end);  // (read once this evaluation is joined)
+    }
     done->store(true);
   });
   return e;
@@ -431,7 +454,8 @@ Status PipelineProcess::goodbye() {
 
 Result<PipelineProcessOutcome> PipelineProcess::run() {
   const auto& c = req_.config;
-  if (Status st = link(after(req_.connect_timeout), false); !st.ok()) {
+  const Deadline linked_by = after(req_.connect_timeout);
+  if (Status st = link(linked_by, false, linked_by); !st.ok()) {
     if (stopped()) return stop_now();  // while linking
     return st;
   }
@@ -442,15 +466,21 @@ Result<PipelineProcessOutcome> PipelineProcess::run() {
   }
   if (Status st = agree_on_schedule(after(req_.connect_timeout)); !st.ok()) return st;
   spdlog::info("pipeline node {} (stage {}): schedule {} agreed by all {} nodes", req_.node, outcome_.stage, outcome_.schedule_hash.substr(0, 16), n_);
+  outcome_.first_plan = trainer_->plan();
   for (std::int64_t i = 1; i <= c.train.steps; ++i) {
     if (stopped()) return stop_now();
     committing_ = i;
+    if (req_.on_iteration_start) req_.on_iteration_start(i, trainer_->plan().simulation.makespan_s);
+    const Nanos started = clock_.now();
     auto rec = trainer_->step([this] { return commit(); });
     if (!rec.ok() && (rec.status().code() == ErrorCode::kPeerLost || rec.status().code() == ErrorCode::kTimeout) && !stopped()) {
+      const Nanos failed = clock_.now();
+      outcome_.retried_s += std::chrono::duration<double>(failed - started).count();
       if (Status st = recover(rec.status(), i); !st.ok()) {
         if (stopped()) return stop_now();  // Ctrl-C while linking again
         return st.with_context("iteration " + std::to_string(i));
       }
+      outcome_.rejoin_s += std::chrono::duration<double>(clock_.now() - failed).count();
       outcome_.stage = trainer_->plan().schedule.stage_of[static_cast<std::size_t>(req_.node)];
       ++outcome_.retried_iterations;
       // The same iteration again, without the lost nodes (or the next, when this one was caught up).
@@ -466,6 +496,7 @@ Result<PipelineProcessOutcome> PipelineProcess::run() {
     flush(false);
   }
   flush(true);
+  outcome_.last_plan = trainer_->plan();
   // Training is done: a node gone now costs nothing but its goodbye.
   if (Status st = goodbye(); !st.ok()) spdlog::warn("pipeline node {}: {}", req_.node, st.message());
   return with_digest();

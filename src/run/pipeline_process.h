@@ -58,6 +58,10 @@
 
 namespace gossamer::run {
 
+// The default of how long the nodes try to link again after a failed iteration
+// (PipelineProcessRequest::rejoin_timeout; `gossamer pipeline --rejoin-timeout`).
+inline constexpr Nanos kDefaultRejoinTimeout = std::chrono::seconds(10);
+
 struct PipelineProcessRequest {
   train::RunConfig config;
   // Required: the clock of every wait and thread of the node (real_clock() for a process).
@@ -76,14 +80,29 @@ struct PipelineProcessRequest {
   std::optional<transport::LinkProfile> shape;
   // After a failed iteration, how long the nodes try to link again before going on without those
   // that did not answer.
-  Nanos rejoin_timeout = std::chrono::seconds(10);
+  Nanos rejoin_timeout = kDefaultRejoinTimeout;
   const std::atomic<bool>* stop = nullptr;
   // Fault drill (tests): at this iteration (> 0) the node confirms it to the nodes below it only,
   // then drops every link and fails, as a process dying in the middle of its confirmations would.
   std::int64_t crash_while_confirming = 0;
   // After each iteration: its record, and the validation loss when this node evaluated.
   std::function<void(const train::PipelineRecord&, std::optional<double>)> on_iteration;
+  // Before each attempt at an iteration: its number and the scheduler's prediction of its makespan
+  // (the simulator times a crash half-way through by it).
+  std::function<void(std::int64_t iteration, double predicted_makespan_s)> on_iteration_start;
+  // The evaluator also measures, at the end, the omission check (train::default_omitted_stages left
+  // out) and both without depth scaling (PipelineProcessOutcome::end).
+  bool omission_check = false;
 };
+
+// The evaluator's figures at the end with omission_check: the model as evaluated, with the default
+// stages left out, and both with the weights as trained (no depth scaling).
+struct PipelineEndEvaluations {
+  std::vector<int> omitted;
+  std::vector<double> stage_shares;
+  double val_loss = 0, omitted_val_loss = 0, val_loss_as_trained = 0, omitted_val_loss_as_trained = 0;
+};
+
 
 struct PipelineProcessOutcome {
   int stage = 0;
@@ -106,6 +125,13 @@ struct PipelineProcessOutcome {
   // confirmed), "confirmed I", "view E: done D, reaching 0,1,2", "caught up I", "without 3",
   // "goodbye".
   std::vector<std::string> agreement;
+  // On the request's clock: in iterations that failed, from their start until the failure showed,
+  // and from then until the nodes left had linked again and agreed (both summed over failures).
+  double retried_s = 0;
+  double rejoin_s = 0;
+  // The schedule planned at the start and the one in force at the end (after any reschedule).
+  std::optional<skippipe::Plan> first_plan, last_plan;
+  std::optional<PipelineEndEvaluations> end;  // the evaluator's, with omission_check
 };
 
 // A pipeline process's records, as metrics.jsonl holds them: one per iteration (with its validation

@@ -280,10 +280,9 @@ Result<PipelineRecord> PipelineTrainer::step(const std::function<Status()>& comm
     const auto v = static_cast<std::size_t>(local);
     if (!results[v].ok()) return results[v].status().with_context("pipeline node " + std::to_string(v));
     if (!synced[v].ok()) return synced[v];
-    for (double l : results[v]->losses) {
-      loss_sum += l;
-      ++losses;
-    }
+    for (double l : results[v]->losses) loss_sum += l;
+    losses += static_cast<int>(results[v]->losses.size());
+    rec.microbatch_losses.insert(rec.microbatch_losses.end(), results[v]->losses.begin(), results[v]->losses.end());
     rec.activation_bytes += results[v]->bytes_sent;
     rec.makespan_s = std::max(rec.makespan_s, results[v]->finished_s);
     rec.node_busy_s[v] = results[v]->busy_s;
@@ -332,6 +331,8 @@ Result<PipelineRecord> PipelineTrainer::apply_pending() {
   rec.lost_nodes = m.lost;
   rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - p.start).count();
   rec.sync_s = std::max(0.0, std::chrono::duration<double>(m.env.clock->now() - p.t0).count() - rec.makespan_s);
+  rec.ended_s = std::chrono::duration<double>(m.env.clock->now()).count();
+  rec.predicted_makespan_s = m.plan.simulation.makespan_s;
   return rec;
 }
 

@@ -66,6 +66,7 @@ struct PipelineRecord {
   std::int64_t samples = 0;  // in all so far
   double train_loss = 0;     // mean over the iteration's micro-batches (those of this process's origins)
   std::int64_t losses = 0;   // how many micro-batches train_loss is the mean of
+  std::vector<double> microbatch_losses;  // those micro-batches' losses, by node (in node order), each node's in its order
   std::int64_t lost_nodes = 0;  // nodes the pipeline went on without, so far (exclude())
   double lr = 0;
   double grad_norm = 0;      // stage 0's, after its sync
@@ -76,6 +77,8 @@ struct PipelineRecord {
   // In the environment's clock (virtual in a simulation):
   double makespan_s = 0;     // from the iteration's start until every node's part had ended
   double sync_s = 0;         // from then until every stage had synchronised and stepped
+  double ended_s = 0;        // the clock's time (since its epoch) when the weights had stepped
+  double predicted_makespan_s = 0;  // the scheduler's prediction for the schedule this iteration ran
   std::vector<double> node_busy_s;       // per node: its compute this iteration
   std::vector<int> node_peak_inflight;   // per node
   std::vector<std::uint64_t> node_bytes_sent;  // per node: activations and gradients

@@ -13,11 +13,13 @@
 
 #include "run/pipeline_process.h"
 #include "support/pipeline_config.h"
+#include "support/pipeline_nodes.h"
 #include "train/run.h"
 #include "transport/tcp_transport.h"
 
 using namespace gossamer;
 using namespace gossamer::run;
+using namespace gossamer::testing;
 
 namespace {
 
@@ -29,65 +31,6 @@ train::RunConfig small_pipeline() {
   c.train.eval_every = 2;
   c.train.round_timeout_s = 60;
   return c;
-}
-
-struct Node {
-  std::unique_ptr<transport::Transport> transport;
-  Result<PipelineProcessOutcome> outcome = error(ErrorCode::kInternal, "not run");
-  std::vector<train::PipelineRecord> records;
-  std::vector<std::optional<double>> vals;
-};
-
-PipelineProcessRequest request(const train::RunConfig& c, int node, const std::vector<std::string>& addresses, Nanos connect_timeout) {
-  PipelineProcessRequest req;
-  req.config = c;
-  req.clock = &real_clock();
-  req.node = node;
-  req.addresses = addresses;
-  req.connect_timeout = connect_timeout;
-  return req;
-}
-
-std::vector<Node> start_transports(const train::RunConfig& c, std::vector<std::string>& addresses) {
-  std::vector<Node> nodes(static_cast<std::size_t>(c.pipeline.nodes));
-  for (std::size_t v = 0; v < nodes.size(); ++v) {
-    transport::TcpOptions o;
-    o.self = transport::PeerId{v + 1};
-    o.run = pipeline_run_id(c);
-    auto t = transport::make_tcp_transport(o);
-    REQUIRE(t.ok());
-    addresses.push_back((*t)->address());
-    nodes[v].transport = std::move(*t);
-  }
-  return nodes;
-}
-
-// Every node in a thread of its own, each one's request as `adjust` leaves it; each iteration's
-// summed losses (train_loss x losses) and validation losses, per node.
-struct Curves {
-  std::vector<std::vector<double>> losses;
-  std::vector<std::optional<double>> vals;
-};
-Curves run_nodes(const train::RunConfig& run, std::vector<Node>& nodes, const std::vector<std::string>& addresses, const data::Dataset& data,
-                 const std::function<void(std::size_t, PipelineProcessRequest&)>& adjust) {
-  Curves out;
-  out.losses.resize(nodes.size());
-  out.vals.resize(nodes.size());
-  std::vector<std::thread> threads;
-  for (std::size_t v = 0; v < nodes.size(); ++v) {
-    threads.emplace_back([&, v] {
-      PipelineProcessRequest req = request(run, static_cast<int>(v), addresses, std::chrono::seconds(30));
-      req.rejoin_timeout = std::chrono::seconds(3);
-      req.on_iteration = [&out, v](const train::PipelineRecord& r, std::optional<double> val) {
-        out.losses[v].push_back(r.train_loss * static_cast<double>(r.losses));
-        if (val) out.vals[v] = val;
-      };
-      adjust(v, req);
-      nodes[v].outcome = run_pipeline_process(req, *nodes[v].transport, data);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return out;
 }
 
 // The survivors learnt what one trainer that drops `dead` after `before` iterations learns: each
