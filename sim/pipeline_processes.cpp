@@ -114,6 +114,7 @@ class Nodes {
   std::vector<std::vector<Reported>> reported_;
   std::vector<Result<run::PipelineProcessOutcome>> outcomes_;
   std::vector<bool> crashed_;
+  std::shared_ptr<train::PlanMemo> plans_ = std::make_shared<train::PlanMemo>();
   std::vector<std::atomic<bool>> stops_;  // a crashed node's process is gone: it does nothing more
   bool crash_armed_ = true;
   std::int64_t furthest_ = 0;  // the furthest iteration any node reported
@@ -124,6 +125,7 @@ run::PipelineProcessRequest Nodes::request(std::size_t v) {
   req.config = c_;
   req.clock = &scheduler_;
   req.compute.forward_s = c_.pipeline.forward_s;
+  req.plans = plans_;  // every node plans the same schedules: once for all
   req.node = static_cast<int>(v);
   req.addresses = addresses_;
   req.rejoin_timeout = o_.rejoin_timeout;

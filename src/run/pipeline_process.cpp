@@ -225,6 +225,7 @@ Status PipelineProcess::make_trainer() {
   train::PipelineEnvironment env;
   env.clock = &clock_;
   env.compute = req_.compute;
+  env.plans = req_.plans;
   env.local = {req_.node};
   env.link = [this](int, int to, int) { return links_[static_cast<std::size_t>(to)]; };  // this epoch's
   if (req_.config.pipeline.network == train::PipelineNetwork::kMeasured) {

@@ -69,6 +69,8 @@ struct PipelineProcessRequest {
   // What a stage's compute costs on `clock` (the simulator's compute model; zero for processes,
   // whose compute takes real time).
   train::StageCompute compute;
+  // Plans shared with the other nodes' trainers in this process (the simulator's; null for a process).
+  std::shared_ptr<train::PlanMemo> plans;
   int node = 0;                        // the node this process hosts
   std::vector<std::string> addresses;  // every node's links' host:port, in node order (pipeline.nodes of them)
   // Every node's transport peer id, in node order; empty: node k is peer k + 1 (`gossamer pipeline

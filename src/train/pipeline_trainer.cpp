@@ -113,12 +113,17 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
     costs.activation_bytes = static_cast<double>(hop_bytes(c));
     costs.hop_overhead_s = 0;  // measured with the links
   }
-  skippipe::GcmaOptions g;
-  g.trials = static_cast<int>(p.gcma_trials);
-  g.seed = static_cast<std::uint64_t>(c.train.seed);
-  auto stage_of = skippipe::assign_gcma(net, costs, o, g);
-  if (!stage_of.ok()) return stage_of.status();
-  auto planned = skippipe::plan(net, costs, *stage_of, o, mode);
+  auto make_plan = [&]() -> Result<skippipe::Plan> {
+    skippipe::GcmaOptions g;
+    g.trials = static_cast<int>(p.gcma_trials);
+    g.seed = static_cast<std::uint64_t>(c.train.seed);
+    auto stage_of = skippipe::assign_gcma(net, costs, o, g);
+    if (!stage_of.ok()) return stage_of.status();
+    return skippipe::plan(net, costs, *stage_of, o, mode);
+  };
+  // (A measured network is each process's own: planned where measured.)
+  impl->plan_key = env.plans && !env.network ? to_toml(c) : std::string();
+  auto planned = impl->plan_key.empty() ? make_plan() : env.plans->get(impl->plan_key, make_plan);
   if (!planned.ok()) return planned.status().with_context("planning the pipeline");
   impl->plan = std::move(*planned);
   // Every mode's nodes follow the planned iteration's timetable (pipeline.order), which the
@@ -399,13 +404,21 @@ Status PipelineTrainer::exclude(const std::vector<int>& dead) {
   }
   // The survivors of a stage carry its micro-batches: each may take more agents than pipeline.memory
   // allowed before (TC1), so memory is raised, one at a time, to the least the plan needs.
-  Result<skippipe::Plan> planned = error(ErrorCode::kUnavailable, "not planned");
-  skippipe::Options o = m.options;
-  for (int mem = m.options.memory; mem <= 4 * m.options.memory + 4; ++mem) {
-    o.memory = mem;
-    planned = m.mode == skippipe::Mode::kFull ? skippipe::plan_full(sub, m.costs, sub_stage, o) : skippipe::plan(sub, m.costs, sub_stage, o, m.mode);
-    if (planned.ok()) break;
+  auto replan = [&]() {
+    Result<skippipe::Plan> out = error(ErrorCode::kUnavailable, "not planned");
+    skippipe::Options o = m.options;
+    for (int mem = m.options.memory; mem <= 4 * m.options.memory + 4; ++mem) {
+      o.memory = mem;
+      out = m.mode == skippipe::Mode::kFull ? skippipe::plan_full(sub, m.costs, sub_stage, o) : skippipe::plan(sub, m.costs, sub_stage, o, m.mode);
+      if (out.ok()) break;
+    }
+    return out;
+  };
+  if (!m.plan_key.empty()) {  // what is planned here: the survivors, with their stages
+    m.plan_key += "\nwithout";
+    for (int v : survivors) m.plan_key += " " + std::to_string(v) + ":" + std::to_string(stage_of[static_cast<std::size_t>(v)]);
   }
+  Result<skippipe::Plan> planned = m.plan_key.empty() ? replan() : m.env.plans->get(m.plan_key, replan);
   if (!planned.ok()) return planned.status().with_context("rescheduling the pipeline without the lost nodes");
   skippipe::Schedule s = planned->schedule;
   if (m.config.pipeline.order == PipelineOrder::kTimetable && s.timetable.empty()) s.timetable = planned->simulation.timetable;
@@ -427,13 +440,13 @@ Status PipelineTrainer::exclude(const std::vector<int>& dead) {
   m.plan.predicted_makespan_s = planned->predicted_makespan_s;
   m.plan.simulation = planned->simulation;
   m.plan.schedule = std::move(s);
-  m.options.memory = o.memory;
+  m.options.memory = planned->schedule.options.memory;  // (raised as far as the survivors needed)
   m.lost += static_cast<std::int64_t>(dead.size());
   ++m.epoch;  // fresh links: nothing of the failed iteration reaches the next
   std::string names;
   for (int d : dead) names += (names.empty() ? "" : ", ") + std::to_string(d);
   spdlog::warn("pipeline rescheduled without node(s) {}: {} nodes left, {} micro-batches an iteration{}", names, survivors.size(), m.plan.schedule.microbatches(),
-               o.memory > m.config.pipeline.memory ? ", memory raised to " + std::to_string(o.memory) : "");
+               m.options.memory > m.config.pipeline.memory ? ", memory raised to " + std::to_string(m.options.memory) : "");
   return m.arrange();
 }
 

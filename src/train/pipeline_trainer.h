@@ -31,7 +31,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -44,6 +46,28 @@
 #include "train/pipeline.h"
 
 namespace gossamer::train {
+
+// Plans made by trainers of one pipeline, shared where several trainers run in one process (the
+// simulator's pipeline processes): every process plans the same schedules from the same config, so
+// one plan each is enough. Keyed by what the plan is made of; thread-safe.
+class PlanMemo {
+ public:
+  // The plan stored under `key`, or make()'s, stored.
+  template <typename Make>
+  Result<skippipe::Plan> get(const std::string& key, Make&& make) {
+    {
+      std::lock_guard lock(mu_);
+      if (auto it = plans_.find(key); it != plans_.end()) return it->second;
+    }
+    Result<skippipe::Plan> made = make();
+    std::lock_guard lock(mu_);
+    return plans_.emplace(key, std::move(made)).first->second;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, Result<skippipe::Plan>> plans_;
+};
 
 struct PipelineEnvironment {
   Clock* clock = &real_clock();  // outlives the trainer
@@ -59,6 +83,8 @@ struct PipelineEnvironment {
   // pipeline.forward_s, with a hop of the run's real size (hop_bytes()) and no per-hop overhead.
   std::optional<skippipe::Network> network;
   std::optional<std::vector<double>> node_forward_s;
+  // Null: each trainer plans for itself.
+  std::shared_ptr<PlanMemo> plans;
 };
 
 struct PipelineRecord {

@@ -33,6 +33,7 @@ struct PipelineTrainer::Impl {
   PipelineEnvironment env;
   const data::Dataset* data = nullptr;
   skippipe::Plan plan;
+  std::string plan_key;  // what the plan was made of, for the environment's PlanMemo (empty: none)
   // What the plan is made of, kept for rescheduling around lost nodes.
   skippipe::Options options;
   skippipe::Mode mode = skippipe::Mode::kSkipPipe;
