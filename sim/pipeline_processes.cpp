@@ -45,7 +45,7 @@ std::optional<Merged> merge(const std::vector<std::vector<Reported>>& reported, 
   r.node_bytes_sent.assign(n, 0);
   r.timeline.resize(n);
   bool any = false;
-  double loss_sum = 0;
+  double loss_sum = 0, whole = 0;
   for (std::size_t v = 0; v < n; ++v) {
     const auto it = std::find_if(reported[v].rbegin(), reported[v].rend(), [i](const Reported& x) { return x.rec.iteration == i; });
     if (it == reported[v].rend()) continue;
@@ -68,8 +68,10 @@ std::optional<Merged> merge(const std::vector<std::vector<Reported>>& reported, 
     r.sync_bytes += x.sync_bytes;
     r.sync_rounds += x.sync_rounds;
     r.seconds += x.seconds;
+    // The makespan is the last node's part; the stages' sync, from then until the last node had
+    // stepped (a node that ended its part early waits for the others' confirmations).
     r.makespan_s = std::max(r.makespan_s, x.makespan_s);
-    r.sync_s = std::max(r.sync_s, x.sync_s);
+    whole = std::max(whole, x.makespan_s + x.sync_s);
     r.ended_s = std::max(r.ended_s, x.ended_s);
     r.node_busy_s[v] = x.node_busy_s[v];
     r.node_peak_inflight[v] = x.node_peak_inflight[v];
@@ -81,6 +83,7 @@ std::optional<Merged> merge(const std::vector<std::vector<Reported>>& reported, 
     if (!it->val) m.bytes_sent = std::max(m.bytes_sent, it->bytes_sent);
   }
   if (!any) return std::nullopt;
+  r.sync_s = std::max(0.0, whole - r.makespan_s);
   r.losses = static_cast<std::int64_t>(r.microbatch_losses.size());
   r.train_loss = r.losses > 0 ? loss_sum / static_cast<double>(r.losses) : 0;
   return m;
