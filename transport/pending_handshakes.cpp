@@ -1,5 +1,7 @@
 #include "transport/pending_handshakes.h"
 
+#include <vector>
+
 namespace gossamer::transport {
 
 std::shared_ptr<PendingHandshakes::Place> PendingHandshakes::take(const std::string& ip, std::size_t max_total, std::size_t max_per_ip) {
@@ -28,6 +30,17 @@ std::shared_ptr<PendingHandshakes::Place> PendingHandshakes::take(const std::str
   }
   if (close_oldest) close_oldest();
   return out;
+}
+
+void PendingHandshakes::close_all() {
+  std::vector<std::function<void()>> closes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [seq, weak] : order_) {
+      if (auto place = weak.lock(); place && place->close) closes.push_back(place->close);
+    }
+  }
+  for (auto& close : closes) close();
 }
 
 void PendingHandshakes::uncount(Place& p) {

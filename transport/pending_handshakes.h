@@ -32,6 +32,9 @@ class PendingHandshakes : public std::enable_shared_from_this<PendingHandshakes>
   // nullptr: refused.
   std::shared_ptr<Place> take(const std::string& ip, std::size_t max_total, std::size_t max_per_ip);
   std::uint64_t evicted() const { return evicted_.load(); }
+  // Closes every connection still in its handshake (I/O thread): the transport is shutting down, and
+  // a handshake left waiting would hold its socket open.
+  void close_all();
 
  private:
   void uncount(Place& p);  // under mu_

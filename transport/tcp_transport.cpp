@@ -251,6 +251,7 @@ class TcpTransport final : public Transport {
     asio::post(*io_, [this] {
       asio::error_code ec;
       acceptor_.close(ec);
+      pending_->close_all();  // connections in their handshake: closed, not left open
       if (hub_) hub_->shutdown();
       io_->stop();
     });

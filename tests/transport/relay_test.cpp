@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 
 #include "support/eventually.h"
 #include "support/mutate.h"
+#include "transport/protocol.h"
 #include "transport/reach_probe.h"
 #include "transport/relay.h"
 #include "transport/tcp_transport.h"
@@ -421,4 +423,34 @@ TEST_CASE("relay: pairs end when idle, and when the relay retires their session"
   // Retired: the relay's own group moved past session 22, and the pair goes with it.
   relay.retire_relayed(22);
   CHECK(eventually([&] { return gone(**ba); }, 3s));
+}
+
+TEST_CASE("transport: shutting down closes the connections still in their handshake, so their other ends see it at once") {
+  TcpOptions o;
+  o.run = run_of(7);
+  o.self = PeerId{1};
+  o.handshake_timeout = 60s;  // far beyond the test: only the shutdown can close it
+  auto t = make_tcp_transport(o);
+  REQUIRE(t.ok());
+  Hello h;
+  h.peer = PeerId{2};
+  h.run = run_of(7);
+  const Bytes hello = encode_hello(h);
+  const int fd = raw_connect((*t)->address());
+  // The HELLO's first bytes only: the transport starts the handshake and waits for the rest.
+  REQUIRE(::send(fd, hello.data(), 4, 0) == 4);
+  std::this_thread::sleep_for(300ms);
+  const auto shut = std::chrono::steady_clock::now();
+  t->reset();
+  // Whatever the transport sent first, then the end of the stream (or a reset), long before the
+  // handshake's deadline.
+  bool ended = false;
+  while (!ended && std::chrono::steady_clock::now() - shut < 5s) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) != 1) continue;
+    char buf[256];
+    ended = ::recv(fd, buf, sizeof buf, 0) <= 0;
+  }
+  CHECK(ended);
+  ::close(fd);
 }
