@@ -171,7 +171,9 @@ def case_methods(procs, work, data):
 
 def case_join(procs, work, data, method="diloco"):
     outs = [os.path.join(work, f"j{i}") for i in range(3)]
-    steps = 1500 if method == "ddp" else 200  # (long enough that the newcomer comes while it runs)
+    # (long enough that the newcomer comes while it runs, on a loaded machine too: at 200 it once came
+    # at round 14 of 20, and the run ended while it fetched the state)
+    steps = 1500 if method == "ddp" else 400
     first = procs.start(example_args(data, outs[0], method, steps, ["--peers", "2"]), "join0")
     address = wait_for_file(os.path.join(outs[0], "address"))
     second = procs.start(example_args(data, outs[1], method, steps, ["--join", address]), "join1")
