@@ -4,6 +4,7 @@
 #include <atomic>
 #include <map>
 #include <optional>
+#include <set>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -191,7 +192,17 @@ SimulatedNodes Nodes::finish(double compute_wall) {
     end.retried_iterations = std::max(end.retried_iterations, o->retried_iterations);
     end.retried_s = std::max(end.retried_s, o->retried_s);
     end.rejoin_s = std::max(end.rejoin_s.value_or(0.0), o->rejoin_s);
-    if (o->last_plan) end.final_predicted_makespan_s = o->last_plan->simulation.makespan_s;
+    if (o->last_plan) {
+      end.final_predicted_makespan_s = o->last_plan->simulation.makespan_s;
+      // The nodes taking part at the end: the final schedule's origins and hops (one trainer counts
+      // its stages' replicas; every process holds the same schedule).
+      std::set<int> taking_part;
+      for (const auto& a : o->last_plan->schedule.agents) {
+        taking_part.insert(a.origin);
+        taking_part.insert(a.hops.begin(), a.hops.end());
+      }
+      end.stage_replicas = static_cast<std::int64_t>(taking_part.size());
+    }
     if (o->end) {
       end.stage_shares = o->end->stage_shares;
       end.omitted = o->end->omitted;
@@ -209,7 +220,6 @@ SimulatedNodes Nodes::finish(double compute_wall) {
       const auto m = merge(reported_, i);
       if (!m) continue;
       result.compute_wall_s += m->rec.seconds;
-      if (m->rec.sync_rounds > 0) end.stage_replicas = m->rec.sync_rounds;
       result.records.push_back(totals.add(m->rec, m->started, m->rec.ended_s, m->bytes_sent, m->val));
     }
     totals.finish(end, network_, std::chrono::duration<double>(scheduler_.now()).count(), result);

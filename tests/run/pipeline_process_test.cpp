@@ -23,15 +23,7 @@ using namespace gossamer::testing;
 
 namespace {
 
-train::RunConfig small_pipeline() {
-  train::RunConfig c = testing::small_pipeline_run();
-  c.data.synthetic.bytes = 60'000;
-  c.train.steps = 4;
-  c.train.warmup_steps = 1;
-  c.train.eval_every = 2;
-  c.train.round_timeout_s = 60;
-  return c;
-}
+train::RunConfig small_pipeline() { return small_pipeline_processes(4); }
 
 // The survivors learnt what one trainer that drops `dead` after `before` iterations learns: each
 // iteration's mean loss (but `unrecorded`'s, when the lost node's own losses of it are missing) and

@@ -16,15 +16,7 @@ using namespace gossamer::testing;
 
 namespace {
 
-train::RunConfig agreement_pipeline() {
-  train::RunConfig c = small_pipeline_run();
-  c.data.synthetic.bytes = 60'000;
-  c.train.steps = 5;
-  c.train.warmup_steps = 1;
-  c.train.eval_every = 2;
-  c.train.round_timeout_s = 60;
-  return c;
-}
+train::RunConfig agreement_pipeline() { return small_pipeline_processes(5); }
 
 bool has(const std::vector<std::string>& notes, const std::string& line) { return std::find(notes.begin(), notes.end(), line) != notes.end(); }
 

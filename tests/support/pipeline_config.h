@@ -29,4 +29,16 @@ inline train::RunConfig small_pipeline_run() {
   return c;
 }
 
+// The same as separate processes run it (run/pipeline_process.h, and the simulator's processes):
+// a small corpus, an evaluation every 2 iterations, rounds that may take a minute.
+inline train::RunConfig small_pipeline_processes(std::int64_t steps) {
+  train::RunConfig c = small_pipeline_run();
+  c.data.synthetic.bytes = 60'000;
+  c.train.steps = steps;
+  c.train.warmup_steps = 1;
+  c.train.eval_every = 2;
+  c.train.round_timeout_s = 60;
+  return c;
+}
+
 }  // namespace gossamer::testing
