@@ -1,5 +1,6 @@
-// Gloo through LibTorch's c10d ProcessGroupGloo: the engine PyTorch DDP uses on CPUs, as the ddp
-// baseline's gradient averaging in real multi-process runs (beside our own all-reduce on Links).
+// Gloo through LibTorch's c10d ProcessGroupGloo (the engine PyTorch DDP uses on CPUs), or NCCL through
+// ProcessGroupNCCL (the one it uses on GPUs), as the ddp baseline's gradient averaging in real
+// multi-process runs, beside our own all-reduce on Links.
 //
 // Rendezvous goes through a c10d store: a TCPStore served by rank 0 at store_host:store_port, or a
 // FileStore at store_file (every rank on one machine, or a shared file system), or, for real peers
@@ -34,6 +35,13 @@ struct GlooDataParallel {
 
 // `group` is used only with over_group_links (its rank and size replace the options').
 [[nodiscard]] Result<GlooDataParallel> make_gloo_data_parallel(const GlooOptions& options, const Group& group = Group{});
+
+// The same over NCCL (c10d's ProcessGroupNCCL, nccl_sync.cpp): the gradients stay on the GPU, one GPU
+// per rank (NCCL refuses two ranks on one), the rendezvous as for Gloo (interface_host unused). False
+// where the build's LibTorch has no CUDA and NCCL (Debian's): then make_nccl_data_parallel fails with
+// kUnavailable and says what to use instead.
+[[nodiscard]] bool nccl_available();
+[[nodiscard]] Result<GlooDataParallel> make_nccl_data_parallel(const GlooOptions& options, const Group& group = Group{});
 
 inline constexpr transport::Tag kGlooRendezvousTag = transport::tags::kGlooRendezvous;
 

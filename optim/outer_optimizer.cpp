@@ -154,8 +154,8 @@ Result<OuterSetup> make_outer_optimizer(const OuterConfig& c, const std::vector<
       setup.outer = std::make_unique<Local>();
       break;
     case Method::kDdp:
-      if (c.ddp_engine == OuterConfig::DdpEngine::kGloo) {
-        auto gloo = make_gloo_data_parallel(c.gloo, group);
+      if (c.ddp_engine != OuterConfig::DdpEngine::kLinks) {
+        auto gloo = c.ddp_engine == OuterConfig::DdpEngine::kNccl ? make_nccl_data_parallel(c.gloo, group) : make_gloo_data_parallel(c.gloo, group);
         if (!gloo.ok()) return gloo.status();
         setup.gradient_sync = gloo->gradient_sync;
         setup.outer = std::move(gloo->outer);

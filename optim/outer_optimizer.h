@@ -114,9 +114,9 @@ struct OuterConfig {
   std::shared_ptr<const StalenessPenalty> co2_penalty;  // null: ConstantPenalty(co2.gap_penalty)
   quant::EncodeOptions ddp_codec;
   Aggregation ddp_aggregation;  // links engine only
-  // ddp's engine: kLinks (allreduce_mean over the group's Links, any codec) or kGloo (c10d
-  // ProcessGroupGloo, fp32, rendezvous per `gloo`; the group's links are not used).
-  enum class DdpEngine : std::uint8_t { kLinks, kGloo };
+  // ddp's engine: kLinks (allreduce_mean over the group's Links, any codec), kGloo or kNccl (c10d's
+  // ProcessGroupGloo or ProcessGroupNCCL, fp32, rendezvous per `gloo`; the links carry only that).
+  enum class DdpEngine : std::uint8_t { kLinks, kGloo, kNccl };
   DdpEngine ddp_engine = DdpEngine::kLinks;
   GlooOptions gloo;
 };

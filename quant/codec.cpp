@@ -13,6 +13,7 @@
 
 #include "core/check.h"
 #include "core/wire.h"
+#include "quant/device_encode.h"
 #include "quant/kernels.h"
 
 namespace gossamer::quant {
@@ -76,7 +77,9 @@ bool borrowable(const EncodeOptions& o, std::size_t n) { return o.codec == Codec
 
 }  // namespace
 
-Bytes encode(const at::Tensor& tensor, const EncodeOptions& o) {
+Bytes encode(const at::Tensor& tensor, const EncodeOptions& o) { return encode(tensor, o, EncodePath::kAuto); }
+
+Bytes encode(const at::Tensor& tensor, const EncodeOptions& o, EncodePath path) {
   const CodecTraits& t = traits(o.codec);
   const SourceDtype dtype = source_dtype(tensor);
   GOSSAMER_CHECK(tensor.dim() <= kMaxDims, "quant::encode: more than " + std::to_string(kMaxDims) + " dimensions");
@@ -86,20 +89,41 @@ Bytes encode(const at::Tensor& tensor, const EncodeOptions& o) {
     GOSSAMER_CHECK(o.scale_format != ScaleFormat::kNone, "quant::encode: scaled codecs need a scale format");
   }
   GOSSAMER_CHECK(o.zstd_level >= 1 && o.zstd_level <= ZSTD_maxCLevel(), "quant::encode: zstd_level out of range");
-  const at::Tensor x = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
-  const auto n = static_cast<std::size_t>(x.numel());
-  const float* data = x.data_ptr<float>();
   const ScaleFormat sf = t.scaled ? o.scale_format : ScaleFormat::kNone;
   const std::uint32_t block = t.scaled ? o.block_size : 0;
-
-  const std::size_t body_size = body_bytes(o.codec, n, block, sf);
+  const std::size_t body_size = body_bytes(o.codec, static_cast<std::size_t>(tensor.numel()), block, sf);
   std::uint8_t flags = 0;
   if (o.rounding == Rounding::kStochastic && t.scaled) flags |= kFlagStochastic;
   if (o.zstd) flags |= kFlagZstd;
   auto header = [&](std::uint64_t body_len) {
     return payload_header(o.codec, dtype, flags, sf, block, tensor.sizes(), body_len, o.zstd ? std::optional(body_size) : std::nullopt);
   };
+  // With zstd, `raw` is the body alone; without, the whole payload.
+  auto finish = [&](Bytes raw) {
+    if (!o.zstd) return raw;
+    Bytes compressed(ZSTD_compressBound(raw.size()));
+    const std::size_t c = ZSTD_compress(compressed.data(), compressed.size(), raw.data(), raw.size(), o.zstd_level);
+    GOSSAMER_CHECK(!ZSTD_isError(c), std::string("zstd compression failed: ") + ZSTD_getErrorName(c));
+    Bytes payload = header(c);
+    payload.insert(payload.end(), compressed.begin(), compressed.begin() + static_cast<std::ptrdiff_t>(c));
+    return payload;
+  };
 
+  if (path == EncodePath::kTensorOps || (path == EncodePath::kAuto && !tensor.device().is_cpu() && device::covers(o))) {
+    GOSSAMER_CHECK(device::covers(o), "quant::encode: LibTorch ops encode scaled codecs with nearest-even rounding, bf16 and fp16 only");
+    bool finite = true;
+    Bytes body = device::body(tensor, o, finite);
+    GOSSAMER_CHECK(finite, "quant::encode: the tensor holds NaN or Inf");
+    GOSSAMER_CHECK(body.size() == body_size, "quant::encode: the device's body has the wrong size");
+    if (o.zstd) return finish(std::move(body));
+    Bytes out = header(body_size);
+    out.insert(out.end(), body.begin(), body.end());
+    return out;
+  }
+
+  const at::Tensor x = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
+  const auto n = static_cast<std::size_t>(x.numel());
+  const float* data = x.data_ptr<float>();
   // Without zstd the body is encoded straight into the payload, after its header: no extra copy.
   Bytes out = o.zstd ? Bytes(body_size) : header(body_size);
   const std::size_t body_at = o.zstd ? 0 : out.size();
@@ -132,14 +156,7 @@ Bytes encode(const at::Tensor& tensor, const EncodeOptions& o) {
     }
   }
   GOSSAMER_CHECK(finite, "quant::encode: the tensor holds NaN or Inf");
-  if (!o.zstd) return out;
-
-  Bytes compressed(ZSTD_compressBound(body_size));
-  const std::size_t c = ZSTD_compress(compressed.data(), compressed.size(), out.data(), out.size(), o.zstd_level);
-  GOSSAMER_CHECK(!ZSTD_isError(c), std::string("zstd compression failed: ") + ZSTD_getErrorName(c));
-  Bytes payload = header(c);
-  payload.insert(payload.end(), compressed.begin(), compressed.begin() + static_cast<std::ptrdiff_t>(c));
-  return payload;
+  return finish(std::move(out));
 }
 
 EncodedView encode_view(std::span<const float> values, const EncodeOptions& o) {

@@ -37,6 +37,13 @@ namespace gossamer::quant {
 
 Bytes encode(const at::Tensor& tensor, const EncodeOptions& options);
 
+// Where encode() computes the body. kAuto: a tensor on a GPU is encoded there with LibTorch ops
+// (device_encode.h) where the options allow it, and only its payload is copied to the host; anything
+// else is copied to the host and encoded by the CPU kernels. The bytes are the same either way; tests
+// check that by forcing kTensorOps on CPU tensors.
+enum class EncodePath : std::uint8_t { kAuto, kHostKernels, kTensorOps };
+Bytes encode(const at::Tensor& tensor, const EncodeOptions& options, EncodePath path);
+
 // The same payload in two pieces, for a gathered send: `head` then `body`. For fp32 without zstd of
 // a contiguous CPU float tensor, head is the header alone and body borrows the tensor's own bytes
 // (checked finite; no copy), so the tensor must stay alive and unchanged until the bytes are sent.

@@ -31,12 +31,12 @@ const std::array<CodecTraits, kNumCodecs>& codec_table() {
       {CodecId::kFp32, "fp32", 32, false, 0.0f},
       {CodecId::kBf16, "bf16", 16, false, 0.0f},
       {CodecId::kInt8, "int8", 8, true, 127.0f},
-      {CodecId::kFp8E4M3, "fp8_e4m3", 8, true, 448.0f},
-      {CodecId::kFp8E5M2, "fp8_e5m2", 8, true, 57344.0f},
+      {CodecId::kFp8E4M3, "fp8_e4m3", 8, true, 448.0f, 3, 7},
+      {CodecId::kFp8E5M2, "fp8_e5m2", 8, true, 57344.0f, 2, 15},
       {CodecId::kFp16, "fp16", 16, false, 0.0f},
       {CodecId::kInt4, "int4", 4, true, 7.0f},
-      {CodecId::kFp4E3M0, "fp4_e3m0", 4, true, 1.0f},
-      {CodecId::kFp4E2M1, "fp4_e2m1", 4, true, 6.0f},
+      {CodecId::kFp4E3M0, "fp4_e3m0", 4, true, 1.0f, 0, 7},
+      {CodecId::kFp4E2M1, "fp4_e2m1", 4, true, 6.0f, 1, 1},
       {CodecId::kInt2, "int2", 2, true, 1.5f},
   }};
   return table;

@@ -56,6 +56,8 @@ struct CodecTraits {
   int bits;               // per value
   bool scaled;            // blockwise scales
   float max_magnitude;    // largest finite magnitude of the element format (scaled codecs)
+  int mantissa_bits = 0;  // minifloats (fp8, fp4): the element format's mantissa bits and exponent bias
+  int exponent_bias = 0;
 };
 
 // The table, indexed by CodecId.

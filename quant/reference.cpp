@@ -11,22 +11,6 @@ namespace gossamer::quant::reference {
 
 namespace {
 
-struct Format {
-  int mbits, bias;
-};
-
-Format format(CodecId c) {
-  switch (c) {
-    case CodecId::kFp8E4M3: return {3, 7};
-    case CodecId::kFp8E5M2: return {2, 15};
-    case CodecId::kFp4E2M1: return {1, 1};
-    case CodecId::kFp4E3M0: return {0, 7};
-    default: break;
-  }
-  GOSSAMER_CHECK(false, "reference: not a minifloat codec");
-  return {0, 0};
-}
-
 // Every code's value as a tensor on `device` (NaN where a code is not allowed).
 at::Tensor value_table(CodecId c, const c10::Device& device) {
   const int n = 1 << traits(c).bits;
@@ -61,13 +45,20 @@ Encoded encode(const at::Tensor& x_in, CodecId codec, std::uint32_t block) {
     const std::int64_t modulo = codec == CodecId::kInt8 ? 256 : 16;
     codes = torch::remainder(q.to(torch::kLong), modulo).to(torch::kUInt8);
   } else {
-    const Format f = format(codec);
+    const struct {
+      int mbits, bias;
+    } f{t.mantissa_bits, t.exponent_bias};
     const at::Tensor y = blocks.abs() * inv;
     const double emin = 1 - f.bias;
     // Binade exponent, with everything below the smallest normal on the subnormal grid.
     const at::Tensor e = torch::floor(torch::log2(y.clamp_min(1e-30))).clamp_min(emin);
     const at::Tensor step = torch::pow(2.0, e - f.mbits);
-    const at::Tensor v = (torch::round(y / step) * step).clamp_max(t.max_magnitude);
+    at::Tensor q = torch::round(y / step);
+    if (f.mbits == 0) {  // one value per binade: a tie lies between two, and goes to the even exponent field
+      const at::Tensor low = torch::floor(y / step), odd_field = torch::remainder(e + f.bias, 2) == 1;
+      q = torch::where((y >= std::ldexp(1.0, static_cast<int>(emin))).logical_and(y / step - low == 0.5), low + odd_field.to(torch::kFloat), q);
+    }
+    const at::Tensor v = (q * step).clamp_max(t.max_magnitude);
     // The magnitude's code: its index among the format's non-negative values (which are sorted).
     const int half = (t.bits == 4 ? 16 : 256) / 2;
     const at::Tensor mags = value_table(codec, x.device()).slice(0, 0, half);

@@ -7,8 +7,9 @@
 # Phases (each time-boxed; the whole aims at under 8 minutes on a 16-core GPU machine):
 #   env      the GPU, driver, PyTorch, compiler
 #   build    unpack .gpu-deps/*.deb (scripts/gpu_deps.sh fetches them on a Debian machine) and build
-#            the gossamer command and the train and optim tests against python3's torch; if LibTorch
-#            2's fused kernels do not compile, once more without them (GOSSAMER_TORCH2_KERNELS=OFF)
+#            the gossamer command and the train and optim tests against python3's torch, with the NCCL
+#            engine where PyTorch's nccl.h is found; if LibTorch 2's fused kernels or the NCCL engine
+#            do not compile, once more without them (GOSSAMER_TORCH2_KERNELS=OFF, GOSSAMER_NCCL=OFF)
 #   tests    every test case with "CUDA" in its name, and the outer-state-on-the-device case
 #   inner    the inner loop of GPT-2 124M and 350M in bf16: `gossamer bench model --bf16-only`
 #            against plain PyTorch eager (scripts/gpu_eager.py) on the same GPU, tokens/s and MFU
@@ -16,7 +17,8 @@
 #   peers    2 and 4 peers sharing the GPU (real `gossamer peer` processes on loopback), diloco with
 #            fp4 pseudo-gradients and streaming_diloco, outer state on the host and on the device:
 #            every peer's digest of the shared state, bytes sent, round time
-#   nccl     whether ddp on NCCL can run here (it needs one GPU per rank)
+#   nccl     ddp on NCCL (ddp.engine = nccl) against ddp on our links, 2 real peers on 2 GPUs (NCCL
+#            needs one GPU per rank); with fewer GPUs it says so
 #
 # Usage: scripts/gpu_check.sh [OUT_DIR]    (default gpu-check/; figures in OUT_DIR/gpu_check.txt,
 #                                           logs beside it)
@@ -121,9 +123,14 @@ if [ $CUDA = 1 ]; then
     fi
     mkdir -p "$DEPS/first"
     for h in fmt spdlog; do ln -sfn "$DEPS/usr/include/$h" "$DEPS/first/$h"; done
+    # NCCL's header: PyTorch's wheels carry it in an nvidia package beside torch.
+    nccl_h=$($PY -c 'import nvidia, os; print("\n".join(nvidia.__path__))' 2>/dev/null | while read -r d; do find "$d" -name nccl.h 2>/dev/null; done | head -1)
+    NCCL_FLAGS=()
+    [ -n "$nccl_h" ] && NCCL_FLAGS=(-DGOSSAMER_NCCL_INCLUDE="$(dirname "$nccl_h")")
+    say "build: NCCL's header: ${nccl_h:-not found beside PyTorch (the NCCL engine is built only if CMake finds it elsewhere)}"
     configure() {
       cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DGOSSAMER_WERROR=OFF -DCMAKE_CXX_FLAGS="-I$DEPS/first" \
-        -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$DEPS/usr" "$@" >"$OUT_DIR/configure.log" 2>&1
+        -DCMAKE_PREFIX_PATH="$TORCH_PREFIX;$DEPS/usr" "${NCCL_FLAGS[@]}" "$@" >"$OUT_DIR/configure.log" 2>&1
     }
     build() {  # seconds
       local limit=$1
@@ -139,13 +146,16 @@ if [ $CUDA = 1 ]; then
         say "build: failed after $(($(date +%s) - t0))s; its first errors:"
         grep -m 12 -A3 'error:' "$OUT_DIR/build.log" | cut -c1-400 | tee -a "$REPORT"
         cp "$OUT_DIR/build.log" "$OUT_DIR/build-first.log"
-        if [ ! -x $BIN ] && grep -q -E '(gpt|fused_steps)\.cpp.*error:' "$OUT_DIR/build.log"; then
-          say "build: again without LibTorch 2's fused kernels (GOSSAMER_TORCH2_KERNELS=OFF: two files recompile)"
-          configure -DGOSSAMER_TORCH2_KERNELS=OFF && build $(($(left) - 120))
+        again=()
+        grep -q -E '(gpt|fused_steps)\.cpp.*error:' "$OUT_DIR/build.log" && again+=(-DGOSSAMER_TORCH2_KERNELS=OFF)
+        grep -q -E 'nccl_sync\.cpp.*error:' "$OUT_DIR/build.log" && again+=(-DGOSSAMER_NCCL=OFF)
+        if [ ! -x $BIN ] && [ ${#again[@]} -gt 0 ]; then
+          say "build: again with ${again[*]} (only the files that use them recompile)"
+          configure -DGOSSAMER_TORCH2_KERNELS=ON "${again[@]}" && build $(($(left) - 120))
         fi
       fi
       if [ -x $BIN ]; then
-        say "build: gossamer built in $(($(date +%s) - t0))s against $torch_line"
+        say "build: gossamer built in $(($(date +%s) - t0))s against $torch_line; $($BIN --version 2>&1 | tail -1)"
       else
         say "build: no gossamer binary; the build's errors:"
         grep -m 20 -A3 'error:' "$OUT_DIR/build.log" | cut -c1-400 | tee -a "$REPORT"
@@ -166,7 +176,7 @@ if [ -x $BIN ] && phase tests 60; then
   for t in train_test optim_test; do
     [ -x $TESTS/$t ] || { say "tests: $t not built"; continue; }
     filter='*CUDA*'
-    [ $t = optim_test ] && filter='*outer state on the training device*'
+    [ $t = optim_test ] && filter='*outer state on the training device*,*CUDA*'
     if timeout 120 $TESTS/$t -tc="$filter" -s >"$OUT_DIR/$t.log" 2>&1; then
       say "tests: $t -tc='$filter': $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT_DIR/$t.log" | tr -s ' ' | paste -sd';')"
     else
@@ -247,14 +257,16 @@ fi
 
 # -------------------------------------------------------------------------------------------- peers
 # One run of N real peers on loopback sharing this machine's device; prints one line of figures.
-peers_run() {  # method peers state_device
-  local method=$1 n=$2 state=$3 dir="$OUT_DIR/peers/$1-$2-$3" i pids=()
+peers_run() {  # method peers state_device [ddp_engine: with nccl, peer i trains on GPU i]
+  local method=$1 n=$2 state=$3 engine=${4:-links} dir="$OUT_DIR/peers/$1-$2-$3-${4:-links}" i pids=()
+  dev_of() { if [ "$engine" = nccl ]; then echo "cuda:$1"; else echo "$DEVICE"; fi; }
   rm -rf "$dir" && mkdir -p "$dir"
   local common=(--set outer.method="$method" --set outer.state_device="$state" --set diloco.codec=fp4_e2m1 --set streaming_diloco.codec=fp4_e2m1
     --set diloco.inner_steps=$PEER_H --set streaming_diloco.inner_steps=$PEER_H --set train.steps=$PEER_STEPS
     --set train.eval_every=$PEER_STEPS --set train.eval_batches=1 --set train.warmup_steps=2 --set train.checkpoint_every=0
     --set model.preset=gpt2-124m --set data.vocab_size=50257 --set model.context=$PEER_CONTEXT --set train.batch_size=$PEER_BATCH
-    --set train.device=$DEVICE --set train.precision=$PEER_PRECISION --set data.synthetic.bytes=2000000 --set train.threads=$PEER_THREADS)
+    --set train.device="$(dev_of 0)" --set train.precision=$PEER_PRECISION --set data.synthetic.bytes=2000000 --set train.threads=$PEER_THREADS
+    --set ddp.engine="$engine")
   local t0
   t0=$(date +%s.%N)
   timeout "$PEER_TIMEOUT" $BIN peer --listen 127.0.0.1:0 --out "$dir/p0" --wait-for "$n" "${common[@]}" >"$dir/p0.log" 2>&1 &
@@ -265,11 +277,11 @@ peers_run() {  # method peers state_device
   done
   if [ ! -s "$dir/p0/address" ]; then
     wait "${pids[0]}"
-    echo "peers: $method, $n peers, outer state on the $state: the first peer did not start: $(tail -2 "$dir/p0.log" | paste -sd' ' | cut -c1-300)"
+    echo "peers: $method ($engine), $n peers, outer state on the $state: the first peer did not start: $(tail -2 "$dir/p0.log" | paste -sd' ' | cut -c1-300)"
     return
   fi
   for i in $(seq 1 $((n - 1))); do
-    timeout "$PEER_TIMEOUT" $BIN peer --listen 127.0.0.1:0 --join "$(head -n1 "$dir/p0/address")" --out "$dir/p$i" --device $DEVICE >"$dir/p$i.log" 2>&1 &
+    timeout "$PEER_TIMEOUT" $BIN peer --listen 127.0.0.1:0 --join "$(head -n1 "$dir/p0/address")" --out "$dir/p$i" --device "$(dev_of "$i")" >"$dir/p$i.log" 2>&1 &
     pids+=($!)
   done
   local ok=1
@@ -277,6 +289,7 @@ peers_run() {  # method peers state_device
   local wall
   wall=$($PY -c "import time; print(f'{time.time() - $t0:.1f}')")
   rm -f "$dir"/p*/checkpoint.bin*  # a 124M model's checkpoints, one per peer: no need to keep them
+  [ "$method" = ddp ] && method="ddp ($engine)"
   $PY - "$dir" "$n" "$method" "$state" "$ok" "$wall" <<'EOF'
 import json, os, statistics, sys
 d, n, method, state, ok, wall = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == "1", sys.argv[6]
@@ -314,9 +327,20 @@ done
 # --------------------------------------------------------------------------------------------- nccl
 phase nccl 0
 gpus=$($PY -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
-if [ "${gpus:-0}" -ge 2 ]; then
-  say "nccl: $gpus GPUs: ddp on NCCL could run one rank per GPU; ddp.engine = nccl is not built yet"
+engines=$([ -x $BIN ] && $BIN --version 2>&1 | sed -n 's/.*ddp engines built: //p')
+say "nccl: ddp engines in this build: ${engines:-unknown (no binary)}"
+if [ "${gpus:-0}" -ge 2 ] && echo "$engines" | grep -q nccl; then
+  # ddp of GPT-2 124M on 2 peers, one GPU each: NCCL against our all-reduce (fp32 both), step by step.
+  for e in nccl links; do
+    phase "nccl: ddp on $e, 2 peers" 40 || continue
+    peers_run ddp 2 host "$e" | sed 's/^peers:/nccl:/' | tee -a "$REPORT"
+  done
+elif [ "${gpus:-0}" -ge 2 ]; then
+  say "nccl: $gpus GPUs, but this build has no NCCL engine (see the build's lines above)"
 else
   say "nccl: $gpus GPU(s): NCCL refuses two ranks on one GPU, so ddp on NCCL against our links and Gloo needs a machine with 2 or more"
+  if [ $CUDA = 0 ] && [ -x $BIN ] && phase "nccl: its baseline, ddp on links, 2 peers (rehearsal)" 40; then
+    peers_run ddp 2 host links | sed 's/^peers:/nccl:/' | tee -a "$REPORT"
+  fi
 fi
 say "== done in $(elapsed)s; figures in $REPORT"

@@ -570,7 +570,7 @@ Result<ClusterResult> run_cluster(const train::RunConfig& config, const train::C
   auto outer_config = train::outer_config(config);
   if (!outer_config.ok()) return outer_config.status();
   if (outer_config->method == optim::Method::kDdp && config.ddp.engine != train::DdpEngine::kLinks) {
-    return error(ErrorCode::kInvalidArgument, "the simulator runs ddp over its emulated links: set ddp.engine = \"links\" (gloo is for real peers)");
+    return error(ErrorCode::kInvalidArgument, "the simulator runs ddp over its emulated links: set ddp.engine = \"links\" (gloo and nccl are for real peers)");
   }
   if (outer_config->method == optim::Method::kLocal) return run_local(config, *outer_config, corpus, progress);
   return run_peers(config, corpus, progress);

@@ -15,6 +15,7 @@
 
 #include "app/commands.h"
 #include "quant/codec.h"
+#include "quant/device_encode.h"
 #include "quant/reference.h"
 #include "train/device.h"
 
@@ -62,6 +63,12 @@ void register_codecs(const BenchArgs& args, const at::Tensor& x, const at::Tenso
       for (auto _ : st) benchmark::DoNotOptimize(quant::encode(gpu ? on_device.to(torch::kCPU) : on_device, o));
       st.SetBytesProcessed(st.iterations() * bytes);
     });
+    if (gpu && quant::device::covers(o)) {  // encoded where the values are, and only the payload copied
+      benchmark::RegisterBenchmark(("device_encode/" + name).c_str(), [&on_device, o, bytes](benchmark::State& st) {
+        for (auto _ : st) benchmark::DoNotOptimize(quant::encode(on_device, o, quant::EncodePath::kTensorOps));
+        st.SetBytesProcessed(st.iterations() * bytes);
+      });
+    }
     benchmark::RegisterBenchmark(("decode/" + name).c_str(), [payload, bytes, gpu, wait, d = device](benchmark::State& st) {
       for (auto _ : st) {
         auto y = quant::decode(payload);
@@ -106,9 +113,10 @@ int bench_quant(const BenchArgs& args) {
   const std::int64_t bytes = n * 4;
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
   const at::Tensor x = torch::randn({n}, gen);
-  // On a GPU the values start there: Gossamer's codecs run on the host after a device-to-host copy
-  // (what the outer optimizers do with a GPU's pseudo-gradients), decoding ends with the copy back,
-  // and the naive rows are LibTorch's ops on the GPU itself.
+  // On a GPU the values start there: the encode rows copy them to the host and run the CPU kernels
+  // (what the all-reduce does with a GPU's pseudo-gradients), the on-device rows encode them there and
+  // copy the payload (what quant::encode does with a GPU tensor), decoding ends with the copy back,
+  // and the naive rows are the reference's LibTorch ops on the GPU itself.
   const at::Tensor on_device = gpu ? x.to(*device) : x;
   auto wait = [gpu] {
     if (gpu) torch::cuda::synchronize();
@@ -145,18 +153,19 @@ int bench_quant(const BenchArgs& args) {
     return it == rates.end() ? std::string("-") : fmt::format("{:.2f}", it->second / 1e9);
   };
   fmt::print("\nquant codecs: {} fp32 values ({} MiB), block {}, fp32 scales, one core; GB/s of fp32 input{}\n", n, bytes >> 20, args.block,
-             gpu ? "; values on " + device->str() + ": encode = copy to the host + encode, decode = decode + copy to the GPU, naive = LibTorch ops on the GPU" : "");
+             gpu ? "; values on " + device->str() + ": encode = copy to the host + encode, on-device encode = LibTorch ops there + copy of the payload (what encode() does with a GPU tensor), decode = decode + copy to the GPU, naive = LibTorch ops on the GPU" : "");
   fmt::print("memcpy of the same buffer: {} GB/s\n", gbs("memcpy"));
   if (gpu) fmt::print("device-to-host copy: {} GB/s; host-to-device copy: {} GB/s\n", gbs("d2h"), gbs("h2d"));
   fmt::print("\n");
-  fmt::print("| codec | bits/value | encode | decode | naive encode | naive decode |\n|---|---|---|---|---|---|\n");
+  fmt::print("| codec | bits/value | encode | {}decode | naive encode | naive decode |\n|---|---|---|{}---|---|---|\n", gpu ? "on-device encode | " : "",
+             gpu ? "---|" : "");
   for (const auto& t : quant::codec_table()) {
     quant::EncodeOptions o;
     o.codec = t.id;
     o.block_size = static_cast<std::uint32_t>(args.block);
     const std::string name(t.name);
-    fmt::print("| {} | {:.3f} | {} | {} | {} | {} |\n", name, quant::bits_per_value(o), gbs("encode/" + name), gbs("decode/" + name),
-               gbs("naive_encode/" + name), gbs("naive_decode/" + name));
+    fmt::print("| {} | {:.3f} | {} | {}{} | {} | {} |\n", name, quant::bits_per_value(o), gbs("encode/" + name),
+               gpu ? gbs("device_encode/" + name) + " | " : "", gbs("decode/" + name), gbs("naive_encode/" + name), gbs("naive_decode/" + name));
   }
   return 0;
 }

@@ -29,6 +29,8 @@
 #include <vector>
 
 #include <c10/util/Exception.h>
+#include <torch/cuda.h>
+#include <torch/version.h>
 
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
@@ -37,6 +39,7 @@
 #include "app/stop.h"
 #include "core/log.h"
 #include "core/text.h"
+#include "optim/gloo_sync.h"
 
 namespace {
 
@@ -175,7 +178,10 @@ int main(int argc, char** argv) {
   CLI::App app{"Gossamer: train neural networks across machines joined by slow, unreliable links"};
   app.require_subcommand(1);
   app.fallthrough();  // global options (--log-level) may follow the subcommand
-  app.set_version_flag("--version", std::string("gossamer ") + GOSSAMER_VERSION);
+  // The version, and what this build can do that depends on the LibTorch it was built against.
+  app.set_version_flag("--version", std::string("gossamer ") + GOSSAMER_VERSION + "\nLibTorch " + TORCH_VERSION + ", CUDA " +
+                                        (torch::cuda::is_available() ? "available" : "absent") + "; ddp engines built: links" +
+                                        (gossamer::optim::gloo_available() ? ", gloo" : "") + (gossamer::optim::nccl_available() ? ", nccl" : ""));
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")->capture_default_str();
   bool debug = false;

@@ -9,6 +9,7 @@
 
 #include "core/file.h"
 #include "core/hash.h"
+#include "optim/gloo_sync.h"
 #include "run/peer_runtime.h"
 #include "run/state_store.h"
 #include "train/checkpoint.h"
@@ -58,17 +59,24 @@ Result<std::uint16_t> link_port_of(const PeerRequest& req, std::uint16_t listen_
   return static_cast<std::uint16_t>(listen_port + 1);
 }
 
-// ddp on Gloo serves its rendezvous at the host its links listen on: a wildcard cannot be reached.
-Status check_gloo_listen(const train::RunConfig& config, const std::string& listen) {
-  if (config.pipeline.enabled || config.outer.method != optim::method_name(optim::Method::kDdp) || config.ddp.engine != train::DdpEngine::kGloo || !transport::is_wildcard_address(listen)) return Status();
-  return error(ErrorCode::kInvalidArgument, "ddp.engine = \"gloo\" serves its rendezvous at the --listen host, which must then be an address the "
+// ddp on Gloo or NCCL needs the engine in this build, and serves its rendezvous at the host its links
+// listen on: a wildcard cannot be reached.
+Status check_c10d_engine(const train::RunConfig& config, const std::string& listen) {
+  if (config.pipeline.enabled || config.outer.method != optim::method_name(optim::Method::kDdp) || !train::on_c10d(config.ddp.engine)) return Status();
+  if (!(config.ddp.engine == train::DdpEngine::kNccl ? optim::nccl_available() : optim::gloo_available())) {
+    // (where the engine was left out, making one fails at once and says what to use instead)
+    const auto made = config.ddp.engine == train::DdpEngine::kNccl ? optim::make_nccl_data_parallel({}) : optim::make_gloo_data_parallel({});
+    return error(ErrorCode::kInvalidArgument, made.status().message());
+  }
+  if (!transport::is_wildcard_address(listen)) return Status();
+  return error(ErrorCode::kInvalidArgument, "ddp.engine = \"" + train::name_of(config.ddp.engine) + "\" serves its rendezvous at the --listen host, which must then be an address the "
                                             "others reach: give --listen <this machine's address>:PORT instead of " + listen);
 }
 
 // Every address the user gave, parsed and looked up before anything starts.
 Status check_addresses(const PeerRequest& req) {
   if (req.config) {
-    if (Status st = check_gloo_listen(*req.config, req.listen); !st.ok()) return st;
+    if (Status st = check_c10d_engine(*req.config, req.listen); !st.ok()) return st;
   }
   auto listen = transport::parse_endpoint(req.listen, transport::EndpointUse::kListen, "--listen");
   if (!listen.ok()) return listen.status();
@@ -239,7 +247,7 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
       *inputs = train::inputs_json(*pinned);
     }
     if (Status st = write_file_atomic(req.out_dir / train::kInputsFile, as_bytes(*inputs)); !st.ok()) return st;
-    return check_gloo_listen(config, req.listen);
+    return check_c10d_engine(config, req.listen);
   };
   env.keep_spec = [&](const std::string& spec) { return write_file_atomic(req.out_dir / "config.toml", as_bytes(spec)); };
   // Links: the run id is the spec's hash, so peers of another run are refused at the handshake.

@@ -159,7 +159,7 @@ Status Peer::link_up() {
   if (!opened.ok()) return opened.status();
   opened_ = std::move(*opened);
   {
-    // ddp on Gloo: each group's rank 0 serves the rendezvous where its links listen.
+    // ddp on Gloo or NCCL: each group's rank 0 serves the rendezvous where its links listen.
     const auto c = opened_.bound.rfind(':');
     outer_config_.gloo.over_group_links = true;
     outer_config_.gloo.store_host = outer_config_.gloo.interface_host = opened_.bound.substr(0, c);
@@ -196,8 +196,8 @@ Status Peer::link_up() {
   co.layout = [this](std::size_t members) { return layout_for(members); };
   co.commit_rounds = !ddp_;  // (ddp's members that went on retry a later step: the step rule decides)
   check_reachable(opened_.announced, "links");
-  if (outbound_only_ && ddp_ && config_.ddp.engine == train::DdpEngine::kGloo) {
-    return error(ErrorCode::kInvalidArgument, "ddp.engine = \"gloo\" needs every peer to accept connections (Gloo dials the other ranks "
+  if (outbound_only_ && ddp_ && train::on_c10d(config_.ddp.engine)) {
+    return error(ErrorCode::kInvalidArgument, "ddp.engine = \"" + train::name_of(config_.ddp.engine) + "\" needs every peer to accept connections (it dials the other ranks "
                                               "itself), and this peer accepts none (behind NAT): run with ddp.engine = \"links\", or give "
                                               "this machine a port forward and --advertise");
   }

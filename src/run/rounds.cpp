@@ -31,10 +31,10 @@ Status check_round_drill(const train::RunConfig& c, std::int64_t round, const st
   if (c.pipeline.enabled) return error(ErrorCode::kInvalidArgument, what + ": a pipeline has no outer rounds to crash in; use --crash-at-step");
   auto outer = train::outer_config(c);
   if (!outer.ok()) return outer.status();
-  if (outer->method == optim::Method::kNoLoCo || outer->method == optim::Method::kLocal || (outer->method == optim::Method::kDdp && c.ddp.engine == train::DdpEngine::kGloo)) {
+  if (outer->method == optim::Method::kNoLoCo || outer->method == optim::Method::kLocal || (outer->method == optim::Method::kDdp && train::on_c10d(c.ddp.engine))) {
     return error(ErrorCode::kInvalidArgument, what + " needs a method whose round is Gossamer's all-reduce or all-gather (diloco, streaming_diloco, "
                                               "sparseloco, muloco, co2, or ddp with ddp.engine = links), not outer.method = " + c.outer.method +
-                                              (outer->method == optim::Method::kDdp ? " on Gloo" : ""));
+                                              (outer->method == optim::Method::kDdp ? " on " + train::name_of(c.ddp.engine) : ""));
   }
   auto schedule = round_schedule(c, *outer);
   if (!schedule.ok()) return schedule.status();

@@ -163,7 +163,7 @@ std::vector<KeySpec> method_keys() {
       IntKey{"outer.trim", "trimmed_mean: values dropped at each end of every coordinate (fewer when too few workers remain)", [](RunConfig& c) -> std::int64_t& { return c.outer.trim; }, 0, 1 << 20},
       ChoiceKey{"outer.state_device", "where the outer optimizer keeps its state: host (memory of the machine, sparing the GPU's) or device (train.device's memory)", [](RunConfig& c) { return choice_field(c.outer.state_device); }},
       StringKey{"ddp.codec", "codec of the gradients ddp all-reduces", [](RunConfig& c) -> std::string& { return c.ddp.codec; }, codec_names()},
-      ChoiceKey{"ddp.engine", "links: our all-reduce; gloo: c10d ProcessGroupGloo (real runs, fp32)", [](RunConfig& c) { return choice_field(c.ddp.engine); }},
+      ChoiceKey{"ddp.engine", "links: our all-reduce; gloo: c10d ProcessGroupGloo (real runs, fp32); nccl: c10d ProcessGroupNCCL (real runs, fp32, one GPU per peer)", [](RunConfig& c) { return choice_field(c.ddp.engine); }},
       IntKey{"ddp.round_steps", "real runs: steps between agreements on the members (a newcomer joins there; a lost member is dropped at once)", [](RunConfig& c) -> std::int64_t& { return c.ddp.round_steps; }, 1, 1LL << 40},
       IntKey{"diloco.inner_steps", "H: inner steps per outer round", [](RunConfig& c) -> std::int64_t& { return c.diloco.inner_steps; }, 1, 1LL << 40},
       FloatKey{"diloco.outer_lr", "outer Nesterov learning rate", [](RunConfig& c) -> double& { return c.diloco.outer_lr; }, 0.0, 10.0, true},

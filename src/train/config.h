@@ -60,11 +60,13 @@ template <>
 struct Choices<LateWork> {
   static constexpr std::array<ChoiceRow<LateWork>, 2> rows = {{{LateWork::kMerge, "merge"}, {LateWork::kDrop, "drop"}}};
 };
-enum class DdpEngine : std::uint8_t { kLinks, kGloo };  // what carries ddp's all-reduce
+enum class DdpEngine : std::uint8_t { kLinks, kGloo, kNccl };  // what carries ddp's all-reduce
 template <>
 struct Choices<DdpEngine> {
-  static constexpr std::array<ChoiceRow<DdpEngine>, 2> rows = {{{DdpEngine::kLinks, "links"}, {DdpEngine::kGloo, "gloo"}}};
+  static constexpr std::array<ChoiceRow<DdpEngine>, 3> rows = {{{DdpEngine::kLinks, "links"}, {DdpEngine::kGloo, "gloo"}, {DdpEngine::kNccl, "nccl"}}};
 };
+// Gloo and NCCL are c10d's process groups: fp32 sums of their own, over connections they dial themselves.
+inline bool on_c10d(DdpEngine e) { return e != DdpEngine::kLinks; }
 enum class OuterStep : std::uint8_t { kNesterov, kCgad };  // DiLoCo's outer step
 template <>
 struct Choices<OuterStep> {
@@ -203,7 +205,7 @@ struct OuterSection {
 };
 struct DdpSection {
   std::string codec = "fp32";
-  DdpEngine engine = DdpEngine::kLinks;  // links (our all-reduce) or gloo (c10d ProcessGroupGloo, real runs)
+  DdpEngine engine = DdpEngine::kLinks;  // links (our all-reduce), gloo or nccl (c10d's process groups, real runs)
   std::int64_t round_steps = 10;  // real runs: members are agreed (newcomers join) every this many steps
 };
 struct DiLoCoSection {

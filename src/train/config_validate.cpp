@@ -28,7 +28,7 @@ const std::string* codec_value(const RunConfig& c, std::string_view key) {
 // What a check needs to know of the run's method.
 struct MethodFacts {
   const optim::MethodInfo& m;
-  bool on_gloo;         // ddp on Gloo's all-reduce
+  bool on_c10d;         // ddp on Gloo's or NCCL's all-reduce
   bool own_collective;  // its round is Gossamer's own all-reduce or all-gather over the group's links
 };
 
@@ -86,7 +86,7 @@ Status check_model_data_pipeline(const RunConfig& c) {
 }
 
 Status check_sim(const RunConfig& c, const MethodFacts& f) {
-  const bool on_gloo = f.on_gloo, own_collective = f.own_collective;
+  const bool on_c10d = f.on_c10d, own_collective = f.own_collective;
   if (c.sim.slow_link_workers > c.sim.workers) {
     return bad("sim.slow_link_workers (" + std::to_string(c.sim.slow_link_workers) + ") exceeds sim.workers (" + std::to_string(c.sim.workers) + ")");
   }
@@ -108,7 +108,7 @@ Status check_sim(const RunConfig& c, const MethodFacts& f) {
     }
     if (!own_collective) {
       return bad("sim.crash_mid_round needs a method whose round is Gossamer's all-reduce or all-gather (diloco, streaming_diloco, "
-                 "sparseloco, muloco, co2, or ddp with ddp.engine = links), not outer.method = " + c.outer.method + (on_gloo ? " on Gloo" : ""));
+                 "sparseloco, muloco, co2, or ddp with ddp.engine = links), not outer.method = " + c.outer.method + (on_c10d ? " on " + name_of(c.ddp.engine) : ""));
     }
   }
   if (c.sim.join_worker >= 0) {
@@ -130,9 +130,9 @@ Status check_sim(const RunConfig& c, const MethodFacts& f) {
 
 Status check_method(const RunConfig& c, const MethodFacts& f) {
   const optim::MethodInfo& m = f.m;
-  const bool on_gloo = f.on_gloo, own_collective = f.own_collective;
-  if (c.outer.aggregation != Aggregation::kMean && on_gloo) {
-    return bad("outer.aggregation = " + name_of(c.outer.aggregation) + " needs ddp.engine = links: Gloo's all-reduce only sums");
+  const bool on_c10d = f.on_c10d, own_collective = f.own_collective;
+  if (c.outer.aggregation != Aggregation::kMean && on_c10d) {
+    return bad("outer.aggregation = " + name_of(c.outer.aggregation) + " needs ddp.engine = links: " + name_of(c.ddp.engine) + "'s all-reduce only sums");
   }
   if (c.outer.aggregation != Aggregation::kMean && m.exchange == optim::Exchange::kPairs) {
     return bad("outer.aggregation = " + name_of(c.outer.aggregation) + " does not apply to " + c.outer.method + ", which averages pairs (a partner's "
@@ -178,8 +178,8 @@ Status validate(const RunConfig& c) {
   const auto method = optim::parse_method(c.outer.method);
   if (!method.ok()) return method.status();
   const optim::MethodInfo& m = optim::method_info(*method);
-  const bool on_gloo = m.id == optim::Method::kDdp && c.ddp.engine == DdpEngine::kGloo;
-  const MethodFacts facts{m, on_gloo, (m.exchange == optim::Exchange::kAllReduce || m.exchange == optim::Exchange::kAllGather) && !on_gloo};
+  const bool on_c10d = m.id == optim::Method::kDdp && train::on_c10d(c.ddp.engine);
+  const MethodFacts facts{m, on_c10d, (m.exchange == optim::Exchange::kAllReduce || m.exchange == optim::Exchange::kAllGather) && !on_c10d};
   if (Status st = check_model_data_pipeline(c); !st.ok()) return st;
   if (Status st = check_sim(c, facts); !st.ok()) return st;
   return check_method(c, facts);

@@ -217,7 +217,11 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
     if (!r->ok()) return r->status();
   }
   o.ddp_codec = *ddp_codec;
-  o.ddp_engine = c.ddp.engine == DdpEngine::kGloo ? optim::OuterConfig::DdpEngine::kGloo : optim::OuterConfig::DdpEngine::kLinks;
+  switch (c.ddp.engine) {
+    case DdpEngine::kLinks: o.ddp_engine = optim::OuterConfig::DdpEngine::kLinks; break;
+    case DdpEngine::kGloo: o.ddp_engine = optim::OuterConfig::DdpEngine::kGloo; break;
+    case DdpEngine::kNccl: o.ddp_engine = optim::OuterConfig::DdpEngine::kNccl; break;
+  }
   set_diloco_and_muloco(c, o, *diloco_codec, *muloco_codec);
   std::int64_t fragments = 0;
   if (Status st = set_streaming(c, o, *streaming_codec, fragments); !st.ok()) return st;

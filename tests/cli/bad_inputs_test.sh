@@ -133,6 +133,14 @@ run 2 "$G" peer "${PEERTINY[@]}" --listen 127.0.0.1:65535 --out "$tmp/x"
 says "--link-port"
 run 2 "$G" peer "${PEERTINY[@]}" --set outer.method=ddp --set ddp.engine=gloo --listen 0.0.0.0:0 --out "$tmp/x"
 says "gloo"
+# ddp on NCCL in a build without it (LibTorch without CUDA): refused before anything starts.
+if ! "$G" --version | grep -q "ddp engines built:.*nccl"; then
+  run 2 "$G" peer "${PEERTINY[@]}" --set outer.method=ddp --set ddp.engine=nccl --listen 127.0.0.1:0 --out "$tmp/nccl"
+  says "this build has no NCCL"; says "ddp.engine = links or gloo"
+  [ ! -e "$tmp/nccl" ] || fail "a refused ddp.engine = nccl left a run folder"
+fi
+run 2 "$G" sim "${SIMTINY[@]}" --set outer.method=ddp --set ddp.engine=nccl
+says "nccl are for real peers"
 # A links port already taken by another program: refused at start, naming the way out.
 busy_port=$(( 20000 + RANDOM % 20000 ))
 "$G" peer "${PEERTINY[@]}" --listen 127.0.0.1:0 --link-port "$busy_port" --wait-for 2 --out "$tmp/holder" > "$tmp/holder.log" 2>&1 &
