@@ -11,7 +11,7 @@ namespace gossamer::optim {
 
 namespace {
 constexpr char kMagic[4] = {'G', 'O', 'S', 'T'};
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = kStateFormatVersion;
 }  // namespace
 
 Bytes save_state(std::string_view kind, const std::vector<std::int64_t>& counters, const std::vector<at::Tensor>& tensors) {

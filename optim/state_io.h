@@ -14,6 +14,10 @@
 
 namespace gossamer::optim {
 
+// The container: magic "GOST" | version u32 | kind str | count u32, counters i64 each | count u32,
+// tensors as fp32 codec payloads (quant/codec.h), each a blob.
+inline constexpr std::uint32_t kStateFormatVersion = 1;
+
 Bytes save_state(std::string_view kind, const std::vector<std::int64_t>& counters, const std::vector<at::Tensor>& tensors);
 // On success, counters and tensors are replaced (tensors keep their sizes; values are copied in).
 [[nodiscard]] Status load_state(ByteView bytes, std::string_view kind, std::vector<std::int64_t>& counters,

@@ -23,14 +23,14 @@ namespace {
 
 constexpr const char* kSpecTopic = "gossamer.spec";
 constexpr const char* kStateTopic = "gossamer.state";
-constexpr std::uint8_t kStateVersion = 1;
-constexpr std::uint8_t kSpecVersion = 2;
-constexpr std::uint8_t kJoin = 1, kOffer = 2, kAbsent = 3;
-constexpr std::uint8_t kBeacon = 1, kFullSpec = 2, kWant = 3;
 constexpr Nanos kAnswerEvery = std::chrono::seconds(1);  // a spec holder answers one asker at most this often
 constexpr int kAnswersPerSecond = 8;  // and this many askers a second in all (a spec is up to 60 KiB)
 constexpr std::size_t kAsked = 3;     // members a WANT goes to at once
 constexpr std::size_t kMaxJoinTargets = 32;  // members a newcomer asks for the state at most, after rounds without an offer
+
+}  // namespace
+
+namespace announcement_wire {
 
 Bytes encode_spec(const Spec& spec, std::int64_t round, bool full) {
   Writer w;
@@ -51,7 +51,70 @@ Bytes encode_want() {
   return std::move(w).take();
 }
 
-}  // namespace
+Result<SpecMessage> decode_spec(ByteView bytes, const std::string& from) {
+  Reader r(bytes, "run spec from " + from);
+  SpecMessage m;
+  const std::uint8_t version = r.u8();
+  m.kind = r.u8();
+  if (!r.ok()) return r.status();
+  if (version != kSpecVersion) {
+    return error(ErrorCode::kMalformed, from + " announces a run spec of version " + std::to_string(version) + ", this peer reads " +
+                                            std::to_string(kSpecVersion) + ": run the same gossamer version on every peer");
+  }
+  if (m.kind == kWant) {
+    r.expect_end();
+    if (!r.ok()) return r.status();
+    return m;
+  }
+  if (m.kind != kBeacon && m.kind != kFullSpec) return error(ErrorCode::kMalformed, "a run announcement of unknown kind " + std::to_string(m.kind));
+  const ByteView hash = r.raw(32);
+  if (m.kind == kFullSpec) m.spec.toml = r.str(kMaxSpec);
+  m.spec.wait_for = r.u32();
+  m.round = r.i64();
+  r.expect_end();
+  if (!r.ok()) return r.status();
+  if (m.kind == kFullSpec && std::memcmp(hash.data(), digest_of(as_bytes(m.spec.toml)).bytes.data(), 32) != 0) {
+    return error(ErrorCode::kMalformed, "the run spec from " + from + " does not match its hash");
+  }
+  return m;
+}
+
+Bytes encode_board(const BoardMessage& m) {
+  Writer w;
+  w.u8(kBoardVersion);
+  w.u8(m.kind);
+  w.u64(m.id);
+  if (m.kind == kJoin && m.link > 0) w.u64(m.link);
+  if (m.kind == kOffer) {
+    w.i64(m.round);
+    w.str(m.address);
+  }
+  return std::move(w).take();
+}
+
+Result<BoardMessage> decode_board(ByteView bytes, const std::string& from) {
+  Reader r(bytes, "state message from " + from);
+  BoardMessage m;
+  const std::uint8_t version = r.u8();
+  m.kind = r.u8();
+  m.id = r.u64();
+  if (m.kind == kJoin && r.remaining() == 8) m.link = r.u64();
+  if (m.kind == kOffer) {
+    m.round = r.i64();
+    m.address = r.str(256);
+  }
+  r.expect_end();
+  if (!r.ok()) return r.status();
+  if (version != kBoardVersion || (m.kind != kJoin && m.kind != kOffer && m.kind != kAbsent)) {
+    return error(ErrorCode::kMalformed, "a state message of version " + std::to_string(version) + " and kind " + std::to_string(m.kind) +
+                                            " (this peer reads version " + std::to_string(kBoardVersion) + ", kinds 1 to 3)");
+  }
+  return m;
+}
+
+}  // namespace announcement_wire
+
+using namespace announcement_wire;
 
 // An announcer's state, shared with its gossip handler (which may outlive it).
 struct AnnouncerState {
@@ -118,30 +181,16 @@ std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip, Clock& clo
   heard->signal = clock.make_signal();
   heard->gossip = &gossip;
   gossip.subscribe(kSpecTopic, [heard](transport::PeerId origin, const Bytes& payload) {
-    Reader r(payload, "run spec from peer " + origin.to_string());
-    const std::uint8_t version = r.u8();
-    const std::uint8_t kind = r.u8();
-    if (r.ok() && version == kSpecVersion && kind == kWant) return;  // for the announcers
-    const ByteView hash = r.raw(32);
-    std::string toml = kind == kFullSpec ? r.str(kMaxSpec) : std::string();
-    const std::uint32_t wait_for = r.u32();
-    const std::int64_t round = r.i64();
-    r.expect_end();
+    auto m = decode_spec(payload, "peer " + origin.to_string());
+    if (m.ok() && m->kind == kWant) return;  // for the announcers
     std::lock_guard lock(heard->mu);
-    std::string problem;
-    if (version != kSpecVersion) {
-      problem = "peer " + origin.to_string() + " announces a run spec of version " + std::to_string(version) + ", this peer reads " +
-                std::to_string(kSpecVersion) + ": run the same gossamer version on every peer";
-    } else if (!r.ok() || (kind != kBeacon && kind != kFullSpec)) {
-      problem = r.ok() ? "a run announcement of unknown kind " + std::to_string(kind) : r.status().to_string();
-    } else if (kind == kFullSpec && std::memcmp(hash.data(), digest_of(as_bytes(toml)).bytes.data(), 32) != 0) {
-      problem = "the run spec from peer " + origin.to_string() + " does not match its hash";
-    } else {
-      if (kind == kFullSpec && !heard->spec) heard->spec = Spec{std::move(toml), wait_for};
-      heard->latest_round = std::max(heard->latest_round, round);
+    if (m.ok()) {
+      if (m->kind == kFullSpec && !heard->spec) heard->spec = std::move(m->spec);
+      heard->latest_round = std::max(heard->latest_round, m->round);
       heard->signal->notify_all();
       return;
     }
+    std::string problem = m.status().code() == ErrorCode::kMalformed ? m.status().message() : m.status().to_string();
     if (problem != heard->last_problem) spdlog::warn("ignored a run spec: {}", problem);
     heard->last_problem = std::move(problem);
   });
@@ -324,35 +373,20 @@ void JoinBoard::forget(std::int64_t round) {
 }
 
 Bytes JoinBoard::encode(std::uint8_t kind, std::int64_t round, const std::string& address, std::uint64_t link) const {
-  Writer w;
-  w.u8(kStateVersion);
-  w.u8(kind);
-  w.u64(gossip_.self().value);
-  if (kind == kJoin && link > 0) w.u64(link);
-  if (kind == kOffer) {
-    w.i64(round);
-    w.str(address);
-  }
-  return std::move(w).take();
+  return encode_board(BoardMessage{kind, gossip_.self().value, round, address, kind == kJoin ? link : 0});
 }
 
 void JoinBoard::on_message(transport::PeerId origin, const Bytes& payload) {
-  Reader r(payload, "state message from peer " + origin.to_string());
-  const std::uint8_t version = r.u8(), kind = r.u8();
-  const transport::PeerId id{r.u64()};
-  std::int64_t round = 0;
-  std::string address;
-  std::uint64_t link = 0;
-  if (kind == kJoin && r.remaining() == 8) link = r.u64();
-  if (kind == kOffer) {
-    round = r.i64();
-    address = r.str(256);
-  }
-  r.expect_end();
-  if (!r.ok() || version != kStateVersion || (kind != kJoin && kind != kOffer && kind != kAbsent)) {
-    spdlog::warn("dropped a state message from peer {}: {}", origin.to_string(), r.ok() ? "unknown version or kind" : r.status().to_string());
+  auto m = decode_board(payload, "peer " + origin.to_string());
+  if (!m.ok()) {
+    spdlog::warn("dropped a state message from peer {}: {}", origin.to_string(), m.status().message());
     return;
   }
+  const std::uint8_t kind = m->kind;
+  const transport::PeerId id{m->id};
+  const std::int64_t round = m->round;
+  const std::string& address = m->address;
+  const std::uint64_t link = m->link;
   std::unique_lock lock(mu_);
   const Nanos now = clock_.now();
   if (kind == kAbsent) {

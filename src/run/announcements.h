@@ -53,6 +53,35 @@ struct Spec {
   std::uint32_t wait_for = 1;
 };
 
+// The two topics' messages (layouts above), as the handlers and the wire registry read and write them.
+namespace announcement_wire {
+inline constexpr std::uint8_t kSpecVersion = 2;   // run spec messages
+inline constexpr std::uint8_t kBoardVersion = 1;  // join board messages
+inline constexpr std::uint8_t kBeacon = 1, kFullSpec = 2, kWant = 3;
+inline constexpr std::uint8_t kJoin = 1, kOffer = 2, kAbsent = 3;
+
+struct SpecMessage {
+  std::uint8_t kind = kWant;
+  Spec spec;                   // SPEC: the TOML (checked against its hash) and the peers to wait for
+  std::int64_t round = -1;     // SPEC and BEACON
+};
+Bytes encode_spec(const Spec& spec, std::int64_t round, bool full);
+Bytes encode_want();
+// Untrusted: another version, an unknown kind, a malformed body or a SPEC whose TOML does not match
+// its hash is an error that says which; `from` names the sender in it.
+[[nodiscard]] Result<SpecMessage> decode_spec(ByteView bytes, const std::string& from);
+
+struct BoardMessage {
+  std::uint8_t kind = kJoin;
+  std::uint64_t id = 0;
+  std::int64_t round = 0;   // OFFER
+  std::string address;      // OFFER: the offering peer's links
+  std::uint64_t link = 0;   // JOIN: the newcomer's link speed in bytes/s (0: unknown, not sent)
+};
+Bytes encode_board(const BoardMessage& m);
+[[nodiscard]] Result<BoardMessage> decode_board(ByteView bytes, const std::string& from);
+}  // namespace announcement_wire
+
 struct AnnouncerState;
 
 // Answers the peers that ask for the run spec (see above), with the furthest round `round` says this

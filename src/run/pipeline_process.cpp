@@ -15,6 +15,7 @@
 #include "model/gpt.h"
 #include "optim/flat_params.h"
 #include "run/link_probe.h"
+#include "run/pipeline_agreement.h"
 #include "run/pipeline_mesh.h"
 #include "run/rounds.h"
 #include "quant/codec.h"
@@ -265,24 +266,22 @@ Status PipelineProcess::agree_on_schedule(Deadline deadline) {
 // Every node confirms it got through the iteration before any weight moves (ddp), so a lost node
 // leaves every survivor's weights as they were.
 Status PipelineProcess::commit() {
-  Writer w;
-  w.u64(static_cast<std::uint64_t>(committing_));
+  const Bytes confirmation = pipeline_agreement::encode_commit(static_cast<std::uint64_t>(committing_));
   if (req_.crash_while_confirming == committing_) {
     for (int j = 0; j < req_.node; ++j) {
-      if (links_[static_cast<std::size_t>(j)]) (void)links_[static_cast<std::size_t>(j)]->send(kCommitTag, w.bytes(), after(round_timeout_));
+      if (links_[static_cast<std::size_t>(j)]) (void)links_[static_cast<std::size_t>(j)]->send(kCommitTag, confirmation, after(round_timeout_));
     }
     clock_.sleep_for(std::chrono::milliseconds(200));  // (what was sent leaves before the links go)
     close_all(links_);
     return error(ErrorCode::kAborted, "fault drill: died while confirming iteration " + std::to_string(committing_));
   }
-  auto acks = exchange(links_, req_.node, kCommitTag, w.bytes(), after(iteration_patience()), "confirming the iteration");
+  auto acks = exchange(links_, req_.node, kCommitTag, confirmation, after(iteration_patience()), "confirming the iteration");
   if (!acks.ok()) return acks.status();
   for (std::size_t j = 0; j < acks->size(); ++j) {
     if (!links_[j] || static_cast<int>(j) == req_.node) continue;
-    Reader r((*acks)[j], "pipeline commit");
-    const std::uint64_t it = r.u64();
-    r.expect_end();
-    if (!r.ok() || it != static_cast<std::uint64_t>(committing_)) return error(ErrorCode::kMalformed, "node " + std::to_string(j) + " confirmed another iteration");
+    auto it = pipeline_agreement::decode_commit((*acks)[j], "node " + std::to_string(j));
+    if (!it.ok()) return it.status();
+    if (*it != static_cast<std::uint64_t>(committing_)) return error(ErrorCode::kMalformed, "node " + std::to_string(j) + " confirmed another iteration");
   }
   note("confirmed " + std::to_string(committing_));
   return Status();
@@ -295,12 +294,10 @@ Result<std::uint64_t> PipelineProcess::check_views(const std::vector<Bytes>& vie
   std::uint64_t furthest = mine;
   for (std::size_t j = 0; j < views.size(); ++j) {
     if (!links_[j] || static_cast<int>(j) == req_.node) continue;
-    Reader r(views[j], "pipeline view");
-    const std::uint64_t done = r.u64();
-    std::vector<bool> theirs(static_cast<std::size_t>(n_));
-    for (int k = 0; k < n_; ++k) theirs[static_cast<std::size_t>(k)] = r.u8() != 0;
-    r.expect_end();
-    if (!r.ok()) return r.status().with_context("from node " + std::to_string(j));
+    auto view = pipeline_agreement::decode_view(views[j], n_, "node " + std::to_string(j));
+    if (!view.ok()) return view.status();
+    const std::uint64_t done = view->done;
+    const std::vector<bool>& theirs = view->reaches;
     // A node lost while it confirmed an iteration may have confirmed it to some nodes and not to
     // others: those that heard every confirmation applied it, the others not yet. Every survivor
     // sent its own confirmation (the ones ahead heard it), so each holds that iteration's
@@ -334,11 +331,10 @@ Status PipelineProcess::recover(const Status& failure, std::int64_t iteration) {
   std::vector<bool> left(static_cast<std::size_t>(n_), false);
   for (int j = 0; j < n_; ++j) left[static_cast<std::size_t>(j)] = j == req_.node || links_[static_cast<std::size_t>(j)] != nullptr;
   const auto mine = static_cast<std::uint64_t>(trainer_->iterations_done());
-  Writer w;  // who this node reached, and how far it got: they must agree
-  w.u64(mine);
-  for (int j = 0; j < n_; ++j) w.u8(left[static_cast<std::size_t>(j)] ? 1 : 0);
+  // Who this node reached, and how far it got: they must agree.
+  const Bytes view = pipeline_agreement::encode_view(pipeline_agreement::View{mine, left});
   note("view " + std::to_string(epoch_) + ": done " + std::to_string(mine) + ", reaching " + pipeline_mesh::node_list(left));
-  auto views = exchange(links_, req_.node, kViewTag, w.bytes(), patient, "agreeing on the nodes left");
+  auto views = exchange(links_, req_.node, kViewTag, view, patient, "agreeing on the nodes left");
   if (!views.ok()) return views.status().with_context("after: " + failure.message());
   auto furthest = check_views(*views, left);
   if (!furthest.ok()) return furthest.status();

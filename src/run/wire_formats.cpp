@@ -5,14 +5,20 @@
 
 #include <torch/torch.h>
 
+#include "core/clock.h"
 #include "model/safetensors.h"
+#include "optim/state_io.h"
 #include "quant/codec.h"
 #include "quant/format.h"
 #include "quant/sparse.h"
+#include "run/announcements.h"
 #include "run/link_probe.h"
+#include "run/pipeline_agreement.h"
 #include "run/state_sync_parts.h"
 #include "run/update_codec.h"
 #include "train/checkpoint.h"
+#include "train/run.h"
+#include "train/worker.h"
 #include "train/pipeline_wire.h"
 #include "transport/protocol.h"
 #include "transport/reach_probe.h"
@@ -181,11 +187,60 @@ std::vector<WireFormat> file_rows() {
   return rows;
 }
 
+// A worker of a tiny model, whose inner optimizer's state is the sample (before its first step: the
+// same bytes on every machine) and takes the decoded bytes.
+train::Worker& tiny_worker() {
+  static const train::RunConfig config = [] {
+    train::RunConfig c;
+    c.model.layers = 1;
+    c.model.width = 8;
+    c.model.heads = 2;
+    c.model.context = 4;
+    c.data.synthetic.bytes = 4000;
+    c.train.batch_size = 2;
+    return c;
+  }();
+  static const train::Corpus corpus = [] {
+    auto loaded = train::load_corpus(config);
+    GOSSAMER_CHECK(loaded.ok(), "the wire registry's tiny corpus: " + loaded.status().to_string());
+    return std::move(*loaded);
+  }();
+  static train::Worker worker(config, corpus.dataset, 0, 1, real_clock());
+  return worker;
+}
+
+std::vector<WireFormat> run_rows() {
+  std::vector<WireFormat> rows;
+  rows.push_back({"Run spec", "src/run/announcements.h", "gossip topic gossamer.spec", announcement_wire::kSpecVersion, kMaxSpec + 64,
+                  [] { return announcement_wire::encode_spec(Spec{"[model]\npreset = \"gpt2-124m\"\n", 4}, 17, true); },
+                  [](ByteView b) { return status_of(announcement_wire::decode_spec(b, "sample")); }});
+  rows.push_back({"Join board", "src/run/announcements.h", "gossip topic gossamer.state", announcement_wire::kBoardVersion, 2 + 8 + 8 + 4 + 256,
+                  [] { return announcement_wire::encode_board({announcement_wire::kOffer, 0x1234, 42, "198.51.100.7:7001", 0}); },
+                  [](ByteView b) { return status_of(announcement_wire::decode_board(b, "sample")); }});
+  rows.push_back({"Pipeline commits", "src/run/pipeline_agreement.h", hex_tag(transport::tags::kPipelineCommit), pipeline_agreement::kVersion, 9,
+                  [] { return pipeline_agreement::encode_commit(12); },
+                  [](ByteView b) { return status_of(pipeline_agreement::decode_commit(b, "sample")); }});
+  rows.push_back({"Pipeline views", "src/run/pipeline_agreement.h", hex_tag(transport::tags::kPipelineView), pipeline_agreement::kVersion, 9 + 4096,
+                  [] { return pipeline_agreement::encode_view({7, {true, true, false, true}}); },
+                  [](ByteView b) { return status_of(pipeline_agreement::decode_view(b, 4, "sample")); }});
+  rows.push_back({"Outer optimizer state", "optim/state_io.h", "state transfer answers, checkpoints", optim::kStateFormatVersion, std::size_t{1} << 36,
+                  [] { return optim::save_state("diloco", {3, 1}, {ramp({4, 3}), ramp({5})}); },
+                  [](ByteView b) {
+                    std::vector<std::int64_t> counters(2);
+                    std::vector<at::Tensor> tensors{torch::zeros({4, 3}), torch::zeros({5})};
+                    return optim::load_state(b, "diloco", counters, tensors);
+                  }});
+  rows.push_back({"The inner optimizer's state", "src/train/worker.h", "state transfer answers (ddp)", train::Worker::kOptimizerStateVersion,
+                  std::size_t{1} << 36, [] { return tiny_worker().optimizer_state(); },
+                  [](ByteView b) { return tiny_worker().load_optimizer_state(b); }});
+  return rows;
+}
+
 }  // namespace
 
 std::vector<WireFormat> wire_formats() {
   std::vector<WireFormat> rows = transport_rows();
-  for (auto* part : {&tensor_rows, &file_rows}) {
+  for (auto* part : {&tensor_rows, &file_rows, &run_rows}) {
     auto more = (*part)();
     for (auto& r : more) rows.push_back(std::move(r));
   }

@@ -427,7 +427,7 @@ std::uint64_t Worker::restores() const { return impl_->restores; }
 
 namespace {
 constexpr char kAdamMagic[4] = {'G', 'S', 'A', 'W'};
-constexpr std::uint8_t kAdamVersion = 1;
+constexpr std::uint8_t kAdamVersion = Worker::kOptimizerStateVersion;
 
 void write_floats(Writer& w, const at::Tensor& t) {
   const at::Tensor c = t.detach().to(at::kCPU, at::kFloat).contiguous();

@@ -116,6 +116,7 @@ class Worker {
   //   magic "GSAW" | version u8 | parameters u32 | per parameter: a flag u8, then for flag 1
   //   (AdamW's) step i64, values u64, exp_avg f32 x values, exp_avg_sq f32 x values; for flag 2
   //   (Muon's, train.optimizer = muon) values u64, momentum f32 x values; for flag 0 nothing.
+  static constexpr std::uint8_t kOptimizerStateVersion = 1;
   Bytes optimizer_state() const;
   // Loads such bytes (untrusted: counts and sizes checked against the model's parameters).
   [[nodiscard]] Status load_optimizer_state(ByteView bytes);

@@ -45,11 +45,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     auto b = run::JoinBoard::make(peer);
     b->set_member(true);
     b->ask_to_join();
-    Writer join;  // peer 2's JOIN, by the layout in the header
-    join.u8(1);
-    join.u8(1);
-    join.u64(2);
-    peer.deliver(transport::PeerId{2}, "gossamer.state", join.bytes());
+    // Peer 2's JOIN, by the board's own encoder.
+    peer.deliver(transport::PeerId{2}, "gossamer.state", run::announcement_wire::encode_board({run::announcement_wire::kJoin, 2, 0, "", 0}));
     b->offer(12, "192.0.2.9:7001");
     b->offer(13, "0.0.0.0:7001");
     const auto sent = peer.direct();

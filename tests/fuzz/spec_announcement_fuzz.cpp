@@ -37,22 +37,10 @@ std::uint64_t le_at(ByteView b, std::size_t at, std::size_t n) {
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);  // every ignored announcement is logged
   if (fuzz::seeds_wanted()) {
-    // A BEACON, a SPEC and a WANT as the header lays them out (version 2).
-    const std::string toml = "[run]\nmethod = \"diloco\"\npeers = 4\n";
-    const Digest d = digest_of(as_bytes(toml));
-    const auto announcement = [&](std::uint8_t kind) {
-      Writer w;
-      w.u8(2);
-      w.u8(kind);
-      if (kind != 3) w.raw(ByteView(reinterpret_cast<const std::byte*>(d.bytes.data()), d.bytes.size()));
-      if (kind == 2) w.str(toml);
-      if (kind != 3) {
-        w.u32(4);
-        w.i64(17);
-      }
-      return std::move(w).take();
-    };
-    fuzz::write_seed("spec", fuzz::join_records({{1, announcement(1)}, {2, announcement(3)}, {1, announcement(2)}}));
+    // A BEACON, a WANT and a SPEC, by the announcements' own encoders.
+    const run::Spec spec{"[run]\nmethod = \"diloco\"\npeers = 4\n", 4};
+    namespace wire = run::announcement_wire;
+    fuzz::write_seed("spec", fuzz::join_records({{1, wire::encode_spec(spec, 17, false)}, {2, wire::encode_want()}, {1, wire::encode_spec(spec, 17, true)}}));
   }
   return 0;
 }

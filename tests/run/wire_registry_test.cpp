@@ -34,6 +34,12 @@ const std::map<std::string, std::string>& golden() {
       {"State requests", "4b9d886158109241"},
       {"State answers", "34b6933826a08451"},
       {"Link probe rows", "20d39298993bbf78"},
+      {"Run spec", "17057387d36fd603"},
+      {"Join board", "70985f141bfdf400"},
+      {"Pipeline commits", "0c211b6848133b0f"},
+      {"Pipeline views", "f8edf6ca604780d5"},
+      {"Outer optimizer state", "e2aab73688963b19"},
+      {"The inner optimizer's state", "95d6c664551e1535"},
   };
   return g;
 }
