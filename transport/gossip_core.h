@@ -71,6 +71,8 @@ struct GossipSend {
 
 class GossipCore {
  public:
+  // The messages' version (docs/wire.md; the layout in gossip_messages.cpp).
+  static constexpr std::uint8_t kWireVersion = 4;
   // `bound`: the address this node listens on; `clock` must outlive the core.
   GossipCore(GossipOptions options, std::string bound, const Clock& clock, std::uint64_t seed);
 
@@ -171,7 +173,7 @@ class GossipCore {
   static constexpr char kMagic[4] = {'G', 'S', 'G', 'P'};
   // 3: SWIM membership (probes, incarnations, piggybacked updates, digests) in place of whole tables.
   // 4: compact: varints, an IPv4 address in 7 bytes, acks and nacks without the sender's address.
-  static constexpr std::uint8_t kVersion = 4;
+  static constexpr std::uint8_t kVersion = kWireVersion;
   static constexpr std::uint8_t kAddressFlag = 1, kOutboundFlag = 2;  // the header's sender flags
   static constexpr std::uint8_t kRelayedFlag = 1;  // kDirect's: passed on by a member, the origin follows
   enum class MsgType : std::uint8_t { kPing = 1, kBroadcast = 2, kPingReq = 3, kAck = 4, kNack = 5, kGossip = 6, kSync = 7, kLeave = 8, kDirect = 9 };

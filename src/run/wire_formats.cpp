@@ -20,6 +20,7 @@
 #include "train/run.h"
 #include "train/worker.h"
 #include "train/pipeline_wire.h"
+#include "transport/gossip_core.h"
 #include "transport/protocol.h"
 #include "transport/reach_probe.h"
 #include "transport/relay.h"
@@ -47,8 +48,48 @@ Status status_of(const Result<T>& r) {
   return r.ok() ? Status() : r.status();
 }
 
+// A clock that stands still: a gossip node's messages then carry the same times on every run.
+class StillClock final : public Clock {
+ public:
+  Nanos now() const override { return Nanos(1'000'000'000); }
+  void sleep_until(Nanos) override {}
+};
+
+StillClock& still_clock() {
+  static StillClock clock;
+  return clock;
+}
+
+transport::GossipOptions gossip_options(std::uint64_t self, const std::string& seed) {
+  transport::GossipOptions o;
+  o.self = transport::PeerId{self};
+  o.seeds = {seed};
+  return o;
+}
+
+// A broadcast of node 101 that has heard node 202 (so the message carries its member news too).
+Bytes gossip_sample() {
+  transport::GossipCore a(gossip_options(101, "tcp://192.0.2.2:7000"), "tcp://192.0.2.1:7000", still_clock(), 1);
+  transport::GossipCore b(gossip_options(202, "tcp://192.0.2.1:7000"), "tcp://192.0.2.2:7000", still_clock(), 2);
+  for (auto& s : b.tick()) (void)a.handle(s.message, "192.0.2.2");
+  GOSSAMER_CHECK(a.broadcast("gossamer.round", as_bytes(std::string_view("the run goes on"))).ok(), "the wire registry's gossip sample");
+  const auto sends = a.take_broadcasts();
+  GOSSAMER_CHECK(!sends.empty(), "the wire registry's gossip sample: nothing to send");
+  return sends.front().message;
+}
+
+// A message a fresh node takes (ok) or drops (the reason is counted; here an error).
+Status gossip_decode(ByteView bytes) {
+  transport::GossipCore c(gossip_options(303, "tcp://192.0.2.1:7000"), "tcp://192.0.2.3:7000", still_clock(), 3);
+  (void)c.handle(bytes, "192.0.2.1");
+  if (c.dropped() > 0) return error(ErrorCode::kMalformed, "the gossip node dropped the message");
+  return Status();
+}
+
 std::vector<WireFormat> transport_rows() {
   std::vector<WireFormat> rows;
+  rows.push_back({"Gossip messages", "transport/gossip_core.h", "ZeroMQ, gossip's port", transport::GossipCore::kWireVersion, 64 * 1024 + 1024,
+                  gossip_sample, gossip_decode});
   rows.push_back({"HELLO", "transport/protocol.h", "first bytes of a connection", transport::kWireMajor, transport::kHelloBytes,
                   [] {
                     transport::Hello h;

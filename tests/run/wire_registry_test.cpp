@@ -34,6 +34,7 @@ const std::map<std::string, std::string>& golden() {
       {"State requests", "4b9d886158109241"},
       {"State answers", "34b6933826a08451"},
       {"Link probe rows", "20d39298993bbf78"},
+      {"Gossip messages", "e5b10cea8420dc32"},
       {"Run spec", "17057387d36fd603"},
       {"Join board", "70985f141bfdf400"},
       {"Pipeline commits", "0c211b6848133b0f"},
