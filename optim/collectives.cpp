@@ -432,7 +432,7 @@ Result<std::vector<Bytes>> allgather(const Group& g, Bytes mine, transport::Tag 
 }
 
 Result<at::Tensor> pair_exchange(transport::Link& peer, const at::Tensor& mine, const quant::EncodeOptions& codec, transport::Tag tag,
-                                 Deadline deadline, CommStats* stats_out, const Clock& clock) {
+                                 Deadline deadline, const Clock& clock, CommStats* stats_out) {
   Stopwatch watch(clock);
   CommStats stats;
   if (Status st = send_counted(peer, tag, quant::encode(mine, codec), deadline, stats); !st.ok()) return st.with_context("pair exchange");

@@ -158,7 +158,6 @@ at::Tensor allreduce_contribution(const at::Tensor& tensor, int size, const quan
 // Sends `mine` to the peer and returns the peer's tensor (same shape), both encoded with the codec
 // (NoLoCo's pairwise averaging). Both sides call it with the same tag.
 [[nodiscard]] Result<at::Tensor> pair_exchange(transport::Link& peer, const at::Tensor& mine, const quant::EncodeOptions& codec,
-                                               transport::Tag tag, Deadline deadline, CommStats* stats = nullptr,
-                                               const Clock& clock = real_clock());
+                                               transport::Tag tag, Deadline deadline, const Clock& clock, CommStats* stats = nullptr);
 
 }  // namespace gossamer::optim

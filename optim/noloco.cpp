@@ -66,7 +66,7 @@ Result<bool> NoLoCo::step(std::int64_t inner_steps_done, Deadline deadline) {
     // beta == gamma: only the fast weights are needed; otherwise fast and outer weights, side by side.
     const at::Tensor mine = same ? theta : torch::cat({theta, state_.outer});
     CommStats stats;
-    auto theirs = pair_exchange(*group_.peers[static_cast<std::size_t>(partner)], mine, options_.codec, round_tag(kNoLoCoTag, round), deadline, &stats, *group_.clock);
+    auto theirs = pair_exchange(*group_.peers[static_cast<std::size_t>(partner)], mine, options_.codec, round_tag(kNoLoCoTag, round), deadline, *group_.clock, &stats);
     comm_ += stats;
     if (!theirs.ok()) return theirs.status().with_context("NoLoCo round " + std::to_string(round) + " with rank " + std::to_string(partner));
     const std::int64_t n = theta.numel();

@@ -88,7 +88,7 @@ struct AnnouncerState;
 // peer knows of; `round` is called on the gossip thread, never after the announcer is gone.
 class SpecAnnouncer {
  public:
-  SpecAnnouncer(transport::Gossip& gossip, Spec spec, std::function<std::int64_t()> round, Clock& clock = real_clock());
+  SpecAnnouncer(transport::Gossip& gossip, Spec spec, std::function<std::int64_t()> round, Clock& clock);
   ~SpecAnnouncer();
   SpecAnnouncer(const SpecAnnouncer&) = delete;
   SpecAnnouncer& operator=(const SpecAnnouncer&) = delete;
@@ -109,7 +109,7 @@ struct HeardSpec {
   std::optional<Nanos> asked;           // when it last asked
 };
 
-std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip, Clock& clock = real_clock());
+std::shared_ptr<HeardSpec> listen_for_spec(transport::Gossip& gossip, Clock& clock);
 // Asks a few live members for the spec (and so for the round the run is at), at most once a second;
 // the answers update `heard`.
 void ask_for_spec(HeardSpec& heard);
@@ -146,7 +146,7 @@ class RunGoneWatch {
 
 class JoinBoard {
  public:
-  static std::shared_ptr<JoinBoard> make(transport::Gossip& gossip, const Clock& clock = real_clock());
+  static std::shared_ptr<JoinBoard> make(transport::Gossip& gossip, const Clock& clock);
   JoinBoard(transport::Gossip& gossip, const Clock& clock) : gossip_(gossip), clock_(clock), rng_(gossip.self().value) {}
 
   // link_bytes_per_s: this newcomer's own link where it knows it (0: unknown), so that the donors

@@ -161,8 +161,8 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
   // go before the gossip does.
   // Waits and reads time on `clock` (the simulator's, in a simulation).
   static std::shared_ptr<Coordinator> make(transport::Gossip& gossip, std::string link_address, CoordinatorOptions options,
-                                           Clock& clock = real_clock());
-  Coordinator(transport::Gossip& gossip, std::string link_address, CoordinatorOptions options, Clock& clock = real_clock());
+                                           Clock& clock);
+  Coordinator(transport::Gossip& gossip, std::string link_address, CoordinatorOptions options, Clock& clock);
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 

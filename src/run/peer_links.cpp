@@ -22,8 +22,8 @@ Result<std::uint64_t> PeerLinks::read_epoch(transport::Link& link, Deadline dead
   return epoch;
 }
 
-PeerLinks::PeerLinks(transport::Transport& transport, std::function<void(std::shared_ptr<transport::Link>)> on_state_link,
-                     std::function<std::string(transport::PeerId, const std::string&)> reachable, Clock& clock)
+PeerLinks::PeerLinks(transport::Transport& transport, Clock& clock, std::function<void(std::shared_ptr<transport::Link>)> on_state_link,
+                     std::function<std::string(transport::PeerId, const std::string&)> reachable)
     : transport_(transport),
       on_state_link_(std::move(on_state_link)),
       reachable_(std::move(reachable)),

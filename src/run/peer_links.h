@@ -51,8 +51,8 @@ class PeerLinks {
   // state_sync.h); without it they are closed.
   // reachable: where to dial a member at the address it announced (see reachable_address); the
   // address itself when empty.
-  explicit PeerLinks(transport::Transport& transport, std::function<void(std::shared_ptr<transport::Link>)> on_state_link = {},
-                     std::function<std::string(transport::PeerId, const std::string&)> reachable = {}, Clock& clock = real_clock());
+  PeerLinks(transport::Transport& transport, Clock& clock, std::function<void(std::shared_ptr<transport::Link>)> on_state_link = {},
+            std::function<std::string(transport::PeerId, const std::string&)> reachable = {});
   ~PeerLinks();  // stops the accept thread and closes every link
   PeerLinks(const PeerLinks&) = delete;
   PeerLinks& operator=(const PeerLinks&) = delete;

@@ -173,8 +173,8 @@ Status Peer::link_up() {
   server_->set_progress([this] { return progress_.load(); });
   if (auto link = own_link_bytes_per_s()) server_->set_rate(*link * config_.join.serve_share);
   links_ = std::make_unique<PeerLinks>(
-      *opened_.transport, [this](std::shared_ptr<transport::Link> l) { server_->serve(shape_state_link(std::move(l))); },
-      [g = &gossip_](transport::PeerId id, const std::string& announced) { return reachable_address(*g, id, announced); }, clock_);
+      *opened_.transport, clock_, [this](std::shared_ptr<transport::Link> l) { server_->serve(shape_state_link(std::move(l))); },
+      [g = &gossip_](transport::PeerId id, const std::string& announced) { return reachable_address(*g, id, announced); });
   if (plan_.poison) links_->poison(*plan_.poison);
   links_->tap_means(tap_);
   if (plan_.crash_mid_round > 0 && env_.crash) {

@@ -115,7 +115,7 @@ class Pacer {
 class StateServer {
  public:
   // `log`: the updates this member keeps for catch-up (none: it serves snapshots only).
-  explicit StateServer(Clock& clock = real_clock(), std::shared_ptr<const UpdateLog> log = nullptr) : clock_(clock), log_(std::move(log)) {}
+  explicit StateServer(Clock& clock, std::shared_ptr<const UpdateLog> log = nullptr) : clock_(clock), log_(std::move(log)) {}
   ~StateServer();  // closes the links being served and joins their threads
   StateServer(const StateServer&) = delete;
   StateServer& operator=(const StateServer&) = delete;
@@ -184,7 +184,7 @@ class StateFetch {
   // `wrap`, when given, makes each link what this peer uses (a shaped one, emulating distance).
   using LinkWrap = std::function<std::shared_ptr<transport::Link>(std::shared_ptr<transport::Link>)>;
   [[nodiscard]] static Result<std::unique_ptr<StateFetch>> open(transport::Transport& transport, const std::vector<Donor>& donors, std::int64_t round,
-                                                                Deadline deadline, Clock& clock = real_clock(), const LinkWrap& wrap = {});
+                                                                Deadline deadline, Clock& clock, const LinkWrap& wrap = {});
   ~StateFetch();
   StateFetch(const StateFetch&) = delete;
   StateFetch& operator=(const StateFetch&) = delete;
@@ -266,6 +266,6 @@ class StateFetch {
 
 // One snapshot from `donors` (StateFetch::open, then snapshot() into memory).
 [[nodiscard]] Result<FetchResult> fetch_state(transport::Transport& transport, const std::vector<Donor>& donors, std::int64_t round,
-                                              Deadline deadline, Clock& clock = real_clock());
+                                              Deadline deadline, Clock& clock);
 
 }  // namespace gossamer::run

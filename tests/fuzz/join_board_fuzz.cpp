@@ -42,7 +42,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     // round 12 at an address and round 13 at a wildcard one (made reachable through its gossip
     // address); the board then forgets round 12.
     fuzz::FakeGossip peer(transport::PeerId{9}, {transport::Member{transport::PeerId{1}, "tcp://192.0.2.1:7000"}});
-    auto b = run::JoinBoard::make(peer);
+    auto b = run::JoinBoard::make(peer, real_clock());
     b->set_member(true);
     b->ask_to_join();
     // Peer 2's JOIN, by the board's own encoder.

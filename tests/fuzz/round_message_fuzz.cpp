@@ -55,7 +55,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     // What peer 2 says retrying round 1 after epoch 1 at step 12 (to everyone), and the other kinds
     // by the layout in the header: a READY, a whole GROUP, a change, an INTENT and an AT.
     fuzz::FakeGossip peer(transport::PeerId{2});
-    auto c = run::Coordinator::make(peer, "192.0.2.2:7001", run::CoordinatorOptions{});
+    auto c = run::Coordinator::make(peer, "192.0.2.2:7001", run::CoordinatorOptions{}, real_clock());
     (void)c->agree(0, 0, Deadline::after(real_clock(), std::chrono::seconds(5)));
     (void)c->agree(1, 1, Deadline::after(real_clock(), std::chrono::seconds(5)), 12);
     std::vector<std::pair<std::uint8_t, Bytes>> records;
@@ -123,7 +123,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const transport::PeerId self{1};
   fuzz::FakeGossip gossip(self);
-  auto coordinator = run::Coordinator::make(gossip, "192.0.2.1:7001", run::CoordinatorOptions{});
+  auto coordinator = run::Coordinator::make(gossip, "192.0.2.1:7001", run::CoordinatorOptions{}, real_clock());
   auto first = coordinator->agree(0, 0, Deadline::after(real_clock(), std::chrono::seconds(5)));
   if (!first.ok() || first->rank_of(self) != 0) __builtin_trap();
 

@@ -48,10 +48,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   // An announcer runs for the whole process; its state is bounded by the origins.
   static fuzz::FakeGossip announcer_gossip(transport::PeerId{9});
-  static run::SpecAnnouncer announcer(announcer_gossip, run::Spec{"[run]\nmethod = \"diloco\"\n", 2}, [] { return std::int64_t{3}; });
+  static run::SpecAnnouncer announcer(announcer_gossip, run::Spec{"[run]\nmethod = \"diloco\"\n", 2}, [] { return std::int64_t{3}; }, real_clock());
 
   fuzz::FakeGossip gossip(transport::PeerId{8});
-  auto heard = run::listen_for_spec(gossip);
+  auto heard = run::listen_for_spec(gossip, real_clock());
   std::optional<run::Spec> taken;
   std::int64_t furthest = -1;
   for (const auto& record : fuzz::split_records(data, size)) {

@@ -175,7 +175,7 @@ void fuzz_donor(const std::vector<fuzz::Record>& records) {
   bool closed = false;
   std::uint64_t served = 0;
   {
-    run::StateServer server;
+    run::StateServer server(real_clock());
     server.offer(previous());
     server.offer(current());
     server.serve(link);
@@ -241,7 +241,7 @@ void fuzz_newcomer(const std::vector<fuzz::Record>& records, bool manifest_fuzze
     const ByteView a = records[next++].payload;
     return Bytes(a.begin(), a.end());
   });
-  auto got = run::fetch_state(transport, {run::Donor{"192.0.2.2:7001", "2"}}, 3, Deadline::after(real_clock(), 10s));
+  auto got = run::fetch_state(transport, {run::Donor{"192.0.2.2:7001", "2"}}, 3, Deadline::after(real_clock(), 10s), real_clock());
   if (!got.ok()) {
     const ErrorCode code = got.status().code();
     if (code != ErrorCode::kUnavailable && code != ErrorCode::kDataLoss) __builtin_trap();

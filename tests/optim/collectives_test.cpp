@@ -158,8 +158,8 @@ TEST_CASE("pair exchange swaps tensors through the codec") {
   auto [ab, ba] = transport::make_memory_link_pair(transport::PeerId{1}, transport::PeerId{2});
   const at::Tensor a = torch::arange(12, torch::kFloat).view({3, 4}), b = -a;
   Result<at::Tensor> got_a = error(ErrorCode::kAborted, "not run"), got_b = error(ErrorCode::kAborted, "not run");
-  std::thread peer([&] { got_b = pair_exchange(*ba, b, codec(quant::CodecId::kFp32), 9, in(5s)); });
-  got_a = pair_exchange(*ab, a, codec(quant::CodecId::kFp32), 9, in(5s));
+  std::thread peer([&] { got_b = pair_exchange(*ba, b, codec(quant::CodecId::kFp32), 9, in(5s), real_clock()); });
+  got_a = pair_exchange(*ab, a, codec(quant::CodecId::kFp32), 9, in(5s), real_clock());
   peer.join();
   REQUIRE(got_a.ok());
   REQUIRE(got_b.ok());

@@ -46,7 +46,7 @@ Trio trio(CoordinatorOptions o) {
   t.nodes.push_back(node());
   for (int i = 0; i < 2; ++i) t.nodes.push_back(node({t.nodes[0]->address()}));
   o.min_members = 3;
-  for (std::size_t i = 0; i < t.nodes.size(); ++i) t.cs.push_back(Coordinator::make(*t.nodes[i], "addr-" + std::to_string(i), o));
+  for (std::size_t i = 0; i < t.nodes.size(); ++i) t.cs.push_back(Coordinator::make(*t.nodes[i], "addr-" + std::to_string(i), o, real_clock()));
   return t;
 }
 
@@ -141,8 +141,8 @@ TEST_CASE("a retry where members failed at different steps: those at the later s
 
 TEST_CASE("round messages of another protocol version, or malformed, are dropped and counted") {
   auto a = node(), b = node({a->address()});
-  auto ca = Coordinator::make(*a, "addr-a", CoordinatorOptions{});
-  auto cb = Coordinator::make(*b, "addr-b", CoordinatorOptions{});
+  auto ca = Coordinator::make(*a, "addr-a", CoordinatorOptions{}, real_clock());
+  auto cb = Coordinator::make(*b, "addr-b", CoordinatorOptions{}, real_clock());
   // Wait until each hears the other: b's broadcasts go to the peers it knows.
   auto knows = [](const transport::Gossip& g, transport::PeerId id) {
     for (const auto& m : g.members()) {

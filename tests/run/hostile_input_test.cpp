@@ -159,7 +159,7 @@ Bytes ready_message(std::int64_t round, std::uint64_t after, std::uint64_t id, s
 TEST_CASE("mutated READY, GROUP, INTENT, AT, ABANDON, DONE and COMMIT messages are dropped and counted or taken, and the coordinator still agrees") {
   // Valid messages: what a coordinator leading a group of one sends, and the other kinds by their layout.
   RecordingGossip a(1);
-  auto ca = Coordinator::make(a, "192.0.2.1:7001", CoordinatorOptions{});
+  auto ca = Coordinator::make(a, "192.0.2.1:7001", CoordinatorOptions{}, real_clock());
   REQUIRE(ca->agree(0, 0, Deadline::after(real_clock(), 5s)).ok());
   REQUIRE(ca->agree(1, 1, Deadline::after(real_clock(), 5s), 12).ok());  // a retry after epoch 1, at step 12: it leads, so ABANDON
   std::vector<Bytes> valid;
@@ -204,7 +204,7 @@ TEST_CASE("mutated READY, GROUP, INTENT, AT, ABANDON, DONE and COMMIT messages a
   RecordingGossip b(2);
   CoordinatorOptions committing;
   committing.commit_rounds = true;
-  auto cb = Coordinator::make(b, "192.0.2.2:7001", committing);
+  auto cb = Coordinator::make(b, "192.0.2.2:7001", committing, real_clock());
   REQUIRE(cb->agree(0, 0, Deadline::after(real_clock(), 5s)).ok());  // a member, not a newcomer
   std::mt19937_64 rng(4);
   const int n = 20000;
@@ -238,8 +238,8 @@ TEST_CASE("a READY to everyone is answered by the group's leader alone, a READY 
     return g;
   };
   auto leader = holder(1, 2), member = holder(2, 1);
-  auto cl = Coordinator::make(*leader, "192.0.2.1:7001", CoordinatorOptions{});
-  auto cm = Coordinator::make(*member, "192.0.2.2:7001", CoordinatorOptions{});
+  auto cl = Coordinator::make(*leader, "192.0.2.1:7001", CoordinatorOptions{}, real_clock());
+  auto cm = Coordinator::make(*member, "192.0.2.2:7001", CoordinatorOptions{}, real_clock());
   leader->deliver(transport::PeerId{1}, "gossamer.round", whole);  // (its own: ignored)
   leader->deliver(transport::PeerId{2}, "gossamer.round", whole);
   member->deliver(transport::PeerId{1}, "gossamer.round", whole);
@@ -287,11 +287,11 @@ TEST_CASE("mutated chunk answers are refused, and the state still comes whole fr
   const int n = 100;
   int refused = 0;
   for (int i = 0; i < n; ++i) {
-    StateServer server;
+    StateServer server(real_clock());
     server.offer(snapshot);
     LocalTransport newcomer(server, rng);
     // The forger alone: refused, or (had every mutation changed nothing) the state itself, never other bytes.
-    auto alone = fetch_state(newcomer, {Donor{"forger", "forger"}}, 3, Deadline::after(real_clock(), std::chrono::seconds(10)));
+    auto alone = fetch_state(newcomer, {Donor{"forger", "forger"}}, 3, Deadline::after(real_clock(), std::chrono::seconds(10)), real_clock());
     if (alone.ok()) {
       CHECK((Bytes(alone->bytes.begin(), alone->bytes.end()) == state));
     } else {
@@ -300,7 +300,7 @@ TEST_CASE("mutated chunk answers are refused, and the state still comes whole fr
     }
     // Beside an honest donor: the chunks the forger spoiled are fetched again from it.
     auto both = fetch_state(newcomer, {Donor{"forger", "forger"}, Donor{"honest", "honest"}}, 3,
-                            Deadline::after(real_clock(), std::chrono::seconds(10)));
+                            Deadline::after(real_clock(), std::chrono::seconds(10)), real_clock());
     REQUIRE(both.ok());
     CHECK((Bytes(both->bytes.begin(), both->bytes.end()) == state));
   }
@@ -326,7 +326,7 @@ TEST_CASE("mutated run-spec announcements are ignored, or taken only with the TO
   int ignored = 0;
   for (int i = 0; i < n; ++i) {
     RecordingGossip g(2);  // a listener of its own each time: it keeps the first spec it takes
-    auto heard = listen_for_spec(g);
+    auto heard = listen_for_spec(g, real_clock());
     g.deliver(transport::PeerId{1}, "gossamer.spec", mutate(i % 2 == 0 ? spec : beacon, rng));
     std::lock_guard lock(heard->mu);
     if (heard->spec) CHECK(heard->spec->toml == toml);  // the hash covers the TOML
@@ -335,7 +335,7 @@ TEST_CASE("mutated run-spec announcements are ignored, or taken only with the TO
   CHECK(ignored > n / 2);
   // A listener that heard only mutated BEACONs still takes a valid SPEC.
   RecordingGossip g(2);
-  auto heard = listen_for_spec(g);
+  auto heard = listen_for_spec(g, real_clock());
   for (int i = 0; i < 2000; ++i) g.deliver(transport::PeerId{1}, "gossamer.spec", mutate(beacon, rng));
   g.deliver(transport::PeerId{1}, "gossamer.spec", spec);
   auto got = receive_spec(*heard, std::chrono::seconds(1));
@@ -348,14 +348,14 @@ TEST_CASE("mutated JOIN and OFFER messages are dropped, or taken as exactly what
   // A newcomer asks the members it knows directly; a member offers to the newcomers that asked.
   RecordingGossip asker(5);
   for (std::uint64_t id : {3, 9}) asker.known.push_back(transport::Member{transport::PeerId{id}, "tcp://192.0.2.1:700" + std::to_string(id), 0, transport::MemberState::kAlive, false});
-  auto newcomer = JoinBoard::make(asker);
+  auto newcomer = JoinBoard::make(asker, real_clock());
   newcomer->ask_to_join();
   REQUIRE(asker.direct.size() == 2);
   CHECK(std::get<0>(asker.direct[0]) != std::get<0>(asker.direct[1]));
   CHECK(asker.sent.empty());  // never to everyone
   // A peer not in the run answers ABSENT at once, and the newcomer notes it.
   RecordingGossip outsider(7);
-  auto waiting_too = JoinBoard::make(outsider);
+  auto waiting_too = JoinBoard::make(outsider, real_clock());
   outsider.deliver(asker.self(), "gossamer.state", std::get<2>(asker.direct[0]));
   CHECK(waiting_too->waiting().empty());
   REQUIRE(outsider.direct.size() == 1);
@@ -364,7 +364,7 @@ TEST_CASE("mutated JOIN and OFFER messages are dropped, or taken as exactly what
   CHECK(newcomer->absent(outsider.self(), std::chrono::seconds(5)));
   CHECK_FALSE(newcomer->absent(transport::PeerId{9}, std::chrono::seconds(5)));
   RecordingGossip a(9);
-  auto sender = JoinBoard::make(a);
+  auto sender = JoinBoard::make(a, real_clock());
   sender->set_member(true);
   a.deliver(asker.self(), "gossamer.state", std::get<2>(asker.direct[0]));
   REQUIRE(sender->waiting().size() == 1);

@@ -45,7 +45,7 @@ struct DonorPeer {
   std::unique_ptr<transport::Transport> transport = tcp();
   std::shared_ptr<UpdateLog> log = std::make_shared<UpdateLog>(100, 1u << 30);
   std::unique_ptr<StateServer> server = std::make_unique<StateServer>(real_clock(), log);
-  std::unique_ptr<PeerLinks> links = std::make_unique<PeerLinks>(*transport, [this](std::shared_ptr<transport::Link> l) { server->serve(std::move(l)); });
+  std::unique_ptr<PeerLinks> links = std::make_unique<PeerLinks>(*transport, real_clock(), [this](std::shared_ptr<transport::Link> l) { server->serve(std::move(l)); });
   Donor donor() const { return Donor{transport->address(), transport->self().to_string()}; }
   void leave() {  // the acceptor first (it hands links to the server), then the server
     links.reset();
@@ -79,7 +79,7 @@ TEST_CASE("a newcomer fetches the state from several donors at once, chunk hashe
   std::uint64_t fetched = 0;
   std::size_t most_donors = 0;
   for (int attempt = 0; attempt < 3 && most_donors < 2; ++attempt) {
-    auto got = fetch_state(*newcomer, list, 7, in(30s));
+    auto got = fetch_state(*newcomer, list, 7, in(30s), real_clock());
     REQUIRE(got.ok());
     CHECK(digest_of(got->bytes) == digest_of(state));
     CHECK(got->manifest.round == 7);
@@ -94,7 +94,7 @@ TEST_CASE("a newcomer fetches the state from several donors at once, chunk hashe
   for (auto& d : donors) served += d->server->bytes_served();
   CHECK(served == fetched);
   // A round nobody holds: refused, and said so.
-  auto none = fetch_state(*newcomer, list, 8, in(10s));
+  auto none = fetch_state(*newcomer, list, 8, in(10s), real_clock());
   CHECK(none.status().code() == ErrorCode::kUnavailable);
 }
 
@@ -113,7 +113,7 @@ TEST_CASE("a donor serving corrupt chunks and an unreachable donor do not spoil 
     gone = Donor{t->address(), "gone"};
   }  // its transport is closed: nothing listens there
   auto newcomer = tcp();
-  auto got = fetch_state(*newcomer, {gone, bad.donor(), good.donor()}, 3, in(30s));
+  auto got = fetch_state(*newcomer, {gone, bad.donor(), good.donor()}, 3, in(30s), real_clock());
   REQUIRE(got.ok());
   CHECK(digest_of(got->bytes) == digest_of(state));
   CHECK(got->donors_failed >= 1);  // the unreachable one at least; the forger once it hits a forged chunk
@@ -131,7 +131,7 @@ TEST_CASE("a donor that leaves mid-transfer only hands its share to the others")
     left = true;
   });
   auto newcomer = tcp();
-  auto got = fetch_state(*newcomer, list, 5, in(60s));
+  auto got = fetch_state(*newcomer, list, 5, in(60s), real_clock());
   leaver.join();
   REQUIRE(got.ok());
   CHECK(left.load());
@@ -184,7 +184,7 @@ TEST_CASE("catch-up: the updates donors keep after a snapshot are listed, fetche
   donors[2]->log->add(50, 5, 2, small);
   donors[2]->log->add(60, 6, 2, other);
   auto newcomer = tcp();
-  auto session = StateFetch::open(*newcomer, list, 4, in(30s));
+  auto session = StateFetch::open(*newcomer, list, 4, in(30s), real_clock());
   REQUIRE(session.ok());
   auto store = make_memory_store();
   REQUIRE((*session)->snapshot(*store, in(30s)).ok());
@@ -227,7 +227,7 @@ TEST_CASE("catch-up: a newcomer older than what the donors keep is told to fetch
   log.start(20);
   for (std::int64_t s = 30; s <= 100; s += 10) log.add(s, s / 10, 1, random_bytes(100, static_cast<unsigned>(s)));
   auto newcomer = tcp();
-  auto session = StateFetch::open(*newcomer, list, 2, in(10s));
+  auto session = StateFetch::open(*newcomer, list, 2, in(10s), real_clock());
   REQUIRE(session.ok());
   CHECK((*session)->updates_after(20, in(10s)).ok());  // this donor keeps 100 steps: all of them
   log.stop();
@@ -250,7 +250,7 @@ TEST_CASE("serving is paced to its rate") {
   donors[0]->server->set_rate(1e6);  // 1 MB/s: 0.4 s at least
   auto newcomer = tcp();
   const auto t0 = std::chrono::steady_clock::now();
-  auto got = fetch_state(*newcomer, list, 1, in(30s));
+  auto got = fetch_state(*newcomer, list, 1, in(30s), real_clock());
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   REQUIRE(got.ok());
   CHECK(took >= 0.35);  // the first chunk goes at once
@@ -358,7 +358,7 @@ TEST_CASE("a transfer cut short resumes: only the chunks not yet verified cross 
     }
   }
   auto newcomer = tcp();
-  auto session = StateFetch::open(*newcomer, list, 6, in(30s));
+  auto session = StateFetch::open(*newcomer, list, 6, in(30s), real_clock());
   REQUIRE(session.ok());
   auto store = make_file_store(dir);
   REQUIRE((*session)->snapshot(*store, in(30s)).ok());
@@ -392,7 +392,7 @@ TEST_CASE("an update larger than this model's updates can hold is refused when l
     d->log->add(60, 6, 2, random_bytes(50'000, 15));  // more than the limit below
   }
   auto newcomer = tcp();
-  auto session = StateFetch::open(*newcomer, list, 4, in(30s));
+  auto session = StateFetch::open(*newcomer, list, 4, in(30s), real_clock());
   REQUIRE(session.ok());
   (*session)->set_update_limit(8000);
   auto index = (*session)->updates_after(40, in(30s));
@@ -423,7 +423,7 @@ TEST_CASE("a store that refuses a write ends the transfer at once with its error
   const Bytes state = random_bytes(2'000'000, 16);
   auto [donors, list] = serving(3, Snapshot::make(8, 80, 2, state, 64 * 1024));
   auto newcomer = tcp();
-  auto session = StateFetch::open(*newcomer, list, 8, in(30s));
+  auto session = StateFetch::open(*newcomer, list, 8, in(30s), real_clock());
   REQUIRE(session.ok());
   FillingStore store;
   const Status st = (*session)->snapshot(store, in(30s));
