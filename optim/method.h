@@ -57,6 +57,7 @@ struct MethodInfo {
   bool muon_inner = false;             // its workers step with Muon whatever train.optimizer says
   bool flat_gradient_on_host = false;  // the memory model: its flat gradient buffer stays in host memory
   bool stage_sync = false;             // it may synchronise a pipeline stage's replicas (pipeline.stage_sync)
+  bool in_default_compare = false;     // `gossamer compare` runs it when --methods is not given
   NewcomerNeeds newcomer = NewcomerNeeds::kNothing;
   std::string_view note{};  // one sentence on what shapes its curve, for the report's readers
 };
@@ -70,6 +71,7 @@ inline constexpr std::array<MethodInfo, 8> kMethods = {{
      .trimmed_aggregation = true,
      .flat_gradient_on_host = true,
      .stage_sync = true,
+     .in_default_compare = true,
      .newcomer = NewcomerNeeds::kOptimizerState,
      .note = "averages gradients every step: the loss to beat, at the most bytes."},
     {.id = Method::kDiLoCo,
@@ -80,6 +82,7 @@ inline constexpr std::array<MethodInfo, 8> kMethods = {{
      .trimmed_aggregation = true,
      .time_budget = true,
      .stage_sync = true,
+     .in_default_compare = true,
      .newcomer = NewcomerNeeds::kOuterState,
      .note = "averages the pseudo-gradient once per round and applies it at once with Nesterov momentum."},
     {.id = Method::kStreamingDiLoCo,
@@ -91,6 +94,7 @@ inline constexpr std::array<MethodInfo, 8> kMethods = {{
      .time_budget = true,
      .overlapped = true,
      .stage_sync = true,
+     .in_default_compare = true,
      .newcomer = NewcomerNeeds::kOuterState,
      .note = "synchronizes one fragment at a time in quantized form; it is evaluated on its outer weights, which lag the workers' by up to a "
              "round."},
@@ -99,6 +103,7 @@ inline constexpr std::array<MethodInfo, 8> kMethods = {{
      .exchange = Exchange::kPairs,
      .codec_key = "noloco.codec",
      .stage_sync = true,
+     .in_default_compare = true,
      .newcomer = NewcomerNeeds::kOuterState,
      .note = "averages with one random partner per round instead of all workers, so its replicas differ and its curve is one worker's."},
     {.id = Method::kCO2,
@@ -109,6 +114,7 @@ inline constexpr std::array<MethodInfo, 8> kMethods = {{
      .trimmed_aggregation = true,
      .one_round_stale = true,
      .stage_sync = true,
+     .in_default_compare = true,
      .newcomer = NewcomerNeeds::kOuterState,
      .note = "applies each round's average one round late (the all-reduce overlaps the next round's compute), so its outer step must stay "
              "small enough to be stable (outer_lr x c / penalty < 1 - momentum, c the share of the way one round covers): on a short run of "
@@ -161,6 +167,15 @@ constexpr const MethodInfo& method_info(Method m) { return kMethods[static_cast<
 inline std::vector<std::string> method_names() {
   std::vector<std::string> out;
   for (const auto& m : kMethods) out.emplace_back(m.name);
+  return out;
+}
+
+// What `gossamer compare` runs by default: the rows marked so, in the table's order.
+inline std::vector<std::string> default_compare_methods() {
+  std::vector<std::string> out;
+  for (const auto& m : kMethods) {
+    if (m.in_default_compare) out.emplace_back(m.name);
+  }
   return out;
 }
 

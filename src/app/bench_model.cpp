@@ -152,7 +152,7 @@ int bench_memory(const BenchArgs& args) {
   const bool scripted = cfg.model.kind != train::ModelKind::kGpt;
   const auto e = train::estimate_memory(cfg, 1, scripted ? std::optional<double>(static_cast<double>(worker.model().num_parameters())) : std::nullopt);
   const double predicted = e.state_bytes + e.activation_bytes;
-  fmt::print("bench memory: {} ({:.1f}M parameters{}), batch {} x {}, {} steps\n", cfg.outer.method, e.parameters / 1e6,
+  fmt::print("bench memory: {} ({:.1f}M parameters{}), batch {} x {}, {} steps\n", train::name_of(cfg.outer.method), e.parameters / 1e6,
              scripted ? ", a TorchScript module: activations predicted for its logits only" : "", cfg.train.batch_size, cfg.model.context, args.steps);
   fmt::print("predicted {} per worker (state {} + activations {}); measured peak growth {}; measured / predicted {:.3f}\n",
              train::format_bytes(predicted), train::format_bytes(e.state_bytes), train::format_bytes(e.activation_bytes),

@@ -90,7 +90,7 @@ struct CompareArgs {
   ConfigSource source;
   std::string out;  // given, or dated_out("compare")
   const CLI::Option* out_option = nullptr;
-  std::vector<std::string> methods = {"ddp", "diloco", "streaming_diloco", "noloco", "co2"};
+  std::vector<std::string> methods = optim::default_compare_methods();  // the method table's rows marked for it
   double target_loss = 0;
 };
 // The built-in comparison: 2 workers behind 100 Mbit/s, 80 ms links, a small GPT on the synthetic

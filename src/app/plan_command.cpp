@@ -144,7 +144,7 @@ int memory_table(const PlanArgs& a) {
     const std::string name(info.name);
     const char* method = name.c_str();
     train::RunConfig m = c;
-    m.outer.method = name;
+    m.outer.method = info.id;
     const auto e = train::estimate_memory(m, 1, parameters);
     const double peak = e.peak_bytes();
     const char* fits = avail ? (e.host_bytes <= *avail ? "yes" : "no") : "?";

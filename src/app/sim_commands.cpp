@@ -129,7 +129,7 @@ Result<sim::MethodRun> simulate(const Job& job, const train::Corpus& corpus) {
     if (!result.ok()) return result.status().with_context(job.name);
     return sim::MethodRun{job.name, config, std::move(*result)};
   }
-  MethodProgress bar(config.outer.method, config.sim.workers, config.train.steps);
+  MethodProgress bar(train::name_of(config.outer.method), config.sim.workers, config.train.steps);
   std::vector<std::int64_t> seen(static_cast<std::size_t>(config.sim.workers), 0);
   auto result = sim::run_cluster(config, corpus, [&](int worker, std::int64_t step, std::int64_t) {
     auto& s = seen[static_cast<std::size_t>(worker)];
@@ -139,8 +139,8 @@ Result<sim::MethodRun> simulate(const Job& job, const train::Corpus& corpus) {
     }
   });
   bar.finish();
-  if (!result.ok()) return result.status().with_context(config.outer.method);
-  return sim::MethodRun{config.outer.method, config, std::move(*result)};
+  if (!result.ok()) return result.status().with_context(train::name_of(config.outer.method));
+  return sim::MethodRun{train::name_of(config.outer.method), config, std::move(*result)};
 }
 
 void print_summary(const nlohmann::json& summary) {
@@ -359,7 +359,7 @@ int run_sim_command(const SimArgs& args) {
     const std::string name = sim::pipeline_method_name(train::name_of(config->pipeline.mode));
     return run_and_report({Job{name, *config, true}}, out, args.target_loss, "Gossamer simulation: " + name, train::RunKind::kSim);
   }
-  return run_and_report({Job{config->outer.method, *config, false}}, out, args.target_loss, "Gossamer simulation: " + config->outer.method,
+  return run_and_report({Job{train::name_of(config->outer.method), *config, false}}, out, args.target_loss, "Gossamer simulation: " + train::name_of(config->outer.method),
                         train::RunKind::kSim);
 }
 
@@ -398,13 +398,15 @@ int run_compare_command(const CompareArgs& args) {
   for (const auto& m : args.methods) {
     const auto mode = sim::pipeline_method_mode(m);
     train::RunConfig base = mode ? pipeline_compare_defaults() : compare_defaults();
-    if (!mode) base.outer.method = m;
+    const auto method = mode ? Result<optim::Method>(optim::Method::kDdp) : optim::parse_method(m);
+    if (!method.ok()) return report_failure(method.status().with_context("--methods"));
+    if (!mode) base.outer.method = *method;
     auto config = build_config(args.source, base);
     if (!config.ok()) return report_failure(config.status());
     if (mode) {
       config->pipeline.mode = *train::parse_choice<train::PipelineMode>(*mode);  // --methods wins over a mode named in --config
     } else {
-      config->outer.method = m;  // --methods wins over a method named in --config
+      config->outer.method = *method;  // --methods wins over a method named in --config
       if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
     }
     for (const auto& w : train::config_warnings(*config)) spdlog::warn("{}", w);

@@ -62,7 +62,7 @@ Result<std::uint16_t> link_port_of(const PeerRequest& req, std::uint16_t listen_
 // ddp on Gloo or NCCL needs the engine in this build, and serves its rendezvous at the host its links
 // listen on: a wildcard cannot be reached.
 Status check_c10d_engine(const train::RunConfig& config, const std::string& listen) {
-  if (config.pipeline.enabled || config.outer.method != optim::method_name(optim::Method::kDdp) || !train::on_c10d(config.ddp.engine)) return Status();
+  if (config.pipeline.enabled || config.outer.method != optim::Method::kDdp || !train::on_c10d(config.ddp.engine)) return Status();
   if (!(config.ddp.engine == train::DdpEngine::kNccl ? optim::nccl_available() : optim::gloo_available())) {
     // (where the engine was left out, making one fails at once and says what to use instead)
     const auto made = config.ddp.engine == train::DdpEngine::kNccl ? optim::make_nccl_data_parallel({}) : optim::make_gloo_data_parallel({});

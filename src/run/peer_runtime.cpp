@@ -140,7 +140,7 @@ Status Peer::learn_run() {
   if (config_.pipeline.enabled) {
     spdlog::info("run {} (a {} pipeline of {} stages, {} iterations)", spec_hash_.hex().substr(0, 16), train::name_of(config_.pipeline.mode), config_.pipeline.stages, config_.train.steps);
   } else {
-    spdlog::info("run {} ({} on {} steps, rounds every {} steps)", spec_hash_.hex().substr(0, 16), config_.outer.method, config_.train.steps, schedule_.period);
+    spdlog::info("run {} ({} on {} steps, rounds every {} steps)", spec_hash_.hex().substr(0, 16), train::name_of(config_.outer.method), config_.train.steps, schedule_.period);
   }
   // Answers carry the furthest round this peer knows of: its own, or (joining) the one it heard of.
   announcer_ = std::make_unique<SpecAnnouncer>(

@@ -22,7 +22,7 @@ Result<RoundSchedule> round_schedule(const train::RunConfig& c, const optim::Out
       return RoundSchedule{c.streaming_diloco.inner_steps / optim::fragment_count(outer.fragments), c.streaming_diloco.overlap};
     case optim::Method::kLocal: break;
   }
-  return error(ErrorCode::kInvalidArgument, "outer.method = \"" + c.outer.method + "\": independent workers need no peers; use gossamer train");
+  return error(ErrorCode::kInvalidArgument, "outer.method = \"" + train::name_of(c.outer.method) + "\": independent workers need no peers; use gossamer train");
 }
 
 Status check_round_drill(const train::RunConfig& c, std::int64_t round, const std::string& option) {
@@ -33,7 +33,7 @@ Status check_round_drill(const train::RunConfig& c, std::int64_t round, const st
   if (!outer.ok()) return outer.status();
   if (outer->method == optim::Method::kNoLoCo || outer->method == optim::Method::kLocal || (outer->method == optim::Method::kDdp && train::on_c10d(c.ddp.engine))) {
     return error(ErrorCode::kInvalidArgument, what + " needs a method whose round is Gossamer's all-reduce or all-gather (diloco, streaming_diloco, "
-                                              "sparseloco, muloco, co2, or ddp with ddp.engine = links), not outer.method = " + c.outer.method +
+                                              "sparseloco, muloco, co2, or ddp with ddp.engine = links), not outer.method = " + train::name_of(c.outer.method) +
                                               (outer->method == optim::Method::kDdp ? " on " + train::name_of(c.ddp.engine) : ""));
   }
   auto schedule = round_schedule(c, *outer);

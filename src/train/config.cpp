@@ -152,7 +152,7 @@ std::vector<KeySpec> train_keys() {
 // The keys of the outer method and each method's own, in the order the effective config lists them.
 std::vector<KeySpec> method_keys() {
   return {
-      StringKey{"outer.method", "outer optimizer: how the workers synchronize", [](RunConfig& c) -> std::string& { return c.outer.method; }, optim::method_names()},
+      ChoiceKey{"outer.method", "outer optimizer: how the workers synchronize", [](RunConfig& c) { return choice_field(c.outer.method); }},
       IntKey{"outer.codec_block", "values per scale block of the scaled codecs (int8, fp8, int4, fp4)", [](RunConfig& c) -> std::int64_t& { return c.outer.codec_block; }, 1, 1 << 20},
       ChoiceKey{"outer.aggregation", "how the workers' contributions are combined: mean; filtered (non-finite ones and outliers left out); trimmed_mean (per coordinate, outer.trim values dropped at each end); all-reduce methods", [](RunConfig& c) { return choice_field(c.outer.aggregation); }},
       FloatKey{"outer.outlier_factor", "filtered: a contribution farther from the coordinate-wise median than this many times the median distance is left out", [](RunConfig& c) -> double& { return c.outer.outlier_factor; }, 1.0, 1e6, false},

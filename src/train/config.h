@@ -65,6 +65,15 @@ template <>
 struct Choices<DdpEngine> {
   static constexpr std::array<ChoiceRow<DdpEngine>, 3> rows = {{{DdpEngine::kLinks, "links"}, {DdpEngine::kGloo, "gloo"}, {DdpEngine::kNccl, "nccl"}}};
 };
+// outer.method: its names are the method table's (optim/method.h), in the table's order.
+template <>
+struct Choices<optim::Method> {
+  static constexpr std::array<ChoiceRow<optim::Method>, optim::kMethods.size()> rows = [] {
+    std::array<ChoiceRow<optim::Method>, optim::kMethods.size()> r{};
+    for (std::size_t i = 0; i < r.size(); ++i) r[i] = {optim::kMethods[i].id, optim::kMethods[i].name};
+    return r;
+  }();
+};
 // Gloo and NCCL are c10d's process groups: fp32 sums of their own, over connections they dial themselves.
 inline bool on_c10d(DdpEngine e) { return e != DdpEngine::kLinks; }
 enum class OuterStep : std::uint8_t { kNesterov, kCgad };  // DiLoCo's outer step
@@ -178,7 +187,7 @@ struct TrainSection {
 // The outer method and each method's options (the spec's defaults). Codecs are codec names
 // (quant/format.h: fp32, bf16, int8, fp8_e4m3, fp8_e5m2, fp16, int4, fp4_e3m0, fp4_e2m1, int2).
 struct OuterSection {
-  std::string method = "diloco";  // ddp, diloco, streaming_diloco, noloco, co2, local, sparseloco, muloco
+  optim::Method method = optim::Method::kDiLoCo;  // one row of optim/method.h's table, by its name
   std::int64_t codec_block = 128;  // values per scale block of the scaled codecs
   // Where the outer optimizer keeps its state (outer weights, momentum, pending averages): host
   // memory, sparing the training device's, or the training device itself (no copies per round).
@@ -364,8 +373,7 @@ struct RunConfig {
 // The inner optimizer steps the weight matrices with Muon: train.optimizer = muon, or MuLoCo, which is
 // Muon's by definition.
 inline bool muon_inner(const RunConfig& c) {
-  const auto method = optim::parse_method(c.outer.method);
-  return c.train.optimizer == InnerOptimizer::kMuon || (method.ok() && optim::method_info(*method).muon_inner);
+  return c.train.optimizer == InnerOptimizer::kMuon || optim::method_info(c.outer.method).muon_inner;
 }
 
 // Overlays a TOML document onto `config`. Keys not given keep their current values.

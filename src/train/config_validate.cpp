@@ -108,7 +108,7 @@ Status check_sim(const RunConfig& c, const MethodFacts& f) {
     }
     if (!own_collective) {
       return bad("sim.crash_mid_round needs a method whose round is Gossamer's all-reduce or all-gather (diloco, streaming_diloco, "
-                 "sparseloco, muloco, co2, or ddp with ddp.engine = links), not outer.method = " + c.outer.method + (on_c10d ? " on " + name_of(c.ddp.engine) : ""));
+                 "sparseloco, muloco, co2, or ddp with ddp.engine = links), not outer.method = " + name_of(c.outer.method) + (on_c10d ? " on " + name_of(c.ddp.engine) : ""));
     }
   }
   if (c.sim.join_worker >= 0) {
@@ -135,17 +135,17 @@ Status check_method(const RunConfig& c, const MethodFacts& f) {
     return bad("outer.aggregation = " + name_of(c.outer.aggregation) + " needs ddp.engine = links: " + name_of(c.ddp.engine) + "'s all-reduce only sums");
   }
   if (c.outer.aggregation != Aggregation::kMean && m.exchange == optim::Exchange::kPairs) {
-    return bad("outer.aggregation = " + name_of(c.outer.aggregation) + " does not apply to " + c.outer.method + ", which averages pairs (a partner's "
+    return bad("outer.aggregation = " + name_of(c.outer.aggregation) + " does not apply to " + name_of(c.outer.method) + ", which averages pairs (a partner's "
                "malformed or non-finite contribution already fails that round alone); use mean");
   }
   if (c.outer.aggregation != Aggregation::kMean && m.exchange == optim::Exchange::kNone) {
-    return bad("outer.aggregation = " + name_of(c.outer.aggregation) + " does not apply to " + c.outer.method + ", which combines nothing; use mean");
+    return bad("outer.aggregation = " + name_of(c.outer.aggregation) + " does not apply to " + name_of(c.outer.method) + ", which combines nothing; use mean");
   }
   if (c.sparseloco.topk > c.sparseloco.chunk) {
     return bad("sparseloco.topk (" + std::to_string(c.sparseloco.topk) + ") must not exceed sparseloco.chunk (" + std::to_string(c.sparseloco.chunk) + ")");
   }
   if (c.outer.aggregation == Aggregation::kTrimmedMean && !m.trimmed_aggregation && m.filtered_aggregation) {
-    return bad("outer.aggregation = trimmed_mean does not apply to " + c.outer.method +
+    return bad("outer.aggregation = trimmed_mean does not apply to " + name_of(c.outer.method) +
                " (a coordinate-wise trim of sparse updates is mostly of zeros); use mean or filtered");
   }
   if (c.sim.poison != PoisonKind::kNone) {
@@ -154,7 +154,7 @@ Status check_method(const RunConfig& c, const MethodFacts& f) {
                  " workers honest");
     }
     if (!own_collective) {
-      return bad("sim.poison applies to all-reduces over our links: ddp (links), diloco, streaming_diloco, co2, sparseloco and muloco, not " + c.outer.method);
+      return bad("sim.poison applies to all-reduces over our links: ddp (links), diloco, streaming_diloco, co2, sparseloco and muloco, not " + name_of(c.outer.method));
     }
     if (c.sim.poison == PoisonKind::kNan && m.exchange == optim::Exchange::kAllGather) {
       return bad("sim.poison = nan writes a NaN into fp32 payloads; sparseloco's are sparse 2-bit ones: use scale or sign");
@@ -175,9 +175,7 @@ Status check_method(const RunConfig& c, const MethodFacts& f) {
 }  // namespace
 
 Status validate(const RunConfig& c) {
-  const auto method = optim::parse_method(c.outer.method);
-  if (!method.ok()) return method.status();
-  const optim::MethodInfo& m = optim::method_info(*method);
+  const optim::MethodInfo& m = optim::method_info(c.outer.method);
   const bool on_c10d = m.id == optim::Method::kDdp && train::on_c10d(c.ddp.engine);
   const MethodFacts facts{m, on_c10d, (m.exchange == optim::Exchange::kAllReduce || m.exchange == optim::Exchange::kAllGather) && !on_c10d};
   if (Status st = check_model_data_pipeline(c); !st.ok()) return st;

@@ -22,10 +22,8 @@ constexpr double kFloat = 4;
 // and scales the momentum, three full-size temporaries; Streaming DiLoCo's are a fragment's, about
 // 1.5 copies with its overlap; ddp keeps one flat gradient. NoLoCo and CO2 are counted as DiLoCo
 // (CO2 also keeps the previous outer weights and the pending average).
-std::pair<double, double> outer_copies(const std::string& name) {
-  const auto method = optim::parse_method(name);
-  if (!method.ok()) return {0, 0};
-  switch (*method) {
+std::pair<double, double> outer_copies(optim::Method method) {
+  switch (method) {
     case optim::Method::kDiLoCo:
     case optim::Method::kNoLoCo:
     case optim::Method::kSparseLoCo: return {2, 3};  // outer weights + momentum (SparseLoCo: its error accumulator)
@@ -85,8 +83,7 @@ MemoryEstimate estimate_memory(const RunConfig& c, std::int64_t workers, std::op
   if (!e.on_gpu) {
     e.host_bytes = e.total_bytes;
   } else {
-    const auto method = optim::parse_method(c.outer.method);
-    const bool outer_on_host = c.outer.state_device == StateDevice::kHost || (method.ok() && optim::method_info(*method).flat_gradient_on_host);
+    const bool outer_on_host = c.outer.state_device == StateDevice::kHost || optim::method_info(c.outer.method).flat_gradient_on_host;
     const double outer_host = outer_on_host ? n * e.outer_bytes + e.parameters * kFloat * outer_step : 0.0;
     e.host_bytes = outer_host + e.corpus_bytes + kRuntimeBytes + e.checkpoint_bytes;
     e.device_bytes = n * e.state_bytes + e.activation_bytes - outer_host - kRuntimeBytes;

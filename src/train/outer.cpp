@@ -24,17 +24,13 @@ Result<quant::EncodeOptions> codec(const std::string& name, std::int64_t block, 
 
 }  // namespace
 
-optim::Method method_of(const RunConfig& c) {
-  auto m = optim::parse_method(c.outer.method);
-  GOSSAMER_CHECK(m.ok(), m.status().message());
-  return *m;
-}
+optim::Method method_of(const RunConfig& c) { return c.outer.method; }
 
 namespace {
 
 // A run in which the method never synchronizes trains independent models and sends nothing: refused.
 Status check_synchronizes(const RunConfig& c, optim::Method method, std::int64_t fragments) {
-  const std::string& m = c.outer.method;
+  const std::string m = name_of(c.outer.method);
   const bool streaming = method == optim::Method::kStreamingDiLoCo;
   std::int64_t first = 0;
   std::string key;
@@ -73,7 +69,7 @@ std::vector<std::string> config_warnings(const RunConfig& c) {
     for (const auto& m : optim::kMethods) {
       if (m.time_budget) applies += (applies.empty() ? "" : ", ") + std::string(m.name);
     }
-    out.push_back("outer.round_budget = time applies to " + applies + "; " + c.outer.method +
+    out.push_back("outer.round_budget = time applies to " + applies + "; " + name_of(c.outer.method) +
                   " runs every member's steps in lockstep as with outer.round_budget = steps");
   }
   return out;
@@ -203,9 +199,7 @@ Status set_shared(const RunConfig& c, optim::OuterConfig& o) {
 
 Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   optim::OuterConfig o;
-  auto method = optim::parse_method(c.outer.method);
-  if (!method.ok()) return method.status().with_context("outer.method");
-  o.method = *method;
+  o.method = c.outer.method;
   const std::int64_t block = c.outer.codec_block;
   auto ddp_codec = codec(c.ddp.codec, block, "ddp.codec");
   auto diloco_codec = codec(c.diloco.codec, block, "diloco.codec");

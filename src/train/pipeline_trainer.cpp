@@ -155,7 +155,9 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   impl->ddp = p.stage_sync == "ddp";
   if (!impl->ddp) {
     RunConfig oc = c;
-    oc.outer.method = p.stage_sync;
+    auto sync = optim::parse_method(p.stage_sync);
+    if (!sync.ok()) return sync.status().with_context("pipeline.stage_sync");
+    oc.outer.method = *sync;
     oc.model.layers = c.model.layers / p.stages;  // what a stage holds: streaming_diloco cuts its fragments from these
     auto ocfg = outer_config(oc);
     if (!ocfg.ok()) return ocfg.status().with_context("pipeline.stage_sync");

@@ -85,6 +85,8 @@ TEST_CASE("every method is made by name and its state saves and loads exactly") 
   auto bad = parse_method("sgd");  // a method name is parsed once (optim/method.h), before anything is made
   CHECK(bad.status().code() == ErrorCode::kInvalidArgument);
   CHECK(bad.status().message().find("streaming_diloco") != std::string::npos);
+  // compare's default methods are the table's rows marked for it, in the table's order.
+  CHECK(default_compare_methods() == std::vector<std::string>{"ddp", "diloco", "streaming_diloco", "noloco", "co2"});
 }
 
 TEST_CASE("ddp averages gradients every step before the inner optimizer") {

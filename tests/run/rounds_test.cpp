@@ -37,7 +37,7 @@ TEST_CASE("round schedule: diloco agrees round r before step r*H, ddp right afte
 
 TEST_CASE("round schedule from a config: the method's period, and local refused") {
   train::RunConfig c;
-  c.outer.method = "diloco";
+  c.outer.method = optim::Method::kDiLoCo;
   c.diloco.inner_steps = 40;
   auto outer = train::outer_config(c);
   REQUIRE(outer.ok());
@@ -45,7 +45,7 @@ TEST_CASE("round schedule from a config: the method's period, and local refused"
   REQUIRE(s.ok());
   CHECK(s->period == 40);
   CHECK(s->lead == 0);
-  c.outer.method = "local";
+  c.outer.method = optim::Method::kLocal;
   outer = train::outer_config(c);
   REQUIRE(outer.ok());
   s = round_schedule(c, *outer);
@@ -55,7 +55,7 @@ TEST_CASE("round schedule from a config: the method's period, and local refused"
 
 TEST_CASE("sparseloco's period by rule: Covenant's 30, shortened to leave three accumulator drains on short runs") {
   train::RunConfig c;
-  c.outer.method = "sparseloco";
+  c.outer.method = optim::Method::kSparseLoCo;
   c.sparseloco.inner_steps = 0;
   c.sparseloco.chunk = 4096;
   c.sparseloco.topk = 64;  // a drain: 64 rounds; three: 192
@@ -86,7 +86,7 @@ TEST_CASE("sparseloco's period by rule: Covenant's 30, shortened to leave three 
 
 TEST_CASE("shared state: parameters and outer state round-trip, and wrong sizes and non-finite values are refused") {
   train::RunConfig c;
-  c.outer.method = "diloco";
+  c.outer.method = optim::Method::kDiLoCo;
   auto outer_config = train::outer_config(c);
   REQUIRE(outer_config.ok());
   std::vector<at::Tensor> params = {torch::arange(6, torch::kFloat).reshape({2, 3}), torch::full({4}, 0.5f)};

@@ -409,7 +409,7 @@ TEST_CASE("a poisoned worker: filtered aggregation leaves it out and the run end
   CHECK(drift_robust * 10 < drift_poisoned);
   // Refused where it cannot apply.
   train::RunConfig bad = robust;
-  bad.outer.method = "noloco";
+  bad.outer.method = optim::Method::kNoLoCo;
   CHECK_FALSE(train::validate(bad).ok());
   bad = poisoned;
   bad.sim.poison = train::PoisonKind::kNan;

@@ -106,7 +106,7 @@ TEST_CASE("learn_run alone: a joiner takes the announced spec and its schedule, 
       run::Peer joiner(run::PeerPlan{}, hosts.environment(1, g1));
       REQUIRE(joiner.learn_run().ok());
       CHECK(joiner.config().train.steps == 24);
-      CHECK(joiner.config().outer.method == "diloco");
+      CHECK(joiner.config().outer.method == optim::Method::kDiLoCo);
       CHECK(joiner.schedule().period == first.schedule().period);
 
       train::RunConfig other = config;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <stdexcept>
 #include <string>
 
 #include <doctest/doctest.h>
@@ -26,7 +27,9 @@ inline train::RunConfig tiny_run(const std::string& method, int workers, int ste
   c.train.warmup_steps = steps / 6;
   c.train.eval_every = steps / 2;
   c.train.eval_batches = 2;
-  c.outer.method = method;
+  const auto parsed = optim::parse_method(method);
+  if (!parsed.ok()) throw std::invalid_argument(parsed.status().message());
+  c.outer.method = *parsed;
   c.sim.workers = workers;
   c.sim.compute = train::ComputeModel::kFixed;
   c.sim.step_time_s = 0.05;

@@ -292,7 +292,7 @@ TEST_CASE("the loop asks for the group of every step it runs, also after a regro
   RunConfig c = tiny();
   c.model.dropout = 0.0;
   c.train.steps = 12;
-  c.outer.method = "diloco";
+  c.outer.method = optim::Method::kDiLoCo;
   c.diloco.inner_steps = 2;
   auto corpus = load_corpus(c);
   REQUIRE(corpus.ok());
