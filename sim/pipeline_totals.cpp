@@ -100,13 +100,13 @@ void PipelineTotals::finish(const PipelineEnd& end, const Network& network, doub
     a.bytes_received = tr.wire_bytes_received;
     a.compute_s = busy_[v];
     a.blocked_s = std::max(0.0, sim_time_s - busy_[v]);
-    a.rounds = c.pipeline.stage_sync == "ddp" ? c.train.steps : (end.stage_replicas > 0 ? sync_rounds_ / end.stage_replicas : 0);
+    a.rounds = c.pipeline.stage_sync == optim::Method::kDdp ? c.train.steps : (end.stage_replicas > 0 ? sync_rounds_ / end.stage_replicas : 0);
     node_idle.push_back(std::max(0.0, pipeline_time_ - busy_[v]));
     node_bytes.push_back(tr.wire_bytes_sent);
   }
   const skippipe::Schedule& s = plan_.schedule;
   result.pipeline = {{"mode", train::name_of(c.pipeline.mode)},
-                     {"stage_sync", c.pipeline.stage_sync},
+                     {"stage_sync", train::name_of(c.pipeline.stage_sync)},
                      {"nodes", c.pipeline.nodes},
                      {"stages", c.pipeline.stages},
                      {"path_length", c.pipeline.path_length},

@@ -181,7 +181,7 @@ int finish_pipeline_run(const train::RunConfig& c, train::PipelineTrainer& t, tr
                             {"stage_shares", t.stage_shares()},
                             {"val_loss_as_trained", as_trained},
                             {"omitted_val_loss_as_trained", omitted_as_trained},
-                            {"stage_sync", c.pipeline.stage_sync},
+                            {"stage_sync", train::name_of(c.pipeline.stage_sync)},
                             {"activation_bytes", activation_bytes},
                             {"stage_sync_bytes", sync_bytes},
                             {"iteration_makespan_s", sim.makespan_s},
@@ -195,7 +195,7 @@ int finish_pipeline_run(const train::RunConfig& c, train::PipelineTrainer& t, tr
   std::printf("%s pipeline: val loss %.4f after %lld iterations; with stages", train::name_of(c.pipeline.mode).c_str(), last_val, static_cast<long long>(t.iterations_done()));
   for (int s : omit) std::printf(" %d", s);
   std::printf(" left out %.4f (%+.1f%%); an iteration %.1f s over the scheduler's network; %.1f MB of activations, %.1f MB to sync the stages (%s)\n",
-              omitted, 100 * (omitted / last_val - 1), sim.makespan_s, activation_bytes / 1e6, sync_bytes / 1e6, c.pipeline.stage_sync.c_str());
+              omitted, 100 * (omitted / last_val - 1), sim.makespan_s, activation_bytes / 1e6, sync_bytes / 1e6, train::name_of(c.pipeline.stage_sync).c_str());
   if (as_trained != last_val) {
     std::printf("the stages' residual branches scaled by their visit shares (pipeline.depth_scaling); as trained, unscaled: val loss %.4f, "
                 "with those stages left out %.4f (%+.1f%%)\n", as_trained, omitted_as_trained, 100 * (omitted_as_trained / as_trained - 1));

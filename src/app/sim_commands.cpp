@@ -75,7 +75,7 @@ std::string pipeline_network_text(const train::RunConfig& c) {
   s += fmt::format("; {} stages, paths of {}, memory {}, {} micro-batches per stage-0 node", p.stages, p.path_length, p.memory, p.mbs_per_origin);
   s += fmt::format("; each hop sized as {:g} MiB (pair bandwidths scaled to the model's real hop) plus 0.35 s, compute {:g} s per stage forward, 1.5x per backward",
                    p.activation_mib, p.forward_s);
-  s += fmt::format("; stage sync: {}", p.stage_sync);
+  s += fmt::format("; stage sync: {}", train::name_of(p.stage_sync));
   return s;
 }
 

@@ -318,7 +318,7 @@ Result<std::uint64_t> PipelineProcess::check_views(const std::vector<Bytes>& vie
 // After a failed iteration: link again with every node that answers, agree on who they are, and go
 // on without the others (ddp inside the stages: no weight moved in the failed iteration).
 Status PipelineProcess::recover(const Status& failure, std::int64_t iteration) {
-  if (req_.config.pipeline.stage_sync != "ddp") return failure.with_context("(rescheduling around a lost node needs pipeline.stage_sync = ddp)");
+  if (req_.config.pipeline.stage_sync != optim::Method::kDdp) return failure.with_context("(rescheduling around a lost node needs pipeline.stage_sync = ddp)");
   close_all(links_);
   ++epoch_;
   spdlog::warn("pipeline node {}: iteration {} failed ({}); linking again with the nodes that answer", req_.node, iteration, failure.message());

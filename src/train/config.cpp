@@ -63,6 +63,17 @@ ChoiceField choice_field(E& e) {
                      },
                      &choice_names<E>, &e};
 }
+// pipeline.stage_sync: one of the methods whose row allows it (optim/method.h), by name.
+ChoiceField stage_sync_field(optim::Method& m) {
+  return ChoiceField{[](const void* p) { return name_of(*static_cast<const optim::Method*>(p)); },
+                     [](void* p, std::string_view text) {
+                       const auto v = parse_choice<optim::Method>(text);
+                       if (!v || !optim::method_info(*v).stage_sync) return false;
+                       *static_cast<optim::Method*>(p) = *v;
+                       return true;
+                     },
+                     &optim::stage_sync_names, &m};
+}
 struct ChoiceKey {
   const char* name;
   const char* help;
@@ -224,7 +235,7 @@ std::vector<KeySpec> join_and_pipeline_keys() {
       FloatKey{"pipeline.forward_s", "the scheduler's cost of one stage's forward of one micro-batch (s)", [](RunConfig& c) -> double& { return c.pipeline.forward_s; }, 0.0, 1e6, true},
       FloatKey{"pipeline.activation_mib", "the scheduler's size of one hop (MiB)", [](RunConfig& c) -> double& { return c.pipeline.activation_mib; }, 0.0, 1e6, false},
       StringKey{"pipeline.activation_codec", "codec of activations and their gradients between stages", [](RunConfig& c) -> std::string& { return c.pipeline.activation_codec; }, codec_names()},
-      StringKey{"pipeline.stage_sync", "how a stage's replicas synchronise: ddp (all-reduce of the gradients every iteration) or an outer optimizer over the stage's replicas, each stepping on its own between rounds: diloco, streaming_diloco, noloco or co2 (their own sections' keys)", [](RunConfig& c) -> std::string& { return c.pipeline.stage_sync; }, optim::stage_sync_names()},
+      ChoiceKey{"pipeline.stage_sync", "how a stage's replicas synchronise: ddp (all-reduce of the gradients every iteration) or an outer optimizer over the stage's replicas, each stepping on its own between rounds: diloco, streaming_diloco, noloco or co2 (their own sections' keys)", [](RunConfig& c) { return stage_sync_field(c.pipeline.stage_sync); }},
       IntKey{"pipeline.gcma_trials", "children the genetic node-to-stage assignment tries", [](RunConfig& c) -> std::int64_t& { return c.pipeline.gcma_trials; }, 0, 1 << 24},
       IntKey{"pipeline.crash_node", "simulator scenario (gossamer sim --pipeline, compare): this node crashes half-way through pipeline.crash_at_iteration, and the pipeline goes on without it; -1: none", [](RunConfig& c) -> std::int64_t& { return c.pipeline.crash_node; }, -1, 4095},
       IntKey{"pipeline.crash_at_iteration", "the iteration during which pipeline.crash_node crashes", [](RunConfig& c) -> std::int64_t& { return c.pipeline.crash_at_iteration; }, 0, 1LL << 40},

@@ -301,7 +301,7 @@ struct PipelineSection {
   double forward_s = 1.76;            // the scheduler's cost of one stage's forward of one micro-batch
   double activation_mib = 32;         // and of one hop's bytes
   std::string activation_codec = "fp32";
-  std::string stage_sync = "ddp";     // how a stage's replicas synchronise: ddp (every iteration) or an outer method (diloco, streaming_diloco, noloco, co2)
+  optim::Method stage_sync = optim::Method::kDdp;  // how a stage's replicas synchronise: ddp (every iteration) or a method whose row allows it (diloco, streaming_diloco, noloco, co2)
   std::int64_t gcma_trials = 8000;
   std::int64_t crash_node = -1;           // the simulator's scenario: this node crashes (-1: none) ...
   std::int64_t crash_at_iteration = 0;    // ... half-way through this iteration (by the scheduler's prediction)

@@ -68,7 +68,12 @@ Status check_model_data_pipeline(const RunConfig& c) {
     return bad("data.synthetic.classes (" + std::to_string(c.data.synthetic.classes) + ") must not exceed data.synthetic.words (" +
                std::to_string(c.data.synthetic.words) + ")");
   }
-  if (c.pipeline.crash_node >= 0 && c.pipeline.stage_sync != optim::method_name(optim::Method::kDdp)) {
+  if (!optim::method_info(c.pipeline.stage_sync).stage_sync) {
+    std::string allowed;
+    for (const auto& name : optim::stage_sync_names()) allowed += (allowed.empty() ? "" : ", ") + name;
+    return bad("pipeline.stage_sync = " + name_of(c.pipeline.stage_sync) + " cannot synchronise a stage's replicas: use one of " + allowed);
+  }
+  if (c.pipeline.crash_node >= 0 && c.pipeline.stage_sync != optim::Method::kDdp) {
     return bad("pipeline.crash_node needs pipeline.stage_sync = ddp: with an outer method inside the stages, replicas step on their own before an "
                "iteration is known to have failed, so running it again without the lost node would step them twice");
   }

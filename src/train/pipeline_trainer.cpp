@@ -152,12 +152,10 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   for (int v = 0; v < n; ++v) {
     if (s.stage_of[static_cast<std::size_t>(v)] == 0) impl->origins.push_back(v);
   }
-  impl->ddp = p.stage_sync == "ddp";
+  impl->ddp = p.stage_sync == optim::Method::kDdp;
   if (!impl->ddp) {
     RunConfig oc = c;
-    auto sync = optim::parse_method(p.stage_sync);
-    if (!sync.ok()) return sync.status().with_context("pipeline.stage_sync");
-    oc.outer.method = *sync;
+    oc.outer.method = p.stage_sync;
     oc.model.layers = c.model.layers / p.stages;  // what a stage holds: streaming_diloco cuts its fragments from these
     auto ocfg = outer_config(oc);
     if (!ocfg.ok()) return ocfg.status().with_context("pipeline.stage_sync");

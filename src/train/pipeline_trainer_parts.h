@@ -132,7 +132,7 @@ struct PipelineTrainer::Impl {
           const int v = members[r];
           if (!nodes[static_cast<std::size_t>(v)]) continue;
           auto setup = optim::make_outer_optimizer(*outer_config, nodes[static_cast<std::size_t>(v)]->stage_param_blocks(), groups[stage][r]);
-          if (!setup.ok()) return setup.status().with_context("stage " + std::to_string(stage) + "'s " + config.pipeline.stage_sync);
+          if (!setup.ok()) return setup.status().with_context("stage " + std::to_string(stage) + "'s " + name_of(config.pipeline.stage_sync));
           outer[static_cast<std::size_t>(v)] = std::move(*setup);
         }
       }

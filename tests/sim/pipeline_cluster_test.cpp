@@ -92,7 +92,7 @@ TEST_CASE("a simulated pipeline learns what the in-process trainer learns, bit f
   for (const std::string sync : {"ddp", "diloco"}) {
     CAPTURE(sync);
     auto c = geo_pipeline("skippipe", 4);
-    c.pipeline.stage_sync = sync;
+    c.pipeline.stage_sync = *optim::parse_method(sync);
     c.diloco.inner_steps = 2;
     c.train.eval_every = 2;
     auto corpus = train::load_corpus(c);

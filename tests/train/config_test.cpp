@@ -64,6 +64,15 @@ TEST_CASE("bad config gives one clear error naming the key and what is allowed")
     CHECK(mentions(st, "[0.0, 0.99]"));
     CHECK(mentions(apply_override(c, "train.lr=0"), "(0.0, 10.0]"));
   }
+  SUBCASE("a method that is not one of the key's, named with the ones that are") {
+    Status st = apply_override(c, "pipeline.stage_sync=local");
+    CHECK(mentions(st, "pipeline.stage_sync"));
+    CHECK(mentions(st, "one of 'ddp' 'diloco' 'streaming_diloco' 'noloco' 'co2'"));
+    CHECK(mentions(apply_override(c, "outer.method=sgd"), "'sparseloco' 'muloco'"));
+    REQUIRE(apply_override(c, "outer.method=muloco").ok());
+    CHECK(c.outer.method == optim::Method::kMuLoCo);
+    c.outer.method = before.outer.method;
+  }
   SUBCASE("syntax error names the line") {
     Status st = apply(c, "[model]\nlayers = = 3\n");
     CHECK(mentions(st, "test.toml:2"));

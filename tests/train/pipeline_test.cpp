@@ -468,7 +468,7 @@ TEST_CASE("outer methods inside the stages: replicas step on their own, DiLoCo's
   for (const std::string sync : {"ddp", "diloco", "streaming_diloco", "noloco", "co2"}) {
     CAPTURE(sync);
     RunConfig c = small_pipeline_run();
-    c.pipeline.stage_sync = sync;
+    c.pipeline.stage_sync = *optim::parse_method(sync);
     c.diloco.inner_steps = 4;
     c.streaming_diloco.inner_steps = 4;
     c.noloco.inner_steps = 4;
