@@ -82,11 +82,21 @@ Result<c10::intrusive_ptr<Pg>> connect_over_group(const GlooOptions& o, const Gr
   return make(store, g.rank, g.size, o);
 }
 
+// What sets one engine apart: its name in messages, whether it all-reduces GPU tensors only, and how
+// it makes its process group.
+template <class Pg>
+struct Engine {
+  std::string name;
+  bool gpu_only = false;
+  MakeGroup<Pg> make;
+};
+
 template <class Pg>
 class Ddp final : public DataParallel {
  public:
-  Ddp(c10::intrusive_ptr<Pg> pg, int size, GlooOptions options, MakeGroup<Pg> make, std::string engine)
-      : pg_(std::move(pg)), size_(size), options_(std::move(options)), make_(std::move(make)), engine_(std::move(engine)) {}
+  Ddp(c10::intrusive_ptr<Pg> pg, int size, GlooOptions options, Engine<Pg> engine)
+      : pg_(std::move(pg)), size_(size), options_(std::move(options)), make_(std::move(engine.make)), engine_(std::move(engine.name)),
+        gpu_only_(engine.gpu_only) {}
   Status regroup(Group group) override {
     if (!options_.over_group_links) {
       return error(ErrorCode::kUnavailable, "this " + engine_ + " ddp engine has a fixed rendezvous and cannot change its members mid-run");
@@ -107,8 +117,8 @@ class Ddp final : public DataParallel {
 
  protected:
   Status average(at::Tensor& flat, std::int64_t, Deadline deadline, CommStats& stats) override {
-    if (engine_ == "nccl" && !flat.is_cuda()) {  // said alone too, before a second peer makes it fail
-      return error(ErrorCode::kInvalidArgument, "ddp.engine = nccl all-reduces tensors on a GPU, and this peer trains on " + flat.device().str() +
+    if (gpu_only_ && !flat.is_cuda()) {  // said alone too, before a second peer makes it fail
+      return error(ErrorCode::kInvalidArgument, "ddp.engine = " + engine_ + " all-reduces tensors on a GPU, and this peer trains on " + flat.device().str() +
                                                     ": run every peer with train.device = cuda:N, a GPU of its own");
     }
     if (size_ == 1) return Status();  // alone: the mean is the gradient
@@ -140,28 +150,30 @@ class Ddp final : public DataParallel {
   GlooOptions options_;
   MakeGroup<Pg> make_;
   std::string engine_;
+  bool gpu_only_;
 };
 
 // The engine over the options' rendezvous (fixed, or over `group`'s links).
 template <class Pg>
-Result<GlooDataParallel> make(const GlooOptions& o, const Group& group, MakeGroup<Pg> make_group, const std::string& engine) {
+Result<GlooDataParallel> make(const GlooOptions& o, const Group& group, Engine<Pg> engine) {
   const int rank = o.over_group_links ? group.rank : o.rank, size = o.over_group_links ? group.size : o.size;
-  GOSSAMER_CHECK(size >= 1 && rank >= 0 && rank < size, "make_" + engine + "_data_parallel: rank outside the group");
+  GOSSAMER_CHECK(size >= 1 && rank >= 0 && rank < size, "make_" + engine.name + "_data_parallel: rank outside the group");
+  const std::string name = engine.name;
   try {
     std::unique_ptr<Ddp<Pg>> ddp;
     if (o.over_group_links) {  // the first group is formed as every later one is
-      ddp = std::make_unique<Ddp<Pg>>(c10::intrusive_ptr<Pg>(), 1, o, std::move(make_group), engine);
+      ddp = std::make_unique<Ddp<Pg>>(c10::intrusive_ptr<Pg>(), 1, o, std::move(engine));
       if (Status st = ddp->regroup(group); !st.ok()) return st;
     } else {
-      auto pg = connect_fixed<Pg>(o, make_group);
-      ddp = std::make_unique<Ddp<Pg>>(std::move(pg), size, o, std::move(make_group), engine);
+      auto pg = connect_fixed<Pg>(o, engine.make);
+      ddp = std::make_unique<Ddp<Pg>>(std::move(pg), size, o, std::move(engine));
     }
     GlooDataParallel out;
     out.gradient_sync = ddp.get();
     out.outer = std::move(ddp);
     return out;
   } catch (const std::exception& e) {
-    return error(ErrorCode::kUnavailable, engine + " rendezvous failed (is rank 0 up and every rank started with the same size?): " + e.what());
+    return error(ErrorCode::kUnavailable, name + " rendezvous failed (is rank 0 up and every rank started with the same size?): " + e.what());
   }
 }
 

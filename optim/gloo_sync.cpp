@@ -10,26 +10,26 @@ namespace gossamer::optim {
 
 #if !GOSSAMER_HAVE_GLOO
 
-bool gloo_available() { return false; }
-
-Result<GlooDataParallel> make_gloo_data_parallel(const GlooOptions&, const Group&) {
+Status gloo_built() {
   return error(ErrorCode::kUnavailable,
                "ddp.engine = gloo: this build's LibTorch came without Gloo's headers (PyTorch's own LibTorch ships none), so the Gloo "
                "engine was left out: use ddp.engine = links, or build against Debian's LibTorch with libgloo-dev");
 }
 
+Result<GlooDataParallel> make_gloo_data_parallel(const GlooOptions&, const Group&) { return gloo_built(); }
+
 #else
 
-bool gloo_available() { return true; }
+Status gloo_built() { return Status(); }
 
 Result<GlooDataParallel> make_gloo_data_parallel(const GlooOptions& o, const Group& group) {
-  c10d_ddp::MakeGroup<c10d::ProcessGroupGloo> make = [](c10::intrusive_ptr<c10d::Store> store, int rank, int size, const GlooOptions& opt) {
+  c10d_ddp::Engine<c10d::ProcessGroupGloo> gloo{"gloo", false, [](c10::intrusive_ptr<c10d::Store> store, int rank, int size, const GlooOptions& opt) {
     auto opts = c10d::ProcessGroupGloo::Options::create();
     opts->timeout = opt.timeout;
     opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(opt.interface_host));
     return c10::make_intrusive<c10d::ProcessGroupGloo>(std::move(store), rank, size, opts);
-  };
-  return c10d_ddp::make(o, group, std::move(make), "gloo");
+  }};
+  return c10d_ddp::make(o, group, std::move(gloo));
 }
 
 #endif  // GOSSAMER_HAVE_GLOO

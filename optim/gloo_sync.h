@@ -29,18 +29,19 @@ struct GlooDataParallel {
   std::unique_ptr<OuterOptimizer> outer;
   GradientSync* gradient_sync = nullptr;  // points into `outer`
 };
-// False where the build's LibTorch came without Gloo's headers (PyTorch's own): then
-// make_gloo_data_parallel fails with kUnavailable and says what to use instead.
-[[nodiscard]] bool gloo_available();
+// OK where the engine is built; kUnavailable, saying what to use instead, where the build's LibTorch
+// came without Gloo's headers (PyTorch's own): make_gloo_data_parallel then fails with it.
+[[nodiscard]] Status gloo_built();
+[[nodiscard]] inline bool gloo_available() { return gloo_built().ok(); }
 
 // `group` is used only with over_group_links (its rank and size replace the options').
 [[nodiscard]] Result<GlooDataParallel> make_gloo_data_parallel(const GlooOptions& options, const Group& group = Group{});
 
 // The same over NCCL (c10d's ProcessGroupNCCL, nccl_sync.cpp): the gradients stay on the GPU, one GPU
-// per rank (NCCL refuses two ranks on one), the rendezvous as for Gloo (interface_host unused). False
-// where the build's LibTorch has no CUDA and NCCL (Debian's): then make_nccl_data_parallel fails with
-// kUnavailable and says what to use instead.
-[[nodiscard]] bool nccl_available();
+// per rank (NCCL refuses two ranks on one), the rendezvous as for Gloo (interface_host unused). Not
+// built where the build's LibTorch has no CUDA and NCCL (Debian's).
+[[nodiscard]] Status nccl_built();
+[[nodiscard]] inline bool nccl_available() { return nccl_built().ok(); }
 [[nodiscard]] Result<GlooDataParallel> make_nccl_data_parallel(const GlooOptions& options, const Group& group = Group{});
 
 inline constexpr transport::Tag kGlooRendezvousTag = transport::tags::kGlooRendezvous;

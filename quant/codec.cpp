@@ -111,14 +111,11 @@ Bytes encode(const at::Tensor& tensor, const EncodeOptions& o, EncodePath path) 
 
   if (path == EncodePath::kTensorOps || (path == EncodePath::kAuto && !tensor.device().is_cpu() && device::covers(o))) {
     GOSSAMER_CHECK(device::covers(o), "quant::encode: LibTorch ops encode scaled codecs with nearest-even rounding, bf16 and fp16 only");
-    bool finite = true;
-    Bytes body = device::body(tensor, o, finite);
-    GOSSAMER_CHECK(finite, "quant::encode: the tensor holds NaN or Inf");
-    GOSSAMER_CHECK(body.size() == body_size, "quant::encode: the device's body has the wrong size");
-    if (o.zstd) return finish(std::move(body));
-    Bytes out = header(body_size);
-    out.insert(out.end(), body.begin(), body.end());
-    return out;
+    Bytes out = o.zstd ? Bytes() : header(body_size);
+    const std::size_t body_at = out.size();
+    GOSSAMER_CHECK(device::append_body(tensor, o, out), "quant::encode: the tensor holds NaN or Inf");
+    GOSSAMER_CHECK(out.size() - body_at == body_size, "quant::encode: the device's body has the wrong size");
+    return finish(std::move(out));
   }
 
   const at::Tensor x = tensor.detach().to(at::kCPU, at::kFloat).contiguous();

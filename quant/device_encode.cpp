@@ -73,18 +73,16 @@ bool covers(const EncodeOptions& o) {
   return traits(o.codec).scaled && o.rounding == Rounding::kNearestEven && o.scale_format != ScaleFormat::kNone;
 }
 
-Bytes body(const at::Tensor& x_in, const EncodeOptions& o, bool& finite) {
+bool append_body(const at::Tensor& x_in, const EncodeOptions& o, Bytes& out) {
   GOSSAMER_CHECK(covers(o), "device encode: options it does not cover");
   static_assert(std::endian::native == std::endian::little, "payloads are little-endian: the host copies its values as they are");
   const at::Tensor x = x_in.detach().to(at::kFloat).flatten();
-  finite = x.isfinite().all().item<bool>();
-  Bytes out;
-  out.reserve(body_bytes(o.codec, static_cast<std::size_t>(x.numel()), traits(o.codec).scaled ? o.block_size : 0, o.scale_format));
+  if (!x.isfinite().all().item<bool>()) return false;
+  out.reserve(out.size() + body_bytes(o.codec, static_cast<std::size_t>(x.numel()), traits(o.codec).scaled ? o.block_size : 0, o.scale_format));
   if (!traits(o.codec).scaled) {
     append_host_bytes(x.to(o.codec == CodecId::kBf16 ? at::kBFloat16 : at::kHalf), out);
-    return out;
+    return true;
   }
-  if (!finite) return out;
   const CodecTraits& t = traits(o.codec);
   const std::int64_t n = x.numel(), b = o.block_size, nb = (n + b - 1) / b;
   const at::Tensor blocks = torch::constant_pad_nd(x, {0, nb * b - n}).view({nb, b});
@@ -110,7 +108,7 @@ Bytes body(const at::Tensor& x_in, const EncodeOptions& o, bool& finite) {
   }
   append_host_bytes(o.scale_format == ScaleFormat::kBf16 ? scale.to(at::kBFloat16) : scale, out);
   append_host_bytes(pack(codes.to(at::kByte).flatten().slice(0, 0, n), t.bits), out);
-  return out;
+  return true;
 }
 
 }  // namespace gossamer::quant::device

@@ -15,8 +15,8 @@ namespace gossamer::quant::device {
 // Whether body() encodes these options (scaled codecs and bf16/fp16, nearest-even rounding).
 [[nodiscard]] bool covers(const EncodeOptions& options);
 
-// The body (format.h: scales, then packed codes) of `x`, a flat float tensor on any device, copied to
-// the host; `finite` says whether every value of x was finite (the body is then meaningless).
-Bytes body(const at::Tensor& x, const EncodeOptions& options, bool& finite);
+// Appends the body (format.h: scales, then packed codes) of `x`, a tensor on any device, to `out` on
+// the host; false when a value of x is not finite (what was appended is then meaningless).
+[[nodiscard]] bool append_body(const at::Tensor& x, const EncodeOptions& options, Bytes& out);
 
 }  // namespace gossamer::quant::device

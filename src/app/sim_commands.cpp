@@ -398,15 +398,17 @@ int run_compare_command(const CompareArgs& args) {
   for (const auto& m : args.methods) {
     const auto mode = sim::pipeline_method_mode(m);
     train::RunConfig base = mode ? pipeline_compare_defaults() : compare_defaults();
-    const auto method = mode ? Result<optim::Method>(optim::Method::kDdp) : optim::parse_method(m);
-    if (!method.ok()) return report_failure(method.status().with_context("--methods"));
-    if (!mode) base.outer.method = *method;
+    if (!mode) {
+      const auto method = optim::parse_method(m);
+      if (!method.ok()) return report_failure(method.status().with_context("--methods"));
+      base.outer.method = *method;
+    }
     auto config = build_config(args.source, base);
     if (!config.ok()) return report_failure(config.status());
     if (mode) {
       config->pipeline.mode = *train::parse_choice<train::PipelineMode>(*mode);  // --methods wins over a mode named in --config
     } else {
-      config->outer.method = *method;  // --methods wins over a method named in --config
+      config->outer.method = base.outer.method;  // --methods wins over a method named in --config
       if (auto outer = train::outer_config(*config); !outer.ok()) return report_failure(outer.status());
     }
     for (const auto& w : train::config_warnings(*config)) spdlog::warn("{}", w);

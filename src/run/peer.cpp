@@ -63,10 +63,8 @@ Result<std::uint16_t> link_port_of(const PeerRequest& req, std::uint16_t listen_
 // listen on: a wildcard cannot be reached.
 Status check_c10d_engine(const train::RunConfig& config, const std::string& listen) {
   if (config.pipeline.enabled || config.outer.method != optim::Method::kDdp || !train::on_c10d(config.ddp.engine)) return Status();
-  if (!(config.ddp.engine == train::DdpEngine::kNccl ? optim::nccl_available() : optim::gloo_available())) {
-    // (where the engine was left out, making one fails at once and says what to use instead)
-    const auto made = config.ddp.engine == train::DdpEngine::kNccl ? optim::make_nccl_data_parallel({}) : optim::make_gloo_data_parallel({});
-    return error(ErrorCode::kInvalidArgument, made.status().message());
+  if (Status built = config.ddp.engine == train::DdpEngine::kNccl ? optim::nccl_built() : optim::gloo_built(); !built.ok()) {
+    return error(ErrorCode::kInvalidArgument, built.message());
   }
   if (!transport::is_wildcard_address(listen)) return Status();
   return error(ErrorCode::kInvalidArgument, "ddp.engine = \"" + train::name_of(config.ddp.engine) + "\" serves its rendezvous at the --listen host, which must then be an address the "

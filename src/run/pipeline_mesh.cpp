@@ -75,9 +75,8 @@ class Mesh {
   transport::Transport& transport_;
   const Want& want_;
   const int n_;
-  std::mutex mu_;  // links_ above this node, linked_above_ and alive_, between the threads
+  std::mutex mu_;  // links_ above this node and alive_, between the threads
   Links links_;
-  int linked_above_ = 0;
   static constexpr signed char kUnknown = -1, kGone = 0, kAlive = 1;
   std::vector<signed char> alive_;  // per node: whether its process answered the last probe
   bool accepting_over_ = false;  // the acceptor is done: the probes end
@@ -108,10 +107,16 @@ bool Mesh::take_from_above(const std::shared_ptr<transport::Link>& link) {
     link->close();
     return false;
   }
-  std::lock_guard lock(mu_);
-  links_[static_cast<std::size_t>(from)] = link;
-  ++linked_above_;
-  return true;
+  {
+    // Two handshakes from one node (a dialler's retry) may both have found the slot free: the first keeps it.
+    std::lock_guard lock(mu_);
+    if (!links_[static_cast<std::size_t>(from)]) {
+      links_[static_cast<std::size_t>(from)] = link;
+      return true;
+    }
+  }
+  link->close();
+  return false;
 }
 
 void Mesh::accept_above() {
@@ -120,7 +125,9 @@ void Mesh::accept_above() {
   std::vector<std::unique_ptr<ClockThread>> handshakes;
   auto all_linked = [&] {
     std::lock_guard lock(mu_);
-    return linked_above_ >= above;
+    int linked = 0;
+    for (int j = req_.node + 1; j < n_; ++j) linked += links_[static_cast<std::size_t>(j)] ? 1 : 0;
+    return linked >= above;
   };
   std::vector<std::unique_ptr<ClockThread>> probes;
   for (int j = req_.node + 1; j < n_ && want_.tolerate; ++j) {

@@ -24,7 +24,6 @@ Result<quant::EncodeOptions> codec(const std::string& name, std::int64_t block, 
 
 }  // namespace
 
-optim::Method method_of(const RunConfig& c) { return c.outer.method; }
 
 namespace {
 
@@ -58,7 +57,7 @@ Status check_synchronizes(const RunConfig& c, optim::Method method, std::int64_t
 std::vector<std::string> config_warnings(const RunConfig& c) {
   std::vector<std::string> out;
   const auto& sd = c.streaming_diloco;
-  const optim::Method method = method_of(c);
+  const optim::Method method = c.outer.method;
   if (method == optim::Method::kStreamingDiLoCo && sd.fragment_layers > c.model.layers) {
     out.push_back("streaming_diloco.fragment_layers (" + std::to_string(sd.fragment_layers) + ") exceeds model.layers (" + std::to_string(c.model.layers) +
                   "): the whole model is one fragment, synchronized every streaming_diloco.inner_steps steps as DiLoCo would; set it to at most " +
@@ -84,7 +83,7 @@ std::int64_t sparseloco_period(const RunConfig& c) {
 
 std::int64_t budget_period(const RunConfig& c) {
   if (c.outer.round_budget != RoundBudget::kTime) return 0;
-  switch (method_of(c)) {
+  switch (c.outer.method) {
     case optim::Method::kDiLoCo: return c.diloco.inner_steps;
     case optim::Method::kStreamingDiLoCo: return c.streaming_diloco.inner_steps;
     case optim::Method::kSparseLoCo: return sparseloco_period(c);

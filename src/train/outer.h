@@ -30,8 +30,6 @@ namespace gossamer::train {
 // kInvalidArgument (naming the keys) for combinations the method refuses, e.g. a fragment count that
 // does not divide H.
 [[nodiscard]] Result<optim::OuterConfig> outer_config(const RunConfig& config);
-// The config's method, parsed (the schema only admits the table's names; another is a caller's bug).
-optim::Method method_of(const RunConfig& config);
 // Settings that are legitimate but probably not what was meant, one sentence each (the commands
 // print them as warnings).
 std::vector<std::string> config_warnings(const RunConfig& config);
