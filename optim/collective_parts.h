@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <vector>
@@ -57,6 +59,49 @@ Status reduce_segment(const Group& g, const quant::EncodeOptions& codec, const A
 // tap when `tapped`, and the contributions this rank left out (`left`, by rank) counted and logged.
 void keep_and_report(const Group& g, std::int64_t n, bool tapped, std::vector<std::vector<Bytes>>& parts, const std::vector<char>& left,
                      transport::Tag tag, CommStats& stats);
+// An encoding as one buffer (its head, the body appended).
+Bytes joined(quant::EncodedView view);
+// One all-reduce at one rank, as both layouts hold it: the values it sends (scaled for a simulated
+// poisoned worker), the cuts, its own chunk as it is summed, the contributions to the segment at
+// hand, the means by owner and segment, and whose contributions it left out.
+struct MeanRound {
+  MeanRound(const Group& group, const at::Tensor& tensor, const quant::EncodeOptions& encoding, std::int64_t segment_values,
+            const Aggregation& aggregation);
+  // This rank's values for segment s of chunk j; its chunk's sum for its segment s; the mean of
+  // segment s of chunk j (ours only when not exact).
+  std::span<float> sent(int j, std::int64_t s) const { return cuts.of(sent_data, j, s); }
+  std::span<float> acc_segment(std::int64_t s) const;
+  Bytes& part(int j, std::int64_t s) { return parts[static_cast<std::size_t>(j)][static_cast<std::size_t>(s)]; }
+  // The owner's result for its segment s from `contributions` and `usable` as gathered (reduce_segment);
+  // `left` marks the ranks left out.
+  Status reduce(std::int64_t s, std::ptrdiff_t& failed);
+  // With every mean in `parts`: decoded into `tensor` (straight into it when it is contiguous CPU
+  // fp32, else through one staging tensor), then keep_and_report. `source(j)`, where given: the link
+  // chunk j's means came over (named in errors; their buffers go back to it). On an error `failed`
+  // names the chunk that did not decode.
+  Status finish(at::Tensor& tensor, transport::Tag tag, CommStats& stats, const std::function<transport::Link*(int)>& source, int& failed);
+
+  const Group& g;
+  const quant::EncodeOptions& codec;
+  const Aggregation& agg;
+  const int r, m;
+  const bool robust;  // a rule other than the plain mean
+  const bool exact;   // fp32: round-trips bit for bit
+  at::Tensor flat;    // the caller's values, flat CPU fp32
+  at::Tensor sent_values;
+  float* sent_data;
+  const std::int64_t n;
+  const Segments cuts;
+  const std::int64_t mine_begin;  // where this rank's chunk begins
+  const std::size_t acc_len;
+  std::unique_ptr<float[]> acc;  // this rank's chunk as it is summed (written before it is read)
+  std::vector<Bytes> contributions;  // to the segment at hand, by rank
+  std::vector<quant::MeanTerm> terms;
+  std::vector<char> usable, left;  // robust rules: in for the segment at hand; left out of any
+  std::vector<float> rows;
+  bool abstained = false;
+  std::vector<std::vector<Bytes>> parts;  // [owner][segment]: the means as encoded by their owners
+};
 // allreduce_mean over a grid (Group::width >= 2; collectives.h).
 Status allreduce_grid(const Group& g, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
                       CommStats* stats_out, std::int64_t segment_values, const Aggregation& agg);

@@ -183,11 +183,11 @@ std::optional<Bytes> special_contribution(const Group& g, std::span<const float>
   }
   if (g.poison && g.poison->nan && !values.empty()) {
     GOSSAMER_CHECK(codec.codec == quant::CodecId::kFp32 && !codec.zstd, "allreduce_mean: NaN poisoning needs the plain fp32 codec");
-    const quant::EncodedView view = quant::encode_view(values, codec);
-    Bytes poisoned = view.head;
-    poisoned.insert(poisoned.end(), view.body.begin(), view.body.end());
+    quant::EncodedView view = quant::encode_view(values, codec);
+    const std::size_t head = view.head.size();
+    Bytes poisoned = joined(std::move(view));
     const float nan = std::nanf("");
-    std::memcpy(poisoned.data() + view.head.size(), &nan, sizeof nan);  // the first value, in an fp32 body
+    std::memcpy(poisoned.data() + head, &nan, sizeof nan);  // the first value, in an fp32 body
     return poisoned;
   }
   return std::nullopt;
@@ -234,6 +234,72 @@ void keep_and_report(const Group& g, std::int64_t n, bool tapped, std::vector<st
   }
 }
 
+Bytes joined(quant::EncodedView view) {
+  Bytes out = std::move(view.head);
+  out.insert(out.end(), view.body.begin(), view.body.end());
+  return out;
+}
+
+MeanRound::MeanRound(const Group& group, const at::Tensor& tensor, const quant::EncodeOptions& encoding, std::int64_t segment_values,
+                     const Aggregation& aggregation)
+    : g(group),
+      codec(encoding),
+      agg(aggregation),
+      r(group.rank),
+      m(group.size),
+      robust(aggregation.rule != Aggregation::Rule::kMean),
+      exact(encoding.codec == quant::CodecId::kFp32),
+      flat(tensor.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1})),
+      // A simulated poisoned worker sends scaled values (its own chunk's contribution too).
+      sent_values(group.poison && group.poison->scale != 1.0 ? flat * group.poison->scale : flat),
+      sent_data(sent_values.data_ptr<float>()),
+      n(flat.numel()),
+      cuts(n, m, segment_values),
+      mine_begin(chunk_begin(n, m, r)),
+      acc_len(static_cast<std::size_t>(chunk_begin(n, m, r + 1) - mine_begin)),
+      acc(std::make_unique_for_overwrite<float[]>(acc_len)),
+      contributions(static_cast<std::size_t>(m)),
+      usable(static_cast<std::size_t>(m), 1),
+      left(static_cast<std::size_t>(m), 0),
+      parts(static_cast<std::size_t>(m), std::vector<Bytes>(static_cast<std::size_t>(cuts.count))) {}
+
+std::span<float> MeanRound::acc_segment(std::int64_t s) const {
+  return {acc.get() + (cuts.begin(r, s) - mine_begin), static_cast<std::size_t>(cuts.length(r, s))};
+}
+
+Status MeanRound::reduce(std::int64_t s, std::ptrdiff_t& failed) {
+  const Status summed = reduce_segment(g, codec, agg, contributions, usable, sent(r, s), acc_segment(s), terms, rows, failed);
+  for (int j = 0; j < m; ++j) {
+    if (!usable[static_cast<std::size_t>(j)]) left[static_cast<std::size_t>(j)] = 1;
+  }
+  return summed;
+}
+
+Status MeanRound::finish(at::Tensor& tensor, transport::Tag tag, CommStats& stats, const std::function<transport::Link*(int)>& source, int& failed) {
+  const bool direct = tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
+  at::Tensor out = direct ? flat : torch::empty({n}, torch::kFloat);
+  float* const out_data = out.data_ptr<float>();
+  // A member keeping updates for a newcomer keeps the mean's own bytes (fp32 would gain nothing).
+  const bool tapped = !exact && g.mean_tap && g.mean_tap->enabled();
+  for (int j = 0; j < m; ++j) {
+    if (j == r && exact) {
+      std::copy(acc.get(), acc.get() + acc_len, out_data + mine_begin);
+      continue;
+    }
+    transport::Link* const from = j != r && source ? source(j) : nullptr;
+    for (std::int64_t s = 0; s < cuts.count; ++s) {
+      if (Status st = quant::decode_into(part(j, s), cuts.of(out_data, j, s)); !st.ok()) {
+        failed = j;
+        return decoded(st, from);
+      }
+      if (from != nullptr && !tapped) from->recycle(std::move(part(j, s)));
+    }
+  }
+  if (!direct) tensor.copy_(out.view(tensor.sizes()));
+  keep_and_report(g, n, tapped, parts, left, tag, stats);
+  return Status();
+}
+
 }  // namespace detail
 
 using namespace detail;
@@ -256,6 +322,118 @@ at::Tensor allreduce_contribution(const at::Tensor& tensor, int size, const quan
   return out;
 }
 
+namespace {
+
+// The full mesh (collectives.h): each segment of rank j's chunk goes straight to rank j, and its mean
+// straight back to everyone.
+class MeshMean {
+ public:
+  MeshMean(const Group& g, const at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
+           std::int64_t segment_values, const Aggregation& agg)
+      : round_(g, tensor, codec, segment_values, agg), tag_(tag), mean_tag_(tag | kAllreduceMeanPhase), deadline_(deadline) {
+    for (int j = 0; j < round_.m; ++j) {
+      GOSSAMER_CHECK(j == round_.r || g.peers[static_cast<std::size_t>(j)], "allreduce_mean: no link to rank " + std::to_string(j));
+    }
+  }
+
+  Status run(at::Tensor& tensor, CommStats& stats) {
+    // Segment by segment, so the sums and the means of early segments overlap later ones in flight,
+    // and what a link reads in is summed while it is still in cache. Contributions run kLookahead
+    // segments ahead of the sums: a rank waiting for a slow peer's segment s has already handed
+    // segments up to s + kLookahead to the others, so nobody idles on it (on 4 ranks over loopback,
+    // 10 to 15% faster than sending in lockstep).
+    constexpr std::int64_t kLookahead = 4;
+    const std::int64_t segs = round_.cuts.count;
+    for (std::int64_t s = 0; s < segs; ++s) {
+      for (; sent_ < std::min(segs, s + 1 + kLookahead); ++sent_) {
+        if (Status st = send_contributions(sent_, stats); !st.ok()) return st;
+      }
+      if (Status st = sum_and_send_mean(s, stats); !st.ok()) return st;
+    }
+    for (std::int64_t s = 0; s < segs; ++s) {
+      for (int k = 1; k < round_.m; ++k) {
+        const int j = from(k);
+        auto got = recv_chunk(link(j), mean_tag_, round_.cuts.length(j, s), deadline_, stats);
+        if (!got.ok()) return context(got.status(), "receiving the mean from", j);
+        round_.part(j, s) = std::move(*got);
+      }
+    }
+    // Only now, with every segment in hand, does the caller's tensor change.
+    int failed = -1;
+    Status st = round_.finish(tensor, tag_, stats, [this](int j) { return &link(j); }, failed);
+    return st.ok() ? st : context(st, "decoding the mean of", failed);
+  }
+
+ private:
+  // Rank r talks to r+1, r+2, ... in turn (and hears from r-1, r-2, ...), so the ranks do not all
+  // queue on rank 0 first.
+  int to(int k) const { return (round_.r + k) % round_.m; }
+  int from(int k) const { return (round_.r - k + round_.m) % round_.m; }
+  transport::Link& link(int j) const { return *round_.g.peers[static_cast<std::size_t>(j)]; }
+  Status context(Status st, const char* what, int j) const {
+    return st.with_context("allreduce: rank " + std::to_string(round_.r) + " " + what + " rank " + std::to_string(j));
+  }
+
+  // 1. Segment s of each chunk, encoded once, to its owner (fp32 straight from the tensor).
+  Status send_contributions(std::int64_t s, CommStats& stats) {
+    for (int k = 1; k < round_.m; ++k) {
+      const int j = to(k);
+      const std::span<float> values = round_.sent(j, s);
+      Status st;
+      if (auto special = special_contribution(round_.g, values, round_.codec, round_.robust, round_.abstained)) {
+        st = send_counted(link(j), tag_, *special, deadline_, stats);
+      } else {
+        st = send_counted(link(j), tag_, quant::encode_view(values, round_.codec), deadline_, stats);
+      }
+      if (!st.ok()) return context(st, "sending to", j);
+    }
+    return Status();
+  }
+
+  // 2. The owner sums every contribution in fp32 in rank order (the same order every run), each
+  // straight from its payload (ours from the tensor when exact), and divides: one pass over them.
+  // 3. The mean, encoded once, to everyone; every rank (the owner too) decodes the same bytes.
+  Status sum_and_send_mean(std::int64_t s, CommStats& stats) {
+    const int r = round_.r, m = round_.m;
+    std::fill(round_.usable.begin(), round_.usable.end(), 1);
+    for (int k = 1; k < m; ++k) {
+      const int j = from(k);
+      Bytes& contribution = round_.contributions[static_cast<std::size_t>(j)];
+      auto got = recv_chunk(link(j), tag_, round_.cuts.length(r, s), deadline_, stats);
+      if (!got.ok() && round_.robust && bad_payload(got.status())) {
+        round_.usable[static_cast<std::size_t>(j)] = 0;
+        contribution.clear();
+        continue;
+      }
+      if (!got.ok()) return context(got.status(), "receiving from", j);
+      contribution = std::move(*got);
+    }
+    std::ptrdiff_t failed = -1;
+    const Status summed = round_.reduce(s, failed);
+    for (int k = 1; k < m; ++k) link(from(k)).recycle(std::move(round_.contributions[static_cast<std::size_t>(from(k))]));
+    if (!summed.ok()) {
+      const int j = static_cast<int>(failed);
+      if (round_.robust || j < 0) return context(summed, "averaging the chunk of", r);
+      return context(decoded(summed, j == r ? nullptr : &link(j)), "reducing the chunk of", j);
+    }
+    const quant::EncodedView mean = quant::encode_view(std::span<const float>(round_.acc_segment(s)), round_.codec);
+    if (!round_.exact) round_.part(r, s) = joined(mean);
+    for (int k = 1; k < m; ++k) {
+      const int j = to(k);
+      if (Status st = send_counted(link(j), mean_tag_, mean, deadline_, stats); !st.ok()) return context(st, "sending the mean to", j);
+      if (round_.g.crash_drill && s == round_.cuts.count - 1 && k == m / 2) round_.g.crash_drill();
+    }
+    return Status();
+  }
+
+  MeanRound round_;
+  const transport::Tag tag_, mean_tag_;
+  const Deadline deadline_;
+  std::int64_t sent_ = 0;  // segments whose contributions have left
+};
+
+}  // namespace
+
 Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
                       CommStats* stats_out, std::int64_t segment_values, const Aggregation& agg) {
   GOSSAMER_CHECK(g.size >= 1 && g.rank >= 0 && g.rank < g.size, "allreduce_mean: rank outside the group");
@@ -267,137 +445,7 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   if (g.width >= 2 && g.size > g.width) return allreduce_grid(g, tensor, codec, tag, deadline, stats_out, segment_values, agg);
   Stopwatch watch(*g.clock);
   CommStats stats;
-  const at::Tensor flat = tensor.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1});
-  const std::int64_t n = flat.numel();
-  const bool robust = agg.rule != Aggregation::Rule::kMean;
-  // A simulated poisoned worker sends scaled values (its own chunk's contribution too).
-  const at::Tensor sent_values = g.poison && g.poison->scale != 1.0 ? flat * g.poison->scale : flat;
-  const int r = g.rank, m = g.size;
-  // Segments as spans of raw fp32 (no tensor per message: a small model's ddp sends many a step).
-  const Segments cuts(n, m, segment_values);
-  const std::int64_t segs = cuts.count;
-  auto seg_begin = [&](int j, std::int64_t s) { return cuts.begin(j, s); };
-  auto segment = [&](float* base, int j, std::int64_t s) { return cuts.of(base, j, s); };
-  float* const sent_data = sent_values.data_ptr<float>();
-  auto link = [&](int j) -> transport::Link& { return *g.peers[static_cast<std::size_t>(j)]; };
-  auto rank_context = [&](Status st, const char* what, int j) {
-    return st.with_context("allreduce: rank " + std::to_string(r) + " " + what + " rank " + std::to_string(j));
-  };
-  for (int j = 0; j < m; ++j) GOSSAMER_CHECK(j == r || g.peers[static_cast<std::size_t>(j)], "allreduce_mean: no link to rank " + std::to_string(j));
-
-  // Rank r talks to r+1, r+2, ... in turn (and hears from r-1, r-2, ...), so the ranks do not all
-  // queue on rank 0 first.
-  auto to = [&](int k) { return (r + k) % m; };
-  auto from = [&](int k) { return (r - k + m) % m; };
-  const bool exact = codec.codec == quant::CodecId::kFp32;  // fp32 round-trips bit for bit
-  const transport::Tag mean_tag = tag | kAllreduceMeanPhase;
-  const std::int64_t mine_begin = chunk_begin(n, m, r);
-  // This rank's chunk as it is summed (left uninitialized: every value is written before it is read).
-  const auto acc_len = static_cast<std::size_t>(chunk_begin(n, m, r + 1) - mine_begin);
-  const auto acc = std::make_unique_for_overwrite<float[]>(acc_len);
-  // The contributions to one segment of ours, by rank, and the terms of their mean.
-  std::vector<Bytes> contributions(static_cast<std::size_t>(m));
-  std::vector<quant::MeanTerm> terms(static_cast<std::size_t>(m));
-  // Robust rules: which contributions to the segment at hand are in, which ranks were left out of
-  // any segment of ours, and scratch space for the decoded contributions.
-  std::vector<char> usable(static_cast<std::size_t>(m), 1), left(static_cast<std::size_t>(m), 0);
-  std::vector<float> rows;
-  bool abstained = false;
-  // parts[j][s]: the mean of segment s of chunk j as encoded by its owner (ours only when not exact).
-  std::vector<std::vector<Bytes>> parts(static_cast<std::size_t>(m), std::vector<Bytes>(static_cast<std::size_t>(segs)));
-  // Segment by segment, so the sums and the means of early segments overlap later ones in flight, and
-  // what a link reads in is summed while it is still in cache. Contributions run kLookahead segments
-  // ahead of the sums: a rank waiting for a slow peer's segment s has already handed segments up to
-  // s + kLookahead to the others, so nobody idles on it (on 4 ranks over loopback, 10 to 15% faster
-  // than sending in lockstep).
-  constexpr std::int64_t kLookahead = 4;
-  std::int64_t sent = 0;  // segments whose contributions have left
-  for (std::int64_t s = 0; s < segs; ++s) {
-    // 1. Segments up to s + kLookahead of each chunk, encoded once, to their owner (fp32 straight
-    // from `flat`).
-    for (; sent < std::min(segs, s + 1 + kLookahead); ++sent) {
-      for (int k = 1; k < m; ++k) {
-        const int j = to(k);
-        const std::span<float> values = segment(sent_data, j, sent);
-        Status st;
-        if (auto special = special_contribution(g, values, codec, robust, abstained)) {
-          st = send_counted(link(j), tag, *special, deadline, stats);
-        } else {
-          st = send_counted(link(j), tag, quant::encode_view(values, codec), deadline, stats);
-        }
-        if (!st.ok()) return rank_context(st, "sending to", j);
-      }
-    }
-    // 2. The owner sums every contribution in fp32 in rank order (the same order every run), each
-    // straight from its payload (ours from `flat` when exact), and divides: one pass over them.
-    const std::span<float> acc_seg(acc.get() + (seg_begin(r, s) - mine_begin), static_cast<std::size_t>(seg_begin(r, s + 1) - seg_begin(r, s)));
-    const std::span<const float> own = segment(sent_data, r, s);
-    std::fill(usable.begin(), usable.end(), 1);
-    for (int k = 1; k < m; ++k) {
-      const int j = from(k);
-      auto got = recv_chunk(link(j), tag, static_cast<std::int64_t>(acc_seg.size()), deadline, stats);
-      if (!got.ok() && robust && bad_payload(got.status())) {
-        usable[static_cast<std::size_t>(j)] = 0;
-        contributions[static_cast<std::size_t>(j)].clear();
-        continue;
-      }
-      if (!got.ok()) return rank_context(got.status(), "receiving from", j);
-      contributions[static_cast<std::size_t>(j)] = std::move(*got);
-    }
-    std::ptrdiff_t failed = -1;
-    const Status summed = reduce_segment(g, codec, agg, contributions, usable, own, acc_seg, terms, rows, failed);
-    for (int j = 0; j < m; ++j) {
-      if (!usable[static_cast<std::size_t>(j)]) left[static_cast<std::size_t>(j)] = 1;
-    }
-    for (int k = 1; k < m; ++k) link(from(k)).recycle(std::move(contributions[static_cast<std::size_t>(from(k))]));
-    if (!summed.ok()) {
-      const int j = static_cast<int>(failed);
-      if (robust || j < 0) return rank_context(summed, "averaging the chunk of", r);
-      return rank_context(decoded(summed, j == r ? nullptr : &link(j)), "reducing the chunk of", j);
-    }
-    // 3. The mean, encoded once, to everyone; every rank (the owner too) decodes the same bytes.
-    const quant::EncodedView mean = quant::encode_view(std::span<const float>(acc_seg), codec);
-    if (!exact) {
-      Bytes& own_mean = parts[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)];
-      own_mean = mean.head;
-      own_mean.insert(own_mean.end(), mean.body.begin(), mean.body.end());
-    }
-    for (int k = 1; k < m; ++k) {
-      const int j = to(k);
-      if (Status st = send_counted(link(j), mean_tag, mean, deadline, stats); !st.ok()) return rank_context(st, "sending the mean to", j);
-      if (g.crash_drill && s == segs - 1 && k == m / 2) g.crash_drill();
-    }
-  }
-  for (std::int64_t s = 0; s < segs; ++s) {
-    for (int k = 1; k < m; ++k) {
-      const int j = from(k);
-      auto got = recv_chunk(link(j), mean_tag, seg_begin(j, s + 1) - seg_begin(j, s), deadline, stats);
-      if (!got.ok()) return rank_context(got.status(), "receiving the mean from", j);
-      parts[static_cast<std::size_t>(j)][static_cast<std::size_t>(s)] = std::move(*got);
-    }
-  }
-  // Only now, with every segment in hand, does the caller's tensor change: decoded straight into it
-  // when it is contiguous CPU fp32, else through one staging tensor.
-  const bool direct = tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
-  at::Tensor out = direct ? flat : torch::empty({n}, torch::kFloat);
-  float* const out_data = out.data_ptr<float>();
-  // A member keeping updates for a newcomer keeps the mean's own bytes (fp32 would gain nothing).
-  const bool tapped = !exact && g.mean_tap && g.mean_tap->enabled();
-  for (int j = 0; j < m; ++j) {
-    if (j == r && exact) {
-      std::copy(acc.get(), acc.get() + acc_len, out_data + mine_begin);
-      continue;
-    }
-    for (std::int64_t s = 0; s < segs; ++s) {
-      Bytes& part = parts[static_cast<std::size_t>(j)][static_cast<std::size_t>(s)];
-      if (Status st = quant::decode_into(part, segment(out_data, j, s)); !st.ok()) {
-        return rank_context(decoded(st, j == r ? nullptr : &link(j)), "decoding the mean of", j);
-      }
-      if (j != r && !tapped) link(j).recycle(std::move(part));
-    }
-  }
-  if (!direct) tensor.copy_(out.view(tensor.sizes()));
-  keep_and_report(g, n, tapped, parts, left, tag, stats);
+  if (Status st = MeshMean(g, tensor, codec, tag, deadline, segment_values, agg).run(tensor, stats); !st.ok()) return st;
   stats.seconds = watch.elapsed_seconds();
   if (stats_out != nullptr) *stats_out += stats;
   return Status();

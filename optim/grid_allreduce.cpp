@@ -144,164 +144,169 @@ Result<std::vector<Bytes>> unbundle(transport::Link& link, transport::Tag tag, c
   return pieces;
 }
 
+// The grid's phases at one rank (see the top of this file), over the state both layouts share.
+class GridMean {
+ public:
+  GridMean(const Group& g, const at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
+           std::int64_t segment_values, const Aggregation& agg)
+      : round_(g, tensor, codec, segment_values, agg),
+        routes_(routes_of(g.rank, g.size, g.width)),
+        tag_(tag),
+        mean_tag_(tag | kAllreduceMeanPhase),
+        deadline_(deadline),
+        own_pieces_(static_cast<std::size_t>(g.size)) {
+    for (int n : routes_.linked) GOSSAMER_CHECK(g.peers[static_cast<std::size_t>(n)], "allreduce_mean: no link to rank " + std::to_string(n));
+  }
+
+  Status run(at::Tensor& tensor, CommStats& stats) {
+    for (std::int64_t s = 0; s < round_.cuts.count; ++s) {
+      if (Status st = send_first_hand(s, stats); !st.ok()) return st;
+      if (Status st = gather_contributions(s, stats); !st.ok()) return st;
+      if (Status st = sum_and_send_mean(s, stats); !st.ok()) return st;
+    }
+    if (Status st = gather_means(stats); !st.ok()) return st;
+    // Only now does the caller's tensor change, as in the full mesh.
+    int failed = -1;
+    Status st = round_.finish(tensor, tag_, stats, nullptr, failed);
+    return st.ok() ? st : context(st, "decoding the mean of", failed);
+  }
+
+ private:
+  transport::Link& link(int j) const { return *round_.g.peers[static_cast<std::size_t>(j)]; }
+  Status context(Status st, const std::string& what, int j) const {
+    return st.with_context("allreduce (grid of width " + std::to_string(round_.g.width) + "): rank " + std::to_string(round_.r) + " " + what +
+                           " rank " + std::to_string(j));
+  }
+  // A bundle of what this rank holds for segment s, by rank, from `of`.
+  template <typename Of>
+  static Bytes bundle_of(const std::vector<int>& ranks, Of of) {
+    std::vector<std::pair<int, const Bytes*>> items;
+    for (int j : ranks) items.emplace_back(j, &of(j));
+    return bundle(items);
+  }
+
+  // 1. First-hand: this rank's contributions, one bundle per linked rank.
+  Status send_first_hand(std::int64_t s, CommStats& stats) {
+    for (int d = 0; d < round_.m; ++d) {
+      if (d == round_.r) continue;
+      const std::span<float> values = round_.sent(d, s);
+      Bytes& piece = own_pieces_[static_cast<std::size_t>(d)];
+      if (auto special = special_contribution(round_.g, values, round_.codec, round_.robust, round_.abstained)) {
+        piece = std::move(*special);
+      } else {
+        piece = joined(quant::encode_view(values, round_.codec));
+      }
+    }
+    for (int to : routes_.linked) {
+      const Bytes b = bundle_of(routes_.first_to.at(to), [&](int d) -> const Bytes& { return own_pieces_[static_cast<std::size_t>(d)]; });
+      if (Status st = send_counted(link(to), tag_, b, deadline_, stats); !st.ok()) return context(st, "sending to", to);
+    }
+    return Status();
+  }
+
+  // 2. What comes first-hand: contributions to this rank's chunk, and others' to pass on; 3. passed
+  // on: each linked rank gets the pieces for its chunk that came here.
+  Status gather_contributions(std::int64_t s, CommStats& stats) {
+    const int r = round_.r;
+    std::map<int, std::map<int, Bytes>> to_pass;  // linked rank -> (sender -> its piece for it)
+    std::fill(round_.usable.begin(), round_.usable.end(), 1);
+    for (int from : routes_.linked) {
+      const auto& owners = routes_.first_from.at(from);
+      auto got = unbundle(link(from), tag_, owners, [&](int d) { return round_.cuts.length(d, s); }, deadline_, stats);
+      if (!got.ok()) return context(got.status(), "receiving from", from);
+      for (std::size_t i = 0; i < owners.size(); ++i) {
+        if (owners[i] == r) round_.contributions[static_cast<std::size_t>(from)] = std::move((*got)[i]);
+        else to_pass[owners[i]][from] = std::move((*got)[i]);
+      }
+    }
+    for (int to : routes_.linked) {
+      const auto& senders = routes_.passed_to.at(to);
+      if (senders.empty()) continue;
+      const Bytes b = bundle_of(senders, [&](int from) -> const Bytes& { return to_pass[to][from]; });
+      if (Status st = send_counted(link(to), tag_, b, deadline_, stats); !st.ok()) return context(st, "passing on to", to);
+    }
+    for (int from : routes_.linked) {
+      const auto& senders = routes_.passed_from.at(from);
+      if (senders.empty()) continue;
+      auto got = unbundle(link(from), tag_, senders, [&](int) { return round_.cuts.length(r, s); }, deadline_, stats);
+      if (!got.ok()) return context(got.status(), "receiving what was passed on by", from);
+      for (std::size_t i = 0; i < senders.size(); ++i) round_.contributions[static_cast<std::size_t>(senders[i])] = std::move((*got)[i]);
+    }
+    return Status();
+  }
+
+  // 4. The owner's sum, as the full mesh's: an empty piece is a contribution that did not decode.
+  // 5. The mean, encoded once, first-hand to every linked rank.
+  Status sum_and_send_mean(std::int64_t s, CommStats& stats) {
+    const int r = round_.r;
+    for (int j = 0; j < round_.m; ++j) {
+      if (j == r || !round_.contributions[static_cast<std::size_t>(j)].empty()) continue;
+      if (!round_.robust) return context(error(ErrorCode::kMalformed, "a contribution that does not decode"), "reducing the chunk of", j);
+      round_.usable[static_cast<std::size_t>(j)] = 0;
+    }
+    std::ptrdiff_t failed = -1;
+    if (const Status summed = round_.reduce(s, failed); !summed.ok()) {
+      const int j = static_cast<int>(failed);
+      if (round_.robust || j < 0) return context(summed, "averaging the chunk of", r);
+      return context(summed, "reducing the chunk of", j);
+    }
+    Bytes& own_mean = round_.part(r, s);
+    own_mean = joined(quant::encode_view(std::span<const float>(round_.acc_segment(s)), round_.codec));
+    for (std::size_t i = 0; i < routes_.linked.size(); ++i) {
+      const int to = routes_.linked[i];
+      if (Status st = send_counted(link(to), mean_tag_, bundle({{r, &own_mean}}), deadline_, stats); !st.ok()) return context(st, "sending the mean to", to);
+      if (round_.g.crash_drill && s == round_.cuts.count - 1 && i + 1 == (routes_.linked.size() + 1) / 2) round_.g.crash_drill();
+    }
+    return Status();
+  }
+
+  // 6. The means: first-hand from each linked rank (every segment's: they were sent first), then
+  // those passed on, segment by segment.
+  Status gather_means(CommStats& stats) {
+    const auto length = [&](std::int64_t s) { return [&, s](int j) { return round_.cuts.length(j, s); }; };
+    for (std::int64_t s = 0; s < round_.cuts.count; ++s) {
+      for (int from : routes_.linked) {
+        auto got = unbundle(link(from), mean_tag_, {from}, length(s), deadline_, stats);
+        if (!got.ok()) return context(got.status(), "receiving the mean from", from);
+        if ((*got)[0].empty()) return context(error(ErrorCode::kMalformed, "a mean that does not decode"), "receiving the mean from", from);
+        round_.part(from, s) = std::move((*got)[0]);
+      }
+    }
+    for (std::int64_t s = 0; s < round_.cuts.count; ++s) {
+      for (int to : routes_.linked) {
+        const auto& owners = routes_.passed_to.at(to);
+        if (owners.empty()) continue;
+        const Bytes b = bundle_of(owners, [&](int j) -> const Bytes& { return round_.part(j, s); });
+        if (Status st = send_counted(link(to), mean_tag_, b, deadline_, stats); !st.ok()) return context(st, "passing the means on to", to);
+      }
+      for (int from : routes_.linked) {
+        const auto& owners = routes_.passed_from.at(from);
+        if (owners.empty()) continue;
+        auto got = unbundle(link(from), mean_tag_, owners, length(s), deadline_, stats);
+        if (!got.ok()) return context(got.status(), "receiving the means passed on by", from);
+        for (std::size_t i = 0; i < owners.size(); ++i) {
+          if ((*got)[i].empty()) return context(error(ErrorCode::kMalformed, "a mean that does not decode"), "receiving the mean of", owners[i]);
+          round_.part(owners[i], s) = std::move((*got)[i]);
+        }
+      }
+    }
+    return Status();
+  }
+
+  MeanRound round_;
+  const Routes routes_;
+  const transport::Tag tag_, mean_tag_;
+  const Deadline deadline_;
+  std::vector<Bytes> own_pieces_;  // this rank's contributions to one segment of each chunk
+};
+
 }  // namespace
 
 Status allreduce_grid(const Group& g, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
                       CommStats* stats_out, std::int64_t segment_values, const Aggregation& agg) {
   Stopwatch watch(*g.clock);
   CommStats stats;
-  const int r = g.rank, m = g.size, w = g.width;
-  const Routes routes = routes_of(r, m, w);
-  for (int n : routes.linked) GOSSAMER_CHECK(g.peers[static_cast<std::size_t>(n)], "allreduce_mean: no link to rank " + std::to_string(n));
-  auto link = [&](int j) -> transport::Link& { return *g.peers[static_cast<std::size_t>(j)]; };
-  auto rank_context = [&](Status st, const std::string& what, int j) {
-    return st.with_context("allreduce (grid of width " + std::to_string(w) + "): rank " + std::to_string(r) + " " + what + " rank " + std::to_string(j));
-  };
-  const at::Tensor flat = tensor.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1});
-  const std::int64_t n = flat.numel();
-  const bool robust = agg.rule != Aggregation::Rule::kMean;
-  const bool exact = codec.codec == quant::CodecId::kFp32;
-  const at::Tensor sent_values = g.poison && g.poison->scale != 1.0 ? flat * g.poison->scale : flat;
-  float* const sent_data = sent_values.data_ptr<float>();
-  // The full mesh's chunks and segments, exactly.
-  const Segments cuts(n, m, segment_values);
-  const std::int64_t segs = cuts.count;
-  auto seg_begin = [&](int j, std::int64_t s) { return cuts.begin(j, s); };
-  auto seg_len = [&](int j, std::int64_t s) { return cuts.length(j, s); };
-  auto segment = [&](float* base, int j, std::int64_t s) { return cuts.of(base, j, s); };
-  const transport::Tag mean_tag = tag | kAllreduceMeanPhase;
-  const std::int64_t mine_begin = chunk_begin(n, m, r);
-  const auto acc_len = static_cast<std::size_t>(chunk_begin(n, m, r + 1) - mine_begin);
-  const auto acc = std::make_unique_for_overwrite<float[]>(acc_len);
-  std::vector<Bytes> contributions(static_cast<std::size_t>(m));
-  std::vector<quant::MeanTerm> terms;
-  std::vector<char> usable(static_cast<std::size_t>(m), 1), left(static_cast<std::size_t>(m), 0);
-  std::vector<float> rows;
-  bool abstained = false;
-  std::vector<std::vector<Bytes>> parts(static_cast<std::size_t>(m), std::vector<Bytes>(static_cast<std::size_t>(segs)));
-  std::vector<Bytes> own_pieces(static_cast<std::size_t>(m));  // this rank's contributions to one segment of each chunk
-
-  for (std::int64_t s = 0; s < segs; ++s) {
-    // 1. First-hand: this rank's contributions, one bundle per linked rank.
-    for (int d = 0; d < m; ++d) {
-      if (d == r) continue;
-      const std::span<float> values = segment(sent_data, d, s);
-      if (auto special = special_contribution(g, values, codec, robust, abstained)) {
-        own_pieces[static_cast<std::size_t>(d)] = std::move(*special);
-        continue;
-      }
-      const quant::EncodedView view = quant::encode_view(values, codec);
-      Bytes& piece = own_pieces[static_cast<std::size_t>(d)];
-      piece = view.head;
-      piece.insert(piece.end(), view.body.begin(), view.body.end());
-    }
-    for (int to : routes.linked) {
-      std::vector<std::pair<int, const Bytes*>> items;
-      for (int d : routes.first_to.at(to)) items.emplace_back(d, &own_pieces[static_cast<std::size_t>(d)]);
-      if (Status st = send_counted(link(to), tag, bundle(items), deadline, stats); !st.ok()) return rank_context(st, "sending to", to);
-    }
-    // 2. What comes first-hand: contributions to this rank's chunk, and others' to pass on.
-    std::map<int, std::map<int, Bytes>> to_pass;  // linked rank -> (sender -> its piece for it)
-    std::fill(usable.begin(), usable.end(), 1);
-    for (int from : routes.linked) {
-      const auto& owners = routes.first_from.at(from);
-      auto got = unbundle(link(from), tag, owners, [&](int d) { return seg_len(d, s); }, deadline, stats);
-      if (!got.ok()) return rank_context(got.status(), "receiving from", from);
-      for (std::size_t i = 0; i < owners.size(); ++i) {
-        if (owners[i] == r) contributions[static_cast<std::size_t>(from)] = std::move((*got)[i]);
-        else to_pass[owners[i]][from] = std::move((*got)[i]);
-      }
-    }
-    // 3. Passed on: each linked rank gets the pieces for its chunk that came here.
-    for (int to : routes.linked) {
-      const auto& senders = routes.passed_to.at(to);
-      if (senders.empty()) continue;
-      std::vector<std::pair<int, const Bytes*>> items;
-      for (int from : senders) items.emplace_back(from, &to_pass[to][from]);
-      if (Status st = send_counted(link(to), tag, bundle(items), deadline, stats); !st.ok()) return rank_context(st, "passing on to", to);
-    }
-    for (int from : routes.linked) {
-      const auto& senders = routes.passed_from.at(from);
-      if (senders.empty()) continue;
-      auto got = unbundle(link(from), tag, senders, [&](int) { return seg_len(r, s); }, deadline, stats);
-      if (!got.ok()) return rank_context(got.status(), "receiving what was passed on by", from);
-      for (std::size_t i = 0; i < senders.size(); ++i) contributions[static_cast<std::size_t>(senders[i])] = std::move((*got)[i]);
-    }
-    // 4. The owner's sum, as the full mesh's: an empty piece is a contribution that did not decode.
-    for (int j = 0; j < m; ++j) {
-      if (j == r || !contributions[static_cast<std::size_t>(j)].empty()) continue;
-      if (!robust) return rank_context(error(ErrorCode::kMalformed, "a contribution that does not decode"), "reducing the chunk of", j);
-      usable[static_cast<std::size_t>(j)] = 0;
-    }
-    const std::span<float> acc_seg(acc.get() + (seg_begin(r, s) - mine_begin), static_cast<std::size_t>(seg_len(r, s)));
-    std::ptrdiff_t failed = -1;
-    const Status summed = reduce_segment(g, codec, agg, contributions, usable, segment(sent_data, r, s), acc_seg, terms, rows, failed);
-    for (int j = 0; j < m; ++j) {
-      if (!usable[static_cast<std::size_t>(j)]) left[static_cast<std::size_t>(j)] = 1;
-    }
-    if (!summed.ok()) {
-      const int j = static_cast<int>(failed);
-      if (robust || j < 0) return rank_context(summed, "averaging the chunk of", r);
-      return rank_context(summed, "reducing the chunk of", j);
-    }
-    // 5. The mean, encoded once, first-hand to every linked rank.
-    const quant::EncodedView mean = quant::encode_view(std::span<const float>(acc_seg), codec);
-    Bytes& own_mean = parts[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)];
-    own_mean = mean.head;
-    own_mean.insert(own_mean.end(), mean.body.begin(), mean.body.end());
-    for (std::size_t i = 0; i < routes.linked.size(); ++i) {
-      const int to = routes.linked[i];
-      if (Status st = send_counted(link(to), mean_tag, bundle({{r, &own_mean}}), deadline, stats); !st.ok()) return rank_context(st, "sending the mean to", to);
-      if (g.crash_drill && s == segs - 1 && i + 1 == (routes.linked.size() + 1) / 2) g.crash_drill();
-    }
-  }
-  // 6. The means: first-hand from each linked rank (every segment's: they were sent first), then
-  // those passed on, segment by segment.
-  for (std::int64_t s = 0; s < segs; ++s) {
-    for (int from : routes.linked) {
-      auto got = unbundle(link(from), mean_tag, {from}, [&](int j) { return seg_len(j, s); }, deadline, stats);
-      if (!got.ok()) return rank_context(got.status(), "receiving the mean from", from);
-      if ((*got)[0].empty()) return rank_context(error(ErrorCode::kMalformed, "a mean that does not decode"), "receiving the mean from", from);
-      parts[static_cast<std::size_t>(from)][static_cast<std::size_t>(s)] = std::move((*got)[0]);
-    }
-  }
-  for (std::int64_t s = 0; s < segs; ++s) {
-    for (int to : routes.linked) {
-      const auto& owners = routes.passed_to.at(to);
-      if (owners.empty()) continue;
-      std::vector<std::pair<int, const Bytes*>> items;
-      for (int j : owners) items.emplace_back(j, &parts[static_cast<std::size_t>(j)][static_cast<std::size_t>(s)]);
-      if (Status st = send_counted(link(to), mean_tag, bundle(items), deadline, stats); !st.ok()) return rank_context(st, "passing the means on to", to);
-    }
-    for (int from : routes.linked) {
-      const auto& owners = routes.passed_from.at(from);
-      if (owners.empty()) continue;
-      auto got = unbundle(link(from), mean_tag, owners, [&](int j) { return seg_len(j, s); }, deadline, stats);
-      if (!got.ok()) return rank_context(got.status(), "receiving the means passed on by", from);
-      for (std::size_t i = 0; i < owners.size(); ++i) {
-        if ((*got)[i].empty()) return rank_context(error(ErrorCode::kMalformed, "a mean that does not decode"), "receiving the mean of", owners[i]);
-        parts[static_cast<std::size_t>(owners[i])][static_cast<std::size_t>(s)] = std::move((*got)[i]);
-      }
-    }
-  }
-  // Only now does the caller's tensor change, as in the full mesh.
-  const bool direct = tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
-  at::Tensor out = direct ? flat : torch::empty({n}, torch::kFloat);
-  float* const out_data = out.data_ptr<float>();
-  const bool tapped = !exact && g.mean_tap && g.mean_tap->enabled();
-  for (int j = 0; j < m; ++j) {
-    if (j == r && exact) {
-      std::copy(acc.get(), acc.get() + acc_len, out_data + mine_begin);
-      continue;
-    }
-    for (std::int64_t s = 0; s < segs; ++s) {
-      if (Status st = quant::decode_into(parts[static_cast<std::size_t>(j)][static_cast<std::size_t>(s)], segment(out_data, j, s)); !st.ok()) {
-        return rank_context(st, "decoding the mean of", j);
-      }
-    }
-  }
-  if (!direct) tensor.copy_(out.view(tensor.sizes()));
-  keep_and_report(g, n, tapped, parts, left, tag, stats);
+  if (Status st = GridMean(g, tensor, codec, tag, deadline, segment_values, agg).run(tensor, stats); !st.ok()) return st;
   stats.seconds = watch.elapsed_seconds();
   if (stats_out != nullptr) *stats_out += stats;
   return Status();

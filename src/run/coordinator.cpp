@@ -355,12 +355,9 @@ bool Coordinator::on_intent_locked(transport::PeerId origin, std::int64_t round,
   return true;
 }
 
-Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline, std::int64_t step, bool unlinked) {
-  const transport::PeerId self = gossip_.self();
-  Nanos ready_since = clock_.now();
-  std::unique_lock lock(mu_);
+void Coordinator::begin_attempt_locked(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, bool unlinked, Nanos ready_since) {
   if (after_epoch > 0) ++stats_.retries;
-  ready_[round][self] = Ready{after_epoch, step, last_ ? last_->epoch : 0, address_, ready_since, true, unlinked && after_epoch > 0};
+  ready_[round][gossip_.self()] = Ready{after_epoch, step, last_ ? last_->epoch : 0, address_, ready_since, true, unlinked && after_epoch > 0};
   if (after_epoch > 0 && options_.commit_rounds) doubted_[round].try_emplace(after_epoch, ready_since);
   // Rounds long past are of no use any more.
   ready_.erase(ready_.begin(), ready_.lower_bound(round - 2));
@@ -372,42 +369,103 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
   intents_.erase(intents_.begin(), intents_.lower_bound(round - 2));
   abandoned_.erase(abandoned_.begin(), abandoned_.lower_bound(round - 2));
   std::erase_if(answered_, [&](const auto& kv) { return kv.first.first < round - 2; });
+}
+
+std::vector<Coordinator::Outgoing> Coordinator::ready_messages_locked(const Attempt& a, std::set<transport::PeerId>& told, bool everyone,
+                                                                      bool repeat) {
   // READY goes to the leader and its fallback; a retry to everyone (the other members learn that the
   // epoch is abandoned, superseded()); once the grace is over, to everyone too (whoever leads then).
-  std::set<transport::PeerId> told;  // told already (the leader: since the last repeat)
-  const auto say_ready = [&](bool everyone, bool repeat) {
-    std::vector<Outgoing> out;
-    if (everyone) {
-      out.push_back(Outgoing{std::nullopt, ready_message_locked(round, after_epoch, step, kToEveryone)});
-    } else {
-      // And to the lowest live id, when it is not in line: a peer left on its own (or a few split
-      // off) hears of the main group from its leader, and comes back to it.
-      // A repeat goes to the leader alone; the others in line have it once.
-      const Bytes m = ready_message_locked(round, after_epoch, step, 0);
-      const std::set<transport::PeerId>& alive = live_locked();
-      std::vector<transport::PeerId> to = in_line_locked(alive);
-      if (repeat && !to.empty()) told.erase(to.front());
-      to.push_back(*alive.begin());
-      for (transport::PeerId id : to) {
-        if (id != self && told.insert(id).second) out.push_back(Outgoing{id, m});
+  std::vector<Outgoing> out;
+  if (everyone) {
+    out.push_back(Outgoing{std::nullopt, ready_message_locked(a.round, a.after_epoch, a.step, kToEveryone)});
+    return out;
+  }
+  // And to the lowest live id, when it is not in line: a peer left on its own (or a few split off)
+  // hears of the main group from its leader, and comes back to it.
+  // A repeat goes to the leader alone; the others in line have it once.
+  const Bytes m = ready_message_locked(a.round, a.after_epoch, a.step, 0);
+  const std::set<transport::PeerId>& alive = live_locked();
+  std::vector<transport::PeerId> to = in_line_locked(alive);
+  if (repeat && !to.empty()) told.erase(to.front());
+  to.push_back(*alive.begin());
+  for (transport::PeerId id : to) {
+    if (id != gossip_.self() && told.insert(id).second) out.push_back(Outgoing{id, m});
+  }
+  return out;
+}
+
+std::optional<Bytes> Coordinator::abandon_message_locked(std::int64_t round, std::uint64_t after_epoch) {
+  // The leader retrying (without commit rounds) tells everyone itself that the epoch is abandoned.
+  if (after_epoch == 0 || options_.commit_rounds) return std::nullopt;
+  const std::vector<transport::PeerId> line = in_line_locked();
+  if (line.empty() || line.front() != gossip_.self() || abandoned_[round] >= after_epoch) return std::nullopt;
+  abandoned_[round] = after_epoch;
+  Writer w = start_message(Kind::kAbandon, round);
+  w.uvar(after_epoch);
+  return std::move(w).take();
+}
+
+std::optional<Result<GroupView>> Coordinator::outcome_locked(const Attempt& a) {
+  const transport::PeerId self = gossip_.self();
+  if (a.after_epoch > 0 && options_.commit_rounds) {
+    if (auto c = committed_.find(a.round); c != committed_.end() && c->second.first == a.after_epoch) {
+      ++stats_.missed_commits;
+      // It is out of its last group, as the others see it: it neither leads nor is waited for; its
+      // READYs and INTENTs go to those who lead the members now.
+      if (last_ && last_->epoch == a.after_epoch) {
+        out_ = c->second.second;
+        out_.insert(self);
       }
+      return error(ErrorCode::kAborted, "round " + std::to_string(a.round) + " went through for the other members (epoch " +
+                                            std::to_string(a.after_epoch) + ") while this peer's collective failed: it is left out and "
+                                            "catches up with their state");
     }
+  }
+  auto it = groups_.find(a.round);
+  if (it != groups_.end() && it->second.epoch > a.after_epoch) {
+    const GroupView g = it->second;
+    if (g.rank_of(self) < 0) {
+      return error(ErrorCode::kAborted, "left out of round " + std::to_string(a.round) + " by leader " + g.leader.to_string() +
+                                            (a.after_epoch > 0 ? " (this peer was not ready in time, or retries an earlier step than the others)"
+                                                               : " (this peer was not ready in time)"));
+    }
+    // The group goes on from the state its leader applied the round before: a member that applied
+    // that round over another epoch (it went on after an attempt the others abandoned) catches up.
+    if (auto mine = applied_.find(a.round - 1); g.prior != 0 && mine != applied_.end() && mine->second != g.prior) {
+      last_ = g;
+      out_ = {self};
+      return error(ErrorCode::kAborted, "this peer applied round " + std::to_string(a.round - 1) + " over epoch " + std::to_string(mine->second) +
+                                            ", the group of round " + std::to_string(a.round) + " goes on from epoch " + std::to_string(g.prior) +
+                                            ": it catches up with the members' state");
+    }
+    last_ = g;
+    out_.clear();
+    contacts_.clear();
+    return g;
+  }
+  if (a.round == 0 && !last_) {
+    const std::int64_t beyond = std::max({run_at_, ready_.empty() ? 0 : ready_.rbegin()->first, groups_.empty() ? 0 : groups_.rbegin()->first});
+    if (beyond > 0) {
+      return error(ErrorCode::kUnavailable, "the run is already past its start (its peers are at round " + std::to_string(beyond) +
+                                                "): it joins through a state transfer");
+    }
+  }
+  return std::nullopt;
+}
+
+Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epoch, Deadline deadline, std::int64_t step, bool unlinked) {
+  const Attempt a{round, after_epoch, step};
+  Nanos ready_since = clock_.now();
+  std::unique_lock lock(mu_);
+  begin_attempt_locked(round, after_epoch, step, unlinked, ready_since);
+  const auto send_unlocked = [&](std::vector<Outgoing> out) {
     lock.unlock();
     send(std::move(out));
     lock.lock();
   };
-  if (after_epoch > 0 && !options_.commit_rounds) {  // the leader retrying: it tells everyone itself that the epoch is abandoned
-    const std::vector<transport::PeerId> line = in_line_locked();
-    if (!line.empty() && line.front() == self && abandoned_[round] < after_epoch) {
-      abandoned_[round] = after_epoch;
-      Writer w = start_message(Kind::kAbandon, round);
-      w.uvar(after_epoch);
-      lock.unlock();
-      send({Outgoing{std::nullopt, std::move(w).take()}});
-      lock.lock();
-    }
-  }
-  say_ready(false, false);
+  std::set<transport::PeerId> told;  // told already (the leader: since the last repeat)
+  if (std::optional<Bytes> abandon = abandon_message_locked(round, after_epoch)) send_unlocked({Outgoing{std::nullopt, std::move(*abandon)}});
+  send_unlocked(ready_messages_locked(a, told, false, false));
   Nanos last_repeat = clock_.now();
   // READY is repeated for a leader that missed it, less and less often.
   Nanos repeat_every = options_.repeat_every;
@@ -423,10 +481,10 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
       spdlog::warn("round {}: this peer did not run for {:.1f} s (stopped or swapping): waiting for the others afresh", round,
                    std::chrono::duration<double>(now - awake).count());
       ready_since += now - awake;
-      ready_[round][self].at = ready_since;
+      ready_[round][gossip_.self()].at = ready_since;
       awake = now;
       told.clear();
-      say_ready(false, false);
+      send_unlocked(ready_messages_locked(a, told, false, false));
       continue;
     }
     awake = clock_.now();
@@ -436,61 +494,18 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
       std::vector<Outgoing> out;
       decide_locked(round, after_epoch, out);
       if (!out.empty()) {
-        lock.unlock();
-        send(std::move(out));
-        lock.lock();
+        send_unlocked(std::move(out));
         continue;
       }
-      if (auto c = committed_.find(round); c != committed_.end() && c->second.first == after_epoch) {
-        ++stats_.missed_commits;
-        // It is out of its last group, as the others see it: it neither leads nor is waited for; its
-        // READYs and INTENTs go to those who lead the members now.
-        if (last_ && last_->epoch == after_epoch) {
-          out_ = c->second.second;
-          out_.insert(self);
-        }
-        return error(ErrorCode::kAborted, "round " + std::to_string(round) + " went through for the other members (epoch " +
-                                              std::to_string(after_epoch) + ") while this peer's collective failed: it is left out and "
-                                              "catches up with their state");
-      }
     }
-    auto it = groups_.find(round);
-    if (it != groups_.end() && it->second.epoch > after_epoch) {
-      const GroupView g = it->second;
-      if (g.rank_of(self) < 0) {
-        return error(ErrorCode::kAborted, "left out of round " + std::to_string(round) + " by leader " + g.leader.to_string() +
-                                              (after_epoch > 0 ? " (this peer was not ready in time, or retries an earlier step than the others)" : " (this peer was not ready in time)"));
-      }
-      // The group goes on from the state its leader applied the round before: a member that applied
-      // that round over another epoch (it went on after an attempt the others abandoned) catches up.
-      if (auto mine = applied_.find(round - 1); g.prior != 0 && mine != applied_.end() && mine->second != g.prior) {
-        last_ = g;
-        out_ = {self};
-        return error(ErrorCode::kAborted, "this peer applied round " + std::to_string(round - 1) + " over epoch " + std::to_string(mine->second) +
-                                              ", the group of round " + std::to_string(round) + " goes on from epoch " + std::to_string(g.prior) +
-                                              ": it catches up with the members' state");
-      }
-      last_ = g;
-      out_.clear();
-      contacts_.clear();
-      return g;
-    }
-    if (round == 0 && !last_) {
-      const std::int64_t beyond = std::max({run_at_, ready_.empty() ? 0 : ready_.rbegin()->first, groups_.empty() ? 0 : groups_.rbegin()->first});
-      if (beyond > 0) {
-        return error(ErrorCode::kUnavailable, "the run is already past its start (its peers are at round " + std::to_string(beyond) +
-                                                  "): it joins through a state transfer");
-      }
-    }
+    if (std::optional<Result<GroupView>> outcome = outcome_locked(a)) return std::move(*outcome);
     if (auto decided = leader_decision(round, after_epoch, step, ready_since)) {
       groups_[round] = *decided;
       remember_locked(*decided);
       spdlog::info("round {}: leading, group of {} with epoch {}", round, decided->members.size(), decided->epoch);
       std::vector<Outgoing> out;
       announce_locked(*decided, after_epoch, out);
-      lock.unlock();
-      send(std::move(out));
-      lock.lock();
+      send_unlocked(std::move(out));
       continue;
     }
     if (deadline.expired(clock_)) {
@@ -502,14 +517,14 @@ Result<GroupView> Coordinator::agree(std::int64_t round, std::uint64_t after_epo
     if (clock_.now() - last_repeat >= repeat_every) {
       // Past its grace, to everyone: once, then every fourth repeat (a broadcast costs every peer).
       const bool everyone = clock_.now() >= ready_since + grace() && (repeats_past_grace++ % 4 == 0);
-      say_ready(everyone, true);
+      send_unlocked(ready_messages_locked(a, told, everyone, true));
       last_repeat = clock_.now();
       repeat_every = std::min<Nanos>(2 * repeat_every, std::chrono::seconds(5));
       continue;
     }
     if (clock_.now() - last_view_check >= std::chrono::milliseconds(200)) {
       last_view_check = clock_.now();
-      say_ready(false, false);  // (only those not told yet)
+      send_unlocked(ready_messages_locked(a, told, false, false));  // (only those not told yet)
     }
     // Until a message arrives, or a poll interval passes (gossip's view of who is alive, and the
     // grace, change without a message).

@@ -215,6 +215,18 @@ class Coordinator : public std::enable_shared_from_this<Coordinator> {
     Bytes payload;
   };
   void on_message(transport::PeerId origin, const Bytes& payload);
+  struct Attempt {  // what agree() was asked
+    std::int64_t round = 0;
+    std::uint64_t after_epoch = 0;
+    std::int64_t step = 0;
+  };
+  // agree()'s parts (under mu_): this peer's READY noted and rounds long past dropped; its READYs to
+  // send now (`told`: those told already); the ABANDON a retrying leader sends; and the attempt's
+  // outcome once there is one (its group, or why it is left out).
+  void begin_attempt_locked(std::int64_t round, std::uint64_t after_epoch, std::int64_t step, bool unlinked, Nanos ready_since);
+  std::vector<Outgoing> ready_messages_locked(const Attempt& a, std::set<transport::PeerId>& told, bool everyone, bool repeat);
+  std::optional<Bytes> abandon_message_locked(std::int64_t round, std::uint64_t after_epoch);
+  std::optional<Result<GroupView>> outcome_locked(const Attempt& a);
   // Each kind of message, read from `r` (under mu_); false when it was dropped.
   bool on_ready_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::vector<Outgoing>& out);
   bool on_group_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::vector<Outgoing>& out);
