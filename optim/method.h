@@ -42,6 +42,14 @@ enum class NewcomerNeeds : std::uint8_t {
   kOptimizerState = 2,  // the inner optimizer's state (ddp: the members step one AdamW together)
 };
 
+// The bits per value a method's round sends, as the planner (sim/plan.h) counts them.
+enum class PlanBits : std::uint8_t {
+  kAsked = 0,           // the codec the plan is asked about (gossamer plan --codec)
+  kAskedStreaming = 1,  // the streaming codec asked about, else the codec asked about
+  kInt2 = 2,            // its own default, int2 (2 bits): what it sends is error-fed
+  kSparse = 3,          // its default top-k values with their indices
+};
+
 struct MethodInfo {
   Method id{};
   std::string_view name{};
@@ -59,6 +67,11 @@ struct MethodInfo {
   bool stage_sync = false;             // it may synchronise a pipeline stage's replicas (pipeline.stage_sync)
   bool in_default_compare = false;     // `gossamer compare` runs it when --methods is not given
   NewcomerNeeds newcomer = NewcomerNeeds::kNothing;
+  // The planner: it synchronises every inner step rather than every round (ddp); each of its rounds
+  // moves one fragment of the model (streaming_diloco); what a value costs on the wire.
+  bool every_step = false;
+  bool fragmented = false;
+  PlanBits plan_bits = PlanBits::kAsked;
   std::string_view note{};  // one sentence on what shapes its curve, for the report's readers
 };
 
@@ -73,6 +86,7 @@ inline constexpr std::array<MethodInfo, 8> kMethods = {{
      .stage_sync = true,
      .in_default_compare = true,
      .newcomer = NewcomerNeeds::kOptimizerState,
+     .every_step = true,
      .note = "averages gradients every step: the loss to beat, at the most bytes."},
     {.id = Method::kDiLoCo,
      .name = "diloco",
@@ -96,6 +110,8 @@ inline constexpr std::array<MethodInfo, 8> kMethods = {{
      .stage_sync = true,
      .in_default_compare = true,
      .newcomer = NewcomerNeeds::kOuterState,
+     .fragmented = true,
+     .plan_bits = PlanBits::kAskedStreaming,
      .note = "synchronizes one fragment at a time in quantized form; it is evaluated on its outer weights, which lag the workers' by up to a "
              "round."},
     {.id = Method::kNoLoCo,
@@ -128,6 +144,7 @@ inline constexpr std::array<MethodInfo, 8> kMethods = {{
      .filtered_aggregation = true,
      .time_budget = true,
      .newcomer = NewcomerNeeds::kOuterState,
+     .plan_bits = PlanBits::kSparse,
      .note = "sends only the largest values of each chunk of its pseudo-gradient, in 2 bits, to every other worker; what it leaves out stays "
              "in a per-worker error accumulator (in place of outer momentum) and goes out in later rounds, so it needs many rounds: on a short "
              "run most of the progress is still waiting in the accumulators at the end."},
@@ -140,6 +157,7 @@ inline constexpr std::array<MethodInfo, 8> kMethods = {{
      .time_budget = true,
      .muon_inner = true,
      .newcomer = NewcomerNeeds::kOuterState,
+     .plan_bits = PlanBits::kInt2,
      .note = "steps its weight matrices with Muon and sends DiLoCo's pseudo-gradient in 2 bits (by default); what the codec drops stays in a "
              "per-worker error residual and goes out in later rounds, and the outer step is DiLoCo's Nesterov one on the average."},
 }};

@@ -15,71 +15,10 @@
 #include "run/state_store.h"
 #include "sim/gossip_fabric.h"
 #include "sim/transport_fabric.h"
-#include "skippipe/topology.h"
 #include "train/speeds.h"
 #include "train/worker.h"
 
 namespace gossamer::sim {
-
-namespace {
-double mbit_to_bytes_per_s(double mbit) { return mbit * 1e6 / 8; }
-}  // namespace
-
-Result<NetworkSpec> network_spec(const train::RunConfig& c) {
-  transport::LinkProfile link;
-  std::vector<PairSpec> pairs;
-  if (c.sim.network == "skippipe-geo") {
-    // Access links unlimited: the table's pairs are the network (sim/network.h).
-    link.name = "skippipe-geo";
-    const int n = static_cast<int>(c.sim.workers);
-    const skippipe::Network geo = skippipe::geo_network(n);
-    pairs.resize(static_cast<std::size_t>(n) * static_cast<std::size_t>(n));
-    for (int a = 0; a < n; ++a) {
-      for (int b = 0; b < n; ++b) {
-        if (a != b) {
-          pairs[static_cast<std::size_t>(a * n + b)] =
-              PairSpec{geo.bandwidth(a, b), std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(geo.latency(a, b)))};
-        }
-      }
-    }
-  } else if (c.sim.network == "custom") {
-    link.name = "custom";
-    link.bandwidth_bytes_per_s = mbit_to_bytes_per_s(c.sim.bandwidth_mbit);
-    link.latency = std::chrono::duration_cast<Nanos>(std::chrono::duration<double, std::milli>(c.sim.latency_ms));
-    link.jitter = std::chrono::duration_cast<Nanos>(std::chrono::duration<double, std::milli>(c.sim.jitter_ms));
-    link.loss = c.sim.loss;
-  } else {
-    auto preset = transport::link_profile_preset(c.sim.network);
-    if (!preset.ok()) return error(ErrorCode::kInvalidArgument, "sim.network: " + preset.status().message());
-    link = *preset;
-  }
-  if (Status st = link.validate(); !st.ok()) return error(ErrorCode::kInvalidArgument, "sim.network: " + st.message());
-  NetworkSpec spec;
-  spec.pairs = std::move(pairs);
-  spec.seed = static_cast<std::uint64_t>(c.sim.seed);
-  spec.hub_bytes_per_s = mbit_to_bytes_per_s(c.sim.shared_uplink_mbit);
-  for (std::int64_t k = 0; k < c.sim.sites; ++k) {
-    spec.sites.push_back(SiteSpec{"site " + std::to_string(k), mbit_to_bytes_per_s(c.sim.site_uplink_mbit),
-                                  std::chrono::duration_cast<Nanos>(std::chrono::duration<double, std::milli>(c.sim.site_latency_ms))});
-  }
-  for (std::int64_t i = 0; i < c.sim.workers; ++i) {
-    // Sites take contiguous blocks of workers, as even as they divide.
-    NodeSpec node{link, c.sim.sites > 0 ? static_cast<int>(i * c.sim.sites / c.sim.workers) : -1};
-    if (i >= c.sim.workers - c.sim.slow_link_workers) {
-      node.link.name = link.name + " (slow)";
-      node.link.bandwidth_bytes_per_s = mbit_to_bytes_per_s(c.sim.slow_link_mbit);
-    }
-    spec.nodes.push_back(node);
-  }
-  return spec;
-}
-
-double step_seconds(const train::RunConfig& c, std::int64_t parameters, double measured_s) {
-  if (c.sim.compute == train::ComputeModel::kFixed) return c.sim.step_time_s;
-  if (c.sim.compute == train::ComputeModel::kMeasured) return measured_s;
-  const double tokens = static_cast<double>(c.train.batch_size * c.model.context);
-  return 6.0 * static_cast<double>(parameters) * tokens / (c.sim.device_tflops * 1e12 * c.sim.device_utilization);
-}
 
 namespace {
 
@@ -377,47 +316,79 @@ class PeerCluster {
     killed_[static_cast<std::size_t>(r)] = true;
   }
 
-  run::PeerEnvironment environment(int r, transport::PeerId id) {
-    run::PeerEnvironment env;
-    env.clock = &scheduler_;
-    env.name = std::to_string(r);
-    env.evaluate = r == evaluator_;
-    env.set_threads = false;
-    env.open_links = [this, r, id](const Digest&) -> Result<run::OpenedLinks> {
-      auto t = link_fabric_.make(r, link_address(r), id);
+  // Worker r's host: the virtual clock, its gossip, links from the fabric, its speed and stalls as its
+  // pace, its access link's goodput.
+  class WorkerHost final : public run::Host {
+   public:
+    WorkerHost(PeerCluster& cluster, int r, transport::Gossip& gossip) : c_(cluster), r_(r), gossip_(gossip) {
+      if (auto spec = network_spec(c_.config_); spec.ok() && static_cast<std::size_t>(r) < spec->nodes.size()) {
+        const double goodput = spec->nodes[static_cast<std::size_t>(r)].link.goodput_bytes_per_s();
+        if (std::isfinite(goodput)) link_bytes_per_s_ = goodput;
+      }
+    }
+    Clock& clock() override { return c_.scheduler_; }
+    transport::Gossip& gossip() override { return gossip_; }
+    std::string gossip_announced() const override { return host_of(r_) + ":7000"; }
+    Result<run::OpenedLinks> open_links(const Digest&) override {
+      auto t = c_.link_fabric_.make(r_, link_address(r_), gossip_.self());
       if (!t.ok()) return t.status();
       run::OpenedLinks out;
       out.transport = std::move(*t);
-      out.announced = out.bound = link_address(r);
+      out.announced = out.bound = link_address(r_);
       return out;
-    };
-    env.corpus = [this](const train::RunConfig&) -> Result<std::shared_ptr<const train::Corpus>> { return corpus_; };
-    env.record = [this, r](const nlohmann::json& rec) {
+    }
+    std::optional<Result<transport::Reachability>> check_reachable(const std::vector<std::string>&, const std::atomic<bool>*) override {
+      return std::nullopt;  // every worker reaches every other
+    }
+    double pace(double measured_s) override {
+      const double slow = 1.0 / train::worker_speeds(c_.config_)[static_cast<std::size_t>(r_)];
+      const double s = step_seconds(c_.config_, c_.result_.parameters, measured_s) * slow;
+      c_.scheduler_.sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(s + c_.stall(r_))));
+      return s;  // (a stall is not compute)
+    }
+    std::optional<double> link_bytes_per_s() const override { return link_bytes_per_s_; }
+
+   private:
+    PeerCluster& c_;
+    const int r_;
+    transport::Gossip& gossip_;
+    std::optional<double> link_bytes_per_s_;
+  };
+
+  // Worker r's store: its records into the result (as the worker's), its checkpoints (where it may
+  // restart) kept for its next life, its arriving state in memory that outlives a crash.
+  class WorkerStore final : public run::MemoryRunStore {
+   public:
+    WorkerStore(PeerCluster& cluster, int r, bool keep_checkpoints)
+        : MemoryRunStore(keep_checkpoints, cluster.stores_[static_cast<std::size_t>(r)]), c_(cluster), r_(r) {}
+    Status record(const nlohmann::json& rec) override {
       nlohmann::json out = rec;
       out.erase("peer");
-      out["worker"] = r;
-      result_.records.push_back(std::move(out));
+      out["worker"] = r_;
+      c_.result_.records.push_back(std::move(out));
       return Status();
-    };
-    if (config_.sim.churn_rate > 0 || config_.sim.churn_per_minute > 0 || (r == config_.sim.crash_worker && config_.sim.crash_restart_s >= 0)) {
-      env.save_checkpoint = [this, r](const train::CheckpointState& cs) {
-        saved_[static_cast<std::size_t>(r)] = cs;
-        return Status();
-      };
     }
-    const double slow = 1.0 / train::worker_speeds(config_)[static_cast<std::size_t>(r)];
-    env.pace = [this, slow, r](double measured) {
-      const double s = step_seconds(config_, result_.parameters, measured) * slow;
-      scheduler_.sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(s + stall(r))));
-      return s;  // (a stall is not compute)
-    };
+    Status save_checkpoint(const train::CheckpointState& cs) override {
+      c_.saved_[static_cast<std::size_t>(r_)] = cs;
+      return Status();
+    }
+
+   private:
+    PeerCluster& c_;
+    const int r_;
+  };
+
+  run::PeerEnvironment environment(int r, run::Host& host) {
+    run::PeerEnvironment env;
+    env.host = &host;
+    env.name = std::to_string(r);
+    env.evaluate = r == evaluator_;
+    env.set_threads = false;
+    env.corpus = [this](const train::RunConfig&) -> Result<std::shared_ptr<const train::Corpus>> { return corpus_; };
+    const bool restarts = config_.sim.churn_rate > 0 || config_.sim.churn_per_minute > 0 || (r == config_.sim.crash_worker && config_.sim.crash_restart_s >= 0);
+    env.store = std::make_shared<WorkerStore>(*this, r, restarts);
     env.alive = [this, r](std::int64_t next) { return alive(r, next) && !killed_[static_cast<std::size_t>(r)]; };
     if (r == config_.sim.crash_worker && config_.sim.crash_mid_round > 0) env.crash = [this, r] { crash_mid_round(r); };
-    env.snapshot_store = stores_[static_cast<std::size_t>(r)];
-    if (auto spec = network_spec(config_); spec.ok() && static_cast<std::size_t>(r) < spec->nodes.size()) {
-      const double goodput = spec->nodes[static_cast<std::size_t>(r)].link.goodput_bytes_per_s();
-      if (std::isfinite(goodput)) env.link_bytes_per_s = goodput;
-    }
     return env;
   }
 
@@ -460,9 +431,8 @@ class PeerCluster {
     if (result_.started_s[static_cast<std::size_t>(r)] < 0) result_.started_s[static_cast<std::size_t>(r)] = seconds_now();
     plan_timed_failure(r);
     plan.stop = &killed_[static_cast<std::size_t>(r)];  // a killed newcomer stops where it looks next
-    run::PeerEnvironment env = environment(r, go.self);
-    env.gossip = gossip->get();
-    run::Peer peer(std::move(plan), std::move(env));
+    WorkerHost host(*this, r, **gossip);
+    run::Peer peer(std::move(plan), environment(r, host));
     auto out = peer.run();
     if (killed_[static_cast<std::size_t>(r)]) {
       if (out.ok()) {  // it finished before it saw it was killed

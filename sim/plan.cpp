@@ -12,11 +12,7 @@ namespace gossamer::sim {
 
 namespace {
 
-// The method's traits (optim/method.h); a row of no method of the table has none of them.
-optim::MethodInfo traits_of(const PlanRow& row) {
-  const auto m = optim::parse_method(row.method);
-  return m.ok() ? optim::method_info(*m) : optim::MethodInfo{};
-}
+const optim::MethodInfo& traits_of(const PlanRow& row) { return optim::method_info(row.id); }
 
 double latency_of(const PlanRow& row, const PlanInput& in) {
   const int hops = traits_of(row).exchange == optim::Exchange::kPairs ? 1 : in.allreduce_hops;  // a partner, not a ring
@@ -27,7 +23,7 @@ double latency_of(const PlanRow& row, const PlanInput& in) {
 // steps for Streaming DiLoCo, the whole next round for CO2.
 double overlapped_s(const PlanRow& row, const PlanInput& in) {
   double t = in.backward_overlap * in.step_time_s;
-  const optim::MethodInfo m = traits_of(row);
+  const optim::MethodInfo& m = traits_of(row);
   if (m.overlapped) t += in.overlap * in.step_time_s;
   if (m.one_round_stale) t += row.steps_between_syncs * in.step_time_s;
   return t;
@@ -41,17 +37,29 @@ std::vector<PlanRow> plan(const PlanInput& in, double streaming_bits) {
   const double p = in.parameters, s = in.step_time_s, u = in.target_utilization;
   const int fragments = std::max(1, (in.layers + in.fragment_layers - 1) / in.fragment_layers);
   const double sb = streaming_bits > 0 ? streaming_bits : in.bits_per_value;
-  std::vector<PlanRow> rows = {
-      {"ddp", 1, ring * p * in.bits_per_value, 0},
-      {"diloco", static_cast<double>(in.inner_steps), ring * p * in.bits_per_value, 0},
-      {"streaming_diloco", static_cast<double>(in.inner_steps) / fragments, ring * p / fragments * sb, 0},
-      {"noloco", static_cast<double>(in.inner_steps), p * in.bits_per_value, 0},
-      {"co2", static_cast<double>(in.inner_steps), ring * p * in.bits_per_value, 0},
-      // Every worker sends its sparse payload to each of the others (the default chunk and top-k).
-      {"sparseloco", static_cast<double>(in.inner_steps), (m - 1) * p * quant::sparse_bits_per_value({}), 0},
-      // DiLoCo's all-reduce of the error-fed pseudo-gradient in its default codec (int2, 2 bits plus the scales).
-      {"muloco", static_cast<double>(in.inner_steps), ring * p * quant::bits_per_value(quant::EncodeOptions{.codec = quant::CodecId::kInt2}), 0},
-  };
+  std::vector<PlanRow> rows;
+  for (const optim::MethodInfo& info : optim::kMethods) {
+    double peers = 0;  // how many times each value crosses this worker's link
+    switch (info.exchange) {
+      case optim::Exchange::kNone: continue;
+      case optim::Exchange::kAllReduce: peers = ring; break;
+      case optim::Exchange::kPairs: peers = 1; break;        // one partner
+      case optim::Exchange::kAllGather: peers = m - 1; break;  // every other worker
+    }
+    double bits = in.bits_per_value;
+    switch (info.plan_bits) {
+      case optim::PlanBits::kAsked: break;
+      case optim::PlanBits::kAskedStreaming: bits = sb; break;
+      case optim::PlanBits::kInt2: bits = quant::bits_per_value(quant::EncodeOptions{.codec = quant::CodecId::kInt2}); break;  // with its scales
+      case optim::PlanBits::kSparse: bits = quant::sparse_bits_per_value({}); break;  // the default chunk and top-k
+    }
+    double steps = info.every_step ? 1.0 : static_cast<double>(in.inner_steps), sync = peers * p;
+    if (info.fragmented) {  // one fragment's values per round
+      steps /= fragments;
+      sync /= fragments;
+    }
+    rows.push_back(PlanRow{std::string(info.name), info.id, steps, sync * bits, 0});
+  }
   for (auto& r : rows) {
     // Exposed time allowed per sync: compute between syncs x (1/u - 1); plus what overlaps hide.
     const double wire_time = r.steps_between_syncs * s * (1.0 / u - 1.0) + overlapped_s(r, in) - latency_of(r, in);

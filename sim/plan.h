@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "optim/method.h"
+
 namespace gossamer::sim {
 
 struct PlanInput {
@@ -42,12 +44,14 @@ struct PlanInput {
 
 struct PlanRow {
   std::string method;
+  optim::Method id{};
   double steps_between_syncs = 0;
   double bits_per_sync = 0;
   double required_bits_per_s = 0;  // for the target utilization; infinity when latency alone exceeds it
 };
 
-// One row per method (ddp, diloco, streaming_diloco, noloco, co2, sparseloco, muloco); `streaming_bits_per_value`
+// One row per method of optim/method.h's table that exchanges anything (ddp, diloco, streaming_diloco,
+// noloco, co2, sparseloco, muloco), from its traits; `streaming_bits_per_value`
 // overrides the codec of streaming_diloco (fp4 = 4), 0 to use input.bits_per_value.
 std::vector<PlanRow> plan(const PlanInput& input, double streaming_bits_per_value = 0);
 // Utilization a method reaches at a bandwidth (bits/s): compute / (compute + exposed communication).

@@ -10,6 +10,7 @@
 
 #include "core/file.h"
 #include "optim/method.h"
+#include "train/run_folder.h"
 
 namespace gossamer::sim {
 
@@ -537,11 +538,11 @@ Result<nlohmann::json> write_comparison(const std::filesystem::path& out, const 
     for (const auto& rec : run.result.records) lines += rec.dump() + "\n";
     std::filesystem::create_directories(out / run.name, ec);
     if (ec) return error(ErrorCode::kIoError, "cannot create " + (out / run.name).string() + ": " + ec.message());
-    if (Status st = write_file_atomic(out / run.name / "metrics.jsonl", as_bytes(lines)); !st.ok()) return st;
+    if (Status st = write_file_atomic(out / run.name / train::kMetricsFile, as_bytes(lines)); !st.ok()) return st;
     summary["methods"].push_back(method_summary(run, ctx.target_loss));
   }
-  if (Status st = write_file_atomic(out / "summary.json", as_bytes(summary.dump(2) + "\n")); !st.ok()) return st;
-  if (Status st = write_file_atomic(out / "report.html", as_bytes(report_html(runs, summary, ctx))); !st.ok()) return st;
+  if (Status st = write_file_atomic(out / train::kSummaryFile, as_bytes(summary.dump(2) + "\n")); !st.ok()) return st;
+  if (Status st = write_file_atomic(out / train::kReportFile, as_bytes(report_html(runs, summary, ctx))); !st.ok()) return st;
   return summary;
 }
 

@@ -112,10 +112,9 @@ Status check_output_file(const std::string& out, bool force) {
   const fs::path path(out);
   const fs::path parent = path.parent_path().empty() ? fs::path(".") : path.parent_path();
   std::error_code ec;
-  const bool run_folder = fs::exists(parent / train::kRunMarkerFile, ec) || fs::exists(parent / "checkpoint.bin", ec);
-  static constexpr std::array<std::string_view, 8> kRunFiles = {"run.json", "summary.json", "metrics.jsonl", "checkpoint.bin", "report.html", "config.toml", "inputs.json", "address"};
+  const bool run_folder = fs::exists(parent / train::kRunMarkerFile, ec) || fs::exists(parent / train::kCheckpointFile, ec);
   const std::string name = path.filename().string();
-  if (run_folder && std::find(kRunFiles.begin(), kRunFiles.end(), name) != kRunFiles.end()) {
+  if (run_folder && std::find(train::kRunFiles.begin(), train::kRunFiles.end(), name) != train::kRunFiles.end()) {
     return error(ErrorCode::kInvalidArgument, "--out " + out + " is a file of the run in " + parent.string() +
                                                   ", which no other command replaces (not even with --force): choose another name, for example " +
                                                   (parent / "model.out").string());

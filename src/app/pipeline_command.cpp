@@ -118,10 +118,10 @@ int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const st
   // Checked, listening: the folder now.
   auto folder = train::RunFolder::create(out, train::RunKind::kPipeline);
   if (!folder.ok()) return report_failure(folder.status());
-  if (Status st = folder->write_text("config.toml", train::to_toml(c)); !st.ok()) return report_failure(st);
+  if (Status st = folder->write_text(train::kConfigFile, train::to_toml(c)); !st.ok()) return report_failure(st);
   auto corpus = train::load_corpus(c);
   if (!corpus.ok()) return report_failure(corpus.status());
-  auto metrics = train::MetricsWriter::open(folder->file("metrics.jsonl"), std::nullopt);
+  auto metrics = train::MetricsWriter::open(folder->file(train::kMetricsFile), std::nullopt);
   if (!metrics.ok()) return report_failure(metrics.status());
   Status write_failed;
   req.on_iteration = [&](const train::PipelineRecord& r, std::optional<double> val) {
@@ -135,14 +135,14 @@ int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const st
   if (!outcome.ok()) return report_failure(outcome.status());
   if (!write_failed.ok()) return report_failure(write_failed);
   const nlohmann::json summary = run::pipeline_summary_json(a.node, *outcome);
-  if (Status st = folder->write_text("summary.json", summary.dump(2)); !st.ok()) return report_failure(st);
+  if (Status st = folder->write_text(train::kSummaryFile, summary.dump(2)); !st.ok()) return report_failure(st);
   if (outcome->stopped) {
     spdlog::warn("interrupted after iteration {}: metrics.jsonl holds what was done", outcome->iterations);
     return 130;
   }
   if (outcome->model) {  // the evaluating node's: the whole model, for gossamer sample and export
     if (Status st = train::save_trained_model(folder->path(), c, *outcome->model, outcome->iterations); !st.ok()) return report_failure(st);
-    spdlog::info("the trained model: {}", folder->file("checkpoint.bin").string());
+    spdlog::info("the trained model: {}", folder->file(train::kCheckpointFile).string());
   }
   std::printf("pipeline node %d (stage %d): %lld iterations%s\n", a.node, outcome->stage, static_cast<long long>(outcome->iterations),
               outcome->final_val_loss ? (", val loss " + std::to_string(*outcome->final_val_loss)).c_str() : "");
@@ -187,7 +187,7 @@ int finish_pipeline_run(const train::RunConfig& c, train::PipelineTrainer& t, tr
                             {"iteration_makespan_s", sim.makespan_s},
                             {"predicted_makespan_s", t.plan().predicted_makespan_s},
                             {"schedule_hash", t.plan().schedule.hash().hex()}};
-  if (Status st = folder.write_text("summary.json", summary.dump(2)); !st.ok()) return report_failure(st);
+  if (Status st = folder.write_text(train::kSummaryFile, summary.dump(2)); !st.ok()) return report_failure(st);
   // The assembled model (depth-scaled as evaluated), for gossamer sample and export.
   if (Status st = train::save_trained_model(folder.path(), c, t.assemble(weights, t.depth_scales()), t.iterations_done()); !st.ok()) {
     return report_failure(st);
@@ -200,7 +200,7 @@ int finish_pipeline_run(const train::RunConfig& c, train::PipelineTrainer& t, tr
     std::printf("the stages' residual branches scaled by their visit shares (pipeline.depth_scaling); as trained, unscaled: val loss %.4f, "
                 "with those stages left out %.4f (%+.1f%%)\n", as_trained, omitted_as_trained, 100 * (omitted_as_trained / as_trained - 1));
   }
-  std::printf("the model: %s (gossamer sample --from %s, gossamer export --from %s)\n", folder.file("checkpoint.bin").string().c_str(), out.c_str(), out.c_str());
+  std::printf("the model: %s (gossamer sample --from %s, gossamer export --from %s)\n", folder.file(train::kCheckpointFile).string().c_str(), out.c_str(), out.c_str());
   return 0;
 }
 
@@ -226,7 +226,7 @@ int run_pipeline_command(const PipelineArgs& a) {
   if (Status st = train::check_resources(c, c.pipeline.nodes, "pipeline.nodes"); !st.ok()) return report_failure(st);
   auto folder = train::RunFolder::create(out, train::RunKind::kPipeline);
   if (!folder.ok()) return report_failure(folder.status());
-  if (Status st = folder->write_text("config.toml", train::to_toml(c)); !st.ok()) return report_failure(st);
+  if (Status st = folder->write_text(train::kConfigFile, train::to_toml(c)); !st.ok()) return report_failure(st);
   auto corpus = train::load_corpus(c);
   if (!corpus.ok()) return report_failure(corpus.status());
   spdlog::info("planning a {} pipeline: {} nodes, {} stages, paths of {}", train::name_of(c.pipeline.mode), c.pipeline.nodes, c.pipeline.stages, c.pipeline.path_length);
@@ -236,7 +236,7 @@ int run_pipeline_command(const PipelineArgs& a) {
   const auto& sim = t.plan().simulation;
   spdlog::info("schedule: {} agents, an iteration {:.1f} s over the scheduler's network (closed form {:.1f} s); {} samples per iteration",
                t.plan().schedule.agents.size(), sim.makespan_s, t.plan().predicted_makespan_s, t.samples_per_iteration());
-  auto metrics = train::MetricsWriter::open(folder->file("metrics.jsonl"), std::nullopt);
+  auto metrics = train::MetricsWriter::open(folder->file(train::kMetricsFile), std::nullopt);
   if (!metrics.ok()) return report_failure(metrics.status());
   install_graceful_stop();  // Ctrl-C: the iteration under way ends, the model so far is kept
   double last_val = 0;

@@ -298,7 +298,7 @@ train::RunConfig compare_defaults() {
   c.diloco.inner_steps = 25;
   // Pseudo-gradients in fp4 E3M0, as the Streaming DiLoCo paper sends them: 159x fewer bytes than ddp
   // instead of 24x, at 0.7105 against 0.7124 in fp32 (docs/benchmarks.md).
-  c.diloco.codec = "fp4_e3m0";
+  c.diloco.codec = quant::CodecId::kFp4E3M0;
   // One fragment per block: 2 fragments, each synced every 70 steps (8 or 9 times), the shortest
   // period at which it sends 400x fewer bytes than ddp (~463x; 340x at 50).
   c.streaming_diloco.inner_steps = 70;

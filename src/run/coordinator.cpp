@@ -6,7 +6,7 @@
 
 #include "core/hash.h"
 #include "core/wire.h"
-#include "run/coordinator_parts.h"
+#include "run/coordinator_messages.h"
 #include "transport/endpoint.h"
 
 namespace gossamer::run {
@@ -118,9 +118,7 @@ CoordinatorStats Coordinator::stats() const {
 
 void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
   Reader r(payload, "round message from peer " + origin.to_string());
-  const std::uint8_t version = r.u8();
-  const auto kind = static_cast<Kind>(r.u8());
-  const auto round = static_cast<std::int64_t>(r.uvar(kMaxRound));
+  const auto [version, kind, round] = read_header(r);
   if (origin == gossip_.self()) return;  // its own broadcast, delivered here too
   std::vector<Outgoing> out;
   std::unique_lock lock(mu_);
@@ -140,14 +138,12 @@ void Coordinator::on_message(transport::PeerId origin, const Bytes& payload) {
   } else if (kind == Kind::kIntent) {
     taken = on_intent_locked(origin, round, r, out);
   } else if (kind == Kind::kAt) {
-    r.expect_end();
+    read_at(r);
     taken = r.ok();
     if (taken) run_at_ = std::max(run_at_, round);
     else drop_locked("a malformed AT", origin, r.status().to_string());
   } else if (kind == Kind::kAbandon || kind == Kind::kDone) {
-    const std::uint64_t epoch = r.uvar();
-    r.expect_end();
-    if (r.ok() && (epoch == 0 || epoch >= kMaxEpoch)) r.fail(ErrorCode::kMalformed, "epoch " + std::to_string(epoch) + " out of range");
+    const std::uint64_t epoch = read_epoch(r);
     taken = r.ok();
     if (!taken) {
       drop_locked(kind == Kind::kDone ? "a malformed DONE" : "a malformed ABANDON", origin, r.status().to_string());
@@ -267,20 +263,18 @@ void Coordinator::answer_locked(transport::PeerId id, std::int64_t round, const 
 }
 
 bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::vector<Outgoing>& out) {
+  ReadyMessage m = read_ready(r);
+  const transport::PeerId id = m.id;
+  const std::uint8_t flags = m.flags;
   Ready ready;
-  ready.after_epoch = r.uvar();
-  ready.step = static_cast<std::int64_t>(r.uvar(kMaxRound));
-  const transport::PeerId id{r.u64()};
-  ready.known_epoch = r.uvar();
-  const std::uint8_t flags = r.u8();
-  ready.address = transport::read_address(r);
+  ready.after_epoch = m.after_epoch;
+  ready.step = m.step;
+  ready.known_epoch = m.known_epoch;
+  ready.address = std::move(m.address);
   ready.at = clock_.now();
   ready.heard = true;
-  r.expect_end();
-  if (r.ok() && (ready.after_epoch >= kMaxEpoch || ready.known_epoch >= kMaxEpoch)) r.fail(ErrorCode::kMalformed, "epoch out of range");
-  if (r.ok() && (flags & ~(kPassedOn | kToEveryone | kUnlinked)) != 0) r.fail(ErrorCode::kMalformed, "unknown flags " + std::to_string(flags));
   ready.unlinked = (flags & kUnlinked) != 0 && ready.after_epoch > 0;
-  if (r.ok() && (id.value == 0 || id == gossip_.self())) r.fail(ErrorCode::kMalformed, "it names peer " + id.to_string());
+  if (r.ok() && id == gossip_.self()) r.fail(ErrorCode::kMalformed, "it names peer " + id.to_string());
   if (!r.ok() || ((flags & kPassedOn) == 0 && id != origin)) {
     drop_locked("a malformed READY", origin, r.ok() ? "it names another peer" : r.status().to_string());
     return false;
@@ -336,11 +330,7 @@ bool Coordinator::on_ready_locked(transport::PeerId origin, std::int64_t round, 
 }
 
 bool Coordinator::on_intent_locked(transport::PeerId origin, std::int64_t round, Reader& r, std::vector<Outgoing>& out) {
-  const transport::PeerId id{r.u64()};
-  const std::uint8_t flags = r.u8();
-  r.expect_end();
-  if (r.ok() && (flags & ~kPassedOn) != 0) r.fail(ErrorCode::kMalformed, "unknown flags " + std::to_string(flags));
-  if (r.ok() && id.value == 0) r.fail(ErrorCode::kMalformed, "it names peer 0");
+  const auto [id, flags] = read_intent(r);
   if (!r.ok() || ((flags & kPassedOn) == 0 && id != origin)) {
     drop_locked("a malformed INTENT", origin, r.ok() ? "it names another peer" : r.status().to_string());
     return false;

@@ -5,7 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "run/coordinator.h"
-#include "run/coordinator_parts.h"
+#include "run/coordinator_messages.h"
 
 namespace gossamer::run {
 
@@ -116,13 +116,7 @@ void Coordinator::decide_locked(std::int64_t round, std::uint64_t epoch, std::ve
 }
 
 bool Coordinator::on_commit_locked(transport::PeerId origin, std::int64_t round, Reader& r) {
-  const std::uint64_t epoch = r.uvar();
-  const std::uint64_t count = r.uvar();
-  if (r.ok() && (epoch == 0 || epoch >= kMaxEpoch)) r.fail(ErrorCode::kMalformed, "epoch " + std::to_string(epoch) + " out of range");
-  if (r.ok() && count > kMaxMembers) r.fail(ErrorCode::kMalformed, std::to_string(count) + " members left out");
-  std::set<transport::PeerId> left;
-  for (std::uint64_t i = 0; r.ok() && i < count; ++i) left.insert(transport::PeerId{r.u64()});
-  r.expect_end();
+  const auto [epoch, left] = read_commit(r);
   if (!r.ok()) {
     drop_locked("a malformed COMMIT", origin, r.status().to_string());
     return false;

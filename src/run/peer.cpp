@@ -11,12 +11,10 @@
 #include "core/hash.h"
 #include "optim/gloo_sync.h"
 #include "run/peer_runtime.h"
-#include "run/state_store.h"
 #include "train/checkpoint.h"
 #include "train/device.h"
 #include "train/inputs.h"
 #include "train/memory.h"
-#include "train/metrics.h"
 #include "train/run_folder.h"
 #include "transport/endpoint.h"
 #include "transport/gossip.h"
@@ -170,35 +168,6 @@ std::string gossip_address(const transport::Gossip& gossip) {
   return address;
 }
 
-// Gossip, started first (joiners learn the run from it), its address written to the run folder.
-Result<std::unique_ptr<transport::Gossip>> start_gossip(const PeerRequest& req, const std::optional<transport::Endpoint>& advertised) {
-  transport::GossipOptions go;
-  go.bind = zmq_address(req.listen);
-  if (advertised) go.advertise = "tcp://" + advertised->to_string();
-  for (const auto& j : req.join) go.seeds.push_back(zmq_address(j));
-  go.self = transport::random_peer_id();
-  go.key = req.key;
-  go.shape = req.shape;  // gossip crosses the emulated distance too
-  if (req.dead_after < 5 * go.period) {
-    return error(ErrorCode::kInvalidArgument, "dead_after must be at least 5 gossip periods (0.5 s): a shorter silence is no sign of death");
-  }
-  go.dead_after = req.dead_after;
-  go.suspect_after = req.dead_after / 2;
-  auto gossip = transport::make_gossip(go);
-  if (!gossip.ok()) {
-    // The address is the user's: one that is not on this machine, or a port in use, is bad input.
-    return error(ErrorCode::kInvalidArgument, "--listen " + req.listen + ": cannot listen there (" + gossip.status().message() +
-                                                  "); give an address of this machine (or 0.0.0.0) and a free port (0 picks one)");
-  }
-  if (Status st = write_file_atomic(req.out_dir / "address", as_bytes(gossip_address(**gossip) + "\n")); !st.ok()) return st;
-  spdlog::info("peer {}: gossip on {}", go.self.to_string(), gossip_address(**gossip));
-  return gossip;
-}
-
-}  // namespace
-
-namespace {
-
 // Every connection takes a file descriptor, junk ones held open by someone on the internet too: the
 // soft limit (often 1024) is raised to the hard one, so a flood runs into the transport's bounds
 // before it runs out of descriptors for real links and files.
@@ -210,54 +179,50 @@ void raise_open_files_limit() {
   if (::setrlimit(RLIMIT_NOFILE, &lim) == 0) spdlog::debug("open files limit raised from {} to {}", before, lim.rlim_cur);
 }
 
-}  // namespace
-
-Result<PeerOutcome> run_peer(const PeerRequest& req) {
-  if (Status st = check_addresses(req); !st.ok()) return st;
-  raise_open_files_limit();
-  std::optional<train::RunFolder> folder;  // held for the whole run
-  auto plan = plan_of(req, folder);
-  if (!plan.ok()) return plan.status();
-  const fs::path ckpt_path = req.out_dir / train::kCheckpointFile;
-  const transport::Endpoint listen = *transport::parse_endpoint(req.listen, transport::EndpointUse::kListen, "--listen");
-  std::optional<transport::Endpoint> advertised;
-  if (!req.advertise.empty()) advertised = *parse_advertise(req.advertise, listen.port);
-  auto gossip = start_gossip(req, advertised);
-  if (!gossip.ok()) return gossip.status();
-  const std::string address = gossip_address(**gossip);
-
-  PeerEnvironment env;
-  env.gossip = gossip->get();
-  env.name = (*gossip)->self().to_string();
-  env.check_run = [&](const train::RunConfig& config) -> Status {
-    if ((config.model.kind == train::ModelKind::kExternal) != (req.external != nullptr)) {
-      return error(ErrorCode::kInvalidArgument, req.external ? "this peer trains a model of its caller's, and the run's config is model.kind = " + train::name_of(config.model.kind)
-                                                             : "the run trains a model its peers compute themselves (model.kind = external): join it from Python with the gossamer package");
+// This machine as a peer's host: ZeroMQ gossip (started first: joiners learn the run from it), TCP
+// links on a port of their own next to gossip's (PORT + 1 unless --link-port, so that a firewall rule
+// or a port forward for two ports is all a peer needs), the real clock, --throttle's pace. Where it
+// listens goes to the run's store.
+class MachineHost final : public Host {
+ public:
+  static Result<std::unique_ptr<MachineHost>> start(const PeerRequest& req, RunStore& store) {
+    auto host = std::unique_ptr<MachineHost>(new MachineHost(req, store));
+    if (!req.advertise.empty()) host->advertised_ = *parse_advertise(req.advertise, host->listen_.port);
+    transport::GossipOptions go;
+    go.bind = zmq_address(req.listen);
+    if (host->advertised_) go.advertise = "tcp://" + host->advertised_->to_string();
+    for (const auto& j : req.join) go.seeds.push_back(zmq_address(j));
+    go.self = transport::random_peer_id();
+    go.key = req.key;
+    go.shape = req.shape;  // gossip crosses the emulated distance too
+    if (req.dead_after < 5 * go.period) {
+      return error(ErrorCode::kInvalidArgument, "dead_after must be at least 5 gossip periods (0.5 s): a shorter silence is no sign of death");
     }
-    if (req.external) return train::resolve_device(config.train.device).status();  // (the caller reads its own data; its memory is its own)
-    // The files it reads, pinned (train/inputs.h): a resume on other files is refused before they load.
-    Result<std::string> inputs = req.resume ? train::check_inputs(req.out_dir, config) : Result<std::string>(std::string());
-    if (!inputs.ok()) return inputs.status();
-    if (Status st = train::check_resources(config, /*workers=*/1); !st.ok()) return st;
-    if (!req.resume) {
-      auto pinned = train::pin_inputs(config);
-      if (!pinned.ok()) return pinned.status();
-      *inputs = train::inputs_json(*pinned);
+    go.dead_after = req.dead_after;
+    go.suspect_after = req.dead_after / 2;
+    auto gossip = transport::make_gossip(go);
+    if (!gossip.ok()) {
+      // The address is the user's: one that is not on this machine, or a port in use, is bad input.
+      return error(ErrorCode::kInvalidArgument, "--listen " + req.listen + ": cannot listen there (" + gossip.status().message() +
+                                                    "); give an address of this machine (or 0.0.0.0) and a free port (0 picks one)");
     }
-    if (Status st = write_file_atomic(req.out_dir / train::kInputsFile, as_bytes(*inputs)); !st.ok()) return st;
-    return check_c10d_engine(config, req.listen);
-  };
-  env.keep_spec = [&](const std::string& spec) { return write_file_atomic(req.out_dir / "config.toml", as_bytes(spec)); };
-  // Links: the run id is the spec's hash, so peers of another run are refused at the handshake.
-  // Links on a port of their own next to gossip's (PORT + 1 unless --link-port), so that a firewall
-  // rule or a port forward for two ports is all a peer needs.
-  env.open_links = [&](const Digest& spec_hash) -> Result<OpenedLinks> {
+    host->gossip_ = std::move(*gossip);
+    host->address_ = gossip_address(*host->gossip_);
+    if (Status st = store.keep_addresses({host->address_}); !st.ok()) return st;
+    spdlog::info("peer {}: gossip on {}", go.self.to_string(), host->address_);
+    return host;
+  }
+
+  Clock& clock() override { return real_clock(); }
+  transport::Gossip& gossip() override { return *gossip_; }
+  std::string gossip_announced() const override { return advertised_ ? advertised_->to_string() : address_; }
+
+  Result<OpenedLinks> open_links(const Digest& spec_hash) override {
     transport::TcpOptions to;
-    const std::uint16_t link_port = *link_port_of(req, listen.port);
-    to.listen = (listen.ipv6 ? "[" + listen.host + "]" : listen.host) + ":" + std::to_string(link_port);
-    to.self = (*gossip)->self();
+    to.listen = (listen_.ipv6 ? "[" + listen_.host + "]" : listen_.host) + ":" + std::to_string(*link_port_of(req_, listen_.port));
+    to.self = gossip_->self();
     std::copy_n(spec_hash.bytes.begin(), to.run.bytes.size(), to.run.bytes.begin());
-    to.key = req.key;
+    to.key = req_.key;
     auto transport = transport::make_tcp_transport(to);
     if (!transport.ok()) {
       return error(ErrorCode::kInvalidArgument, "cannot listen for links on " + to.listen + " (" + transport.status().message() +
@@ -266,66 +231,75 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
     OpenedLinks out;
     out.bound = (*transport)->address();
     out.announced = out.bound;
-    if (advertised) {
+    if (advertised_) {
       // Announced where the others reach it: the advertised host, the port as far from the advertised
       // gossip port as the links' is from the gossip's.
       const int offset = static_cast<int>(std::stoi(out.bound.substr(out.bound.rfind(':') + 1))) -
-                         static_cast<int>(std::stoi(address.substr(address.rfind(':') + 1)));
-      transport::Endpoint at = *advertised;
+                         static_cast<int>(std::stoi(address_.substr(address_.rfind(':') + 1)));
+      transport::Endpoint at = *advertised_;
       at.port = static_cast<std::uint16_t>(std::clamp(static_cast<int>(at.port) + offset, 1, 65535));
       out.announced = at.to_string();
     }
     out.transport = std::move(*transport);
-    if (Status st = write_file_atomic(req.out_dir / "address", as_bytes(address + "\n" + out.bound + "\n")); !st.ok()) return st;
+    if (Status st = store_.keep_addresses({address_, out.bound}); !st.ok()) return st;
     return out;
-  };
+  }
+
   // The dial-back check: can a member open connections to this peer's gossip and links, at the
   // addresses it announces?
-  env.check_reachable = [&](const std::vector<std::string>& addresses, const std::atomic<bool>* stop) -> Result<transport::Reachability> {
-    return (*gossip)->check_reachable(addresses, Deadline::after(real_clock(), std::chrono::seconds(30)), stop);
-  };
-  env.gossip_announced = advertised ? advertised->to_string() : address;  // as bound (a port 0 resolved)
-  env.corpus = [](const train::RunConfig& config) -> Result<std::shared_ptr<const train::Corpus>> {
-    auto corpus = train::load_corpus(config);
-    if (!corpus.ok()) return corpus.status();
-    return std::shared_ptr<const train::Corpus>(std::make_shared<train::Corpus>(std::move(*corpus)));
-  };
-  std::optional<train::MetricsWriter> metrics;
-  env.open_records = [&](std::optional<std::int64_t> resumed_at) -> Status {
-    auto opened = train::MetricsWriter::open(req.out_dir / "metrics.jsonl", resumed_at);
-    if (!opened.ok()) return opened.status();
-    metrics.emplace(std::move(*opened));
-    return Status();
-  };
-  env.record = [&](const nlohmann::json& rec) { return metrics->write(rec); };
-  env.save_checkpoint = [&](const train::CheckpointState& cs) {
-    Stopwatch watch(real_clock());
-    Status st = train::write_checkpoint(ckpt_path, cs);
-    std::error_code ec;
-    const auto size = std::filesystem::file_size(ckpt_path, ec);
-    if (st.ok() && !ec) spdlog::info("checkpoint at step {}: {} written in {:.2f} s", cs.step, train::format_bytes(static_cast<double>(size)), watch.elapsed_seconds());
-    return st;
-  };
-  env.write_summary = [&](const nlohmann::json& summary) {
-    return write_file_atomic(req.out_dir / "summary.json", as_bytes(summary.dump(2) + "\n"));
-  };
-  // A newcomer's state goes to the run folder as it arrives: bounded by the disk, and resumed by the
-  // same command started again after a kill.
-  env.snapshot_store = make_file_store(req.out_dir);
-  env.external = req.external;
-  if (req.external) env.evaluate = static_cast<bool>(req.external->evaluate);
-  if (req.throttle > 1.0) {
-    env.pace = [factor = req.throttle](double measured) {
-      real_clock().sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>((factor - 1.0) * measured)));
-      return factor * measured;
-    };
+  std::optional<Result<transport::Reachability>> check_reachable(const std::vector<std::string>& addresses, const std::atomic<bool>* stop) override {
+    return gossip_->check_reachable(addresses, Deadline::after(real_clock(), std::chrono::seconds(30)), stop);
   }
+
+  // --throttle: each step waits out (factor - 1) times its measured length.
+  double pace(double measured_s) override {
+    if (req_.throttle <= 1.0) return measured_s;
+    real_clock().sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>((req_.throttle - 1.0) * measured_s)));
+    return req_.throttle * measured_s;
+  }
+
+ private:
+  MachineHost(const PeerRequest& req, RunStore& store)
+      : req_(req), store_(store), listen_(*transport::parse_endpoint(req.listen, transport::EndpointUse::kListen, "--listen")) {}
+
+  const PeerRequest& req_;
+  RunStore& store_;
+  const transport::Endpoint listen_;
+  std::optional<transport::Endpoint> advertised_;
+  std::unique_ptr<transport::Gossip> gossip_;
+  std::string address_;  // gossip's HOST:PORT as bound
+};
+
+// The run's config against this machine and request, once it is known: the model the caller brings
+// or not, the files it reads (pinned in the run folder; a resume on other files is refused before
+// they load), memory, the ddp engine.
+Status check_run_here(const PeerRequest& req, const train::RunConfig& config) {
+  if ((config.model.kind == train::ModelKind::kExternal) != (req.external != nullptr)) {
+    return error(ErrorCode::kInvalidArgument, req.external ? "this peer trains a model of its caller's, and the run's config is model.kind = " + train::name_of(config.model.kind)
+                                                           : "the run trains a model its peers compute themselves (model.kind = external): join it from Python with the gossamer package");
+  }
+  if (req.external) return train::resolve_device(config.train.device).status();  // (the caller reads its own data; its memory is its own)
+  Result<std::string> inputs = req.resume ? train::check_inputs(req.out_dir, config) : Result<std::string>(std::string());
+  if (!inputs.ok()) return inputs.status();
+  if (Status st = train::check_resources(config, /*workers=*/1); !st.ok()) return st;
+  if (!req.resume) {
+    auto pinned = train::pin_inputs(config);
+    if (!pinned.ok()) return pinned.status();
+    *inputs = train::inputs_json(*pinned);
+  }
+  if (Status st = write_file_atomic(req.out_dir / train::kInputsFile, as_bytes(*inputs)); !st.ok()) return st;
+  return check_c10d_engine(config, req.listen);
+}
+
+// The fault drills of `gossamer peer` (--crash-at-step, --crash-mid-round): the process ends as if
+// killed (no farewell, no summary, sockets reset by the kernel).
+void add_fault_drills(const PeerRequest& req, PeerEnvironment& env) {
   if (req.crash_at_step > 0) {
     env.alive = [at = req.crash_at_step](std::int64_t next) {
       if (next < at) return true;
       spdlog::warn("--crash-at-step {}: dying now, as if killed", at);
       spdlog::default_logger()->flush();
-      std::_Exit(137);  // what a kill -9 leaves: no farewell, no summary, sockets reset by the kernel
+      std::_Exit(137);
     };
   }
   if (req.crash_mid_round > 0) {
@@ -337,6 +311,33 @@ Result<PeerOutcome> run_peer(const PeerRequest& req) {
       std::_Exit(137);
     };
   }
+}
+
+}  // namespace
+
+Result<PeerOutcome> run_peer(const PeerRequest& req) {
+  if (Status st = check_addresses(req); !st.ok()) return st;
+  raise_open_files_limit();
+  std::optional<train::RunFolder> folder;  // held for the whole run
+  auto plan = plan_of(req, folder);
+  if (!plan.ok()) return plan.status();
+  const std::shared_ptr<RunStore> store = make_folder_store(req.out_dir);
+  auto host = MachineHost::start(req, *store);
+  if (!host.ok()) return host.status();
+
+  PeerEnvironment env;
+  env.host = host->get();
+  env.store = store;
+  env.name = (*host)->gossip().self().to_string();
+  env.check_run = [&req](const train::RunConfig& config) { return check_run_here(req, config); };
+  env.corpus = [](const train::RunConfig& config) -> Result<std::shared_ptr<const train::Corpus>> {
+    auto corpus = train::load_corpus(config);
+    if (!corpus.ok()) return corpus.status();
+    return std::shared_ptr<const train::Corpus>(std::make_shared<train::Corpus>(std::move(*corpus)));
+  };
+  env.external = req.external;
+  if (req.external) env.evaluate = static_cast<bool>(req.external->evaluate);
+  add_fault_drills(req, env);
   Peer peer(std::move(*plan), std::move(env));
   return peer.run();
 }

@@ -68,10 +68,9 @@ Result<FetchResult> Peer::fetch_newest(Deadline deadline) {
                      (*session)->donors_left());
         // Into the run folder as it arrives (a simulated worker: memory that outlives its crash), so
         // that a newcomer killed mid-way resumes from what it verified.
-        if (!env_.snapshot_store) env_.snapshot_store = make_memory_store();
-        failed = (*session)->snapshot(*env_.snapshot_store, deadline);
-        state_received_ += (*session)->bytes_received();
-        auto got = failed.ok() ? (*session)->result(env_.snapshot_store) : Result<FetchResult>(failed);
+        failed = (*session)->snapshot(*env_.store->snapshots(), deadline);
+        join_stats_.bytes_received += (*session)->bytes_received();
+        auto got = failed.ok() ? (*session)->result(env_.store->snapshots()) : Result<FetchResult>(failed);
         if (got.ok()) {
           FetchResult& f = *got;
           spdlog::info("fetched the state of round {} ({:.2f} MB) from {} donor(s) in {:.1f} s{}{}", offer->first, f.bytes.size() / 1e6, f.donors_used,
@@ -81,12 +80,12 @@ Result<FetchResult> Peer::fetch_newest(Deadline deadline) {
           session_ = std::move(*session);
           // Its rounds are asked for through the members that served it, until it is in a group.
           coordinator_->join_through(board_->offerers(offer->first));
-          state_transfer_s_ = std::chrono::duration<double>(clock_.now() - transfer_started).count();
-          transfer_started_ = transfer_started;
-          round_at_transfer_ = round_at_start;
-          transfer_rate_ = state_transfer_s_ > 0 ? static_cast<double>(f.bytes_received) / state_transfer_s_ : 0;
-          state_snapshot_bytes_ = f.bytes.size();
-          state_resumed_bytes_ += f.bytes_resumed;
+          join_stats_.transfer_s = std::chrono::duration<double>(clock_.now() - transfer_started).count();
+          join_stats_.transfer_started = transfer_started;
+          join_stats_.round_at_transfer = round_at_start;
+          join_stats_.transfer_rate = join_stats_.transfer_s > 0 ? static_cast<double>(f.bytes_received) / join_stats_.transfer_s : 0;
+          join_stats_.snapshot_bytes = f.bytes.size();
+          join_stats_.resumed_bytes += f.bytes_resumed;
           return std::move(f);
         }
         failed = got.status();
@@ -117,7 +116,7 @@ Status Peer::adopt(const FetchResult& f) {
   }
   current_round_ = f.manifest.round;
   snapshot_round_ = f.manifest.round;
-  ++joins_;
+  ++join_stats_.joins;
   log_->stop();  // what it kept (if it offered state before) is no longer its state's history
   server_->withdraw();
   snapshot_step_.reset();
@@ -144,7 +143,7 @@ void Peer::record(std::int64_t step, const at::Tensor& update) {
   const std::span<const float> values(flat.data_ptr<float>(), static_cast<std::size_t>(flat.numel()));
   // In the codec's bytes the all-reduce sent when they decode to exactly this update, else in fp32.
   auto payloads = tap_->take(values);
-  if (payloads) ++updates_kept_encoded_;
+  if (payloads) ++donor_stats_.updates_kept_encoded;
   log_->add(step, schedule_.rounds_over(step), static_cast<std::uint32_t>(world_), encode_update(values, payloads));
 }
 
@@ -170,14 +169,7 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
     // when the list did not shrink over the last batch, or foreseen before the first one from the
     // pace its snapshot came at and the rounds the run went on meanwhile (over a slow link even the
     // first updates may outlast the run).
-    bool foreseen = false;
-    if (!index->empty() && last_batch == std::numeric_limits<std::size_t>::max() && transfer_rate_ > 0 && round_at_transfer_ >= 0) {
-      const std::int64_t advanced = schedule_.rounds_over(index->back().step) - round_at_transfer_;
-      const double elapsed_s = std::chrono::duration<double>(clock_.now() - transfer_started_).count();
-      double mean_bytes = 0;
-      for (const auto& u : *index) mean_bytes += static_cast<double>(u.total) / static_cast<double>(index->size());
-      foreseen = advanced >= 2 && mean_bytes / transfer_rate_ >= 0.8 * elapsed_s / static_cast<double>(advanced);
-    }
+    const bool foreseen = last_batch == std::numeric_limits<std::size_t>::max() && foresee_no_gain(*index);
     // The members went past the round it named (it was named too late, or the updates since came
     // slower than the rounds): it names a later one.
     const bool passed = intended && !index->empty() && schedule_.first_round_after(index->back().step) > *intended;
@@ -205,7 +197,7 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
         ++replayed;
       }
     }
-    state_received_ += session_->bytes_received() - before;
+    join_stats_.bytes_received += session_->bytes_received() - before;
     if (!failed.ok()) return failed.with_context("catching up");
     if (!index->empty()) continue;
     // Nothing newer: caught up. This peer says now which round it takes part in, so that the members
@@ -227,6 +219,20 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
     }
     break;
   }
+  take_part_after(at, intended, replayed);
+  return Status();
+}
+
+bool Peer::foresee_no_gain(const std::vector<UpdateInfo>& index) const {
+  if (index.empty() || join_stats_.transfer_rate <= 0 || join_stats_.round_at_transfer < 0) return false;
+  const std::int64_t advanced = schedule_.rounds_over(index.back().step) - join_stats_.round_at_transfer;
+  const double elapsed_s = std::chrono::duration<double>(clock_.now() - join_stats_.transfer_started).count();
+  double mean_bytes = 0;
+  for (const auto& u : index) mean_bytes += static_cast<double>(u.total) / static_cast<double>(index.size());
+  return advanced >= 2 && mean_bytes / join_stats_.transfer_rate >= 0.8 * elapsed_s / static_cast<double>(advanced);
+}
+
+void Peer::take_part_after(std::int64_t at, std::optional<std::int64_t> intended, std::int64_t replayed) {
   // The members are already some steps into the round after `at` (the donors said where): this peer
   // starts there with them, leaving out the slots they computed before it arrived (as a member
   // slower than the fastest does), or the whole group would wait at the round's end while it
@@ -241,15 +247,14 @@ Status Peer::catch_up(Deadline deadline, bool slack) {
   const std::int64_t first = schedule_.first_round_after(at);
   agreed_round_ = first - 1;
   current_round_ = schedule_.rounds_over(at);
-  updates_replayed_ += replayed;
-  join_rounds_behind_ = schedule_.rounds_over(at) - snapshot_round_;
-  state_fetch_s_ = std::chrono::duration<double>(clock_.now() - join_started_).count();
+  join_stats_.updates_replayed += replayed;
+  join_stats_.rounds_behind = schedule_.rounds_over(at) - snapshot_round_;
+  join_stats_.fetch_s = std::chrono::duration<double>(clock_.now() - join_started_).count();
   if (intended != first) coordinator_->intend(first);  // (a run near its end: the last round)
   spdlog::info("joined at round {} (step {}); taking part from round {} (caught up: {} update(s) replayed, the run went on {} round(s) while the "
                "state came, {:.1f} s){}",
-               snapshot_round_, at, first, replayed, join_rounds_behind_, state_fetch_s_,
+               snapshot_round_, at, first, replayed, join_stats_.rounds_behind, join_stats_.fetch_s,
                start > at ? fmt::format("; starting at step {} with the members", start) : std::string());
-  return Status();
 }
 
 namespace {
@@ -267,7 +272,7 @@ Status Peer::join(Deadline deadline, bool slack) {
     if (!got.ok()) return got.status();
     if (Status st = adopt(*got); !st.ok()) return st;
     Status st = catch_up(deadline, slack);
-    if (st.ok() && env_.snapshot_store) env_.snapshot_store->clear();
+    if (st.ok()) env_.store->snapshots()->clear();
     if (!needs_newer_snapshot(st)) return st;
     spdlog::warn("{}: this peer fell more than join.keep_rounds ({}) rounds behind while the state came; fetching a newer one "
                  "(raise join.keep_rounds when the state takes this long)", st.message(), config_.join.keep_rounds);
@@ -363,14 +368,13 @@ Status Peer::join_or_start() {
     }
     if (!st.ok()) return st.with_context("joining the run");
     // Taken: a later start of this peer resumes from its checkpoints, not from this transfer.
-    if (env_.snapshot_store) env_.snapshot_store->clear();
+    env_.store->snapshots()->clear();
     fetched_.reset();
   } else {
     current_round_ = agreed_round_;
   }
   last_checkpoint_ = worker_->steps_done();
-  if (env_.open_records) return env_.open_records(plan_.resumed ? std::optional<std::int64_t>(worker_->steps_done()) : std::nullopt);
-  return Status();
+  return env_.store->open_records(plan_.resumed ? std::optional<std::int64_t>(worker_->steps_done()) : std::nullopt);
 }
 
 void Peer::settle_for_checkpoint() {
@@ -387,11 +391,11 @@ train::CheckpointState Peer::checkpoint_state() {
 }
 
 Status Peer::save_checkpoint() {
-  if (!env_.save_checkpoint) {
+  if (!env_.store->keeps_checkpoints()) {
     settle_for_checkpoint();  // (the state it would hold is the members' all the same)
     return Status();
   }
-  return env_.save_checkpoint(checkpoint_state());
+  return env_.store->save_checkpoint(checkpoint_state());
 }
 
 // Just after a round. While a newcomer waits, this peer offers a snapshot of the state it shares
@@ -508,10 +512,10 @@ std::optional<optim::Group> Peer::left_out(std::int64_t round, const Status& why
       setup_.outer->take_shared_weights();
       optim::write_flat(params, optim::flatten(params) + drift * weight);
       left.carried = weight;
-      ++late_carried_;
+      ++group_stats_.late_carried;
       spdlog::info("round {}: what this peer computed rides on into its next contribution at weight {:.3f} ({} round(s) late)", round, weight, age);
     } else {
-      ++late_dropped_;
+      ++group_stats_.late_dropped;
     }
     setup_.outer->keep_work(weight);
   }

@@ -51,7 +51,7 @@ Result<PeerOutcome> Peer::run_pipeline() {
   if (&clock_ != &real_clock()) {
     return error(ErrorCode::kInvalidArgument, "a pipeline over peers runs on real links and the real clock: simulate pipelines with `gossamer sim --pipeline`");
   }
-  auto opened = env_.open_links(spec_hash_);
+  auto opened = env_.host->open_links(spec_hash_);
   if (!opened.ok()) return opened.status();
   opened_ = std::move(*opened);
   check_reachable(opened_.announced, "links");
@@ -91,13 +91,13 @@ Result<PeerOutcome> Peer::run_pipeline() {
   if (!request.ok()) return request.status();
   PipelineProcessRequest& req = *request;
   spdlog::info("pipeline of {} peers: this peer is node {}; planning the schedule over them", n, req.node);
-  if (Status st = env_.open_records(std::nullopt); !st.ok()) return st;
+  if (Status st = env_.store->open_records(std::nullopt); !st.ok()) return st;
   Status record_failed;
   req.on_iteration = [&](const train::PipelineRecord& r, std::optional<double> val) {
     current_round_ = r.iteration;  // what the spec's announcer tells joiners
     nlohmann::json j = pipeline_record_json(req.node, r, val);
     j["peer"] = env_.name;
-    if (Status st = env_.record(j); !st.ok() && record_failed.ok()) record_failed = st;
+    if (Status st = env_.store->record(j); !st.ok() && record_failed.ok()) record_failed = st;
     spdlog::info("pipeline node {}: iteration {}/{}, {:.2f} s{}{}", req.node, r.iteration, config_.train.steps, r.seconds,
                  r.lost_nodes > 0 ? fmt::format(", {} node(s) lost", r.lost_nodes) : std::string(),
                  val ? fmt::format(", val loss {:.4f}", *val) : std::string());
@@ -113,15 +113,13 @@ Result<PeerOutcome> Peer::run_pipeline() {
   summary["nodes"] = n;
   summary["mode"] = train::name_of(config_.pipeline.mode);
   summary["steps"] = outcome->iterations;
-  if (env_.write_summary) {
-    if (Status st = env_.write_summary(summary); !st.ok()) return st;
-  }
+  if (Status st = env_.store->write_summary(summary); !st.ok()) return st;
   // The evaluating peer keeps the whole model it assembled at the end, for gossamer sample and export
   // (a pipeline cannot resume from it: its nodes' optimizer states are theirs).
-  if (outcome->model && env_.save_checkpoint) {
+  if (outcome->model && env_.store->keeps_checkpoints()) {
     auto state = train::trained_model_state(config_, *outcome->model, outcome->iterations);
     if (!state.ok()) return state.status();
-    if (Status st = env_.save_checkpoint(*state); !st.ok()) return st;
+    if (Status st = env_.store->save_checkpoint(*state); !st.ok()) return st;
     spdlog::info("pipeline node {}: the trained model is in checkpoint.bin (gossamer sample --from, gossamer export --from)", req.node);
   }
   PeerOutcome out;

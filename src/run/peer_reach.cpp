@@ -14,8 +14,10 @@ namespace gossamer::run {
 using namespace std::chrono_literals;
 
 void Peer::check_reachable(const std::string& address, const std::string& what) {
-  if (outbound_only_ || plan_.first || !env_.check_reachable) return;
-  auto reach = env_.check_reachable({address}, plan_.stop);
+  if (outbound_only_ || plan_.first) return;
+  std::optional<Result<transport::Reachability>> checked = env_.host->check_reachable({address}, plan_.stop);
+  if (!checked) return;  // every peer reaches every other
+  Result<transport::Reachability>& reach = *checked;
   if (!reach.ok() && reach.status().code() == ErrorCode::kAborted) return;  // stopping: the caller sees it next
   if (!reach.ok()) {
     spdlog::warn("could not check whether the others can connect to this peer's {} ({}); assuming they can", what, reach.status().message());

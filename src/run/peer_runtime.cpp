@@ -55,7 +55,9 @@ class Peer::Pending {
   std::unique_ptr<ClockThread> thread_;
 };
 
-Peer::Peer(PeerPlan plan, PeerEnvironment env) : plan_(std::move(plan)), env_(std::move(env)), clock_(*env_.clock), gossip_(*env_.gossip) {}
+Peer::Peer(PeerPlan plan, PeerEnvironment env) : plan_(std::move(plan)), env_(std::move(env)), clock_(env_.host->clock()), gossip_(env_.host->gossip()) {
+  if (!env_.store) env_.store = std::make_shared<MemoryRunStore>();
+}
 
 Peer::~Peer() {
   if (ahead_) {  // a question asked ahead is withdrawn first
@@ -93,7 +95,7 @@ Status Peer::learn_run() {
     if (Status st = gossip_.set_outbound_only(true); !st.ok()) spdlog::warn("gossip: {}", st.to_string());
     spdlog::info("outbound-only (--outbound-only): this peer dials the others, and its links to other outbound-only peers go through a relay");
   }
-  check_reachable(env_.gossip_announced, "gossip");
+  check_reachable(env_.host->gossip_announced(), "gossip");
   heard_ = listen_for_spec(gossip_, clock_);
   board_ = JoinBoard::make(gossip_, clock_);
   if (plan_.first) {
@@ -150,12 +152,11 @@ Status Peer::learn_run() {
         return std::max<std::int64_t>(current_round_.load(), heard_->latest_round);
       },
       clock_);
-  if (env_.keep_spec) return env_.keep_spec(spec_.toml);
-  return Status();
+  return env_.store->keep_spec(spec_.toml);
 }
 
 Status Peer::link_up() {
-  auto opened = env_.open_links(spec_hash_);
+  auto opened = env_.host->open_links(spec_hash_);
   if (!opened.ok()) return opened.status();
   opened_ = std::move(*opened);
   {
@@ -228,7 +229,10 @@ std::optional<double> Peer::shaped_link_bytes_per_s() const {
   return std::nullopt;
 }
 
-std::optional<double> Peer::own_link_bytes_per_s() const { return env_.link_bytes_per_s ? env_.link_bytes_per_s : shaped_link_bytes_per_s(); }
+std::optional<double> Peer::own_link_bytes_per_s() const {
+  const std::optional<double> known = env_.host->link_bytes_per_s();
+  return known ? known : shaped_link_bytes_per_s();
+}
 
 const quant::EncodeOptions* Peer::layout_codec() const {
   switch (outer_config_.method) {
@@ -352,7 +356,7 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
       log_->stop();  // its state leaves the members': what it kept serves no newcomer
       server_->withdraw();
       snapshot_step_.reset();
-      ++solo_rounds_;
+      ++group_stats_.solo_rounds;
       session_.reset();  // its state is its own now: the members' updates no longer replay onto it
       agreed_round_ = round;
       epoch_ = 0;
@@ -403,7 +407,7 @@ Result<train::WorkerAccount> Peer::rounds() {
   lo.round_timeout = round_timeout_;
   lo.budget_period = train::budget_period(config_);
   train::LoopHooks hooks;
-  hooks.pace = env_.pace;
+  hooks.pace = [host = env_.host](double measured_s) { return host->pace(measured_s); };
   hooks.keep_going = [&](std::int64_t next) {
     progress_ = next - 1;
     if (!failure_.ok()) return false;
@@ -431,7 +435,7 @@ Result<train::WorkerAccount> Peer::rounds() {
     }
   };
   hooks.left_behind = [&] { return std::exchange(left_behind_, std::nullopt); };
-  hooks.state_traffic = [&] { return std::make_pair(server_->bytes_served(), state_received_); };
+  hooks.state_traffic = [&] { return std::make_pair(server_->bytes_served(), join_stats_.bytes_received); };
   hooks.gossip_traffic = [&] { return gossip_.bytes(); };
   hooks.membership_traffic = [&] { return gossip_.membership_bytes_sent(); };
   hooks.record = [&](const nlohmann::json& rec) {
@@ -440,22 +444,9 @@ Result<train::WorkerAccount> Peer::rounds() {
     const transport::TransportStats ts = opened_.transport->stats();
     out["relayed_bytes_sent"] = ts.relayed_bytes_sent;
     out["relay_forwarded_bytes"] = ts.relay_forwarded_bytes;
-    if (joins_ > 0) {
-      out["joins"] = joins_;
-      out["state_fetch_s"] = state_fetch_s_;
-      out["state_transfer_s"] = state_transfer_s_;
-      out["state_snapshot_bytes"] = state_snapshot_bytes_;
-      out["state_resumed_bytes"] = state_resumed_bytes_;
-      out["join_rounds_behind"] = join_rounds_behind_;
-      out["updates_replayed"] = updates_replayed_;
-    }
-    if (log_->peak_bytes() > 0) {
-      out["update_log_bytes"] = log_->bytes();
-      out["updates_kept_encoded"] = updates_kept_encoded_;
-    }
-    if (env_.record) {
-      if (Status st = env_.record(out); !st.ok() && failure_.ok()) failure_ = st;
-    }
+    if (join_stats_.joins > 0) join_stats_.write(out);
+    donor_stats_.write_record(out, *log_);
+    if (Status st = env_.store->record(out); !st.ok() && failure_.ok()) failure_ = st;
     if (rec.contains("val_loss")) {
       if (rec["step"].get<std::int64_t>() == config_.train.steps) final_val_ = rec["val_loss"].get<double>();
       spdlog::info("step {}/{}: val loss {:.4f}, rounds {}, sent {:.2f} MB", rec["step"].get<std::int64_t>(), config_.train.steps,
@@ -515,7 +506,6 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
   summary["groups_led"] = cs.groups_announced;
   summary["left_out_by_this_leader"] = cs.left_out;
   summary["quorum_closes_by_this_leader"] = cs.quorum_closes;
-  summary["solo_rounds"] = solo_rounds_;
   // All-or-nothing rounds: retried attempts this peer decided went through or abandoned, and rounds
   // that went through for the others while its collective failed (it caught up).
   summary["rounds_committed_by_this_peer"] = cs.committed;
@@ -523,20 +513,9 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
   summary["rounds_missed"] = cs.missed_commits;
   // Tokens that reached the shared model over what this machine trains alone in its time in the loop.
   summary["goodput"] = train::goodput(account);
-  summary["joins"] = joins_;
-  summary["late_contributions_carried"] = late_carried_;
-  summary["late_contributions_dropped"] = late_dropped_;
-  summary["state_fetch_s"] = state_fetch_s_;
-  summary["state_transfer_s"] = state_transfer_s_;
-  summary["state_snapshot_bytes"] = state_snapshot_bytes_;
-  summary["state_resumed_bytes"] = state_resumed_bytes_;
-  summary["join_rounds_behind"] = join_rounds_behind_;
-  summary["updates_replayed"] = updates_replayed_;
-  summary["update_log_peak_bytes"] = log_->peak_bytes();
-  summary["update_log_dropped"] = log_->dropped();
-  summary["updates_kept_encoded"] = updates_kept_encoded_;
-  summary["state_bytes_served"] = server_->bytes_served();
-  summary["state_serve_throttled_s"] = server_->throttled_s();
+  join_stats_.write(summary);
+  group_stats_.write(summary);
+  donor_stats_.write_summary(summary, *log_, *server_);
   summary["dropped_messages"] = cs.dropped + static_cast<std::int64_t>(gossip_.dropped_messages());
   summary["refused_links"] = links_->refused_connections();
   summary["outbound_only"] = outbound_only_;
@@ -547,9 +526,7 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
   summary["relay_forwarded_bytes"] = ts.relay_forwarded_bytes;
   summary["relay_pairs"] = ts.relay_pairs;
   if (out.final_val_loss) summary["final_val_loss"] = *out.final_val_loss;
-  if (env_.write_summary) {
-    if (Status st = env_.write_summary(summary); !st.ok()) return st;
-  }
+  if (Status st = env_.store->write_summary(summary); !st.ok()) return st;
   setup_.outer.reset();
   setup_.comm.reset();
   gossip_.leave();

@@ -1,8 +1,10 @@
-// Peer: one peer of a multi-process run, in named parts, on whatever clock, gossip and links it is
-// given. `gossamer peer` gives it the real ones (run_peer in peer.h: ZeroMQ, TCP, the process's
-// clock, a run folder); the simulator gives it emulated ones (sim/cluster.h: the virtual clock, the
-// GossipFabric and TransportFabric), so a simulated run goes through the very same membership,
-// rounds and state transfer as a real one.
+// Peer: one peer of a multi-process run, in named parts, on the Host it is given (host.h: clock,
+// gossip, links, reachability, pace), keeping what it leaves behind in a RunStore (run_store.h: spec,
+// records, checkpoints, summary, a newcomer's arriving state). `gossamer peer` gives it the machine's
+// (run_peer in peer.h: ZeroMQ, TCP, the process's clock, a run folder); the simulator emulated ones
+// (sim/cluster.h: the virtual clock, the GossipFabric and TransportFabric, memory), so a simulated run
+// goes through the very same membership, rounds and state transfer as a real one. Each part keeps its
+// own statistics (peer_stats.h), which write their own keys of the records and the summary.
 //
 // The parts, in the order run() takes them:
 //   learn_run      the run spec: this peer's own (the first peer, or a resume), else the one the
@@ -43,10 +45,13 @@
 #include "core/status.h"
 #include "run/announcements.h"
 #include "run/coordinator.h"
+#include "run/host.h"
 #include "run/peer.h"
 #include "run/peer_links.h"
+#include "run/peer_stats.h"
 #include "run/pipeline_process.h"
 #include "run/rounds.h"
+#include "run/run_store.h"
 #include "run/state_sync.h"
 #include "run/update_log.h"
 #include "train/checkpoint.h"
@@ -82,37 +87,16 @@ struct PeerPlan {
   std::int64_t crash_mid_round = 0;
 };
 
-// The links' transport of a run, opened once the spec (and so the run id) is known.
-struct OpenedLinks {
-  std::unique_ptr<transport::Transport> transport;
-  std::string announced;  // where others dial them
-  std::string bound;      // where they listen (Gloo's rendezvous host is taken from it)
-};
-
 // What the runtime runs on, and where its results go.
 struct PeerEnvironment {
-  Clock* clock = &real_clock();
-  transport::Gossip* gossip = nullptr;  // started, with this peer's seeds
-  std::string name;                     // for the records: the peer's id in real runs, the worker in a simulation
-  std::function<Result<OpenedLinks>(const Digest& spec_hash)> open_links;
-  // A dial-back check of addresses of this peer (transport::Gossip::check_reachable); absent where
-  // every peer reaches every other (a simulation). Asked for gossip's address (`gossip_announced`)
-  // before the run spec is heard (a peer nobody can reach hears nothing until it is known to be
-  // outbound-only), then for the links' once they listen.
-  std::function<Result<transport::Reachability>(const std::vector<std::string>& addresses, const std::atomic<bool>* stop)> check_reachable;
-  std::string gossip_announced;  // HOST:PORT, as others are told
+  Host* host = nullptr;  // clock, gossip, links, reachability, pace (host.h); outlives the Peer
+  std::string name;      // for the records: the peer's id in real runs, the worker in a simulation
   // Checks of the run's config against this environment, after validation (memory, Gloo's host).
   std::function<Status(const train::RunConfig&)> check_run;
-  // The run's spec is known (the real peer writes config.toml).
-  std::function<Status(const std::string& spec)> keep_spec;
   std::function<Result<std::shared_ptr<const train::Corpus>>(const train::RunConfig&)> corpus;
-  // Opened once before training: records after `resumed_at` (a resumed run's step) are dropped.
-  std::function<Status(std::optional<std::int64_t> resumed_at)> open_records;
-  std::function<Status(const nlohmann::json&)> record;
-  std::function<Status(const train::CheckpointState&)> save_checkpoint;
-  std::function<Status(const nlohmann::json&)> write_summary;
-  // A simulation's: the seconds an inner step counts as (and waits out), given the measured ones.
-  std::function<double(double measured_s)> pace;
+  // Where the spec, records, checkpoints, summary and a newcomer's arriving state go (run_store.h):
+  // the run folder of a real peer. Absent: memory of this Peer's own, no checkpoints kept.
+  std::shared_ptr<RunStore> store;
   // A simulation's: false before step `next` ends the run at once (a crash: no goodbye, no
   // checkpoint); the environment has cut its links and gossip already. (A real peer's fault drill
   // ends its process inside the call.)
@@ -120,12 +104,6 @@ struct PeerEnvironment {
   // The fault drill's death (PeerPlan::crash_mid_round), called from inside a collective: a real
   // peer's process ends there; a simulation cuts the node's links and gossip and stops the peer.
   std::function<void()> crash;
-  // The bandwidth of this peer's link (bytes/s) where the environment knows it (a simulation's access
-  // link): serving newcomers takes at most join.serve_share of it. A real peer knows it from --shape.
-  std::optional<double> link_bytes_per_s;
-  // Where a newcomer keeps the run's state as it arrives (state_store.h): a real peer's run folder, a
-  // simulated worker's memory that outlives its crash. Absent: memory of this Peer's own.
-  std::shared_ptr<SnapshotStore> snapshot_store;
   // A caller's own training (PeerRequest::external): the Worker is made over it, and no corpus is read.
   std::shared_ptr<train::ExternalTraining> external;
   bool evaluate = true;     // at eval_every and the end (a simulation lets one peer do it)
@@ -174,6 +152,11 @@ class Peer {
   // the members which round this peer takes part in. kOutOfRange when the donors no longer keep them.
   // slack: it was not in time for the round it named before; it names the round after the next.
   [[nodiscard]] Status catch_up(Deadline deadline, bool slack = false);
+  // catch_up()'s parts: whether, before its first batch, the pace its snapshot came at shows it will
+  // not gain on the members over `index`; and, caught up at step `at`, where it starts and the round
+  // it takes part in (`intended`: the one it named, if any).
+  bool foresee_no_gain(const std::vector<UpdateInfo>& index) const;
+  void take_part_after(std::int64_t at, std::optional<std::int64_t> intended, std::int64_t replayed);
   // A newcomer's whole join: a snapshot (a newer one when it fell too far behind), then catch_up().
   // `slack`: as catch_up()'s (a member left out of a round, joining again).
   [[nodiscard]] Status join(Deadline deadline, bool slack = false);
@@ -259,16 +242,8 @@ class Peer {
   Nanos join_started_{0};
   std::int64_t snapshot_round_ = 0;            // of the snapshot this peer joined from
   std::optional<std::int64_t> snapshot_step_;  // of the snapshot this member offers, if any
-  double state_fetch_s_ = 0;              // the last join: from asking for the state to taking part
-  double state_transfer_s_ = 0;           // the last join: the snapshot's transfer alone (manifests and chunks)
-  std::uint64_t state_snapshot_bytes_ = 0;  // the last join: the snapshot's size
-  std::int64_t join_rounds_behind_ = 0;   // the last join: rounds the run went on while the state came
-  std::int64_t updates_replayed_ = 0;
-  std::int64_t updates_kept_encoded_ = 0;  // updates kept in the codec's bytes (the rest in fp32)
-  std::uint64_t state_resumed_bytes_ = 0;  // of snapshots, kept from a transfer cut short
-  Nanos transfer_started_{0};              // the last snapshot's transfer: when it began,
-  std::int64_t round_at_transfer_ = -1;    // the run's round then (as announced),
-  double transfer_rate_ = 0;               // and the bytes/s it came at
+  JoinStats join_stats_;
+  DonorStats donor_stats_;
   int rank_ = 0, world_ = 1;
   std::unique_ptr<train::Worker> worker_;
   optim::OuterSetup setup_;
@@ -280,13 +255,11 @@ class Peer {
   std::size_t start_size_ = 0;  // group sizes other than this one are logged
   std::int64_t last_asked_ = -1;
   std::unique_ptr<Pending> ahead_;
+  GroupKeepingStats group_stats_;
   std::int64_t last_checkpoint_ = 0;
-  std::int64_t joins_ = 0, solo_rounds_ = 0;
   // Left out of a round since the loop last asked: what became of its work (LoopHooks::left_behind).
   std::optional<train::LeftBehind> left_behind_;
-  std::int64_t late_carried_ = 0, late_dropped_ = 0;  // late contributions carried into a later round, and dropped
   std::atomic<bool> drilled_{false};  // the crash drill fired (PeerPlan::crash_mid_round)
-  std::uint64_t state_received_ = 0;
   std::uint64_t requests_seen_ = 0;  // the state server's requests at the last boundary
   int idle_boundaries_ = 0;          // boundaries since a newcomer last asked for anything
   Nanos last_boundary_{0}, round_length_{0};  // when the last round ended, and how long a round takes

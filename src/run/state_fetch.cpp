@@ -154,108 +154,117 @@ Result<Bytes> StateFetch::ask_or_stop(transport::Link& link, std::uint8_t kind, 
   return read_answer_or_stop(link, deadline);
 }
 
-Status StateFetch::fetch_pieces(const std::vector<Piece>& pieces, const std::vector<std::size_t>& sources, Deadline deadline) {
-  // Pieces are handed out one at a time to whichever donor has room in its window; those of a failed
-  // donor go back.
-  constexpr std::size_t kWindow = 4;
+// Pieces are handed out one at a time to whichever donor has room in its window; those of a failed
+// donor go back.
+struct StateFetch::PieceQueue {
+  PieceQueue(Clock& clock, std::size_t count, int sources) : bad_copies(count, 0), copies(sources), changed(clock.make_signal()) {
+    for (std::size_t i = 0; i < count; ++i) todo.push_back(i);
+  }
+  // A donor's pieces in flight go back to the front (under mu).
+  void give_back(std::deque<std::size_t>& inflight) {
+    for (const std::size_t p : inflight) todo.push_front(p);
+    busy -= inflight.size();
+    inflight.clear();
+    changed->notify_all();
+  }
+
   std::mutex mu;
   std::deque<std::size_t> todo;
-  for (std::size_t i = 0; i < pieces.size(); ++i) todo.push_back(i);
-  std::vector<int> bad_copies(pieces.size(), 0);
+  std::vector<int> bad_copies;  // per piece: donors whose copy failed its hash
+  const int copies;             // donors at the start
   std::size_t busy = 0, done = 0;
   std::uint64_t got = 0;
   Status io_failure;
-  auto changed = clock_.make_signal();
-  std::vector<std::unique_ptr<ClockThread>> threads;
-  const int copies = static_cast<int>(sources.size());
-  for (const std::size_t index : sources) {
-    threads.push_back(clock_.start_thread([&, index] {
-      Source& src = *sources_[index];
-      std::deque<std::size_t> inflight;
-      const auto give_back = [&](std::unique_lock<std::mutex>&) {  // under mu
-        for (const std::size_t p : inflight) todo.push_front(p);
-        busy -= inflight.size();
-        inflight.clear();
-        changed->notify_all();
-      };
-      for (;;) {
-        // Fill the window, but take the answers that are in before waiting for the pace.
-        while (inflight.size() < kWindow && (inflight.empty() || !pacer_.would_wait(clock_))) {
-          std::size_t p;
-          {
-            std::lock_guard lock(mu);
-            if (todo.empty()) break;
-            p = todo.front();
-            todo.pop_front();
-            ++busy;
-          }
-          inflight.push_back(p);
-          if (!pacer_.wait_turn(clock_, pieces[p].size, stop_)) {
-            std::unique_lock lock(mu);
-            give_back(lock);
-            return;
-          }
-          if (Status st = src.link->send(kStateRequestTag, request(pieces[p].kind, pieces[p].at, pieces[p].chunk), deadline); !st.ok()) {
-            std::unique_lock lock(mu);
-            drop(index, st.to_string());
-            give_back(lock);
-            return;
-          }
-        }
-        if (inflight.empty()) {
-          std::unique_lock lock(mu);
-          changed->wait(lock, Deadline::never(), [&] { return !todo.empty() || busy == 0 || !io_failure.ok(); });
-          if (todo.empty()) return;
-          continue;
-        }
-        const std::size_t p = inflight.front();
-        inflight.pop_front();
-        const Piece& piece = pieces[p];
-        auto body = read_answer_or_stop(*src.link, deadline);
-        if (!body.ok() && body.status().code() == ErrorCode::kAborted) {
-          std::unique_lock lock(mu);
-          inflight.push_front(p);
-          give_back(lock);
-          return;
-        }
-        const bool good = body.ok() && body->size() == piece.size && digest_of(*body) == piece.digest;
-        Status stored;
-        if (good && piece.store) stored = piece.store->write(piece.offset, *body);
-        std::unique_lock lock(mu);
-        if (!stored.ok()) {  // the disk refused: nobody can go on
-          if (io_failure.ok()) io_failure = stored;
-          --busy;
-          give_back(lock);
-          todo.clear();
-          return;
-        }
-        --busy;
-        if (good) {
-          if (piece.out && piece.size > 0) std::memcpy(piece.out->data() + piece.offset, body->data(), piece.size);
-          got += piece.size;
-          ++done;
-          src.served = true;
-          changed->notify_all();
-          continue;
-        }
-        // This donor failed the piece: it goes back for the others (unless every donor failed it),
-        // with the rest of this donor's window, and this donor stops.
-        if (body.ok()) ++bad_copies[p];
-        drop(index, "chunk " + std::to_string(piece.chunk) + (piece.kind == kAskChunk ? "" : " of the update of step " + std::to_string(piece.at)) + ": " +
-                        (body.ok() ? "its hash does not match the manifest" : body.status().to_string()));
-        if (bad_copies[p] < copies) todo.push_back(p);
-        give_back(lock);
+  std::unique_ptr<Signal> changed;
+};
+
+void StateFetch::fetch_from(std::size_t index, const std::vector<Piece>& pieces, Deadline deadline, PieceQueue& q) {
+  constexpr std::size_t kWindow = 4;
+  Source& src = *sources_[index];
+  std::deque<std::size_t> inflight;
+  for (;;) {
+    // Fill the window, but take the answers that are in before waiting for the pace.
+    while (inflight.size() < kWindow && (inflight.empty() || !pacer_.would_wait(clock_))) {
+      std::size_t p;
+      {
+        std::lock_guard lock(q.mu);
+        if (q.todo.empty()) break;
+        p = q.todo.front();
+        q.todo.pop_front();
+        ++q.busy;
+      }
+      inflight.push_back(p);
+      if (!pacer_.wait_turn(clock_, pieces[p].size, stop_)) {
+        std::lock_guard lock(q.mu);
+        q.give_back(inflight);
         return;
       }
-    }));
+      if (Status st = src.link->send(kStateRequestTag, request(pieces[p].kind, pieces[p].at, pieces[p].chunk), deadline); !st.ok()) {
+        std::lock_guard lock(q.mu);
+        drop(index, st.to_string());
+        q.give_back(inflight);
+        return;
+      }
+    }
+    if (inflight.empty()) {
+      std::unique_lock lock(q.mu);
+      q.changed->wait(lock, Deadline::never(), [&] { return !q.todo.empty() || q.busy == 0 || !q.io_failure.ok(); });
+      if (q.todo.empty()) return;
+      continue;
+    }
+    const std::size_t p = inflight.front();
+    inflight.pop_front();
+    const Piece& piece = pieces[p];
+    auto body = read_answer_or_stop(*src.link, deadline);
+    if (!body.ok() && body.status().code() == ErrorCode::kAborted) {
+      std::lock_guard lock(q.mu);
+      inflight.push_front(p);
+      q.give_back(inflight);
+      return;
+    }
+    const bool good = body.ok() && body->size() == piece.size && digest_of(*body) == piece.digest;
+    Status stored;
+    if (good && piece.store) stored = piece.store->write(piece.offset, *body);
+    std::lock_guard lock(q.mu);
+    --q.busy;
+    if (!stored.ok()) {  // the disk refused: nobody can go on
+      if (q.io_failure.ok()) q.io_failure = stored;
+      q.give_back(inflight);
+      q.todo.clear();
+      return;
+    }
+    if (good) {
+      if (piece.out && piece.size > 0) std::memcpy(piece.out->data() + piece.offset, body->data(), piece.size);
+      q.got += piece.size;
+      ++q.done;
+      src.served = true;
+      q.changed->notify_all();
+      continue;
+    }
+    // This donor failed the piece: it goes back for the others (unless every donor failed it), with
+    // the rest of this donor's window, and this donor stops.
+    if (body.ok()) ++q.bad_copies[p];
+    drop(index, "chunk " + std::to_string(piece.chunk) + (piece.kind == kAskChunk ? "" : " of the update of step " + std::to_string(piece.at)) + ": " +
+                    (body.ok() ? "its hash does not match the manifest" : body.status().to_string()));
+    if (q.bad_copies[p] < q.copies) q.todo.push_back(p);
+    q.give_back(inflight);
+    return;
+  }
+}
+
+Status StateFetch::fetch_pieces(const std::vector<Piece>& pieces, const std::vector<std::size_t>& sources, Deadline deadline) {
+  PieceQueue q(clock_, pieces.size(), static_cast<int>(sources.size()));
+  std::vector<std::unique_ptr<ClockThread>> threads;
+  for (const std::size_t index : sources) {
+    threads.push_back(clock_.start_thread([&, index] { fetch_from(index, pieces, deadline, q); }));
   }
   for (auto& t : threads) t->join();
-  received_ += got;
-  if (!io_failure.ok()) return io_failure;
+  received_ += q.got;
+  if (!q.io_failure.ok()) return q.io_failure;
   if (stopped()) return error(ErrorCode::kAborted, "stop requested during the transfer");
-  if (done != pieces.size()) {
-    for (const std::size_t p : todo) {
-      if (bad_copies[p] >= copies) return error(ErrorCode::kDataLoss, "every donor's copy of chunk " + std::to_string(pieces[p].chunk) + " failed its hash");
+  if (q.done != pieces.size()) {
+    for (const std::size_t p : q.todo) {
+      if (q.bad_copies[p] >= q.copies) return error(ErrorCode::kDataLoss, "every donor's copy of chunk " + std::to_string(pieces[p].chunk) + " failed its hash");
     }
     return error(ErrorCode::kUnavailable, "the transfer did not complete: every donor failed");
   }

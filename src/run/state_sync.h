@@ -243,6 +243,9 @@ class StateFetch {
   // Fetches `pieces` from `sources` at once, up to kWindow requests in flight per donor; a donor
   // that fails one is dropped and its pieces go to the others.
   Status fetch_pieces(const std::vector<Piece>& pieces, const std::vector<std::size_t>& sources, Deadline deadline);
+  struct PieceQueue;  // the pieces still to fetch, shared by the donors' threads
+  // One donor's thread of fetch_pieces: it takes pieces from `q` until none is left or it fails one.
+  void fetch_from(std::size_t source, const std::vector<Piece>& pieces, Deadline deadline, PieceQueue& q);
   void drop(std::size_t source, const std::string& why);
   bool stopped() const { return stop_ != nullptr && stop_->load(); }
   // The next answer on `link`, read in short waits so that a stop is heard (kAborted).

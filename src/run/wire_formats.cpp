@@ -12,6 +12,7 @@
 #include "quant/format.h"
 #include "quant/sparse.h"
 #include "run/announcements.h"
+#include "run/coordinator_messages.h"
 #include "run/link_probe.h"
 #include "run/pipeline_agreement.h"
 #include "run/state_sync_parts.h"
@@ -258,6 +259,24 @@ std::vector<WireFormat> run_rows() {
   rows.push_back({"Join board", "src/run/announcements.h", "gossip topic gossamer.state", announcement_wire::kBoardVersion, 2 + 8 + 8 + 4 + 256,
                   [] { return announcement_wire::encode_board({announcement_wire::kOffer, 0x1234, 42, "198.51.100.7:7001", 0}); },
                   [](ByteView b) { return status_of(announcement_wire::decode_board(b, "sample")); }});
+  rows.push_back({"Round agreement", "src/run/coordinator.h", "gossip topic gossamer.round", coordinator_parts::kVersion, 320,
+                  [] {
+                    return coordinator_parts::encode_ready(9, 4, 120, transport::PeerId{0x1234}, 4, coordinator_parts::kUnlinked,
+                                                           "198.51.100.7:7001");
+                  },
+                  [](ByteView b) { return coordinator_parts::check_round_message(b); }});
+  rows.push_back({"Round agreement, GROUP", "src/run/coordinator.h", "gossip topic gossamer.round", coordinator_parts::kVersion, 64 * 1024,
+                  [] {
+                    const std::vector<MemberInfo> before = {{transport::PeerId{3}, "198.51.100.3:7001"}, {transport::PeerId{5}, "198.51.100.5:7001"}};
+                    GroupView g;
+                    g.round = 9;
+                    g.epoch = 5;
+                    g.leader = transport::PeerId{3};
+                    g.prior = 4;
+                    g.members = {{transport::PeerId{3}, "198.51.100.3:7001"}, {transport::PeerId{7}, ""}};  // 5 left, 7 (behind NAT) came
+                    return coordinator_parts::encode_group(g, 4, &before);
+                  },
+                  [](ByteView b) { return coordinator_parts::check_round_message(b); }});
   rows.push_back({"Pipeline commits", "src/run/pipeline_agreement.h", hex_tag(transport::tags::kPipelineCommit), pipeline_agreement::kVersion, 9,
                   [] { return pipeline_agreement::encode_commit(12); },
                   [](ByteView b) { return status_of(pipeline_agreement::decode_commit(b, "sample")); }});

@@ -377,6 +377,96 @@ Schedule make_schedule(Mode mode, const Options& o, const std::vector<int>& stag
   return s;
 }
 
+// What TC2's refinement works over (plan()'s inputs and its search).
+struct Refinement {
+  const Network& net;
+  const Costs& costs;
+  const std::vector<int>& stage_of;
+  const Options& o;
+  Mode mode;
+  const std::vector<AgentSpec>& specs;
+  Search& search;
+  const PlanLimits& limits;
+};
+
+// The (agent, node) visits to try moving: those behind the longest waits in `sim`, at most six.
+std::vector<std::pair<int, int>> collision_tries(const Simulation& sim, const HNode& best) {
+  auto collisions = sim.collisions;
+  std::stable_sort(collisions.begin(), collisions.end(), [](const Collision& x, const Collision& y) { return x.wait_s > y.wait_s; });
+  std::vector<std::pair<int, int>> tries;
+  for (const auto& c : collisions) {
+    for (int a : {c.waiting_agent, c.busy_agent}) {
+      const auto& hops = best.plans[static_cast<std::size_t>(a)].hops;
+      if (std::find(hops.begin(), hops.end(), c.node) == hops.end()) continue;  // its origin: it cannot leave
+      if (std::find(tries.begin(), tries.end(), std::make_pair(a, c.node)) == tries.end()) tries.emplace_back(a, c.node);
+    }
+    if (tries.size() >= 6) break;
+  }
+  return tries;
+}
+
+// TC2: children that keep an agent off a node where it waited on another's work, or kept another
+// waiting; the one whose simulated iteration is shortest, while one is shorter. `simulations`
+// counts every iteration simulated (up to the limit).
+void refine_by_collisions(const Refinement& r, HNode& best, Simulation& best_sim, int& simulations) {
+  const auto room = [&] { return simulations < r.limits.max_simulations; };
+  for (bool improved = true; improved && room();) {
+    improved = false;
+    const std::vector<std::pair<int, int>> tries = collision_tries(best_sim, best);
+    std::optional<std::pair<HNode, Simulation>> winner;
+    auto consider = [&](HNode child) {
+      auto child_sim = simulate(make_schedule(r.mode, r.o, r.stage_of, r.specs, child), r.net, r.costs);
+      ++simulations;
+      if (!child_sim.ok()) return;
+      const double bar = winner ? winner->second.makespan_s : best_sim.makespan_s;
+      if (child_sim->makespan_s < bar - 1e-9) winner.emplace(std::move(child), std::move(*child_sim));
+    };
+    // Swaps: the agent trades its visit of the node with another agent's visit of a node of the
+    // same stage, so every stage's and node's load stays as it is (where loads are tight, at the
+    // defaults, no other move keeps them).
+    for (const auto& [a, node] : tries) {
+      const auto ai = static_cast<std::size_t>(a);
+      const auto& ha = best.plans[ai].hops;
+      const auto ka = static_cast<std::size_t>(std::find(ha.begin(), ha.end(), node) - ha.begin());
+      for (std::size_t c = 0; c < best.plans.size() && room(); ++c) {
+        if (c == ai) continue;
+        const auto& hc = best.plans[c].hops;
+        for (std::size_t kc = 0; kc < hc.size() && room(); ++kc) {
+          const int other = hc[kc];
+          if (other == node || r.stage_of[static_cast<std::size_t>(other)] != r.stage_of[static_cast<std::size_t>(node)]) continue;
+          if (std::find(ha.begin(), ha.end(), other) != ha.end() || std::find(hc.begin(), hc.end(), node) != hc.end()) continue;
+          const auto& fa = best.forbid_node[ai];
+          const auto& fc = best.forbid_node[c];
+          if (std::binary_search(fa.begin(), fa.end(), other) || std::binary_search(fc.begin(), fc.end(), node)) continue;
+          HNode child = best;
+          child.plans[ai].hops[ka] = other;
+          child.plans[c].hops[kc] = node;
+          child.plans[ai].cost = r.search.low().cost(r.specs[ai].origin, child.plans[ai].hops);
+          child.plans[c].cost = r.search.low().cost(r.specs[c].origin, child.plans[c].hops);
+          r.search.score(child);
+          consider(std::move(child));
+        }
+      }
+    }
+    for (const auto& [a, node] : tries) {
+      if (!room()) break;
+      HNode child = best;
+      auto& f = child.forbid_node[static_cast<std::size_t>(a)];
+      f.insert(std::lower_bound(f.begin(), f.end(), node), node);
+      if (!r.search.replan(child, static_cast<std::size_t>(a))) continue;
+      r.search.score(child);
+      auto settled = r.search.descend(std::move(child));
+      if (!settled.ok()) continue;
+      consider(std::move(*settled));
+    }
+    if (winner) {
+      best = std::move(winner->first);
+      best_sim = std::move(winner->second);
+      improved = true;
+    }
+  }
+}
+
 }  // namespace
 
 Result<Plan> plan(const Network& net, const Costs& costs, const std::vector<int>& stage_of, const Options& o, Mode mode, const PlanLimits& limits) {
@@ -424,73 +514,7 @@ Result<Plan> plan(const Network& net, const Costs& costs, const std::vector<int>
   out.simulations = 1;
   Simulation best_sim = std::move(*sim);
   if (mode == Mode::kSkipPipe) {
-    // TC2: children that keep an agent off a node where it waited on another's work, or kept
-    // another waiting; the one whose simulated iteration is shortest, while one is shorter.
-    for (bool improved = true; improved && out.simulations < limits.max_simulations;) {
-      improved = false;
-      auto collisions = best_sim.collisions;
-      std::stable_sort(collisions.begin(), collisions.end(), [](const Collision& x, const Collision& y) { return x.wait_s > y.wait_s; });
-      std::vector<std::pair<int, int>> tries;  // (agent, node)
-      for (const auto& c : collisions) {
-        for (int a : {c.waiting_agent, c.busy_agent}) {
-          const auto& hops = best.plans[static_cast<std::size_t>(a)].hops;
-          if (std::find(hops.begin(), hops.end(), c.node) == hops.end()) continue;  // its origin: it cannot leave
-          if (std::find(tries.begin(), tries.end(), std::make_pair(a, c.node)) == tries.end()) tries.emplace_back(a, c.node);
-        }
-        if (tries.size() >= 6) break;
-      }
-      std::optional<std::pair<HNode, Simulation>> winner;
-      auto consider = [&](HNode child) {
-        auto child_sim = simulate(make_schedule(mode, o, stage_of, specs, child), net, costs);
-        ++out.simulations;
-        if (!child_sim.ok()) return;
-        const double bar = winner ? winner->second.makespan_s : best_sim.makespan_s;
-        if (child_sim->makespan_s < bar - 1e-9) winner.emplace(std::move(child), std::move(*child_sim));
-      };
-      // Swaps: the agent trades its visit of the node with another agent's visit of a node of the
-      // same stage, so every stage's and node's load stays as it is (where loads are tight, at the
-      // defaults, no other move keeps them).
-      for (const auto& [a, node] : tries) {
-        const auto ai = static_cast<std::size_t>(a);
-        const auto& ha = best.plans[ai].hops;
-        const auto ka = static_cast<std::size_t>(std::find(ha.begin(), ha.end(), node) - ha.begin());
-        for (std::size_t c = 0; c < best.plans.size() && out.simulations < limits.max_simulations; ++c) {
-          if (c == ai) continue;
-          const auto& hc = best.plans[c].hops;
-          for (std::size_t kc = 0; kc < hc.size() && out.simulations < limits.max_simulations; ++kc) {
-            const int other = hc[kc];
-            if (other == node || stage_of[static_cast<std::size_t>(other)] != stage_of[static_cast<std::size_t>(node)]) continue;
-            if (std::find(ha.begin(), ha.end(), other) != ha.end() || std::find(hc.begin(), hc.end(), node) != hc.end()) continue;
-            const auto& fa = best.forbid_node[ai];
-            const auto& fc = best.forbid_node[c];
-            if (std::binary_search(fa.begin(), fa.end(), other) || std::binary_search(fc.begin(), fc.end(), node)) continue;
-            HNode child = best;
-            child.plans[ai].hops[ka] = other;
-            child.plans[c].hops[kc] = node;
-            child.plans[ai].cost = search.low().cost(specs[ai].origin, child.plans[ai].hops);
-            child.plans[c].cost = search.low().cost(specs[c].origin, child.plans[c].hops);
-            search.score(child);
-            consider(std::move(child));
-          }
-        }
-      }
-      for (const auto& [a, node] : tries) {
-        if (out.simulations >= limits.max_simulations) break;
-        HNode child = best;
-        auto& f = child.forbid_node[static_cast<std::size_t>(a)];
-        f.insert(std::lower_bound(f.begin(), f.end(), node), node);
-        if (!search.replan(child, static_cast<std::size_t>(a))) continue;
-        search.score(child);
-        auto settled = search.descend(std::move(child));
-        if (!settled.ok()) continue;
-        consider(std::move(*settled));
-      }
-      if (winner) {
-        best = std::move(winner->first);
-        best_sim = std::move(winner->second);
-        improved = true;
-      }
-    }
+    refine_by_collisions(Refinement{net, costs, stage_of, o, mode, specs, search, limits}, best, best_sim, out.simulations);
     out.schedule = make_schedule(mode, o, stage_of, specs, best);
     out.schedule.timetable = best_sim.timetable;
   }

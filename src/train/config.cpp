@@ -15,65 +15,15 @@
 #include "core/text.h"
 #include "optim/method.h"
 #include "quant/format.h"
+#include "train/key_specs.h"
 #include "train/speeds.h"
 
 namespace gossamer::train {
 
 namespace {
 
-struct IntKey {
-  const char* name;
-  const char* help;
-  std::int64_t& (*ref)(RunConfig&);
-  std::int64_t min, max;
-};
-struct FloatKey {
-  const char* name;
-  const char* help;
-  double& (*ref)(RunConfig&);
-  double min, max;
-  bool min_exclusive;
-};
-struct StringKey {
-  const char* name;
-  const char* help;
-  std::string& (*ref)(RunConfig&);
-  std::vector<std::string> choices;  // empty: any string
-};
-struct BoolKey {
-  const char* name;
-  const char* help;
-  bool& (*ref)(RunConfig&);
-};
-// A reference to one of RunConfig's choice fields (choice.h), whatever its enum.
-struct ChoiceField {
-  std::string (*get)(const void*);
-  bool (*set)(void*, std::string_view);
-  std::vector<std::string> (*names)();
-  void* at;
-  std::string name() const { return get(at); }
-};
-template <typename E>
-ChoiceField choice_field(E& e) {
-  return ChoiceField{[](const void* p) { return name_of(*static_cast<const E*>(p)); },
-                     [](void* p, std::string_view text) {
-                       const auto v = parse_choice<E>(text);
-                       if (v) *static_cast<E*>(p) = *v;
-                       return v.has_value();
-                     },
-                     &choice_names<E>, &e};
-}
-// pipeline.stage_sync: one of the methods whose row allows it (optim/method.h), by name.
-ChoiceField stage_sync_field(optim::Method& m) {
-  return ChoiceField{[](const void* p) { return name_of(*static_cast<const optim::Method*>(p)); },
-                     [](void* p, std::string_view text) {
-                       const auto v = parse_choice<optim::Method>(text);
-                       if (!v || !optim::method_info(*v).stage_sync) return false;
-                       *static_cast<optim::Method*>(p) = *v;
-                       return true;
-                     },
-                     &optim::stage_sync_names, &m};
-}
+using namespace key_specs;
+
 struct ChoiceKey {
   const char* name;
   const char* help;
@@ -83,18 +33,6 @@ using KeySpec = std::variant<IntKey, FloatKey, StringKey, BoolKey, ChoiceKey>;
 
 constexpr std::int64_t kBig = std::numeric_limits<std::int32_t>::max();
 
-// The allowed values of codec keys: every codec of quant's table.
-std::vector<std::string> codec_names() {
-  std::vector<std::string> out;
-  for (const auto& t : quant::codec_table()) out.emplace_back(t.name);
-  return out;
-}
-
-std::vector<std::string> flush_codec_names() {
-  std::vector<std::string> out = codec_names();
-  out.emplace_back("none");
-  return out;
-}
 
 std::vector<std::string> preset_names() {
   std::vector<std::string> out = {""};
@@ -173,7 +111,7 @@ std::vector<KeySpec> method_keys() {
       FloatKey{"outer.age_cutoff", "age gate: contributions this many rounds old or older weigh nothing (cosine gate to zero)", [](RunConfig& c) -> double& { return c.outer.age_cutoff; }, 1e-3, 1e6, false},
       IntKey{"outer.trim", "trimmed_mean: values dropped at each end of every coordinate (fewer when too few workers remain)", [](RunConfig& c) -> std::int64_t& { return c.outer.trim; }, 0, 1 << 20},
       ChoiceKey{"outer.state_device", "where the outer optimizer keeps its state: host (memory of the machine, sparing the GPU's) or device (train.device's memory)", [](RunConfig& c) { return choice_field(c.outer.state_device); }},
-      StringKey{"ddp.codec", "codec of the gradients ddp all-reduces", [](RunConfig& c) -> std::string& { return c.ddp.codec; }, codec_names()},
+      ChoiceKey{"ddp.codec", "codec of the gradients ddp all-reduces", [](RunConfig& c) { return choice_field(c.ddp.codec); }},
       ChoiceKey{"ddp.engine", "links: our all-reduce; gloo: c10d ProcessGroupGloo (real runs, fp32); nccl: c10d ProcessGroupNCCL (real runs, fp32, one GPU per peer)", [](RunConfig& c) { return choice_field(c.ddp.engine); }},
       IntKey{"ddp.round_steps", "real runs: steps between agreements on the members (a newcomer joins there; a lost member is dropped at once)", [](RunConfig& c) -> std::int64_t& { return c.ddp.round_steps; }, 1, 1LL << 40},
       IntKey{"diloco.inner_steps", "H: inner steps per outer round", [](RunConfig& c) -> std::int64_t& { return c.diloco.inner_steps; }, 1, 1LL << 40},
@@ -182,7 +120,7 @@ std::vector<KeySpec> method_keys() {
       FloatKey{"diloco.cgad_lr", "cgad's learning rate; 0: the rule train.lr x sqrt(diloco.inner_steps) (the size of H inner steps of random sign)", [](RunConfig& c) -> double& { return c.diloco.cgad_lr; }, 0.0, 10.0, false},
       IntKey{"diloco.delay_rounds", "a controlled delay: each round's averaged pseudo-gradient is applied this many rounds later (asynchronous DiLoCo's staleness, for stability studies); 0: none", [](RunConfig& c) -> std::int64_t& { return c.diloco.delay_rounds; }, 0, 64},
       FloatKey{"diloco.outer_momentum", "outer Nesterov momentum", [](RunConfig& c) -> double& { return c.diloco.outer_momentum; }, 0.0, 0.999999, false},
-      StringKey{"diloco.codec", "codec of the pseudo-gradient on the wire", [](RunConfig& c) -> std::string& { return c.diloco.codec; }, codec_names()},
+      ChoiceKey{"diloco.codec", "codec of the pseudo-gradient on the wire", [](RunConfig& c) { return choice_field(c.diloco.codec); }},
       IntKey{"streaming_diloco.inner_steps", "H: each fragment is synchronized once every H steps", [](RunConfig& c) -> std::int64_t& { return c.streaming_diloco.inner_steps; }, 1, 1LL << 40},
       IntKey{"streaming_diloco.fragment_layers", "transformer blocks per fragment (the paper uses 3)", [](RunConfig& c) -> std::int64_t& { return c.streaming_diloco.fragment_layers; }, 1, 1024},
       ChoiceKey{"streaming_diloco.pattern", "how blocks are grouped into fragments", [](RunConfig& c) { return choice_field(c.streaming_diloco.pattern); }},
@@ -191,27 +129,27 @@ std::vector<KeySpec> method_keys() {
       FloatKey{"streaming_diloco.mixing", "alpha: local share when merging a synchronized fragment (0: take the global one)", [](RunConfig& c) -> double& { return c.streaming_diloco.mixing; }, 0.0, 1.0, false},
       FloatKey{"streaming_diloco.outer_lr", "outer Nesterov learning rate", [](RunConfig& c) -> double& { return c.streaming_diloco.outer_lr; }, 0.0, 10.0, true},
       FloatKey{"streaming_diloco.outer_momentum", "outer Nesterov momentum", [](RunConfig& c) -> double& { return c.streaming_diloco.outer_momentum; }, 0.0, 0.999999, false},
-      StringKey{"streaming_diloco.codec", "codec of the fragments' pseudo-gradients", [](RunConfig& c) -> std::string& { return c.streaming_diloco.codec; }, codec_names()},
+      ChoiceKey{"streaming_diloco.codec", "codec of the fragments' pseudo-gradients", [](RunConfig& c) { return choice_field(c.streaming_diloco.codec); }},
       IntKey{"noloco.inner_steps", "H: inner steps between pairwise averagings", [](RunConfig& c) -> std::int64_t& { return c.noloco.inner_steps; }, 1, 1LL << 40},
       FloatKey{"noloco.outer_lr", "beta = gamma of the coded update", [](RunConfig& c) -> double& { return c.noloco.outer_lr; }, 0.0, 10.0, true},
       FloatKey{"noloco.outer_momentum", "alpha: momentum of the outer update", [](RunConfig& c) -> double& { return c.noloco.outer_momentum; }, 0.0, 0.999999, false},
-      StringKey{"noloco.codec", "codec of the weights sent to the partner", [](RunConfig& c) -> std::string& { return c.noloco.codec; }, codec_names()},
+      ChoiceKey{"noloco.codec", "codec of the weights sent to the partner", [](RunConfig& c) { return choice_field(c.noloco.codec); }},
       IntKey{"co2.inner_steps", "tau: inner steps per round (the average is applied one round late)", [](RunConfig& c) -> std::int64_t& { return c.co2.inner_steps; }, 1, 1LL << 40},
       FloatKey{"co2.outer_lr", "outer learning rate", [](RunConfig& c) -> double& { return c.co2.outer_lr; }, 0.0, 10.0, true},
       FloatKey{"co2.outer_momentum", "outer momentum beta", [](RunConfig& c) -> double& { return c.co2.outer_momentum; }, 0.0, 0.999999, false},
       FloatKey{"co2.gap_penalty", "Lambda: the stale update is divided by it", [](RunConfig& c) -> double& { return c.co2.gap_penalty; }, 1e-6, 1e6, false},
       FloatKey{"co2.clip_threshold", "clip outer momentum elementwise to +-this; 0 disables", [](RunConfig& c) -> double& { return c.co2.clip_threshold; }, 0.0, 1e6, false},
-      StringKey{"co2.codec", "codec of the averaged parameters", [](RunConfig& c) -> std::string& { return c.co2.codec; }, codec_names()},
+      ChoiceKey{"co2.codec", "codec of the averaged parameters", [](RunConfig& c) { return choice_field(c.co2.codec); }},
       IntKey{"sparseloco.inner_steps", "H: inner steps per outer round; 0: by the rule, Covenant-72B's 30, shortened so the run has at least three accumulator drains (3 x chunk / topk rounds): min(30, train.steps x topk / (3 x chunk))", [](RunConfig& c) -> std::int64_t& { return c.sparseloco.inner_steps; }, 0, 1LL << 40},
       FloatKey{"sparseloco.outer_lr", "alpha: outer learning rate on the mean of the sparse updates", [](RunConfig& c) -> double& { return c.sparseloco.outer_lr; }, 0.0, 10.0, true},
       FloatKey{"sparseloco.error_decay", "beta: decay of the error-feedback accumulator (it stands in for outer momentum; 1: nothing unsent is ever dropped)", [](RunConfig& c) -> double& { return c.sparseloco.error_decay; }, 0.0, 1.0, false},
       IntKey{"sparseloco.chunk", "values per chunk of the pseudo-gradient; the top-k is taken in each", [](RunConfig& c) -> std::int64_t& { return c.sparseloco.chunk; }, 2, 1 << 20},
-      StringKey{"sparseloco.flush_codec", "none: the last round sends its top-k like the others, and what the accumulators still hold at the end stays out of the model; a codec: the last round sends the whole error accumulator, all-reduced in it (one dense round: 4.25 bits a value in fp4_e2m1; it overshot on the text benchmark, docs/methods.md)", [](RunConfig& c) -> std::string& { return c.sparseloco.flush_codec; }, flush_codec_names()},
+      ChoiceKey{"sparseloco.flush_codec", "none: the last round sends its top-k like the others, and what the accumulators still hold at the end stays out of the model; a codec: the last round sends the whole error accumulator, all-reduced in it (one dense round: 4.25 bits a value in fp4_e2m1; it overshot on the text benchmark, docs/methods.md)", [](RunConfig& c) { return flush_codec_field(c.sparseloco.flush_codec); }},
       IntKey{"sparseloco.topk", "values kept (and sent, 2 bits each plus the index) per chunk", [](RunConfig& c) -> std::int64_t& { return c.sparseloco.topk; }, 1, 1 << 20},
       IntKey{"muloco.inner_steps", "H: inner steps (by Muon, whatever train.optimizer says) per outer round", [](RunConfig& c) -> std::int64_t& { return c.muloco.inner_steps; }, 1, 1LL << 40},
       FloatKey{"muloco.outer_lr", "outer Nesterov learning rate", [](RunConfig& c) -> double& { return c.muloco.outer_lr; }, 0.0, 10.0, true},
       FloatKey{"muloco.outer_momentum", "outer Nesterov momentum", [](RunConfig& c) -> double& { return c.muloco.outer_momentum; }, 0.0, 0.999999, false},
-      StringKey{"muloco.codec", "codec of the error-fed pseudo-gradient (int2: 2 bits, int4 or fp4_e2m1: 4 bits, ...)", [](RunConfig& c) -> std::string& { return c.muloco.codec; }, codec_names()},
+      ChoiceKey{"muloco.codec", "codec of the error-fed pseudo-gradient (int2: 2 bits, int4 or fp4_e2m1: 4 bits, ...)", [](RunConfig& c) { return choice_field(c.muloco.codec); }},
       FloatKey{"muloco.error_decay", "beta: decay per round of what the codec has not sent yet (1: nothing unsent is ever dropped)", [](RunConfig& c) -> double& { return c.muloco.error_decay; }, 0.0, 1.0, false},
   };
 }
@@ -234,7 +172,7 @@ std::vector<KeySpec> join_and_pipeline_keys() {
       ChoiceKey{"pipeline.network", "the nodes' links, as the scheduler plans on them and the simulator emulates them: geo (the reference's table of 12 places, as published), geo-fixed (the same with its suspicious NL-LDN entry, 1000 times below the other European pairs, replaced by BE-LDN's), uniform (50 ms, 1 Gbit/s) or measured (across processes and peers only: the nodes time each pair's latency and bandwidth and each machine's stage forward at the start, and the scheduler plans on that)", [](RunConfig& c) { return choice_field(c.pipeline.network); }},
       FloatKey{"pipeline.forward_s", "the scheduler's cost of one stage's forward of one micro-batch (s)", [](RunConfig& c) -> double& { return c.pipeline.forward_s; }, 0.0, 1e6, true},
       FloatKey{"pipeline.activation_mib", "the scheduler's size of one hop (MiB)", [](RunConfig& c) -> double& { return c.pipeline.activation_mib; }, 0.0, 1e6, false},
-      StringKey{"pipeline.activation_codec", "codec of activations and their gradients between stages", [](RunConfig& c) -> std::string& { return c.pipeline.activation_codec; }, codec_names()},
+      ChoiceKey{"pipeline.activation_codec", "codec of activations and their gradients between stages", [](RunConfig& c) { return choice_field(c.pipeline.activation_codec); }},
       ChoiceKey{"pipeline.stage_sync", "how a stage's replicas synchronise: ddp (all-reduce of the gradients every iteration) or an outer optimizer over the stage's replicas, each stepping on its own between rounds: diloco, streaming_diloco, noloco or co2 (their own sections' keys)", [](RunConfig& c) { return stage_sync_field(c.pipeline.stage_sync); }},
       IntKey{"pipeline.gcma_trials", "children the genetic node-to-stage assignment tries", [](RunConfig& c) -> std::int64_t& { return c.pipeline.gcma_trials; }, 0, 1 << 24},
       IntKey{"pipeline.crash_node", "simulator scenario (gossamer sim --pipeline, compare): this node crashes half-way through pipeline.crash_at_iteration, and the pipeline goes on without it; -1: none", [](RunConfig& c) -> std::int64_t& { return c.pipeline.crash_node; }, -1, 4095},

@@ -10,11 +10,13 @@
 #include <array>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/status.h"
 #include "optim/method.h"
+#include "quant/format.h"
 #include "train/choice.h"
 
 namespace gossamer::train {
@@ -117,6 +119,16 @@ struct Choices<PoisonKind> {
   static constexpr std::array<ChoiceRow<PoisonKind>, 4> rows = {{{PoisonKind::kNone, "none"}, {PoisonKind::kScale, "scale"}, {PoisonKind::kSign, "sign"}, {PoisonKind::kNan, "nan"}}};
 };
 
+// The codec keys: quant's codec table (quant/format.h), in its order.
+template <>
+struct Choices<quant::CodecId> {
+  static inline const std::array<ChoiceRow<quant::CodecId>, quant::kNumCodecs> rows = [] {
+    std::array<ChoiceRow<quant::CodecId>, quant::kNumCodecs> r{};
+    for (std::size_t i = 0; i < r.size(); ++i) r[i] = {quant::codec_table()[i].id, quant::codec_table()[i].name};
+    return r;
+  }();
+};
+
 struct ModelSection {
   ModelKind kind = ModelKind::kGpt;       // gpt (built in), torchscript (model.path) or external (the Python package's caller's)
   std::string signature;          // external: the digest of the caller's parameters' names, shapes and types
@@ -184,8 +196,8 @@ struct TrainSection {
   double grace_spread = 3.0;
 };
 
-// The outer method and each method's options (the spec's defaults). Codecs are codec names
-// (quant/format.h: fp32, bf16, int8, fp8_e4m3, fp8_e5m2, fp16, int4, fp4_e3m0, fp4_e2m1, int2).
+// The outer method and each method's options (the spec's defaults). Codecs are quant's (quant/format.h:
+// fp32, bf16, int8, fp8_e4m3, fp8_e5m2, fp16, int4, fp4_e3m0, fp4_e2m1, int2), by name in the config.
 struct OuterSection {
   optim::Method method = optim::Method::kDiLoCo;  // one row of optim/method.h's table, by its name
   std::int64_t codec_block = 128;  // values per scale block of the scaled codecs
@@ -213,7 +225,7 @@ struct OuterSection {
   double age_cutoff = 20.0;
 };
 struct DdpSection {
-  std::string codec = "fp32";
+  quant::CodecId codec = quant::CodecId::kFp32;
   DdpEngine engine = DdpEngine::kLinks;  // links (our all-reduce), gloo or nccl (c10d's process groups, real runs)
   std::int64_t round_steps = 10;  // real runs: members are agreed (newcomers join) every this many steps
 };
@@ -221,7 +233,7 @@ struct DiLoCoSection {
   std::int64_t inner_steps = 500;
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
-  std::string codec = "fp32";
+  quant::CodecId codec = quant::CodecId::kFp32;
   // The outer step: "nesterov" (the paper's SGD) or "cgad" (Adam on age-gated pseudo-gradients,
   // optim/diloco.h; its lr: cgad_lr, or 0 for the rule train.lr x sqrt(inner_steps)), and a
   // controlled delay: each round's mean applied this many rounds later (docs/methods.md).
@@ -238,13 +250,13 @@ struct StreamingSection {
   double mixing = 0.5;
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
-  std::string codec = "fp4_e3m0";
+  quant::CodecId codec = quant::CodecId::kFp4E3M0;
 };
 struct NoLoCoSection {
   std::int64_t inner_steps = 50;
   double outer_lr = 0.7;
   double outer_momentum = 0.5;
-  std::string codec = "fp32";
+  quant::CodecId codec = quant::CodecId::kFp32;
 };
 struct CO2Section {
   std::int64_t inner_steps = 48;
@@ -252,7 +264,7 @@ struct CO2Section {
   double outer_momentum = 0.5;
   double gap_penalty = 1.0;
   double clip_threshold = 0.0;  // 0: no clipping
-  std::string codec = "fp32";
+  quant::CodecId codec = quant::CodecId::kFp32;
 };
 // MuLoCo (Therien et al. 2025): Muon inner steps (train.muon_lr, train.muon_momentum, whatever
 // train.optimizer says), DiLoCo's Nesterov outer step, the pseudo-gradient error-fed through a
@@ -262,7 +274,7 @@ struct MuLoCoSection {
   std::int64_t inner_steps = 30;
   double outer_lr = 0.9;
   double outer_momentum = 0.8;
-  std::string codec = "int2";
+  quant::CodecId codec = quant::CodecId::kInt2;
   double error_decay = 0.9;
 };
 struct SparseLoCoSection {
@@ -275,7 +287,7 @@ struct SparseLoCoSection {
   // "none": the last round is like the others, and what the accumulators still hold at the end is
   // left out of the model; a codec: the last round all-reduces the whole accumulator in it
   // (optim/sparseloco.h). Off by default: on the text benchmark the flush overshot (docs/methods.md).
-  std::string flush_codec = "none";
+  std::optional<quant::CodecId> flush_codec;  // "none" in the config
 };
 
 // Joining a run under way (docs/joining.md): what donors keep for newcomers and how fast they serve.
@@ -300,7 +312,7 @@ struct PipelineSection {
   PipelineNetwork network = PipelineNetwork::kGeo;        // the scheduler's view of the nodes: geo (the reference's table) or uniform
   double forward_s = 1.76;            // the scheduler's cost of one stage's forward of one micro-batch
   double activation_mib = 32;         // and of one hop's bytes
-  std::string activation_codec = "fp32";
+  quant::CodecId activation_codec = quant::CodecId::kFp32;
   optim::Method stage_sync = optim::Method::kDdp;  // how a stage's replicas synchronise: ddp (every iteration) or a method whose row allows it (diloco, streaming_diloco, noloco, co2)
   std::int64_t gcma_trials = 8000;
   std::int64_t crash_node = -1;           // the simulator's scenario: this node crashes (-1: none) ...

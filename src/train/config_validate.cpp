@@ -13,8 +13,8 @@ namespace gossamer::train {
 namespace {
 
 // The value of a method's codec key (optim::MethodInfo::codec_key).
-const std::string* codec_value(const RunConfig& c, std::string_view key) {
-  for (const auto& [name, value] : {std::pair<std::string_view, const std::string*>{"ddp.codec", &c.ddp.codec},
+const quant::CodecId* codec_value(const RunConfig& c, std::string_view key) {
+  for (const auto& [name, value] : {std::pair<std::string_view, const quant::CodecId*>{"ddp.codec", &c.ddp.codec},
                                     {"diloco.codec", &c.diloco.codec},
                                     {"streaming_diloco.codec", &c.streaming_diloco.codec},
                                     {"noloco.codec", &c.noloco.codec},
@@ -164,9 +164,9 @@ Status check_method(const RunConfig& c, const MethodFacts& f) {
     if (c.sim.poison == PoisonKind::kNan && m.exchange == optim::Exchange::kAllGather) {
       return bad("sim.poison = nan writes a NaN into fp32 payloads; sparseloco's are sparse 2-bit ones: use scale or sign");
     }
-    const std::string* codec = codec_value(c, m.codec_key);
-    if (c.sim.poison == PoisonKind::kNan && codec != nullptr && *codec != "fp32") {
-      return bad("sim.poison = nan writes a NaN into fp32 payloads: set " + std::string(m.codec_key) + " to fp32 (it is " + *codec + ")");
+    const quant::CodecId* codec = codec_value(c, m.codec_key);
+    if (c.sim.poison == PoisonKind::kNan && codec != nullptr && *codec != quant::CodecId::kFp32) {
+      return bad("sim.poison = nan writes a NaN into fp32 payloads: set " + std::string(m.codec_key) + " to fp32 (it is " + name_of(*codec) + ")");
     }
   }
   const auto& sd = c.streaming_diloco;

@@ -17,10 +17,9 @@
 
 #include "core/status.h"
 #include "train/config.h"
+#include "train/run_folder.h"
 
 namespace gossamer::train {
-
-inline constexpr const char* kInputsFile = "inputs.json";
 
 struct PinnedInput {
   std::string key;      // the config key naming it: data.path or model.path

@@ -13,11 +13,9 @@ namespace gossamer::train {
 
 namespace {
 
-Result<quant::EncodeOptions> codec(const std::string& name, std::int64_t block, const char* key) {
-  auto id = quant::codec_from_name(name);
-  if (!id.ok()) return error(ErrorCode::kInvalidArgument, std::string(key) + ": " + id.status().message());
+quant::EncodeOptions codec(quant::CodecId id, std::int64_t block) {
   quant::EncodeOptions o;
-  o.codec = *id;
+  o.codec = id;
   o.block_size = static_cast<std::uint32_t>(block);
   return o;
 }
@@ -164,10 +162,8 @@ Status set_sparseloco(const RunConfig& c, optim::OuterConfig& o) {
   o.sparseloco.error_decay = c.sparseloco.error_decay;
   o.sparseloco.sparse.chunk = static_cast<std::uint32_t>(c.sparseloco.chunk);
   o.sparseloco.sparse.topk = static_cast<std::uint32_t>(c.sparseloco.topk);
-  if (c.sparseloco.flush_codec != "none") {
-    auto flush = codec(c.sparseloco.flush_codec, c.outer.codec_block, "sparseloco.flush_codec");
-    if (!flush.ok()) return flush.status();
-    o.sparseloco.flush_codec = *flush;
+  if (c.sparseloco.flush_codec) {
+    o.sparseloco.flush_codec = codec(*c.sparseloco.flush_codec, c.outer.codec_block);
     o.sparseloco.last_step = c.train.steps;
   }
   return Status();
@@ -200,27 +196,18 @@ Result<optim::OuterConfig> outer_config(const RunConfig& c) {
   optim::OuterConfig o;
   o.method = c.outer.method;
   const std::int64_t block = c.outer.codec_block;
-  auto ddp_codec = codec(c.ddp.codec, block, "ddp.codec");
-  auto diloco_codec = codec(c.diloco.codec, block, "diloco.codec");
-  auto streaming_codec = codec(c.streaming_diloco.codec, block, "streaming_diloco.codec");
-  auto noloco_codec = codec(c.noloco.codec, block, "noloco.codec");
-  auto co2_codec = codec(c.co2.codec, block, "co2.codec");
-  auto muloco_codec = codec(c.muloco.codec, block, "muloco.codec");
-  for (const auto* r : {&ddp_codec, &diloco_codec, &streaming_codec, &noloco_codec, &co2_codec, &muloco_codec}) {
-    if (!r->ok()) return r->status();
-  }
-  o.ddp_codec = *ddp_codec;
+  o.ddp_codec = codec(c.ddp.codec, block);
   switch (c.ddp.engine) {
     case DdpEngine::kLinks: o.ddp_engine = optim::OuterConfig::DdpEngine::kLinks; break;
     case DdpEngine::kGloo: o.ddp_engine = optim::OuterConfig::DdpEngine::kGloo; break;
     case DdpEngine::kNccl: o.ddp_engine = optim::OuterConfig::DdpEngine::kNccl; break;
   }
-  set_diloco_and_muloco(c, o, *diloco_codec, *muloco_codec);
+  set_diloco_and_muloco(c, o, codec(c.diloco.codec, block), codec(c.muloco.codec, block));
   std::int64_t fragments = 0;
-  if (Status st = set_streaming(c, o, *streaming_codec, fragments); !st.ok()) return st;
+  if (Status st = set_streaming(c, o, codec(c.streaming_diloco.codec, block), fragments); !st.ok()) return st;
   if (Status st = check_synchronizes(c, o.method, fragments); !st.ok()) return st;
   if (Status st = set_shared(c, o); !st.ok()) return st;
-  set_noloco_and_co2(c, o, *noloco_codec, *co2_codec);
+  set_noloco_and_co2(c, o, codec(c.noloco.codec, block), codec(c.co2.codec, block));
   if (Status st = set_sparseloco(c, o); !st.ok()) return st;
   return o;
 }

@@ -33,7 +33,7 @@ skippipe::Mode pipeline_mode(PipelineMode mode) {
 
 std::size_t hop_bytes(const RunConfig& c) {
   quant::EncodeOptions codec;
-  if (auto id = quant::codec_from_name(c.pipeline.activation_codec); id.ok()) codec.codec = *id;
+  codec.codec = c.pipeline.activation_codec;
   codec.block_size = static_cast<std::uint32_t>(c.outer.codec_block);
   return encode_activation(ActivationHeader{}, torch::zeros({c.train.batch_size, c.model.context, c.model.width}), codec).size();
 }

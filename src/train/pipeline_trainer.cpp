@@ -93,8 +93,6 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   const auto& p = c.pipeline;
   if (Status st = check_pipeline_shape(c); !st.ok()) return st;
   const skippipe::Mode mode = pipeline_mode(p.mode);
-  auto codec_id = quant::codec_from_name(p.activation_codec);
-  if (!codec_id.ok()) return codec_id.status();
   auto scheduler = scheduler_options(c);
   if (!scheduler.ok()) return scheduler.status();
   const skippipe::Options o = *scheduler;
@@ -133,7 +131,7 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   const skippipe::Schedule& s = impl->plan.schedule;
 
   quant::EncodeOptions codec;
-  codec.codec = *codec_id;
+  codec.codec = p.activation_codec;
   codec.block_size = static_cast<std::uint32_t>(c.outer.codec_block);
   impl->node_options.codec = codec;
   impl->node_options.max_batch = c.train.batch_size;
@@ -171,25 +169,114 @@ Result<std::unique_ptr<PipelineTrainer>> PipelineTrainer::make(const RunConfig& 
   return std::unique_ptr<PipelineTrainer>(new PipelineTrainer(std::move(impl)));
 }
 
+std::map<int, std::vector<MicroBatchData>> PipelineTrainer::Impl::draw_microbatches() const {
+  // Each origin's micro-batches, as many as the schedule starts there (the full pipeline's origins
+  // carry more than mbs_per_origin, its idle stage-0 nodes none), drawn from the origin's shard.
+  std::map<int, std::vector<MicroBatchData>> out;
+  std::map<int, std::int64_t> launches;
+  for (const auto& a : plan.schedule.agents) launches[a.origin] += a.microbatches;
+  for (std::size_t r = 0; r < origins.size(); ++r) {
+    if (!nodes[static_cast<std::size_t>(origins[r])]) continue;  // another process's
+    const std::int64_t count = launches[origins[r]];
+    for (std::int64_t k = 0; k < count; ++k) {
+      const auto b = samplers[r]->batch(done * count + k);
+      out[origins[r]].push_back(MicroBatchData{b.tokens, b.targets});
+    }
+  }
+  return out;
+}
+
+void PipelineTrainer::Impl::run_node(std::size_t v, std::uint64_t iteration, const std::vector<MicroBatchData>& batches, Deadline deadline,
+                                     Deadline sync_deadline, double lr, NodeOutcome& out) {
+  PipelineNode& node = *nodes[v];
+  const auto rank_in = [&](const std::vector<int>& members) {  // this node's rank among its stage's replicas
+    return static_cast<std::size_t>(std::find(members.begin(), members.end(), static_cast<int>(v)) - members.begin());
+  };
+  out.result = node.run_iteration(iteration, batches, deadline);
+  if (!out.result.ok()) {
+    // Its stage's replicas would wait for it in their sync: they learn at once instead.
+    if (const auto r = replicas.find(node.stage()); r != replicas.end()) {
+      if (const std::size_t rank = rank_in(r->second); rank < r->second.size()) {
+        for (const auto& l : groups.at(node.stage())[rank].peers) {
+          if (l) l->close();
+        }
+      }
+    }
+    return;
+  }
+  if (node.visits() == 0) return;
+  if (ddp) {
+    optim::CommStats cs;
+    out.synced = node.sync_stage(groups.at(node.stage())[rank_in(replicas.at(node.stage()))], iteration, sync_deadline, &cs);
+    out.sync_bytes = cs.bytes_sent;
+    return;
+  }
+  // Its own step on its own micro-batches' mean gradient, then the stage's outer round when due.
+  const auto& params = node.stage_parameters();
+  for (const auto& p : params) {
+    if (p.grad().defined()) p.mutable_grad().div_(static_cast<double>(node.visits()));
+  }
+  torch::nn::utils::clip_grad_norm_(params, config.train.grad_clip);
+  for (auto& group : adam[v]->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  adam[v]->step();
+  auto& outer_optimizer = *outer[v].outer;
+  const std::uint64_t before = outer_optimizer.comm().bytes_sent;
+  auto stepped = outer_optimizer.step(static_cast<std::int64_t>(iteration), sync_deadline);
+  if (!stepped.ok()) {
+    out.synced = stepped.status();
+    return;
+  }
+  out.rounds = *stepped ? 1 : 0;
+  out.sync_bytes = outer_optimizer.comm().bytes_sent - before;
+}
+
+Result<PipelineRecord> PipelineTrainer::Impl::record_of(std::vector<NodeOutcome>& outcomes) const {
+  // The first failure that is not another's consequence (a peer gone, a deadline) names the cause.
+  for (int v : local) {
+    const auto& r = outcomes[static_cast<std::size_t>(v)].result;
+    if (!r.ok() && r.status().code() != ErrorCode::kPeerLost && r.status().code() != ErrorCode::kTimeout) {
+      return r.status().with_context("pipeline node " + std::to_string(v));
+    }
+  }
+  PipelineRecord rec;
+  double loss_sum = 0;
+  int losses = 0;
+  // Per node, indexed by node (zero for the nodes another process hosts).
+  const std::size_t n = nodes.size();
+  rec.node_busy_s.assign(n, 0.0);
+  rec.node_peak_inflight.assign(n, 0);
+  rec.node_bytes_sent.assign(n, 0);
+  rec.timeline.resize(n);
+  for (int local_node : local) {
+    const auto v = static_cast<std::size_t>(local_node);
+    NodeOutcome& o = outcomes[v];
+    if (!o.result.ok()) return o.result.status().with_context("pipeline node " + std::to_string(v));
+    if (!o.synced.ok()) return o.synced;
+    IterationStats& it = *o.result;
+    for (double l : it.losses) loss_sum += l;
+    losses += static_cast<int>(it.losses.size());
+    rec.microbatch_losses.insert(rec.microbatch_losses.end(), it.losses.begin(), it.losses.end());
+    rec.activation_bytes += it.bytes_sent;
+    rec.makespan_s = std::max(rec.makespan_s, it.finished_s);
+    rec.node_busy_s[v] = it.busy_s;
+    rec.node_peak_inflight[v] = it.peak_inflight;
+    rec.node_bytes_sent[v] = it.bytes_sent;
+    rec.timeline[v] = std::move(it.work);
+    rec.sync_bytes += o.sync_bytes;
+    rec.sync_rounds += o.rounds;
+  }
+  rec.train_loss = losses > 0 ? loss_sum / losses : 0;
+  rec.losses = losses;
+  return rec;
+}
+
 Result<PipelineRecord> PipelineTrainer::step(const std::function<Status()>& commit) {
   auto& m = *impl_;
   const auto& c = m.config;
   const auto start = std::chrono::steady_clock::now();
   m.pending.reset();  // an iteration not applied is dropped: this one starts from the same weights
   const std::uint64_t iteration = static_cast<std::uint64_t>(m.done) + 1;
-  // Each origin's micro-batches, as many as the schedule starts there (the full pipeline's origins
-  // carry more than mbs_per_origin, its idle stage-0 nodes none), drawn from the origin's shard.
-  std::map<int, std::vector<MicroBatchData>> data;
-  std::map<int, std::int64_t> launches;
-  for (const auto& a : m.plan.schedule.agents) launches[a.origin] += a.microbatches;
-  for (std::size_t r = 0; r < m.origins.size(); ++r) {
-    if (!m.nodes[static_cast<std::size_t>(m.origins[r])]) continue;  // another process's
-    const std::int64_t count = launches[m.origins[r]];
-    for (std::int64_t k = 0; k < count; ++k) {
-      const auto b = m.samplers[r]->batch(m.done * count + k);
-      data[m.origins[r]].push_back(MicroBatchData{b.tokens, b.targets});
-    }
-  }
+  const std::map<int, std::vector<MicroBatchData>> data = m.draw_microbatches();
   for (int v : m.local) {
     for (const auto& p : m.nodes[static_cast<std::size_t>(v)]->stage_parameters()) {
       if (p.grad().defined()) p.mutable_grad().zero_();
@@ -203,11 +290,7 @@ Result<PipelineRecord> PipelineTrainer::step(const std::function<Status()>& comm
   const Nanos timeout = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(c.train.round_timeout_s));
   const Deadline deadline = Deadline::after(clock, timeout + std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(4 * m.plan.simulation.makespan_s)));
   const Deadline sync_deadline = Deadline::at(deadline.time() + timeout);
-  const std::size_t n = m.nodes.size();
-  std::vector<Result<IterationStats>> results(n, error(ErrorCode::kInternal, "not run"));
-  std::vector<Status> synced(n);
-  std::vector<std::uint64_t> sync_bytes(n, 0);
-  std::vector<std::int64_t> rounds(n, 0);
+  std::vector<Impl::NodeOutcome> outcomes(m.nodes.size());
   ScheduleOptions so;
   so.lr = c.train.lr;
   so.min_lr_ratio = c.train.min_lr_ratio;
@@ -215,92 +298,20 @@ Result<PipelineRecord> PipelineTrainer::step(const std::function<Status()>& comm
   so.total_steps = c.train.steps;
   const double lr = learning_rate(so, m.done);
   {
+    static const std::vector<MicroBatchData> kNone;
     std::vector<std::unique_ptr<ClockThread>> threads;
     for (int local : m.local) {
       const auto v = static_cast<std::size_t>(local);
-      threads.push_back(clock.start_thread([&, v] {
-        const auto it = data.find(static_cast<int>(v));
-        PipelineNode& node = *m.nodes[v];
-        results[v] = node.run_iteration(iteration, it == data.end() ? std::vector<MicroBatchData>{} : it->second, deadline);
-        if (!results[v].ok()) {
-          // Its stage's replicas would wait for it in their sync: they learn at once instead.
-          if (const auto r = m.replicas.find(node.stage()); r != m.replicas.end()) {
-            const auto rank = static_cast<std::size_t>(std::find(r->second.begin(), r->second.end(), static_cast<int>(v)) - r->second.begin());
-            if (rank < r->second.size()) {
-              for (const auto& l : m.groups.at(node.stage())[rank].peers) {
-                if (l) l->close();
-              }
-            }
-          }
-          return;
-        }
-        if (node.visits() == 0) return;
-        if (m.ddp) {
-          // The stage's replicas: this node's rank among them.
-          const int stage = node.stage();
-          const auto& members = m.replicas.at(stage);
-          const auto rank = static_cast<std::size_t>(std::find(members.begin(), members.end(), static_cast<int>(v)) - members.begin());
-          optim::CommStats cs;
-          synced[v] = node.sync_stage(m.groups.at(stage)[rank], iteration, sync_deadline, &cs);
-          sync_bytes[v] = cs.bytes_sent;
-          return;
-        }
-        // Its own step on its own micro-batches' mean gradient, then the stage's outer round when due.
-        const auto& params = node.stage_parameters();
-        for (const auto& p : params) {
-          if (p.grad().defined()) p.mutable_grad().div_(static_cast<double>(node.visits()));
-        }
-        torch::nn::utils::clip_grad_norm_(params, c.train.grad_clip);
-        for (auto& group : m.adam[v]->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-        m.adam[v]->step();
-        auto& outer = *m.outer[v].outer;
-        const std::uint64_t before = outer.comm().bytes_sent;
-        auto stepped = outer.step(static_cast<std::int64_t>(iteration), sync_deadline);
-        if (!stepped.ok()) {
-          synced[v] = stepped.status();
-          return;
-        }
-        rounds[v] = *stepped ? 1 : 0;
-        sync_bytes[v] = outer.comm().bytes_sent - before;
-      }));
+      const auto it = data.find(local);
+      const std::vector<MicroBatchData>& batches = it == data.end() ? kNone : it->second;
+      threads.push_back(clock.start_thread([&, v] { m.run_node(v, iteration, batches, deadline, sync_deadline, lr, outcomes[v]); }));
     }
     for (auto& t : threads) t->join();
   }
-  PipelineRecord rec;
-  double loss_sum = 0;
-  int losses = 0;
-  // The first failure that is not another's consequence (a peer gone, a deadline) names the cause.
-  for (int v : m.local) {
-    const auto& r = results[static_cast<std::size_t>(v)];
-    if (!r.ok() && r.status().code() != ErrorCode::kPeerLost && r.status().code() != ErrorCode::kTimeout) {
-      return r.status().with_context("pipeline node " + std::to_string(v));
-    }
-  }
-  // Per node, indexed by node (zero for the nodes another process hosts).
-  rec.node_busy_s.assign(n, 0.0);
-  rec.node_peak_inflight.assign(n, 0);
-  rec.node_bytes_sent.assign(n, 0);
-  rec.timeline.resize(n);
-  for (int local : m.local) {
-    const auto v = static_cast<std::size_t>(local);
-    if (!results[v].ok()) return results[v].status().with_context("pipeline node " + std::to_string(v));
-    if (!synced[v].ok()) return synced[v];
-    for (double l : results[v]->losses) loss_sum += l;
-    losses += static_cast<int>(results[v]->losses.size());
-    rec.microbatch_losses.insert(rec.microbatch_losses.end(), results[v]->losses.begin(), results[v]->losses.end());
-    rec.activation_bytes += results[v]->bytes_sent;
-    rec.makespan_s = std::max(rec.makespan_s, results[v]->finished_s);
-    rec.node_busy_s[v] = results[v]->busy_s;
-    rec.node_peak_inflight[v] = results[v]->peak_inflight;
-    rec.node_bytes_sent[v] = results[v]->bytes_sent;
-    rec.timeline[v] = std::move(results[v]->work);
-    rec.sync_bytes += sync_bytes[v];
-    rec.sync_rounds += rounds[v];
-  }
-  rec.train_loss = losses > 0 ? loss_sum / losses : 0;
-  rec.losses = losses;
-  rec.lr = lr;
-  m.pending = Impl::Pending{std::move(rec), start, t0};
+  auto rec = m.record_of(outcomes);
+  if (!rec.ok()) return rec.status();
+  rec->lr = lr;
+  m.pending = Impl::Pending{std::move(*rec), start, t0};
   if (commit) {
     if (Status st = commit(); !st.ok()) return st;
   }

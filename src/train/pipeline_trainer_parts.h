@@ -65,6 +65,21 @@ struct PipelineTrainer::Impl {
     Nanos t0{0};
   };
   std::optional<Pending> pending;
+  // What one hosted node's part of an iteration came to.
+  struct NodeOutcome {
+    Result<IterationStats> result = error(ErrorCode::kInternal, "not run");
+    Status synced;                // its stage's sync (ddp) or outer step
+    std::uint64_t sync_bytes = 0;
+    std::int64_t rounds = 0;      // outer rounds it took part in
+  };
+
+  // An iteration's parts (pipeline_trainer.cpp): each hosted origin's micro-batches; one node's
+  // micro-batches through the pipeline, then its stage's sync or its own step and outer round (on
+  // its own thread); the outcomes as one record (its learning rate still to set).
+  std::map<int, std::vector<MicroBatchData>> draw_microbatches() const;
+  void run_node(std::size_t v, std::uint64_t iteration, const std::vector<MicroBatchData>& batches, Deadline deadline, Deadline sync_deadline,
+                double lr, NodeOutcome& out);
+  Result<PipelineRecord> record_of(std::vector<NodeOutcome>& outcomes) const;
 
   // The node hosted here whose weights stand for `stage`: its first replica that takes part, or (a
   // stage no micro-batch visits) any node hosting it, which holds the initial weights; -1: none here.

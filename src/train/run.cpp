@@ -123,9 +123,9 @@ Result<CheckpointState> checked_resume(const TrainRequest& req) {
   if (!state.ok()) return state.status().with_context("resuming");
   RunConfig stored;
   if (Status st = apply_toml(stored, state->config_toml, "the checkpoint's stored config"); !st.ok()) return st;
-  if (auto text = read_text_file(folder->file("config.toml"), 16 << 20); text.ok()) {
+  if (auto text = read_text_file(folder->file(kConfigFile), 16 << 20); text.ok()) {
     RunConfig recorded;
-    if (apply_toml(recorded, *text, "config.toml").ok()) {
+    if (apply_toml(recorded, *text, kConfigFile).ok()) {
       if (auto diffs = identity_differences(recorded, stored); !diffs.empty()) {
         return error(ErrorCode::kInvalidArgument, folder->file(kCheckpointFile).string() + " belongs to another run than the folder's config.toml (" +
                                                       joined(diffs) + "): resume the folder that checkpoint came from, or start a new run");
@@ -165,7 +165,7 @@ Result<Start> start_or_resume(const TrainRequest& req) {
   // A finished run with its summary: nothing to do. (Without one, as after a crash between the last
   // checkpoint and the summary, the run goes on and writes it.)
   std::error_code ec;
-  if (state->step == req.config.train.steps && fs::exists(req.out_dir / "summary.json", ec)) {
+  if (state->step == req.config.train.steps && fs::exists(req.out_dir / kSummaryFile, ec)) {
     TrainOutcome done;
     done.steps = state->step;
     done.tokens = state->tokens_seen;
@@ -183,7 +183,7 @@ Status write_summary(const RunFolder& folder, const TrainOutcome& outcome, bool 
   if (stepped) summary["final_train_loss"] = outcome.final_train_loss;
   if (outcome.final_val_loss) summary["final_val_loss"] = *outcome.final_val_loss;
   if (outcome.entropy_floor) summary["entropy_floor"] = *outcome.entropy_floor;
-  return folder.write_text("summary.json", summary.dump(2) + "\n");
+  return folder.write_text(kSummaryFile, summary.dump(2) + "\n");
 }
 
 Status record_step(MetricsWriter& metrics, const StepResult& r, std::int64_t tokens, double tok_per_s, std::optional<double> val, double time_s) {
@@ -238,7 +238,7 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
     if (config_written) return Status();
     config_written = true;
     if (Status st = folder->write_text(kInputsFile, *inputs); !st.ok()) return st;
-    return folder->write_text("config.toml", config_toml);
+    return folder->write_text(kConfigFile, config_toml);
   };
   if (!req.resume) {
     if (Status st = write_config(); !st.ok()) return st;
@@ -247,7 +247,7 @@ Result<TrainOutcome> run_training(const TrainRequest& req, Clock& clock) {
   Worker worker(config, corpus->dataset, /*rank=*/0, /*world=*/1, clock);
   if (Status st = announce_and_restore(worker, config, resumed, ckpt_path); !st.ok()) return st;
 
-  auto metrics = MetricsWriter::open(req.out_dir / "metrics.jsonl",
+  auto metrics = MetricsWriter::open(req.out_dir / kMetricsFile,
                                      req.resume ? std::optional<std::int64_t>(worker.steps_done()) : std::nullopt);
   if (!metrics.ok()) return metrics.status();
 

@@ -21,6 +21,7 @@
 #include "core/status.h"
 #include "data/dataset.h"
 #include "train/config.h"
+#include "train/run_folder.h"
 
 namespace gossamer::train {
 
@@ -58,6 +59,5 @@ struct TrainOutcome {
 
 [[nodiscard]] Result<TrainOutcome> run_training(const TrainRequest& request, Clock& clock);
 
-inline constexpr const char* kCheckpointFile = "checkpoint.bin";
 
 }  // namespace gossamer::train

@@ -25,7 +25,7 @@ constexpr std::array<std::string_view, 5> kKindNames = {"train", "peer", "sim", 
 
 // Files a run writes before it has any result: a start that failed leaves only these, and the same
 // command may start again in that folder.
-constexpr std::array<std::string_view, 6> kStartFiles = {kRunMarkerFile, "config.toml", "inputs.json", "address", kJoinStateFile, kJoinManifestFile};
+constexpr std::array<std::string_view, 6> kStartFiles = {kRunMarkerFile, kConfigFile, kInputsFile, kAddressFile, kJoinStateFile, kJoinManifestFile};
 
 std::string resume_hint(RunKind kind, const fs::path& path) {
   switch (kind) {
@@ -106,7 +106,7 @@ Status check_contents(const fs::path& path, RunKind kind) {
   }
   if (all.empty() || (results.empty() && recorded->has_value())) return Status();
   if (!recorded->has_value()) {
-    if (exists_quietly(path / "checkpoint.bin")) {
+    if (exists_quietly(path / kCheckpointFile)) {
       return error(ErrorCode::kInvalidArgument, "run folder " + path.string() + " already holds a run: pass --resume to continue it, or choose another --out");
     }
     std::sort(all.begin(), all.end());
@@ -114,7 +114,7 @@ Status check_contents(const fs::path& path, RunKind kind) {
                                                   (all.size() > 1 ? ", ..." : "") + "): choose a new or empty folder, so that nothing in it is overwritten");
   }
   const bool resumable = kind == RunKind::kTrain || kind == RunKind::kPeer;
-  if (resumable && !exists_quietly(path / "checkpoint.bin")) {
+  if (resumable && !exists_quietly(path / kCheckpointFile)) {
     // (--resume would be refused too: there is no checkpoint to continue from.)
     return error(ErrorCode::kInvalidArgument, "run folder " + path.string() + " holds a run that ended before its first checkpoint, so there is "
                                                   "nothing to resume: choose another --out, or delete the folder to start over in it");
@@ -165,14 +165,14 @@ Result<RunFolder> RunFolder::create(const fs::path& path, RunKind kind) {
 
 Result<RunFolder> RunFolder::open_to_resume(const fs::path& path, RunKind kind, bool claim) {
   if (path.empty()) return error(ErrorCode::kInvalidArgument, "--out is empty: name the run folder to resume");
-  const fs::path ckpt = path / "checkpoint.bin";
+  const fs::path ckpt = path / kCheckpointFile;
   if (!exists_quietly(ckpt)) {
     return error(ErrorCode::kInvalidArgument, "nothing to resume: " + ckpt.string() + " does not exist (drop --resume to start a new run)");
   }
   auto recorded = recorded_kind(path);
   if (!recorded.ok()) return recorded.status();
   // A folder from before run.json: a peer's holds its address file.
-  const RunKind found = recorded->has_value() ? **recorded : (exists_quietly(path / "address") ? RunKind::kPeer : RunKind::kTrain);
+  const RunKind found = recorded->has_value() ? **recorded : (exists_quietly(path / kAddressFile) ? RunKind::kPeer : RunKind::kTrain);
   if (found != kind) {
     return error(ErrorCode::kInvalidArgument, "run folder " + path.string() + " holds a `gossamer " + std::string(to_string(found)) + "` run, not a " +
                                                   std::string(to_string(kind)) + " run: " + resume_hint(found, path));

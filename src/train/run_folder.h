@@ -15,6 +15,7 @@
 // file system refusing.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -58,10 +59,21 @@ class RunFolder {
   int lock_fd_ = -1;  // the folder, opened and flock()ed while this process writes into it; -1: not held
 };
 
-inline constexpr const char* kRunMarkerFile = "run.json";
+// The files of a run folder: the one place their names are written.
+inline constexpr const char* kRunMarkerFile = "run.json";        // the kind of run (above)
+inline constexpr const char* kConfigFile = "config.toml";        // the run's config (a peer's: the run spec it took part in)
+inline constexpr const char* kInputsFile = "inputs.json";        // the files it reads, pinned (train/inputs.h)
+inline constexpr const char* kAddressFile = "address";           // a peer's: where its gossip (and then its links) listen
+inline constexpr const char* kMetricsFile = "metrics.jsonl";     // one record per line
+inline constexpr const char* kSummaryFile = "summary.json";
+inline constexpr const char* kCheckpointFile = "checkpoint.bin";
+inline constexpr const char* kReportFile = "report.html";        // sim and compare
 // A newcomer's state as it arrives, and its manifest (run/state_store.h): no result yet, so the same
 // command may start again in that folder and resume the transfer.
 inline constexpr const char* kJoinStateFile = "join-state.bin";
 inline constexpr const char* kJoinManifestFile = "join-state.manifest";
+// The files a run folder's owner writes, which no other command's --out replaces.
+inline constexpr std::array<std::string_view, 8> kRunFiles = {kRunMarkerFile, kSummaryFile, kMetricsFile, kCheckpointFile,
+                                                              kReportFile,    kConfigFile,  kInputsFile,  kAddressFile};
 
 }  // namespace gossamer::train

@@ -59,7 +59,7 @@ TEST_CASE("sparseloco's period by rule: Covenant's 30, shortened to leave three 
   c.sparseloco.inner_steps = 0;
   c.sparseloco.chunk = 4096;
   c.sparseloco.topk = 64;  // a drain: 64 rounds; three: 192
-  c.sparseloco.flush_codec = "fp4_e2m1";
+  c.sparseloco.flush_codec = quant::CodecId::kFp4E2M1;
   const std::vector<std::pair<std::int64_t, std::int64_t>> by_steps = {{3000, 15}, {9000, 30}, {100000, 30}, {600, 3}, {100, 1}};
   for (const auto& [steps, period] : by_steps) {
     CAPTURE(steps);
@@ -78,7 +78,7 @@ TEST_CASE("sparseloco's period by rule: Covenant's 30, shortened to leave three 
   CHECK(train::sparseloco_period(c) == 30);
   c.sparseloco.inner_steps = 25;  // set: taken as it is
   CHECK(train::sparseloco_period(c) == 25);
-  c.sparseloco.flush_codec = "none";
+  c.sparseloco.flush_codec.reset();
   auto outer = train::outer_config(c);
   REQUIRE(outer.ok());
   CHECK(outer->sparseloco.last_step == 0);

@@ -41,6 +41,8 @@ const std::map<std::string, std::string>& golden() {
       {"Pipeline views", "f8edf6ca604780d5"},
       {"Outer optimizer state", "e2aab73688963b19"},
       {"The inner optimizer's state", "95d6c664551e1535"},
+      {"Round agreement", "9a4c6c5073500ad7"},
+      {"Round agreement, GROUP", "316c3666b43ec2e2"},
   };
   return g;
 }

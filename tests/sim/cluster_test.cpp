@@ -89,7 +89,7 @@ TEST_CASE("sparseloco sends each round one sparse payload to each other worker, 
   // With a flush codec the last round all-reduces the whole accumulator in it (fp4: 4.25 bits a
   // value, 2 x 2/3 of them sent by each of 3 workers) in place of its sparse payloads.
   auto c = tiny("sparseloco");
-  c.sparseloco.flush_codec = "fp4_e2m1";
+  c.sparseloco.flush_codec = quant::CodecId::kFp4E2M1;
   const auto flushed = run(c);
   const double fp4 = 2.0 * 2.0 / 3.0 * static_cast<double>(n) * 4.25 / 8.0;
   for (std::size_t w = 0; w < 3; ++w) {
@@ -413,7 +413,7 @@ TEST_CASE("a poisoned worker: filtered aggregation leaves it out and the run end
   CHECK_FALSE(train::validate(bad).ok());
   bad = poisoned;
   bad.sim.poison = train::PoisonKind::kNan;
-  bad.diloco.codec = "int8";
+  bad.diloco.codec = quant::CodecId::kInt8;
   CHECK_FALSE(train::validate(bad).ok());
   bad.sim.poison_workers = 4;
   CHECK_FALSE(train::validate(bad).ok());
@@ -577,7 +577,7 @@ TEST_CASE("catch-up: a donor that dies mid-transfer costs only its chunks in fli
 
 TEST_CASE("catch-up: updates are kept in the codec's own bytes, so an int8 run's newcomer fetches a quarter of fp32 per round it missed") {
   auto c = slow_join("diloco", 0.3);
-  c.diloco.codec = "int8";
+  c.diloco.codec = quant::CodecId::kInt8;
   const auto r = run(c);
   const auto rec = last_with(r, 3, "joins");
   REQUIRE(rec.has_value());

@@ -45,21 +45,35 @@ struct Hosts {
     return *nodes.back();
   }
 
-  run::PeerEnvironment environment(int i, transport::Gossip& g) {
-    run::PeerEnvironment env;
-    env.clock = &scheduler;
-    env.gossip = &g;
-    env.name = std::to_string(i);
-    env.evaluate = false;
-    env.set_threads = false;
-    env.open_links = [this, i, id = g.self()](const Digest&) -> Result<run::OpenedLinks> {
-      auto t = links.make(i, host_of(i) + ":7001", id);
+  // Host i: the virtual clock, gossip node `g`, links from the fabric; no dial-back check.
+  struct TestHost final : run::Host {
+    TestHost(Hosts& h, int i, transport::Gossip& g) : hosts(h), index(i), gossip_node(g) {}
+    Clock& clock() override { return hosts.scheduler; }
+    transport::Gossip& gossip() override { return gossip_node; }
+    std::string gossip_announced() const override { return host_of(index) + ":7000"; }
+    Result<run::OpenedLinks> open_links(const Digest&) override {
+      auto t = hosts.links.make(index, host_of(index) + ":7001", gossip_node.self());
       if (!t.ok()) return t.status();
       run::OpenedLinks out;
       out.transport = std::move(*t);
-      out.announced = out.bound = host_of(i) + ":7001";
+      out.announced = out.bound = host_of(index) + ":7001";
       return out;
-    };
+    }
+    std::optional<Result<transport::Reachability>> check_reachable(const std::vector<std::string>&, const std::atomic<bool>*) override {
+      return std::nullopt;
+    }
+    Hosts& hosts;
+    int index;
+    transport::Gossip& gossip_node;
+  };
+
+  run::PeerEnvironment environment(int i, transport::Gossip& g) {
+    hosts.push_back(std::make_unique<TestHost>(*this, i, g));
+    run::PeerEnvironment env;
+    env.host = hosts.back().get();
+    env.name = std::to_string(i);
+    env.evaluate = false;
+    env.set_threads = false;
     env.corpus = [this](const train::RunConfig&) -> Result<std::shared_ptr<const train::Corpus>> { return corpus; };
     return env;
   }
@@ -71,6 +85,7 @@ struct Hosts {
   GossipFabric gossip;
   TransportFabric links;
   std::vector<std::unique_ptr<transport::Gossip>> nodes;  // cleared by the tests inside their actor, after the peers
+  std::vector<std::unique_ptr<TestHost>> hosts;            // outlive the peers on them
 };
 
 train::RunConfig small() {

@@ -75,3 +75,42 @@ TEST_CASE("the plan's utilization agrees with the simulator's") {
   CHECK(util == doctest::Approx(0.8).epsilon(0.03));
   CHECK(planned_utilization(row, in, row.required_bits_per_s) == doctest::Approx(0.8));
 }
+
+TEST_CASE("the plan's rows are the method table's exchanging rows, each counted by its traits") {
+  PlanInput in;
+  in.parameters = 1e6;
+  in.layers = 6;
+  in.fragment_layers = 2;  // 3 fragments
+  in.workers = 4;
+  in.inner_steps = 30;
+  in.bits_per_value = 8;
+  const auto rows = plan(in, 4);
+  std::vector<std::string> names;
+  for (const auto& m : optim::kMethods) {
+    if (m.exchange != optim::Exchange::kNone) names.emplace_back(m.name);
+  }
+  REQUIRE(rows.size() == names.size());
+  const double ring = 2.0 * 3 / 4;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    CAPTURE(rows[i].method);
+    CHECK(rows[i].method == names[i]);
+    CHECK(optim::method_name(rows[i].id) == rows[i].method);
+    CHECK(rows[i].required_bits_per_s > 0);
+  }
+  const auto row = [&](std::string_view name) {
+    for (const auto& r : rows) {
+      if (r.method == name) return r;
+    }
+    FAIL("no row " << name);
+    return PlanRow{};
+  };
+  CHECK(row("ddp").steps_between_syncs == 1);
+  CHECK(row("ddp").bits_per_sync == doctest::Approx(ring * 1e6 * 8));
+  CHECK(row("diloco").steps_between_syncs == 30);
+  CHECK(row("streaming_diloco").steps_between_syncs == doctest::Approx(10));
+  CHECK(row("streaming_diloco").bits_per_sync == doctest::Approx(ring * 1e6 / 3 * 4));  // one fragment in the streaming codec
+  CHECK(row("noloco").bits_per_sync == doctest::Approx(1e6 * 8));                       // one partner
+  CHECK(row("sparseloco").bits_per_sync > 0);
+  CHECK(row("sparseloco").bits_per_sync < 3 * 1e6 * 8);  // sparse, to every other worker
+  CHECK(row("muloco").bits_per_sync < ring * 1e6 * 3);   // about 2 bits a value, whatever is asked
+}
