@@ -17,7 +17,7 @@
 #   ip netns exec gip gossamer peer --listen 0.0.0.0:7000 --join 192.0.2.2:7000 --key run.key --shape 50,20 --out p1
 #   ip netns exec giq gossamer peer --listen 0.0.0.0:7000 --join 192.0.2.2:7000 --key run.key --shape 50,20 --out p2
 # (p1 and p2 find themselves outbound-only; their link goes through p0 as relay.)
-# tests/run/netns_test.sh sources this file for the same functions.
+# tests/runtime/netns_test.sh sources this file for the same functions.
 
 # internet_core TAG: the router TAGr and three public hosts TAGa, TAGb, TAGc on 192.0.2.0/24,
 # 198.51.100.0/24 and 203.0.113.0/24 (each .2, the router .1). Sets R, H (namespaces made) and NETS.

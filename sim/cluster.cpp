@@ -11,8 +11,8 @@
 #include <torch/torch.h>
 
 #include "optim/flat_params.h"
-#include "run/peer_runtime.h"
-#include "run/state_store.h"
+#include "runtime/peer_runtime.h"
+#include "runtime/state_store.h"
 #include "sim/gossip_fabric.h"
 #include "sim/transport_fabric.h"
 #include "train/speeds.h"
@@ -148,7 +148,7 @@ class PeerCluster {
         churn_(static_cast<std::size_t>(m_)),
         downtime_(static_cast<std::size_t>(m_)),
         killed_(static_cast<std::size_t>(m_)) {
-    for (int r = 0; r < m_; ++r) stores_.push_back(run::make_memory_store());
+    for (int r = 0; r < m_; ++r) stores_.push_back(runtime::make_memory_store());
     result_.accounts.resize(static_cast<std::size_t>(m_));
     result_.final_params.resize(static_cast<std::size_t>(m_));
     result_.shared_digests.resize(static_cast<std::size_t>(m_));
@@ -318,7 +318,7 @@ class PeerCluster {
 
   // Worker r's host: the virtual clock, its gossip, links from the fabric, its speed and stalls as its
   // pace, its access link's goodput.
-  class WorkerHost final : public run::Host {
+  class WorkerHost final : public runtime::Host {
    public:
     WorkerHost(PeerCluster& cluster, int r, transport::Gossip& gossip) : c_(cluster), r_(r), gossip_(gossip) {
       if (auto spec = network_spec(c_.config_); spec.ok() && static_cast<std::size_t>(r) < spec->nodes.size()) {
@@ -329,10 +329,10 @@ class PeerCluster {
     Clock& clock() override { return c_.scheduler_; }
     transport::Gossip& gossip() override { return gossip_; }
     std::string gossip_announced() const override { return host_of(r_) + ":7000"; }
-    Result<run::OpenedLinks> open_links(const Digest&) override {
+    Result<runtime::OpenedLinks> open_links(const Digest&) override {
       auto t = c_.link_fabric_.make(r_, link_address(r_), gossip_.self());
       if (!t.ok()) return t.status();
-      run::OpenedLinks out;
+      runtime::OpenedLinks out;
       out.transport = std::move(*t);
       out.announced = out.bound = link_address(r_);
       return out;
@@ -357,7 +357,7 @@ class PeerCluster {
 
   // Worker r's store: its records into the result (as the worker's), its checkpoints (where it may
   // restart) kept for its next life, its arriving state in memory that outlives a crash.
-  class WorkerStore final : public run::MemoryRunStore {
+  class WorkerStore final : public runtime::MemoryRunStore {
    public:
     WorkerStore(PeerCluster& cluster, int r, bool keep_checkpoints)
         : MemoryRunStore(keep_checkpoints, cluster.stores_[static_cast<std::size_t>(r)]), c_(cluster), r_(r) {}
@@ -378,8 +378,8 @@ class PeerCluster {
     const int r_;
   };
 
-  run::PeerEnvironment environment(int r, run::Host& host) {
-    run::PeerEnvironment env;
+  runtime::PeerEnvironment environment(int r, runtime::Host& host) {
+    runtime::PeerEnvironment env;
     env.host = &host;
     env.name = std::to_string(r);
     env.evaluate = r == evaluator_;
@@ -410,7 +410,7 @@ class PeerCluster {
       if (failure_.ok()) failure_ = gossip.status();
       return false;
     }
-    run::PeerPlan plan;
+    runtime::PeerPlan plan;
     const bool starts_run = r != joiner_ && life == 0;
     if (r != joiner_) plan.own_spec = toml_;
     plan.first = starts_run;
@@ -432,7 +432,7 @@ class PeerCluster {
     plan_timed_failure(r);
     plan.stop = &killed_[static_cast<std::size_t>(r)];  // a killed newcomer stops where it looks next
     WorkerHost host(*this, r, **gossip);
-    run::Peer peer(std::move(plan), environment(r, host));
+    runtime::Peer peer(std::move(plan), environment(r, host));
     auto out = peer.run();
     if (killed_[static_cast<std::size_t>(r)]) {
       if (out.ok()) {  // it finished before it saw it was killed
@@ -520,7 +520,7 @@ class PeerCluster {
   std::vector<bool> dropped_;                                 // left the run on an error of its own (not the scenario's)
   std::vector<std::atomic<bool>> killed_;                     // stopped by a kill (the newcomer's); reset at each life
   std::atomic<bool> newcomer_killed_{false};
-  std::vector<std::shared_ptr<run::SnapshotStore>> stores_;   // each worker's store of a state on its way (outlives a crash)
+  std::vector<std::shared_ptr<runtime::SnapshotStore>> stores_;   // each worker's store of a state on its way (outlives a crash)
   ClusterResult result_;
   Status failure_;
   double compute_wall_ = 0;

@@ -105,7 +105,7 @@ class Nodes {
   SimulatedNodes finish(double compute_wall);
 
  private:
-  run::PipelineProcessRequest request(std::size_t v);
+  runtime::PipelineProcessRequest request(std::size_t v);
 
   const train::RunConfig& c_;
   const train::Corpus& corpus_;
@@ -116,7 +116,7 @@ class Nodes {
   const std::size_t n_;
   std::vector<std::string> addresses_;
   std::vector<std::vector<Reported>> reported_;
-  std::vector<Result<run::PipelineProcessOutcome>> outcomes_;
+  std::vector<Result<runtime::PipelineProcessOutcome>> outcomes_;
   std::vector<bool> crashed_;
   std::shared_ptr<train::PlanMemo> plans_ = std::make_shared<train::PlanMemo>();
   std::vector<std::atomic<bool>> stops_;  // a crashed node's process is gone: it does nothing more
@@ -124,8 +124,8 @@ class Nodes {
   std::int64_t furthest_ = 0;  // the furthest iteration any node reported
 };
 
-run::PipelineProcessRequest Nodes::request(std::size_t v) {
-  run::PipelineProcessRequest req;
+runtime::PipelineProcessRequest Nodes::request(std::size_t v) {
+  runtime::PipelineProcessRequest req;
   req.config = c_;
   req.clock = &scheduler_;
   req.compute.forward_s = c_.pipeline.forward_s;
@@ -169,8 +169,8 @@ Status Nodes::run() {
   std::vector<std::unique_ptr<ClockThread>> actors;
   for (std::size_t v = 0; v < n_; ++v) {
     actors.push_back(scheduler_.start_thread([this, v, &transports] {
-      const run::PipelineProcessRequest req = request(v);
-      outcomes_[v] = run::run_pipeline_process(req, *transports[v], corpus_.dataset);
+      const runtime::PipelineProcessRequest req = request(v);
+      outcomes_[v] = runtime::run_pipeline_process(req, *transports[v], corpus_.dataset);
       // A node that failed or stopped is a process that ends: it listens no more.
       if (!outcomes_[v].ok() || outcomes_[v]->stopped) transports[v].reset();
     }));
@@ -183,7 +183,7 @@ SimulatedNodes Nodes::finish(double compute_wall) {
   SimulatedNodes out;
   ClusterResult& result = out.result;
   result.crashed = crashed_;
-  const run::PipelineProcessOutcome* first = nullptr;  // the first node that ended well
+  const runtime::PipelineProcessOutcome* first = nullptr;  // the first node that ended well
   PipelineEnd end;
   for (const auto& o : outcomes_) {
     if (!o.ok()) continue;

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/status.h"
-#include "run/pipeline_process.h"
+#include "runtime/pipeline_process.h"
 #include "sim/cluster.h"
 #include "sim/pipeline_cluster.h"
 #include "train/run.h"
@@ -32,12 +32,12 @@ namespace gossamer::sim {
 struct SimulatedNodesOptions {
   // Per node (empty: none): PipelineProcessRequest::crash_while_confirming, the processes' drill.
   std::vector<std::int64_t> crash_while_confirming;
-  Nanos rejoin_timeout = run::kDefaultRejoinTimeout;
+  Nanos rejoin_timeout = runtime::kDefaultRejoinTimeout;
   PipelineProgress progress;  // as the last node alive reports each iteration
 };
 
 struct SimulatedNodes {
-  std::vector<Result<run::PipelineProcessOutcome>> outcomes;  // per node
+  std::vector<Result<runtime::PipelineProcessOutcome>> outcomes;  // per node
   ClusterResult result;                                       // as run_pipeline_cluster's
 };
 

@@ -22,9 +22,9 @@ TEST_CASE("no layer includes a header of a layer above it") {
       {"src/model", {"core", "model"}},
       {"src/data", {"core", "data"}},
       {"src/train", {"core", "quant", "transport", "optim", "model", "data", "skippipe", "train"}},
-      // The simulator runs the real peer runtime (src/run) over its emulated clock and network.
-      {"sim", {"core", "quant", "transport", "optim", "model", "data", "skippipe", "train", "run", "sim"}},
-      {"src/run", {"core", "quant", "transport", "optim", "model", "data", "skippipe", "train", "run"}},
+      // The simulator runs the real peer runtime (src/runtime) over its emulated clock and network.
+      {"sim", {"core", "quant", "transport", "optim", "model", "data", "skippipe", "train", "runtime", "sim"}},
+      {"src/runtime", {"core", "quant", "transport", "optim", "model", "data", "skippipe", "train", "runtime"}},
   };
   // The project prefix of `#include "prefix/..."`, or "" for any other line.
   auto include_prefix = [](const std::string& line) -> std::string {

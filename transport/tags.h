@@ -33,7 +33,7 @@ inline constexpr Tag kTokenWeights = 0x0C000000u;
 // synchronising, both | (iteration mod 2^16).
 inline constexpr Tag kPipeline = 0x0D700000u;
 inline constexpr Tag kPipelineSync = 0x0D710000u;
-// Pipelines across processes (src/run/pipeline_process.h): the agreement's messages under
+// Pipelines across processes (src/runtime/pipeline_process.h): the agreement's messages under
 // kPipelineHello | a sub-tag of its own (kPipelineSubTags), and a stage's weights sent for
 // evaluation, | (iteration mod 2^16).
 inline constexpr Tag kPipelineHello = 0x0D720000u;
@@ -41,7 +41,7 @@ inline constexpr Tag kPipelineHash = kPipelineHello | 0u;      // the schedule's
 inline constexpr Tag kPipelineBye = kPipelineHello | 1u;       // the goodbye at the end
 inline constexpr Tag kPipelineCommit = kPipelineHello | 2u;    // an iteration's confirmation
 inline constexpr Tag kPipelineView = kPipelineHello | 3u;      // the nodes each reaches after a failure
-inline constexpr Tag kLinkProbeAsk = kPipelineHello | 4u;      // a link probe (src/run/link_probe.h)
+inline constexpr Tag kLinkProbeAsk = kPipelineHello | 4u;      // a link probe (src/runtime/link_probe.h)
 inline constexpr Tag kLinkProbeAnswer = kPipelineHello | 5u;   // its answer
 inline constexpr Tag kPipelineEpoch = kPipelineHello | 6u;     // a new connection's epoch
 inline constexpr Tag kPipelineProbeRow = kPipelineHello | 8u;  // each node's measured row
@@ -65,8 +65,8 @@ struct TagRange {
 };
 
 inline constexpr std::array<TagRange, 15> kRanges = {{
-    {"state requests (src/run/state_sync.h)", kStateRequest, kStateRequest, false},
-    {"state responses (src/run/state_sync.h)", kStateResponse, kStateResponse, false},
+    {"state requests (src/runtime/state_sync.h)", kStateRequest, kStateRequest, false},
+    {"state responses (src/runtime/state_sync.h)", kStateResponse, kStateResponse, false},
     {"diloco rounds (optim/diloco.cpp)", kDiLoCo, kDiLoCo | 0xFFFFu, true},
     {"noloco rounds (optim/noloco.cpp)", kNoLoCo, kNoLoCo | 0xFFFFu, false},
     {"co2 rounds (optim/co2.cpp)", kCO2, kCO2 | 0xFFFFu, true},
@@ -76,10 +76,10 @@ inline constexpr std::array<TagRange, 15> kRanges = {{
     {"gloo rendezvous (optim/gloo_sync.h)", kGlooRendezvous, kGlooRendezvous, false},
     {"pipeline activations (src/train/pipeline.h)", kPipeline, kPipeline | 0xFFFFu, false},
     {"pipeline stage sync (src/train/pipeline.h)", kPipelineSync, kPipelineSync | 0xFFFFu, true},
-    {"pipeline agreement (src/run/pipeline_process.h)", kPipelineHello, kPipelineHello | 0xFu, false},
-    {"pipeline evaluation weights (src/run/pipeline_process.h)", kPipelineEval, kPipelineEval | 0xFFFFu, false},
+    {"pipeline agreement (src/runtime/pipeline_process.h)", kPipelineHello, kPipelineHello | 0xFu, false},
+    {"pipeline evaluation weights (src/runtime/pipeline_process.h)", kPipelineEval, kPipelineEval | 0xFFFFu, false},
     {"streaming_diloco fragments (optim/streaming_diloco.cpp)", kStreaming, kStreaming | 0xFFFFFFu, true},
-    {"group epochs (src/run/peer_links.h)", kEpoch, kEpoch, false},
+    {"group epochs (src/runtime/peer_links.h)", kEpoch, kEpoch, false},
 }};
 inline constexpr TagRange kLaneRange = {"striped lanes (transport/striped_link.h)", kLane, kLane, false};
 

@@ -1,4 +1,4 @@
-// `gossamer peer`: one real peer of a multi-process run (src/run/peer.h).
+// `gossamer peer`: one real peer of a multi-process run (src/runtime/peer.h).
 #include <atomic>
 
 #include <fmt/format.h>
@@ -9,8 +9,8 @@
 #include "app/stop.h"
 #include "app/commands.h"
 #include "train/device.h"
-#include "run/peer.h"
-#include "run/rounds.h"
+#include "runtime/peer.h"
+#include "runtime/rounds.h"
 #include "train/memory.h"
 #include "train/outer.h"
 #include "train/pipeline_trainer.h"
@@ -79,7 +79,7 @@ void add_peer_command(CLI::App& app, PeerArgs& args) {
 
 int run_peer_command(const PeerArgs& args) {
   if (Status st = args.scopes.check(args.join.empty() ? "first" : "joiner"); !st.ok()) return report_failure(st);
-  run::PeerRequest req;
+  runtime::PeerRequest req;
   req.listen = args.listen;
   req.join = args.join;
   req.advertise = args.advertise;
@@ -109,7 +109,7 @@ int run_peer_command(const PeerArgs& args) {
       return report_failure(error(ErrorCode::kInvalidArgument, "--crash-at-step " + std::to_string(args.crash_at_step) + " is past the run's last step (train.steps = " +
                                                                    std::to_string(config->train.steps) + "): the drill would never fire"));
     }
-    if (Status st = run::check_round_drill(*config, args.crash_mid_round, "--crash-mid-round"); !st.ok()) return report_failure(st);
+    if (Status st = runtime::check_round_drill(*config, args.crash_mid_round, "--crash-mid-round"); !st.ok()) return report_failure(st);
     if (config->pipeline.enabled) {
       if (Status st = train::check_pipeline_shape(*config); !st.ok()) return report_failure(st);
     }
@@ -143,7 +143,7 @@ int run_peer_command(const PeerArgs& args) {
     req.device = args.device;
   }
   req.stop = &install_graceful_stop();
-  auto outcome = run::run_peer(req);
+  auto outcome = runtime::run_peer(req);
   if (!outcome.ok()) {
     if (stop_requested() && outcome.status().code() == ErrorCode::kAborted) {
       spdlog::info("left before training: {}", outcome.status().message());

@@ -12,7 +12,7 @@
 #include "app/args.h"
 #include "app/commands.h"
 #include "app/stop.h"
-#include "run/pipeline_process.h"
+#include "runtime/pipeline_process.h"
 #include "train/memory.h"
 #include "train/metrics.h"
 #include "train/pipeline_trainer.h"
@@ -62,7 +62,7 @@ namespace {
 
 // One node of a pipeline across processes (run/pipeline_process.h).
 int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const std::string& out) {
-  run::PipelineProcessRequest req;
+  runtime::PipelineProcessRequest req;
   req.config = c;
   req.clock = &real_clock();
   req.node = a.node;
@@ -100,7 +100,7 @@ int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const st
   transport::TcpOptions to;
   to.listen = a.listen.empty() ? a.addresses[static_cast<std::size_t>(a.node)] : a.listen;
   to.self = transport::PeerId{static_cast<std::uint64_t>(a.node) + 1};
-  to.run = run::pipeline_run_id(c);
+  to.run = runtime::pipeline_run_id(c);
   if (!a.key.empty()) {
     auto key = transport::read_run_key(a.key);
     if (!key.ok()) return report_failure(error(ErrorCode::kInvalidArgument, "--key " + a.key + ": " + key.status().message()));
@@ -125,16 +125,16 @@ int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const st
   if (!metrics.ok()) return report_failure(metrics.status());
   Status write_failed;
   req.on_iteration = [&](const train::PipelineRecord& r, std::optional<double> val) {
-    const nlohmann::json j = run::pipeline_record_json(a.node, r, val);
+    const nlohmann::json j = runtime::pipeline_record_json(a.node, r, val);
     if (Status st = metrics->write(j); !st.ok() && write_failed.ok()) write_failed = st;
     std::fprintf(stderr, "node %d, iteration %lld/%lld: %.2f s%s\n", a.node, static_cast<long long>(r.iteration), static_cast<long long>(c.train.steps),
                  r.seconds, val ? (", val loss " + std::to_string(*val)).c_str() : "");
   };
   spdlog::info("pipeline node {} of {}: listening on {}, linking to the others", a.node, c.pipeline.nodes, (*transport)->address());
-  auto outcome = run::run_pipeline_process(req, **transport, corpus->dataset);
+  auto outcome = runtime::run_pipeline_process(req, **transport, corpus->dataset);
   if (!outcome.ok()) return report_failure(outcome.status());
   if (!write_failed.ok()) return report_failure(write_failed);
-  const nlohmann::json summary = run::pipeline_summary_json(a.node, *outcome);
+  const nlohmann::json summary = runtime::pipeline_summary_json(a.node, *outcome);
   if (Status st = folder->write_text(train::kSummaryFile, summary.dump(2)); !st.ok()) return report_failure(st);
   if (outcome->stopped) {
     spdlog::warn("interrupted after iteration {}: metrics.jsonl holds what was done", outcome->iterations);

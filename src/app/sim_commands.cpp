@@ -14,7 +14,7 @@
 #include "app/args.h"
 #include "app/commands.h"
 #include "optim/method.h"
-#include "run/rounds.h"
+#include "runtime/rounds.h"
 #include "sim/cluster.h"
 #include "sim/pipeline_cluster.h"
 #include "sim/report.h"
@@ -198,7 +198,7 @@ int run_and_report(const std::vector<Job>& jobs, const std::string& out, double 
       if (Status st = train::check_network_in_one_process(j.config); !st.ok()) return report_failure(st);
     }
     if (!j.pipeline) {
-      if (Status st = run::check_round_drill(j.config, j.config.sim.crash_mid_round, "sim.crash_mid_round"); !st.ok()) return report_failure(st);
+      if (Status st = runtime::check_round_drill(j.config, j.config.sim.crash_mid_round, "sim.crash_mid_round"); !st.ok()) return report_failure(st);
     }
     // A pipeline's every node builds the whole model (it keeps only its stage's part training).
     if (Status st = train::check_resources(j.config, j.pipeline ? j.config.pipeline.nodes : j.config.sim.workers, j.pipeline ? "pipeline.nodes" : "sim.workers"); !st.ok()) return report_failure(st);

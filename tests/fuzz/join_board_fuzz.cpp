@@ -1,4 +1,4 @@
-// libFuzzer target: the join board's messages (JOIN, OFFER; src/run/announcements.h) from arbitrary
+// libFuzzer target: the join board's messages (JOIN, OFFER; src/runtime/announcements.h) from arbitrary
 // bytes, delivered on topic "gossamer.state" to a JoinBoard. The input is a sequence of records
 // (records.h): the selector picks the origin (its low two bits) and whether the board then forgets
 // the offers up to the oldest round offered (bit 2); the payload is the message.
@@ -19,7 +19,7 @@
 #include "core/wire.h"
 #include "fake_gossip.h"
 #include "records.h"
-#include "run/announcements.h"
+#include "runtime/announcements.h"
 #include "transport/endpoint.h"
 
 namespace {
@@ -42,11 +42,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     // round 12 at an address and round 13 at a wildcard one (made reachable through its gossip
     // address); the board then forgets round 12.
     fuzz::FakeGossip peer(transport::PeerId{9}, {transport::Member{transport::PeerId{1}, "tcp://192.0.2.1:7000"}});
-    auto b = run::JoinBoard::make(peer, real_clock());
+    auto b = runtime::JoinBoard::make(peer, real_clock());
     b->set_member(true);
     b->ask_to_join();
     // Peer 2's JOIN, by the board's own encoder.
-    peer.deliver(transport::PeerId{2}, "gossamer.state", run::announcement_wire::encode_board({run::announcement_wire::kJoin, 2, 0, "", 0}));
+    peer.deliver(transport::PeerId{2}, "gossamer.state", runtime::announcement_wire::encode_board({runtime::announcement_wire::kJoin, 2, 0, "", 0}));
     b->offer(12, "192.0.2.9:7001");
     b->offer(13, "0.0.0.0:7001");
     const auto sent = peer.direct();
@@ -64,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                                                     transport::Member{transport::PeerId{10}, "tcp://0.0.0.0:7000"},
                                                     transport::Member{transport::PeerId{11}, "tcp://[2001:db8::7]:7000"},
                                                 });
-  auto board = run::JoinBoard::make(gossip, clock);
+  auto board = runtime::JoinBoard::make(gossip, clock);
   board->set_member(true);  // (a peer outside the run answers a JOIN with ABSENT and keeps nothing)
   std::set<transport::PeerId> joined;
   std::map<std::int64_t, std::map<transport::PeerId, std::string>> offered;

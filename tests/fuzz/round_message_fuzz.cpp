@@ -1,4 +1,4 @@
-// libFuzzer target: round messages (READY, GROUP, INTENT, AT, ABANDON, DONE, COMMIT; src/run/coordinator.h) from
+// libFuzzer target: round messages (READY, GROUP, INTENT, AT, ABANDON, DONE, COMMIT; src/runtime/coordinator.h) from
 // arbitrary bytes, delivered to a Coordinator on topic "gossamer.round". The input is a sequence of
 // records (records.h): the selector picks the origin (peers 1 to 4; this peer is 1), the payload is
 // the message. The coordinator first leads round 0's group of one, so it is a member when the junk
@@ -22,7 +22,7 @@
 #include "core/wire.h"
 #include "fake_gossip.h"
 #include "records.h"
-#include "run/coordinator.h"
+#include "runtime/coordinator.h"
 #include "transport/endpoint.h"
 
 namespace {
@@ -55,7 +55,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     // What peer 2 says retrying round 1 after epoch 1 at step 12 (to everyone), and the other kinds
     // by the layout in the header: a READY, a whole GROUP, a change, an INTENT and an AT.
     fuzz::FakeGossip peer(transport::PeerId{2});
-    auto c = run::Coordinator::make(peer, "192.0.2.2:7001", run::CoordinatorOptions{}, real_clock());
+    auto c = runtime::Coordinator::make(peer, "192.0.2.2:7001", runtime::CoordinatorOptions{}, real_clock());
     (void)c->agree(0, 0, Deadline::after(real_clock(), std::chrono::seconds(5)));
     (void)c->agree(1, 1, Deadline::after(real_clock(), std::chrono::seconds(5)), 12);
     std::vector<std::pair<std::uint8_t, Bytes>> records;
@@ -123,7 +123,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const transport::PeerId self{1};
   fuzz::FakeGossip gossip(self);
-  auto coordinator = run::Coordinator::make(gossip, "192.0.2.1:7001", run::CoordinatorOptions{}, real_clock());
+  auto coordinator = runtime::Coordinator::make(gossip, "192.0.2.1:7001", runtime::CoordinatorOptions{}, real_clock());
   auto first = coordinator->agree(0, 0, Deadline::after(real_clock(), std::chrono::seconds(5)));
   if (!first.ok() || first->rank_of(self) != 0) __builtin_trap();
 

@@ -1,4 +1,4 @@
-// libFuzzer target: run-spec messages (BEACON, still read; SPEC; WANT; src/run/announcements.h) from
+// libFuzzer target: run-spec messages (BEACON, still read; SPEC; WANT; src/runtime/announcements.h) from
 // arbitrary bytes, delivered on topic "gossamer.spec" to a listener (listen_for_spec) and to a
 // SpecAnnouncer (which answers a WANT with a direct message). The input is a sequence of records (records.h): the selector picks the origin (peers
 // 1 to 4), the payload is the message.
@@ -20,7 +20,7 @@
 #include "core/wire.h"
 #include "fake_gossip.h"
 #include "records.h"
-#include "run/announcements.h"
+#include "runtime/announcements.h"
 
 namespace {
 
@@ -38,8 +38,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);  // every ignored announcement is logged
   if (fuzz::seeds_wanted()) {
     // A BEACON, a WANT and a SPEC, by the announcements' own encoders.
-    const run::Spec spec{"[run]\nmethod = \"diloco\"\npeers = 4\n", 4};
-    namespace wire = run::announcement_wire;
+    const runtime::Spec spec{"[run]\nmethod = \"diloco\"\npeers = 4\n", 4};
+    namespace wire = runtime::announcement_wire;
     fuzz::write_seed("spec", fuzz::join_records({{1, wire::encode_spec(spec, 17, false)}, {2, wire::encode_want()}, {1, wire::encode_spec(spec, 17, true)}}));
   }
   return 0;
@@ -48,11 +48,11 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   // An announcer runs for the whole process; its state is bounded by the origins.
   static fuzz::FakeGossip announcer_gossip(transport::PeerId{9});
-  static run::SpecAnnouncer announcer(announcer_gossip, run::Spec{"[run]\nmethod = \"diloco\"\n", 2}, [] { return std::int64_t{3}; }, real_clock());
+  static runtime::SpecAnnouncer announcer(announcer_gossip, runtime::Spec{"[run]\nmethod = \"diloco\"\n", 2}, [] { return std::int64_t{3}; }, real_clock());
 
   fuzz::FakeGossip gossip(transport::PeerId{8});
-  auto heard = run::listen_for_spec(gossip, real_clock());
-  std::optional<run::Spec> taken;
+  auto heard = runtime::listen_for_spec(gossip, real_clock());
+  std::optional<runtime::Spec> taken;
   std::int64_t furthest = -1;
   for (const auto& record : fuzz::split_records(data, size)) {
     const transport::PeerId origin{1u + record.selector % 4u};
@@ -64,7 +64,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (heard->spec && !taken) {
       // Newly taken: a SPEC, exactly as long as its fields, with the hash of its TOML.
       const std::string& toml = heard->spec->toml;
-      if (!announcement || m[1] != std::byte{2} || toml.size() > run::kMaxSpec || m.size() != 2 + 32 + 4 + toml.size() + 4 + 8) __builtin_trap();
+      if (!announcement || m[1] != std::byte{2} || toml.size() > runtime::kMaxSpec || m.size() != 2 + 32 + 4 + toml.size() + 4 + 8) __builtin_trap();
       if (le_at(m, 34, 4) != toml.size() || std::memcmp(m.data() + 38, toml.data(), toml.size()) != 0) __builtin_trap();
       if (std::memcmp(m.data() + 2, digest_of(as_bytes(toml)).bytes.data(), 32) != 0) __builtin_trap();
       if (heard->spec->wait_for != le_at(m, 38 + toml.size(), 4)) __builtin_trap();
@@ -77,7 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       furthest = heard->latest_round;
     }
   }
-  auto spec = run::receive_spec(*heard, Nanos{0});
+  auto spec = runtime::receive_spec(*heard, Nanos{0});
   if (spec.ok() != taken.has_value()) __builtin_trap();
   if (spec.ok() && spec->toml != taken->toml) __builtin_trap();
   return 0;

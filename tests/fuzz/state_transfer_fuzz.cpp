@@ -1,4 +1,4 @@
-// libFuzzer target: both ends of a state transfer (src/run/state_sync.h) on arbitrary bytes, over
+// libFuzzer target: both ends of a state transfer (src/runtime/state_sync.h) on arbitrary bytes, over
 // in-process links. The first byte picks the end; the rest is a sequence of records (records.h):
 //   0  the donor: a StateServer serving two snapshots (and keeping no updates) reads the records as
 //      requests. Each well-formed request gets exactly the answer the layout in the header says (the
@@ -25,8 +25,8 @@
 
 #include "core/wire.h"
 #include "records.h"
-#include "run/state_sync.h"
-#include "run/state_sync_parts.h"
+#include "runtime/state_sync.h"
+#include "runtime/state_sync_parts.h"
 
 namespace {
 
@@ -34,9 +34,9 @@ using namespace gossamer;
 using namespace std::chrono_literals;
 
 // The encoders and decoders under test, not copies of them.
-using run::state_sync_parts::answer;
-using run::state_sync_parts::kVersion;
-using run::state_sync_parts::request;
+using runtime::state_sync_parts::answer;
+using runtime::state_sync_parts::kVersion;
+using runtime::state_sync_parts::request;
 constexpr std::uint64_t kLargestFuzzedState = std::uint64_t{1} << 20;
 
 Bytes state_of(std::size_t n, unsigned seed) {
@@ -46,16 +46,16 @@ Bytes state_of(std::size_t n, unsigned seed) {
 }
 
 // What the donors serve: round 3 (current) and round 2 (previous).
-std::shared_ptr<const run::Snapshot> current() {
-  static const auto s = run::Snapshot::make(3, 30, 2, state_of(1000, 7), 256);
+std::shared_ptr<const runtime::Snapshot> current() {
+  static const auto s = runtime::Snapshot::make(3, 30, 2, state_of(1000, 7), 256);
   return s;
 }
-std::shared_ptr<const run::Snapshot> previous() {
-  static const auto s = run::Snapshot::make(2, 20, 2, state_of(700, 1), 300);
+std::shared_ptr<const runtime::Snapshot> previous() {
+  static const auto s = runtime::Snapshot::make(2, 20, 2, state_of(700, 1), 300);
   return s;
 }
 
-ByteView chunk_of(const run::Snapshot& s, std::uint32_t chunk) {
+ByteView chunk_of(const runtime::Snapshot& s, std::uint32_t chunk) {
   const std::uint64_t at = std::uint64_t{chunk} * s.manifest.chunk_bytes;
   return ByteView(s.bytes.data() + at, std::min<std::uint64_t>(s.manifest.chunk_bytes, s.manifest.total - at));
 }
@@ -68,14 +68,14 @@ class DonorEnd final : public transport::Link {
   std::string remote_address() const override { return "192.0.2.2:7001"; }
   Status send(transport::Tag tag, ByteView payload, Deadline) override {
     std::lock_guard lock(mu_);
-    if (tag != run::kStateResponseTag) __builtin_trap();
+    if (tag != runtime::kStateResponseTag) __builtin_trap();
     if (closed_) return error(ErrorCode::kPeerLost, "closed");
     answers_.emplace_back(payload.begin(), payload.end());
     return Status();
   }
   Result<Bytes> recv(transport::Tag tag, Deadline) override {
     std::lock_guard lock(mu_);
-    if (tag != run::kStateRequestTag) __builtin_trap();
+    if (tag != runtime::kStateRequestTag) __builtin_trap();
     if (closed_ || next_ == requests_.size()) {
       done_ = true;
       cv_.notify_all();
@@ -126,13 +126,13 @@ class NewcomerEnd final : public transport::Link {
   Status send(transport::Tag tag, ByteView payload, Deadline) override {
     std::lock_guard lock(mu_);
     if (closed_) return error(ErrorCode::kPeerLost, "closed");
-    if (tag != run::kStateRequestTag) return Status();  // the epoch that opens a state link
+    if (tag != runtime::kStateRequestTag) return Status();  // the epoch that opens a state link
     if (auto a = answer_for_(payload)) queued_.push_back(std::move(*a));
     return Status();
   }
   Result<Bytes> recv(transport::Tag tag, Deadline) override {
     std::lock_guard lock(mu_);
-    if (tag != run::kStateResponseTag) __builtin_trap();
+    if (tag != runtime::kStateResponseTag) __builtin_trap();
     if (closed_ || queued_.empty()) return error(ErrorCode::kPeerLost, "the donor is gone");
     Bytes b = std::move(queued_.front());
     queued_.pop_front();
@@ -175,7 +175,7 @@ void fuzz_donor(const std::vector<fuzz::Record>& records) {
   bool closed = false;
   std::uint64_t served = 0;
   {
-    run::StateServer server(real_clock());
+    runtime::StateServer server(real_clock());
     server.offer(previous());
     server.offer(current());
     server.serve(link);
@@ -189,7 +189,7 @@ void fuzz_donor(const std::vector<fuzz::Record>& records) {
   std::uint64_t expected_served = 0;
   bool malformed = false;
   for (ByteView q : requests) {
-    auto decoded = run::state_sync_parts::decode_request(q, "fuzzed request");
+    auto decoded = runtime::state_sync_parts::decode_request(q, "fuzzed request");
     if (!decoded.ok()) {
       malformed = true;
       break;
@@ -226,7 +226,7 @@ void fuzz_newcomer(const std::vector<fuzz::Record>& records, bool manifest_fuzze
     const ByteView body = r.blob((16u << 20) + 64);
     r.expect_end();
     if (r.ok() && version == kVersion && ok != 0) {
-      auto m = run::StateManifest::decode(body);
+      auto m = runtime::StateManifest::decode(body);
       if (m.ok() && m->total > kLargestFuzzedState) return;
       if (m.ok()) manifest_body = Bytes(body.begin(), body.end());
     }
@@ -241,7 +241,7 @@ void fuzz_newcomer(const std::vector<fuzz::Record>& records, bool manifest_fuzze
     const ByteView a = records[next++].payload;
     return Bytes(a.begin(), a.end());
   });
-  auto got = run::fetch_state(transport, {run::Donor{"192.0.2.2:7001", "2"}}, 3, Deadline::after(real_clock(), 10s), real_clock());
+  auto got = runtime::fetch_state(transport, {runtime::Donor{"192.0.2.2:7001", "2"}}, 3, Deadline::after(real_clock(), 10s), real_clock());
   if (!got.ok()) {
     const ErrorCode code = got.status().code();
     if (code != ErrorCode::kUnavailable && code != ErrorCode::kDataLoss) __builtin_trap();
@@ -252,9 +252,9 @@ void fuzz_newcomer(const std::vector<fuzz::Record>& records, bool manifest_fuzze
     if (got->manifest.encode() != current()->manifest.encode()) __builtin_trap();
     return;
   }
-  const run::StateManifest& m = got->manifest;
+  const runtime::StateManifest& m = got->manifest;
   if (!manifest_body || m.encode() != *manifest_body || got->bytes.size() != m.total) __builtin_trap();
-  if (run::Snapshot::make(m.round, m.step, m.shards, Bytes(got->bytes.begin(), got->bytes.end()), m.chunk_bytes)->manifest.encode() != *manifest_body) __builtin_trap();
+  if (runtime::Snapshot::make(m.round, m.step, m.shards, Bytes(got->bytes.begin(), got->bytes.end()), m.chunk_bytes)->manifest.encode() != *manifest_body) __builtin_trap();
 }
 
 }  // namespace
@@ -262,7 +262,7 @@ void fuzz_newcomer(const std::vector<fuzz::Record>& records, bool manifest_fuzze
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);  // every refused answer is logged
   if (fuzz::seeds_wanted()) {
-    const run::Snapshot& s = *current();
+    const runtime::Snapshot& s = *current();
     fuzz::write_seed("donor", fuzz::join_records({{0, request(1, 3, 0)},
                                                   {0, request(2, 3, 0)},
                                                   {0, request(2, 3, 3)},

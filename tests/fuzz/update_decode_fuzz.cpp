@@ -1,4 +1,4 @@
-// libFuzzer target: a kept update as a newcomer decodes it (run::update_values, run::decode_update)
+// libFuzzer target: a kept update as a newcomer decodes it (runtime::update_values, runtime::decode_update)
 // on arbitrary bytes, with a bound of 4096 values. An accepted update must hold at most the bound,
 // decode into exactly its values, all finite, and re-encode to its bytes when it is an fp32 one.
 #include <cmath>
@@ -8,14 +8,14 @@
 
 #include "core/wire.h"
 #include "records.h"
-#include "run/update_codec.h"
+#include "runtime/update_codec.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   using namespace gossamer;
   if (fuzz::seeds_wanted()) {
     std::vector<float> v(300);
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 17) - 8.0f;
-    fuzz::write_seed("fp32", run::encode_update(v));
+    fuzz::write_seed("fp32", runtime::encode_update(v));
     // Two fp32 quantized payloads (quant/codec.h's layout), of 100 and 200 values.
     auto payload = [&](std::size_t from, std::size_t n) {
       Writer w;
@@ -29,7 +29,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
       return std::move(w).take();
     };
     std::vector<Bytes> payloads{payload(0, 100), payload(100, 200)};
-    fuzz::write_seed("payloads", run::encode_update(v, payloads));
+    fuzz::write_seed("payloads", runtime::encode_update(v, payloads));
   }
   return 0;
 }
@@ -37,16 +37,16 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace gossamer;
   const ByteView bytes(reinterpret_cast<const std::byte*>(data), size);
-  auto n = run::update_values(bytes, 4096);
+  auto n = runtime::update_values(bytes, 4096);
   if (!n.ok()) return 0;
   if (*n < 0 || *n > 4096) __builtin_trap();
   std::vector<float> out(static_cast<std::size_t>(*n));
-  if (!run::decode_update(bytes, out).ok()) return 0;
+  if (!runtime::decode_update(bytes, out).ok()) return 0;
   for (float f : out) {
     if (!std::isfinite(f)) __builtin_trap();
   }
-  if (size == run::kUpdateHeaderBytes + out.size() * 4 && bytes[5] == std::byte{0}) {
-    const Bytes again = run::encode_update(out);
+  if (size == runtime::kUpdateHeaderBytes + out.size() * 4 && bytes[5] == std::byte{0}) {
+    const Bytes again = runtime::encode_update(out);
     if (again.size() != size || !std::equal(again.begin(), again.end(), bytes.begin())) __builtin_trap();
   }
   return 0;

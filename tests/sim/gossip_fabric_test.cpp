@@ -7,7 +7,7 @@
 #include <map>
 #include <set>
 
-#include "run/announcements.h"
+#include "runtime/announcements.h"
 #include "sim/gossip_fabric.h"
 #include "tiny.h"
 
@@ -183,7 +183,7 @@ TEST_CASE("run announcements over simulated gossip: joiners with lower ids than 
   Scheduler scheduler;
   Network net(scheduler, lan(8));
   GossipFabric fabric(scheduler, net);
-  const run::Spec spec{std::string(5000, 'x'), 3};
+  const runtime::Spec spec{std::string(5000, 'x'), 3};
   auto actor = scheduler.start_thread([&] {
     std::vector<std::unique_ptr<transport::Gossip>> nodes;
     for (int i = 0; i < 8; ++i) {
@@ -194,12 +194,12 @@ TEST_CASE("run announcements over simulated gossip: joiners with lower ids than 
       nodes.push_back(std::move(*g));
     }
     const auto round = [] { return std::int64_t{5}; };
-    std::vector<std::unique_ptr<run::SpecAnnouncer>> holders;
-    holders.push_back(std::make_unique<run::SpecAnnouncer>(*nodes[0], spec, round, scheduler));
-    std::vector<std::shared_ptr<run::HeardSpec>> heard;
-    for (int i = 1; i < 8; ++i) heard.push_back(run::listen_for_spec(*nodes[static_cast<std::size_t>(i)], scheduler));
+    std::vector<std::unique_ptr<runtime::SpecAnnouncer>> holders;
+    holders.push_back(std::make_unique<runtime::SpecAnnouncer>(*nodes[0], spec, round, scheduler));
+    std::vector<std::shared_ptr<runtime::HeardSpec>> heard;
+    for (int i = 1; i < 8; ++i) heard.push_back(runtime::listen_for_spec(*nodes[static_cast<std::size_t>(i)], scheduler));
     for (int i = 1; i < 8; ++i) {
-      auto got = run::receive_spec(*heard[static_cast<std::size_t>(i - 1)], std::chrono::seconds(10));
+      auto got = runtime::receive_spec(*heard[static_cast<std::size_t>(i - 1)], std::chrono::seconds(10));
       REQUIRE(got.ok());
       CHECK(got->toml == spec.toml);
       CHECK(got->wait_for == 3);
@@ -207,7 +207,7 @@ TEST_CASE("run announcements over simulated gossip: joiners with lower ids than 
     }
     CHECK(scheduler.now() < 10s);
     // Every node now holds it: nothing about the spec is sent while nobody asks.
-    for (int i = 1; i < 8; ++i) holders.push_back(std::make_unique<run::SpecAnnouncer>(*nodes[static_cast<std::size_t>(i)], spec, round, scheduler));
+    for (int i = 1; i < 8; ++i) holders.push_back(std::make_unique<runtime::SpecAnnouncer>(*nodes[static_cast<std::size_t>(i)], spec, round, scheduler));
     scheduler.sleep_for(5s);
     std::size_t heard_count = 0;
     bool listening = true;

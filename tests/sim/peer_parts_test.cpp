@@ -6,7 +6,7 @@
 #include <set>
 #include <vector>
 
-#include "run/peer_runtime.h"
+#include "runtime/peer_runtime.h"
 #include "sim/gossip_fabric.h"
 #include "sim/network.h"
 #include "sim/scheduler.h"
@@ -46,15 +46,15 @@ struct Hosts {
   }
 
   // Host i: the virtual clock, gossip node `g`, links from the fabric; no dial-back check.
-  struct TestHost final : run::Host {
+  struct TestHost final : runtime::Host {
     TestHost(Hosts& h, int i, transport::Gossip& g) : hosts(h), index(i), gossip_node(g) {}
     Clock& clock() override { return hosts.scheduler; }
     transport::Gossip& gossip() override { return gossip_node; }
     std::string gossip_announced() const override { return host_of(index) + ":7000"; }
-    Result<run::OpenedLinks> open_links(const Digest&) override {
+    Result<runtime::OpenedLinks> open_links(const Digest&) override {
       auto t = hosts.links.make(index, host_of(index) + ":7001", gossip_node.self());
       if (!t.ok()) return t.status();
-      run::OpenedLinks out;
+      runtime::OpenedLinks out;
       out.transport = std::move(*t);
       out.announced = out.bound = host_of(index) + ":7001";
       return out;
@@ -67,9 +67,9 @@ struct Hosts {
     transport::Gossip& gossip_node;
   };
 
-  run::PeerEnvironment environment(int i, transport::Gossip& g) {
+  runtime::PeerEnvironment environment(int i, transport::Gossip& g) {
     hosts.push_back(std::make_unique<TestHost>(*this, i, g));
-    run::PeerEnvironment env;
+    runtime::PeerEnvironment env;
     env.host = hosts.back().get();
     env.name = std::to_string(i);
     env.evaluate = false;
@@ -94,8 +94,8 @@ train::RunConfig small() {
   return c;
 }
 
-run::PeerPlan first_plan(const std::string& toml, std::uint32_t wait_for) {
-  run::PeerPlan plan;
+runtime::PeerPlan first_plan(const std::string& toml, std::uint32_t wait_for) {
+  runtime::PeerPlan plan;
   plan.own_spec = toml;
   plan.first = true;
   plan.wait_for = wait_for;
@@ -113,12 +113,12 @@ TEST_CASE("learn_run alone: a joiner takes the announced spec and its schedule, 
     transport::Gossip& g1 = hosts.node(1);
     transport::Gossip& g2 = hosts.node(2);
     {
-      run::Peer first(first_plan(toml, 3), hosts.environment(0, g0));
+      runtime::Peer first(first_plan(toml, 3), hosts.environment(0, g0));
       const Status learned = first.learn_run();
       REQUIRE_MESSAGE(learned.ok(), learned.to_string());
       CHECK(first.config().train.steps == 24);
 
-      run::Peer joiner(run::PeerPlan{}, hosts.environment(1, g1));
+      runtime::Peer joiner(runtime::PeerPlan{}, hosts.environment(1, g1));
       REQUIRE(joiner.learn_run().ok());
       CHECK(joiner.config().train.steps == 24);
       CHECK(joiner.config().outer.method == optim::Method::kDiLoCo);
@@ -126,9 +126,9 @@ TEST_CASE("learn_run alone: a joiner takes the announced spec and its schedule, 
 
       train::RunConfig other = config;
       other.train.steps = 48;
-      run::PeerPlan plan;
+      runtime::PeerPlan plan;
       plan.own_spec = train::to_toml(other);
-      run::Peer stranger(std::move(plan), hosts.environment(2, g2));
+      runtime::Peer stranger(std::move(plan), hosts.environment(2, g2));
       const Status st = stranger.learn_run();
       CHECK(st.code() == ErrorCode::kInvalidArgument);
       CHECK(st.message().find("drop --config") != std::string::npos);
@@ -147,14 +147,14 @@ TEST_CASE("link_up and join_or_start alone: the peers form the starting group, e
   auto main = hosts.scheduler.start_thread([&] {
     std::vector<transport::Gossip*> g;
     for (int i = 0; i < 3; ++i) g.push_back(&hosts.node(i));
-    std::vector<std::unique_ptr<run::Peer>> peers;
-    peers.push_back(std::make_unique<run::Peer>(first_plan(toml, 3), hosts.environment(0, *g[0])));
-    for (int i = 1; i < 3; ++i) peers.push_back(std::make_unique<run::Peer>(run::PeerPlan{}, hosts.environment(i, *g[static_cast<std::size_t>(i)])));
+    std::vector<std::unique_ptr<runtime::Peer>> peers;
+    peers.push_back(std::make_unique<runtime::Peer>(first_plan(toml, 3), hosts.environment(0, *g[0])));
+    for (int i = 1; i < 3; ++i) peers.push_back(std::make_unique<runtime::Peer>(runtime::PeerPlan{}, hosts.environment(i, *g[static_cast<std::size_t>(i)])));
     std::vector<Status> outcome(3);
     std::vector<std::unique_ptr<ClockThread>> threads;
     for (std::size_t i = 0; i < 3; ++i) {
       threads.push_back(hosts.scheduler.start_thread([&, i] {
-        run::Peer& p = *peers[i];
+        runtime::Peer& p = *peers[i];
         outcome[i] = p.learn_run();
         if (outcome[i].ok()) outcome[i] = p.link_up();
         if (outcome[i].ok()) outcome[i] = p.join_or_start();

@@ -35,7 +35,7 @@ TEST_CASE("a node lost while it confirms an iteration: simulated nodes go throug
   constexpr int kLost = 3;  // it confirms iteration 2 to nodes 0-2 only, then dies
   std::vector<std::string> addresses;
   auto real = start_transports(c, addresses);
-  run_nodes(c, real, addresses, corpus->dataset, [](std::size_t v, run::PipelineProcessRequest& req) {
+  run_nodes(c, real, addresses, corpus->dataset, [](std::size_t v, runtime::PipelineProcessRequest& req) {
     if (v == kLost) req.crash_while_confirming = 2;
   });
   sim::SimulatedNodesOptions o;

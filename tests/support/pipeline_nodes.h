@@ -11,20 +11,20 @@
 #include <thread>
 #include <vector>
 
-#include "run/pipeline_process.h"
+#include "runtime/pipeline_process.h"
 #include "transport/tcp_transport.h"
 
 namespace gossamer::testing {
 
 struct Node {
   std::unique_ptr<transport::Transport> transport;
-  Result<run::PipelineProcessOutcome> outcome = error(ErrorCode::kInternal, "not run");
+  Result<runtime::PipelineProcessOutcome> outcome = error(ErrorCode::kInternal, "not run");
   std::vector<train::PipelineRecord> records;
   std::vector<std::optional<double>> vals;
 };
 
-inline run::PipelineProcessRequest request(const train::RunConfig& c, int node, const std::vector<std::string>& addresses, Nanos connect_timeout) {
-  run::PipelineProcessRequest req;
+inline runtime::PipelineProcessRequest request(const train::RunConfig& c, int node, const std::vector<std::string>& addresses, Nanos connect_timeout) {
+  runtime::PipelineProcessRequest req;
   req.config = c;
   req.clock = &real_clock();
   req.node = node;
@@ -38,7 +38,7 @@ inline std::vector<Node> start_transports(const train::RunConfig& c, std::vector
   for (std::size_t v = 0; v < nodes.size(); ++v) {
     transport::TcpOptions o;
     o.self = transport::PeerId{v + 1};
-    o.run = run::pipeline_run_id(c);
+    o.run = runtime::pipeline_run_id(c);
     auto t = transport::make_tcp_transport(o);
     REQUIRE(t.ok());
     addresses.push_back((*t)->address());
@@ -54,21 +54,21 @@ struct Curves {
   std::vector<std::optional<double>> vals;
 };
 inline Curves run_nodes(const train::RunConfig& config, std::vector<Node>& nodes, const std::vector<std::string>& addresses, const data::Dataset& data,
-                        const std::function<void(std::size_t, run::PipelineProcessRequest&)>& adjust) {
+                        const std::function<void(std::size_t, runtime::PipelineProcessRequest&)>& adjust) {
   Curves out;
   out.losses.resize(nodes.size());
   out.vals.resize(nodes.size());
   std::vector<std::thread> threads;
   for (std::size_t v = 0; v < nodes.size(); ++v) {
     threads.emplace_back([&, v] {
-      run::PipelineProcessRequest req = request(config, static_cast<int>(v), addresses, std::chrono::seconds(30));
+      runtime::PipelineProcessRequest req = request(config, static_cast<int>(v), addresses, std::chrono::seconds(30));
       req.rejoin_timeout = std::chrono::seconds(3);
       req.on_iteration = [&out, v](const train::PipelineRecord& r, std::optional<double> val) {
         out.losses[v].push_back(r.train_loss * static_cast<double>(r.losses));
         if (val) out.vals[v] = val;
       };
       adjust(v, req);
-      nodes[v].outcome = run::run_pipeline_process(req, *nodes[v].transport, data);
+      nodes[v].outcome = runtime::run_pipeline_process(req, *nodes[v].transport, data);
       // A node that failed or stopped is a process that exits: it listens no more, and the others
       // stop waiting for it as for one still inside the failed iteration.
       if (!nodes[v].outcome.ok() || nodes[v].outcome->stopped) nodes[v].transport.reset();

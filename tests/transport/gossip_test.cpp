@@ -224,7 +224,7 @@ TEST_CASE("gossip: a node listening on 0.0.0.0 is reached through its wildcard o
   CHECK(members[0].id == a.self());
   // Heard from this host (a loopback IP), the wildcard is kept: it reaches `a` here, where a loopback
   // address relayed to other hosts would not. (Other hosts get the IP `a`'s messages come from:
-  // tests/run/netns_test.sh.)
+  // tests/runtime/netns_test.sh.)
   CHECK(members[0].address == "tcp://0.0.0.0" + port);
   // A third node hears of `a` through `b` (a wildcard row it does not dial) and then from `a` itself.
   auto c = node({b->address()});

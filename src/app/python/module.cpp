@@ -1,5 +1,5 @@
 // _gossamer: the extension module under the Python package `gossamer` (gossamer/__init__.py holds
-// the classes users call). It runs one real peer (run::run_peer, as `gossamer peer` does) on a
+// the classes users call). It runs one real peer (runtime::run_peer, as `gossamer peer` does) on a
 // thread of its own over the caller's model: the caller makes each inner step with its own module,
 // data and optimizer and hands it over with step(); between two of the caller's steps the runtime
 // does what a peer does between two of its own (rounds, joins, catch-up, checkpoints), then hands
@@ -27,7 +27,7 @@
 
 #include "core/log.h"
 #include "optim/method.h"
-#include "run/peer.h"
+#include "runtime/peer.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
 #include "train/outer.h"
@@ -274,7 +274,7 @@ class Runtime {
   void start() {
     if (thread_.joinable()) throw py::value_error("the peer has started already");
     thread_ = std::thread([this] {
-      auto r = run::run_peer(request_);
+      auto r = runtime::run_peer(request_);
       {
         std::lock_guard lock(gate_.mu());
         outcome_.emplace(std::move(r));
@@ -339,7 +339,7 @@ class Runtime {
   int shards() const { return external_->shards; }
 
   py::object outcome() {
-    std::optional<run::PeerOutcome> out;
+    std::optional<runtime::PeerOutcome> out;
     {
       std::lock_guard lock(gate_.mu());
       if (!outcome_ || !outcome_->ok()) return py::none();
@@ -385,10 +385,10 @@ class Runtime {
 
   py::object update_, save_optimizer_, load_optimizer_, evaluate_;
   std::shared_ptr<train::ExternalTraining> external_;
-  run::PeerRequest request_;
+  runtime::PeerRequest request_;
   std::atomic<bool> stop_{false};
   StepGate gate_;
-  std::optional<Result<run::PeerOutcome>> outcome_;
+  std::optional<Result<runtime::PeerOutcome>> outcome_;
   std::thread thread_;
 };
 
