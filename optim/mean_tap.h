@@ -1,6 +1,6 @@
 // MeanTap: the codec's own bytes of the means a group's all-reduces decoded, kept while switched on,
 // so that catch-up can keep a round's update as the all-reduce sent it instead of in fp32
-// (run/update_codec.h; docs/joining.md). With int8 an update then takes a quarter of its fp32 size,
+// (runtime/update_codec.h; docs/joining.md). With int8 an update then takes a quarter of its fp32 size,
 // with fp4 an eighth, and a newcomer fetching it gains on the members where fp32 would not.
 //
 // allreduce_mean (collectives.h) hands a tap set in its Group the payloads of the mean, in the

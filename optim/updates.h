@@ -1,6 +1,6 @@
 // Catch-up: what a member applies to the state it shares with the others at each round, handed out
 // as it is applied, so that a newcomer holding the state of an earlier round can replay the rounds
-// since and end bit-identical to the members (run/update_log.h keeps them; docs/joining.md).
+// since and end bit-identical to the members (runtime/update_log.h keeps them; docs/joining.md).
 //
 // An update is keyed by the inner step whose round it completes (DiLoCo: every H-th step; Streaming
 // DiLoCo: the step a fragment completes; CO2: the step whose round launched the average it is; ddp:

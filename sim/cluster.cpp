@@ -128,7 +128,7 @@ void add_life(train::WorkerAccount& total, const train::WorkerAccount& life) {
   total.step_wall_s += life.step_wall_s;
 }
 
-// The simulated peers of one run: each worker is a real Peer (run/peer_runtime.h) on the virtual
+// The simulated peers of one run: each worker is a real Peer (runtime/peer_runtime.h) on the virtual
 // clock, the emulated network and fabrics for gossip and links; the scenario decides when a worker
 // starts, dies and restarts.
 class PeerCluster {

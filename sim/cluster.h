@@ -1,7 +1,7 @@
 // Cluster: many peers in one process, in virtual time, over an emulated network: what `gossamer
 // sim` and `gossamer compare` run.
 //
-// Each simulated worker is a real peer (run/peer_runtime.h): the real Worker, outer optimizer and
+// Each simulated worker is a real peer (runtime/peer_runtime.h): the real Worker, outer optimizer and
 // codecs, and the real membership: gossip (GossipFabric), round agreement through the Coordinator,
 // group links per epoch and state transfer to newcomers (StateServer, fetch_state) over a Transport
 // of the emulated network (TransportFabric). Only its Clock (the Scheduler) and its network are

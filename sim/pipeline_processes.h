@@ -1,5 +1,5 @@
 // Simulated pipeline processes: every node of a SkipPipe pipeline runs what `gossamer pipeline --node
-// K` runs (run/pipeline_process.h: a trainer hosting that node alone; links per epoch; the schedule
+// K` runs (runtime/pipeline_process.h: a trainer hosting that node alone; links per epoch; the schedule
 // confirmed by hash; every iteration confirmed to every node before weights move; after a failed
 // iteration the views, the catch-up and the reschedule without the nodes that did not answer within
 // the rejoin timeout), each node in an actor of the simulator, over the simulator's transport

@@ -2,7 +2,7 @@
 // (train/pipeline_trainer.h): the schedule of pipeline.mode, an iteration at a time, the validation
 // loss every train.eval_every iterations, and at the end the loss with stages left out (--omit).
 // With --node, this process hosts one node and the others run in processes of their own
-// (run/pipeline_process.h).
+// (runtime/pipeline_process.h).
 #include <cstdio>
 #include <string>
 
@@ -60,7 +60,7 @@ void add_pipeline_command(CLI::App& app, PipelineArgs& a) {
 
 namespace {
 
-// One node of a pipeline across processes (run/pipeline_process.h).
+// One node of a pipeline across processes (runtime/pipeline_process.h).
 int run_pipeline_node(const PipelineArgs& a, const train::RunConfig& c, const std::string& out) {
   runtime::PipelineProcessRequest req;
   req.config = c;

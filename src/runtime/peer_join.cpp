@@ -22,12 +22,6 @@ namespace gossamer::runtime {
 
 using namespace std::chrono_literals;
 
-namespace {
-// The link speed a donor assumes where it does not know its own (no --shape): 100 Mbit/s, a common
-// access link; it only decides whether a newcomer is awaited at the next round (boundary()).
-constexpr double kAssumedLinkBytesPerS = 12.5e6;
-}  // namespace
-
 // Fetches the newest state the members offer (asking for it until one arrives); kTimeout at the deadline.
 Result<FetchResult> Peer::fetch_newest(Deadline deadline) {
   std::optional<Nanos> last_ask;
@@ -117,9 +111,7 @@ Status Peer::adopt(const FetchResult& f) {
   current_round_ = f.manifest.round;
   snapshot_round_ = f.manifest.round;
   ++join_stats_.joins;
-  log_->stop();  // what it kept (if it offered state before) is no longer its state's history
-  server_->withdraw();
-  snapshot_step_.reset();
+  donor_->withdraw();  // what it kept (if it offered state before) is no longer its state's history
   return Status();
 }
 
@@ -135,16 +127,6 @@ Status Peer::replay(std::int64_t step, ByteView update) {
     if (Status st = worker_->replay_gradients(step, t); !st.ok()) return st;
   }
   return setup_.outer->replay(step, t);
-}
-
-void Peer::record(std::int64_t step, const at::Tensor& update) {
-  if (!log_ || !log_->recording()) return;
-  const at::Tensor flat = update.detach().to(at::kCPU, at::kFloat).contiguous().reshape({-1});
-  const std::span<const float> values(flat.data_ptr<float>(), static_cast<std::size_t>(flat.numel()));
-  // In the codec's bytes the all-reduce sent when they decode to exactly this update, else in fp32.
-  auto payloads = tap_->take(values);
-  if (payloads) ++donor_stats_.updates_kept_encoded;
-  log_->add(step, schedule_.rounds_over(step), static_cast<std::uint32_t>(world_), encode_update(values, payloads));
 }
 
 Status Peer::catch_up(Deadline deadline, bool slack) {
@@ -336,7 +318,9 @@ Status Peer::join_or_start() {
   auto setup = optim::make_outer_optimizer(outer_config_, train::param_blocks(worker_->model()), std::move(first_group));
   if (!setup.ok()) return setup.status();
   setup_ = std::move(*setup);
-  setup_.outer->record_updates([this](std::int64_t step, const at::Tensor& update) { record(step, update); });
+  setup_.outer->record_updates([this](std::int64_t step, const at::Tensor& update) {
+    donor_->record(step, schedule_.rounds_over(step), static_cast<std::uint32_t>(world_), update);
+  });
   if (env_.external) env_.external->snapshot = [this]() -> Result<train::CheckpointState> { return checkpoint_state(); };
 
   if (plan_.resumed) {
@@ -413,58 +397,41 @@ void Peer::boundary(std::int64_t done_step) {
   if (done_step > last_boundary_step_) round_length_ = (clock_.now() - last_boundary_) * schedule_.period / (done_step - last_boundary_step_);
   last_boundary_ = clock_.now();
   last_boundary_step_ = done_step;
-  const std::uint64_t requests = server_->requests();
-  idle_boundaries_ = !newcomers.empty() || requests != requests_seen_ ? 0 : idle_boundaries_ + 1;
-  requests_seen_ = requests;
-  if (log_->recording() && idle_boundaries_ >= 3) {
-    spdlog::info("round {}: no newcomer asked for the state for 3 rounds; the snapshot and the updates kept ({:.2f} MB at most) are dropped", done,
-                 log_->peak_bytes() / 1e6);
-    log_->stop();
-    server_->withdraw();
-    snapshot_step_.reset();
-  }
+  donor_->at_boundary(done, !newcomers.empty());
   // CO2's average in flight is part of what is shared: in, while a newcomer may need it.
-  const bool settle = log_->recording() || !newcomers.empty();
+  const bool settle = donor_->recording() || !newcomers.empty();
   const Status settled = settle ? setup_.outer->settle(after(round_timeout_)) : Status();
-  bool fresh_snapshot = false;
   if (!newcomers.empty()) {
-    const bool usable = snapshot_step_ && log_->recording() && log_->complete_after() <= *snapshot_step_;
+    bool fresh_snapshot = false;
     if (!settled.ok()) {
       spdlog::warn("round {}: no state offered to newcomers: {}", done, settled.to_string());
-    } else if (!usable) {
+    } else if (donor_->needs_snapshot()) {
       // ddp shares its inner optimizer too, in bytes every member writes alike (Worker::optimizer_state).
       const Bytes inner = ddp_ ? worker_->optimizer_state() : Bytes();
-      Bytes state = encode_shared_state(worker_->model().parameters(), *setup_.outer, ByteView(inner), ddp_);
-      // Chunks of 64 KiB to 1 MiB, at least 16 where the state allows, so that even a small state is
-      // spread over the donors (every donor cuts the same size alike: it depends on the size only).
-      const std::uint32_t chunk = snapshot_chunk_bytes(state.size());
-      server_->offer(Snapshot::make(done, done_step, static_cast<std::uint32_t>(world_), std::move(state), chunk));
-      log_->start(done_step);  // (one recording already goes on, reaching back further)
-      snapshot_step_ = done_step;
+      donor_->offer(done, done_step, static_cast<std::uint32_t>(world_),
+                    encode_shared_state(worker_->model().parameters(), *setup_.outer, ByteView(inner), ddp_));
       fresh_snapshot = true;
     }
-    if (snapshot_step_ && !outbound_only_) board_->offer(schedule_.rounds_over(*snapshot_step_), opened_.announced);  // nobody could dial it for the state
-    // A state that should arrive well within a round: the newcomers are awaited at the next one (as
-    // leader, for a while), so they join at once. A larger one: they catch up and say when they come.
-    if (fresh_snapshot && round_length_ > Nanos{0}) {
-      for (transport::PeerId id : newcomers) {
-        // The slower of this donor's serving and the newcomer's own link (as it says), where known.
-        double rate = server_->rate() > 0 ? server_->rate() : kAssumedLinkBytesPerS;
-        if (auto theirs = board_->link_of(id)) rate = std::min(rate, std::max(*theirs, 1e3));
-        const double estimate_s = static_cast<double>(server_->offered_bytes()) / rate;
-        // ddp's updates (every step's gradients) outweigh its state within a round: its newcomers are
-        // always awaited, however long their state takes; the others catch up instead.
-        if (2 * estimate_s > std::chrono::duration<double>(round_length_).count() && !ddp_) continue;
-        const double wait_s = std::min(std::max(2.0, 4 * estimate_s), std::chrono::duration<double>(round_timeout_).count() / 2);
-        const Nanos wait = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(wait_s));
-        coordinator_->expect(schedule_.first_round_after(done_step), id, wait);
-      }
-    }
+    const std::optional<std::int64_t> offered = donor_->snapshot_step();
+    if (offered && !outbound_only_) board_->offer(schedule_.rounds_over(*offered), opened_.announced);  // nobody could dial it for the state
+    if (fresh_snapshot && round_length_ > Nanos{0}) await_newcomers(newcomers, done_step);
   }
-
   if (checkpoint_due) {
     if (Status st = save_checkpoint(); !st.ok() && failure_.ok()) failure_ = st;
     last_checkpoint_ = done_step;
+  }
+}
+
+void Peer::await_newcomers(const std::vector<transport::PeerId>& newcomers, std::int64_t done_step) {
+  for (transport::PeerId id : newcomers) {
+    // The slower of this donor's serving and the newcomer's own link (as it says), where known.
+    const double estimate_s = donor_->transfer_estimate_s(board_->link_of(id));
+    // ddp's updates (every step's gradients) outweigh its state within a round: its newcomers are
+    // always awaited, however long their state takes; the others catch up instead.
+    if (2 * estimate_s > std::chrono::duration<double>(round_length_).count() && !ddp_) continue;
+    const double wait_s = std::min(std::max(2.0, 4 * estimate_s), std::chrono::duration<double>(round_timeout_).count() / 2);
+    const Nanos wait = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(wait_s));
+    coordinator_->expect(schedule_.first_round_after(done_step), id, wait);
   }
 }
 

@@ -168,16 +168,15 @@ Status Peer::link_up() {
   }
   // join.keep_rounds counts outer rounds: Streaming DiLoCo's take all its fragments' (H inner steps).
   const std::int64_t outer_period = outer_config_.method == optim::Method::kStreamingDiLoCo ? config_.streaming_diloco.inner_steps : schedule_.period;
-  log_ = std::make_shared<UpdateLog>(config_.join.keep_rounds * std::max<std::int64_t>(outer_period, 1), static_cast<std::uint64_t>(config_.join.keep_mb * 1e6),
-                                     tap_);
-  server_ = std::make_unique<StateServer>(clock_, log_);
-  server_->set_progress([this] { return progress_.load(); });
-  if (auto link = own_link_bytes_per_s()) server_->set_rate(*link * config_.join.serve_share);
+  std::optional<double> serve_rate;
+  if (auto link = own_link_bytes_per_s()) serve_rate = *link * config_.join.serve_share;
+  donor_ = std::make_unique<DonorDuty>(clock_, config_.join.keep_rounds * std::max<std::int64_t>(outer_period, 1),
+                                       static_cast<std::uint64_t>(config_.join.keep_mb * 1e6), serve_rate, [this] { return progress_.load(); });
   links_ = std::make_unique<PeerLinks>(
-      *opened_.transport, clock_, [this](std::shared_ptr<transport::Link> l) { server_->serve(shape_state_link(std::move(l))); },
+      *opened_.transport, clock_, [this](std::shared_ptr<transport::Link> l) { donor_->serve(shape_state_link(std::move(l))); },
       [g = &gossip_](transport::PeerId id, const std::string& announced) { return reachable_address(*g, id, announced); });
   if (plan_.poison) links_->poison(*plan_.poison);
-  links_->tap_means(tap_);
+  links_->tap_means(donor_->tap());
   if (plan_.crash_mid_round > 0 && env_.crash) {
     links_->crash_drill([this] {
       if (current_round_.load() != plan_.crash_mid_round || drilled_.exchange(true)) return;
@@ -353,9 +352,7 @@ std::optional<optim::Group> Peer::regroup(std::int64_t step) {
     }
     if (!view.ok()) {
       spdlog::warn("round {}: {}; this peer applies the round on its own", round, view.status().to_string());
-      log_->stop();  // its state leaves the members': what it kept serves no newcomer
-      server_->withdraw();
-      snapshot_step_.reset();
+      donor_->withdraw();  // its state leaves the members': what it kept serves no newcomer
       ++group_stats_.solo_rounds;
       session_.reset();  // its state is its own now: the members' updates no longer replay onto it
       agreed_round_ = round;
@@ -435,7 +432,7 @@ Result<train::WorkerAccount> Peer::rounds() {
     }
   };
   hooks.left_behind = [&] { return std::exchange(left_behind_, std::nullopt); };
-  hooks.state_traffic = [&] { return std::make_pair(server_->bytes_served(), join_stats_.bytes_received); };
+  hooks.state_traffic = [&] { return std::make_pair(donor_->bytes_served(), join_stats_.bytes_received); };
   hooks.gossip_traffic = [&] { return gossip_.bytes(); };
   hooks.membership_traffic = [&] { return gossip_.membership_bytes_sent(); };
   hooks.record = [&](const nlohmann::json& rec) {
@@ -445,7 +442,7 @@ Result<train::WorkerAccount> Peer::rounds() {
     out["relayed_bytes_sent"] = ts.relayed_bytes_sent;
     out["relay_forwarded_bytes"] = ts.relay_forwarded_bytes;
     if (join_stats_.joins > 0) join_stats_.write(out);
-    donor_stats_.write_record(out, *log_);
+    donor_->write_record(out);
     if (Status st = env_.store->record(out); !st.ok() && failure_.ok()) failure_ = st;
     if (rec.contains("val_loss")) {
       if (rec["step"].get<std::int64_t>() == config_.train.steps) final_val_ = rec["val_loss"].get<double>();
@@ -515,7 +512,7 @@ Result<PeerOutcome> Peer::finish(const train::WorkerAccount& account) {
   summary["goodput"] = train::goodput(account);
   join_stats_.write(summary);
   group_stats_.write(summary);
-  donor_stats_.write_summary(summary, *log_, *server_);
+  donor_->write_summary(summary);
   summary["dropped_messages"] = cs.dropped + static_cast<std::int64_t>(gossip_.dropped_messages());
   summary["refused_links"] = links_->refused_connections();
   summary["outbound_only"] = outbound_only_;

@@ -17,10 +17,11 @@
 //                  regroup() agrees the round's group (asked ahead, retried after a failure); after a
 //                  round, boundary() offers the shared state to newcomers and checkpoints when due
 //   finish         a last agreement as a barrier, the final checkpoint, the outcome and summary
-// Joining, in both roles (a newcomer's fetch, adoption and catch-up, a member's offer at each
-// boundary), and join_or_start are in peer_join.cpp; the rest in peer_runtime.cpp.
+// Joining, in both roles (a newcomer's fetch, adoption and catch-up; a member's offer at each
+// boundary, whose snapshot, kept updates and server are its DonorDuty, donor_duty.h), and
+// join_or_start are in peer_join.cpp; the rest in peer_runtime.cpp.
 // A pipeline run (pipeline.enabled) takes learn_run, then run_pipeline: the peers ready at the
-// start become the pipeline's nodes (run/pipeline_process.h), and nobody joins later.
+// start become the pipeline's nodes (runtime/pipeline_process.h), and nobody joins later.
 //
 // Threading: run() blocks the calling thread (a simulated thread in a simulation); everything it
 // starts runs on threads of the environment's clock and is joined before run() returns. Errors:
@@ -45,6 +46,7 @@
 #include "core/status.h"
 #include "runtime/announcements.h"
 #include "runtime/coordinator.h"
+#include "runtime/donor_duty.h"
 #include "runtime/host.h"
 #include "runtime/peer.h"
 #include "runtime/peer_links.h"
@@ -162,8 +164,9 @@ class Peer {
   [[nodiscard]] Status join(Deadline deadline, bool slack = false);
   // A newcomer's update, recorded by a member (optim/updates.h), replayed on this peer's state.
   [[nodiscard]] Status replay(std::int64_t step, ByteView update);
-  // The updates this member applies, kept for newcomers while it offers a snapshot.
-  void record(std::int64_t step, const at::Tensor& update);
+  // Newcomers waiting at a boundary with a fresh snapshot offered: awaited at the next round (as
+  // leader, for a while) where their state should arrive well within a round.
+  void await_newcomers(const std::vector<transport::PeerId>& newcomers, std::int64_t done_step);
   // The whole training state now (the in-flight average settled first), as a checkpoint holds it.
   train::CheckpointState checkpoint_state();
   void settle_for_checkpoint();
@@ -224,10 +227,7 @@ class Peer {
   // link_up (declared so that they go in the right order: links and server before the transport)
   OpenedLinks opened_;
   bool outbound_only_ = false;  // this peer accepts no connections: it dials, or goes through a relay
-  // The codec's bytes of the all-reduces' means while the log records (updates kept in them).
-  std::shared_ptr<optim::MeanTap> tap_ = std::make_shared<optim::MeanTap>();
-  std::shared_ptr<UpdateLog> log_;
-  std::unique_ptr<StateServer> server_;
+  std::unique_ptr<DonorDuty> donor_;  // its part in newcomers' joins: the snapshot offered, the updates kept
   std::unique_ptr<PeerLinks> links_;
   std::shared_ptr<Coordinator> coordinator_;
   std::mutex layout_mu_;
@@ -241,9 +241,7 @@ class Peer {
   std::unique_ptr<StateFetch> session_;  // a newcomer's donors, until it takes part in a round
   Nanos join_started_{0};
   std::int64_t snapshot_round_ = 0;            // of the snapshot this peer joined from
-  std::optional<std::int64_t> snapshot_step_;  // of the snapshot this member offers, if any
   JoinStats join_stats_;
-  DonorStats donor_stats_;
   int rank_ = 0, world_ = 1;
   std::unique_ptr<train::Worker> worker_;
   optim::OuterSetup setup_;
@@ -260,8 +258,6 @@ class Peer {
   // Left out of a round since the loop last asked: what became of its work (LoopHooks::left_behind).
   std::optional<train::LeftBehind> left_behind_;
   std::atomic<bool> drilled_{false};  // the crash drill fired (PeerPlan::crash_mid_round)
-  std::uint64_t requests_seen_ = 0;  // the state server's requests at the last boundary
-  int idle_boundaries_ = 0;          // boundaries since a newcomer last asked for anything
   Nanos last_boundary_{0}, round_length_{0};  // when the last round ended, and how long a round takes
   std::int64_t last_boundary_step_ = 0;
   std::optional<double> final_val_;

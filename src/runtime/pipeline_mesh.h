@@ -1,4 +1,4 @@
-// The links between a pipeline's processes (run/pipeline_process.h), one set per epoch: node k
+// The links between a pipeline's processes (runtime/pipeline_process.h), one set per epoch: node k
 // dials every wanted node below it and accepts every wanted node above it, each link's peer checked
 // and the epoch said and answered first (a late connection of an older epoch is closed). Every wait
 // and thread is on the request's clock, so simulated nodes (on the simulator's transport and clock)

@@ -82,7 +82,7 @@ std::map<int, std::vector<std::vector<std::int64_t>>> stage_shapes(const train::
   return out;
 }
 
-// pipeline.network = measured: every node measures its links and its machine (run/link_probe.h),
+// pipeline.network = measured: every node measures its links and its machine (runtime/link_probe.h),
 // then sends its row to every other; each assembles the same network from the same rows.
 Result<MeasuredNetwork> measure_network(const PipelineProcessRequest& req, const Links& links, int n) {
   const auto& c = req.config;

@@ -191,7 +191,7 @@ struct TrainSection {
   double round_timeout_s = 600;  // a synchronization round gives up after this long
   // Real runs and the simulator: a round closes once every member is ready, or once this share of
   // the members' expected work is and a grace learned from recent arrivals (their median lag plus
-  // grace_spread robust spreads) has passed since (run/coordinator.h; docs/peer.md).
+  // grace_spread robust spreads) has passed since (runtime/coordinator.h; docs/peer.md).
   double quorum = 0.5;
   double grace_spread = 3.0;
 };

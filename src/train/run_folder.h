@@ -68,7 +68,7 @@ inline constexpr const char* kMetricsFile = "metrics.jsonl";     // one record p
 inline constexpr const char* kSummaryFile = "summary.json";
 inline constexpr const char* kCheckpointFile = "checkpoint.bin";
 inline constexpr const char* kReportFile = "report.html";        // sim and compare
-// A newcomer's state as it arrives, and its manifest (run/state_store.h): no result yet, so the same
+// A newcomer's state as it arrives, and its manifest (runtime/state_store.h): no result yet, so the same
 // command may start again in that folder and resume the transfer.
 inline constexpr const char* kJoinStateFile = "join-state.bin";
 inline constexpr const char* kJoinManifestFile = "join-state.manifest";

@@ -1,4 +1,4 @@
-// Link probes (run/link_probe.h): every pair measured once, one link per node at a time; a shaped
+// Link probes (runtime/link_probe.h): every pair measured once, one link per node at a time; a shaped
 // node's latency and bandwidth found within bounds; rows from other processes checked.
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-// A SkipPipe pipeline across "processes" (run/pipeline_process.h): each node with its own TCP
+// A SkipPipe pipeline across "processes" (runtime/pipeline_process.h): each node with its own TCP
 // transport on loopback, its own trainer hosting only that node, all in threads of this test. The
 // losses and the final validation loss are those of the same config in one trainer, bit for bit; a
 // process of another config is refused at the handshake; a node that stops makes the others fail at

@@ -1,4 +1,4 @@
-// A kept update's bytes (run/update_codec.h): fp32 and the codec's own payloads round-trip bit for
+// A kept update's bytes (runtime/update_codec.h): fp32 and the codec's own payloads round-trip bit for
 // bit, golden bytes pin the layout, and malformed or mutated updates are refused without a crash.
 #include <doctest/doctest.h>
 

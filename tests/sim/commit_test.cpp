@@ -1,4 +1,4 @@
-// Rounds committed all-or-nothing (run/coordinator.h), in the simulator: a worker dies inside a
+// Rounds committed all-or-nothing (runtime/coordinator.h), in the simulator: a worker dies inside a
 // round's collective once its own share of the average reached half the group (sim.crash_mid_round),
 // so some members hold the round and others do not. Those holding it go on without catching up, the
 // one that missed it catches up to their state, and every survivor ends with the same weights. And

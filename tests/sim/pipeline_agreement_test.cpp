@@ -1,5 +1,5 @@
 // The pipeline's agreement in the simulator (sim/pipeline_processes.h) is the one pipeline processes
-// follow (run/pipeline_process.h): the same fault, run by real nodes over TCP on loopback and by
+// follow (runtime/pipeline_process.h): the same fault, run by real nodes over TCP on loopback and by
 // simulated nodes in virtual time, leaves every survivor with the same notes of the agreement, step
 // by step, and the same weights.
 #include <doctest/doctest.h>

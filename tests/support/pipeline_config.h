@@ -29,7 +29,7 @@ inline train::RunConfig small_pipeline_run() {
   return c;
 }
 
-// The same as separate processes run it (run/pipeline_process.h, and the simulator's processes):
+// The same as separate processes run it (runtime/pipeline_process.h, and the simulator's processes):
 // a small corpus, an evaluation every 2 iterations, rounds that may take a minute.
 inline train::RunConfig small_pipeline_processes(std::int64_t steps) {
   train::RunConfig c = small_pipeline_run();

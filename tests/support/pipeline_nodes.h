@@ -1,4 +1,4 @@
-// Pipeline nodes as processes run them (run/pipeline_process.h), each with its own TCP transport on
+// Pipeline nodes as processes run them (runtime/pipeline_process.h), each with its own TCP transport on
 // loopback and its own trainer hosting only that node, all in threads of the test.
 #pragma once
 
