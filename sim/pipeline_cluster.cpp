@@ -17,10 +17,9 @@
 
 namespace gossamer::sim {
 
-NetworkSpec pipeline_network_spec(const train::RunConfig& c, double hop_bytes) {
+NetworkSpec pipeline_network_spec(const train::RunConfig& c, double scale) {
   const skippipe::Network net = train::pipeline_network(c);
   const skippipe::Costs costs = train::pipeline_costs(c);
-  const double scale = costs.activation_bytes > 0 ? hop_bytes / costs.activation_bytes : 1.0;
   const int n = net.nodes;
   NetworkSpec spec;
   spec.seed = static_cast<std::uint64_t>(c.sim.seed);
@@ -86,7 +85,7 @@ struct OneTrainer {
   const PipelineProgress& progress;
   Scheduler& scheduler;
   Network& network;
-  double hop_bytes;
+  double hop_scale;  // sim/pipeline_totals.h
   ClusterResult& result;
   double compute_wall = 0;
 
@@ -120,7 +119,7 @@ Status OneTrainer::run() {
   auto made = train::PipelineTrainer::make(c, corpus.dataset, env);
   if (!made.ok()) return made.status();
   train::PipelineTrainer& t = **made;
-  PipelineTotals totals(c, t.plan(), hop_bytes / std::max(1.0, train::pipeline_costs(c).activation_bytes));
+  PipelineTotals totals(c, t.plan(), hop_scale);
   result.parameters = model::Gpt(train::gpt_config(c, 0)).num_parameters();
   PipelineEnd end;
   std::optional<double> last_val;  // the latest evaluation's
@@ -157,12 +156,12 @@ Result<ClusterResult> run_pipeline_cluster(const train::RunConfig& c, const trai
     return std::move(nodes->result);
   }
   Stopwatch wall(real_clock());
-  const double hop_bytes = real_hop_bytes(c);
+  const double scale = hop_scale(c);
   Scheduler scheduler;
-  Network network(scheduler, pipeline_network_spec(c, hop_bytes));
+  Network network(scheduler, pipeline_network_spec(c, scale));
   ClusterResult result;
   result.crashed.assign(static_cast<std::size_t>(c.pipeline.nodes), false);
-  OneTrainer one{c, corpus, progress, scheduler, network, hop_bytes, result};
+  OneTrainer one{c, corpus, progress, scheduler, network, scale, result};
   Status failure;
   auto driver = scheduler.start_thread([&] { failure = one.run(); });
   Status st = scheduler.run();

@@ -43,9 +43,10 @@
 
 namespace gossamer::sim {
 
-// The pipeline's emulated network: pair links from pipeline.network, scaled for `hop_bytes` (the
-// real model's fp32 hop) against pipeline.activation_mib, with the per-hop overhead as latency.
-NetworkSpec pipeline_network_spec(const train::RunConfig& config, double hop_bytes);
+// The pipeline's emulated network: pair links from pipeline.network, their bandwidth scaled by
+// `hop_scale` (the real model's fp32 hop against pipeline.activation_mib), with the per-hop overhead
+// as latency.
+NetworkSpec pipeline_network_spec(const train::RunConfig& config, double hop_scale);
 
 // The pipeline variants as `gossamer compare` names them, and the pipeline.mode each runs:
 // pipeline-full (full), skippipe-random (random: cost-blind skipping), skippipe-noca (noca: without

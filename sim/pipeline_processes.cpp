@@ -4,7 +4,6 @@
 #include <atomic>
 #include <map>
 #include <optional>
-#include <set>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -14,6 +13,7 @@
 #include "sim/pipeline_totals.h"
 #include "sim/scheduler.h"
 #include "sim/transport_fabric.h"
+#include "train/pipeline.h"
 
 namespace gossamer::sim {
 
@@ -36,7 +36,18 @@ struct Merged {
   double bytes_sent = 0;
 };
 
-std::optional<Merged> merge(const std::vector<std::vector<Reported>>& reported, std::int64_t i) {
+// Where each node's last report of each iteration is (a node that ran an iteration again after a
+// failure reported it twice: the later one counts).
+using LatestReports = std::vector<std::map<std::int64_t, std::size_t>>;
+LatestReports latest_reports(const std::vector<std::vector<Reported>>& reported) {
+  LatestReports out(reported.size());
+  for (std::size_t v = 0; v < reported.size(); ++v) {
+    for (std::size_t k = 0; k < reported[v].size(); ++k) out[v][reported[v][k].rec.iteration] = k;
+  }
+  return out;
+}
+
+std::optional<Merged> merge(const std::vector<std::vector<Reported>>& reported, const LatestReports& latest, std::int64_t i) {
   const std::size_t n = reported.size();
   Merged m;
   m.started.assign(n, 0);
@@ -48,8 +59,9 @@ std::optional<Merged> merge(const std::vector<std::vector<Reported>>& reported, 
   bool any = false;
   double loss_sum = 0, whole = 0;
   for (std::size_t v = 0; v < n; ++v) {
-    const auto it = std::find_if(reported[v].rbegin(), reported[v].rend(), [i](const Reported& x) { return x.rec.iteration == i; });
-    if (it == reported[v].rend()) continue;
+    const auto at = latest[v].find(i);
+    if (at == latest[v].end()) continue;
+    const Reported* it = &reported[v][at->second];
     const train::PipelineRecord& x = it->rec;
     if (!any) {
       r.iteration = x.iteration;
@@ -93,8 +105,8 @@ std::optional<Merged> merge(const std::vector<std::vector<Reported>>& reported, 
 // The nodes' run: one actor per node, each with its transport on its network node.
 class Nodes {
  public:
-  Nodes(const train::RunConfig& c, const train::Corpus& corpus, const SimulatedNodesOptions& o, Scheduler& scheduler, Network& network)
-      : c_(c), corpus_(corpus), o_(o), scheduler_(scheduler), network_(network), fabric_(scheduler, network), n_(static_cast<std::size_t>(c.pipeline.nodes)),
+  Nodes(const train::RunConfig& c, const train::Corpus& corpus, const SimulatedNodesOptions& o, Scheduler& scheduler, Network& network, double hop_scale)
+      : c_(c), corpus_(corpus), o_(o), scheduler_(scheduler), network_(network), fabric_(scheduler, network), hop_scale_(hop_scale), n_(static_cast<std::size_t>(c.pipeline.nodes)),
         reported_(n_), crashed_(n_, false), stops_(n_) {
     for (std::size_t v = 0; v < n_; ++v) addresses_.push_back(fmt::format("198.18.{}.{}:7300", v / 250, v % 250 + 1));
     outcomes_.assign(n_, error(ErrorCode::kInternal, "the node did not run"));
@@ -113,6 +125,7 @@ class Nodes {
   Scheduler& scheduler_;
   Network& network_;
   TransportFabric fabric_;
+  const double hop_scale_;  // sim/pipeline_totals.h
   const std::size_t n_;
   std::vector<std::string> addresses_;
   std::vector<std::vector<Reported>> reported_;
@@ -194,14 +207,10 @@ SimulatedNodes Nodes::finish(double compute_wall) {
     end.rejoin_s = std::max(end.rejoin_s.value_or(0.0), o->rejoin_s);
     if (o->last_plan) {
       end.final_predicted_makespan_s = o->last_plan->simulation.makespan_s;
-      // The nodes taking part at the end: the final schedule's origins and hops (one trainer counts
-      // its stages' replicas; every process holds the same schedule).
-      std::set<int> taking_part;
-      for (const auto& a : o->last_plan->schedule.agents) {
-        taking_part.insert(a.origin);
-        taking_part.insert(a.hops.begin(), a.hops.end());
-      }
-      end.stage_replicas = static_cast<std::int64_t>(taking_part.size());
+      // The nodes taking part at the end: those a micro-batch of the final schedule visits, as one
+      // trainer counts its stages' replicas (every process holds the same schedule).
+      const std::vector<int> visits = train::node_visits(o->last_plan->schedule);
+      end.stage_replicas = std::count_if(visits.begin(), visits.end(), [](int n) { return n > 0; });
     }
     if (o->end) {
       end.stage_shares = o->end->stage_shares;
@@ -215,9 +224,10 @@ SimulatedNodes Nodes::finish(double compute_wall) {
   result.parameters = model::Gpt(train::gpt_config(c_, 0)).num_parameters();
   result.compute_wall_s = compute_wall;
   if (first != nullptr && first->first_plan) {
-    PipelineTotals totals(c_, *first->first_plan, real_hop_bytes(c_) / std::max(1.0, train::pipeline_costs(c_).activation_bytes));
+    PipelineTotals totals(c_, *first->first_plan, hop_scale_);
+    const LatestReports latest = latest_reports(reported_);
     for (std::int64_t i = 1; i <= c_.train.steps; ++i) {
-      const auto m = merge(reported_, i);
+      const auto m = merge(reported_, latest, i);
       if (!m) continue;
       result.compute_wall_s += m->rec.seconds;
       result.records.push_back(totals.add(m->rec, m->started, m->rec.ended_s, m->bytes_sent, m->val));
@@ -235,8 +245,9 @@ Result<SimulatedNodes> simulate_pipeline_nodes(const train::RunConfig& c, const 
   if (Status st = train::check_network_in_one_process(c); !st.ok()) return st;
   Stopwatch wall(real_clock());
   Scheduler scheduler;
-  Network network(scheduler, pipeline_network_spec(c, real_hop_bytes(c)));
-  Nodes nodes(c, corpus, o, scheduler, network);
+  const double scale = hop_scale(c);
+  Network network(scheduler, pipeline_network_spec(c, scale));
+  Nodes nodes(c, corpus, o, scheduler, network, scale);
   Status failure;
   auto driver = scheduler.start_thread([&] { failure = nodes.run(); });
   if (Status st = scheduler.run(); !st.ok()) {

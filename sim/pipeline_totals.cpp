@@ -27,11 +27,12 @@ nlohmann::json timeline_json(const train::PipelineRecord& rec, const skippipe::S
 
 }  // namespace
 
-// The hop's bytes: the real model's fp32 hop on the wire, against which the table's full-size hop is scaled.
-double real_hop_bytes(const train::RunConfig& c) {
+double hop_scale(const train::RunConfig& c) {
   const at::Tensor probe = torch::zeros({c.train.batch_size, c.model.context, c.model.width});
   const Bytes message = train::encode_activation(train::ActivationHeader{}, probe, quant::EncodeOptions{});
-  return transport::LinkProfile{}.wire_bytes(message.size() + transport::kFrameHeaderBytes);
+  const double real = transport::LinkProfile{}.wire_bytes(message.size() + transport::kFrameHeaderBytes);
+  const double table = train::pipeline_costs(c).activation_bytes;
+  return table > 0 ? real / table : 1.0;
 }
 
 double bytes_sent_per_node(const Network& network, std::size_t nodes) {

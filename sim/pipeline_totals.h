@@ -18,8 +18,9 @@
 
 namespace gossamer::sim {
 
-// The real model's fp32 hop on the wire, against which the table's full-size hop is scaled.
-double real_hop_bytes(const train::RunConfig& config);
+// The real model's fp32 hop on the wire over the table's full-size one (pipeline.activation_mib):
+// what the emulated links' bandwidth and the reported bytes are scaled by.
+double hop_scale(const train::RunConfig& config);
 // The bytes a node has sent so far, on average over the network's `nodes`.
 double bytes_sent_per_node(const Network& network, std::size_t nodes);
 
