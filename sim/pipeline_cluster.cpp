@@ -97,13 +97,8 @@ struct OneTrainer {
 
 void OneTrainer::end_figures(train::PipelineTrainer& t, std::optional<double> last_val, PipelineEnd& end) {
   Stopwatch omission(real_clock());
-  const auto weights = t.stage_weights();
-  end.omitted = train::default_omitted_stages(c.pipeline.stages);
-  end.val_loss = last_val ? *last_val : t.evaluate_with(weights, t.depth_scales());  // (the last iteration evaluates)
-  end.omitted_val_loss = t.evaluate_with(weights, t.depth_scales(end.omitted), end.omitted);
-  end.val_loss_as_trained = t.evaluate_with(weights, {});
-  end.omitted_val_loss_as_trained = t.evaluate_with(weights, {}, end.omitted);
-  end.stage_shares = t.stage_shares();
+  // (The last iteration evaluates: its loss is the first figure.)
+  end.evaluations = train::EndEvaluation(t, train::default_omitted_stages(c.pipeline.stages)).measure(t, t.stage_weights(), last_val);
   end.lost_nodes = t.lost_nodes();
   end.final_predicted_makespan_s = t.plan().simulation.makespan_s;
   for (int stage = 0; stage < c.pipeline.stages; ++stage) end.stage_replicas += static_cast<std::int64_t>(t.stage_replicas(stage).size());

@@ -212,14 +212,7 @@ SimulatedNodes Nodes::finish(double compute_wall) {
       const std::vector<int> visits = train::node_visits(o->last_plan->schedule);
       end.stage_replicas = std::count_if(visits.begin(), visits.end(), [](int n) { return n > 0; });
     }
-    if (o->end) {
-      end.stage_shares = o->end->stage_shares;
-      end.omitted = o->end->omitted;
-      end.val_loss = o->end->val_loss;
-      end.omitted_val_loss = o->end->omitted_val_loss;
-      end.val_loss_as_trained = o->end->val_loss_as_trained;
-      end.omitted_val_loss_as_trained = o->end->omitted_val_loss_as_trained;
-    }
+    if (o->end) end.evaluations = *o->end;
   }
   result.parameters = model::Gpt(train::gpt_config(c_, 0)).num_parameters();
   result.compute_wall_s = compute_wall;

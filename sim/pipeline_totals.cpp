@@ -129,12 +129,12 @@ void PipelineTotals::finish(const PipelineEnd& end, const Network& network, doub
                      {"retried_s", end.retried_s},
                      {"final_predicted_makespan_s", end.final_predicted_makespan_s},
                      {"depth_scaling", c.pipeline.depth_scaling},
-                     {"stage_shares", end.stage_shares},
-                     {"omitted_stages", end.omitted},
-                     {"val_loss", end.val_loss},
-                     {"omitted_val_loss", end.omitted_val_loss},
-                     {"val_loss_as_trained", end.val_loss_as_trained},
-                     {"omitted_val_loss_as_trained", end.omitted_val_loss_as_trained},
+                     {"stage_shares", end.evaluations.stage_shares},
+                     {"omitted_stages", end.evaluations.omitted},
+                     {"val_loss", end.evaluations.val_loss},
+                     {"omitted_val_loss", end.evaluations.omitted_val_loss},
+                     {"val_loss_as_trained", end.evaluations.val_loss_as_trained},
+                     {"omitted_val_loss_as_trained", end.evaluations.omitted_val_loss_as_trained},
                      {"hop_bytes_scale", hop_bytes_scale_},
                      {"timeline", timeline_}};
   if (end.rejoin_s) result.pipeline["rejoin_s"] = *end.rejoin_s;

@@ -31,9 +31,7 @@ struct PipelineEnd {
   double retried_s = 0;                // the failed attempts, until the failure showed
   std::optional<double> rejoin_s;      // from then until the survivors had agreed (simulated processes)
   double final_predicted_makespan_s = 0;
-  std::vector<double> stage_shares;
-  std::vector<int> omitted;
-  double val_loss = 0, omitted_val_loss = 0, val_loss_as_trained = 0, omitted_val_loss_as_trained = 0;
+  train::EndEvaluations evaluations;  // the omission check
   std::int64_t stage_replicas = 0;     // nodes taking part in a stage at the end (stage sync rounds per replica)
 };
 

@@ -162,11 +162,10 @@ int finish_pipeline_run(const train::RunConfig& c, train::PipelineTrainer& t, tr
   const double last_val = totals.last_val;
   const std::uint64_t activation_bytes = totals.activation_bytes, sync_bytes = totals.sync_bytes;
   const auto& sim = t.plan().simulation;
-  const double omitted = t.evaluate(omit);
   // The same weights without depth scaling, beside: what the scaling changes is in the summary.
   const auto weights = t.stage_weights();
-  const double as_trained = t.evaluate_with(weights, {});
-  const double omitted_as_trained = t.evaluate_with(weights, {}, omit);
+  const train::EndEvaluations end = train::EndEvaluation(t, omit).measure(t, weights, last_val);
+  const double omitted = end.omitted_val_loss, as_trained = end.val_loss_as_trained, omitted_as_trained = end.omitted_val_loss_as_trained;
   nlohmann::json summary = {{"mode", train::name_of(c.pipeline.mode)},
                             {"nodes", c.pipeline.nodes},
                             {"stages", c.pipeline.stages},
@@ -178,7 +177,7 @@ int finish_pipeline_run(const train::RunConfig& c, train::PipelineTrainer& t, tr
                             {"omitted_val_loss", omitted},
                             {"omission_increase", omitted / last_val - 1},
                             {"depth_scaling", c.pipeline.depth_scaling},
-                            {"stage_shares", t.stage_shares()},
+                            {"stage_shares", end.stage_shares},
                             {"val_loss_as_trained", as_trained},
                             {"omitted_val_loss_as_trained", omitted_as_trained},
                             {"stage_sync", train::name_of(c.pipeline.stage_sync)},

@@ -403,22 +403,11 @@ std::unique_ptr<PipelineProcess::Evaluation> PipelineProcess::evaluate(std::int6
   }
   if (i == req_.config.train.steps) outcome_.model = std::make_shared<model::Gpt>(t.assemble(stages, t.depth_scales()));
   auto e = std::make_unique<Evaluation>();
-  std::optional<PipelineEndEvaluations> end;
-  if (i == req_.config.train.steps && req_.omission_check) {
-    end.emplace();
-    end->omitted = train::default_omitted_stages(req_.config.pipeline.stages);
-    end->stage_shares = t.stage_shares();
-  }
-  e->thread = clock_.start_thread([this, &t, stages = std::move(stages), scales = t.depth_scales(), omitted_scales = end ? t.depth_scales(end->omitted) : std::vector<double>(),
-                                   end, done = e->done, value = e->value]() mutable {
+  std::optional<train::EndEvaluation> end;
+  if (i == req_.config.train.steps && req_.omission_check) end.emplace(t, train::default_omitted_stages(req_.config.pipeline.stages));
+  e->thread = clock_.start_thread([this, &t, stages = std::move(stages), scales = t.depth_scales(), end = std::move(end), done = e->done, value = e->value] {
     *value = t.evaluate_with(stages, scales);
-    if (end) {
-      end->val_loss = *value;
-      end->omitted_val_loss = t.evaluate_with(stages, omitted_scales, end->omitted);
-      end->val_loss_as_trained = t.evaluate_with(stages, {});
-      end->omitted_val_loss_as_trained = t.evaluate_with(stages, {}, end->omitted);
-      outcome_.end = std::move(end);  // (read once this evaluation is joined)
-    }
+    if (end) outcome_.end = end->measure(t, stages, *value);  // (read once this evaluation is joined)
     done->store(true);
   });
   return e;

@@ -99,11 +99,6 @@ struct PipelineProcessRequest {
 
 // The evaluator's figures at the end with omission_check: the model as evaluated, with the default
 // stages left out, and both with the weights as trained (no depth scaling).
-struct PipelineEndEvaluations {
-  std::vector<int> omitted;
-  std::vector<double> stage_shares;
-  double val_loss = 0, omitted_val_loss = 0, val_loss_as_trained = 0, omitted_val_loss_as_trained = 0;
-};
 
 
 struct PipelineProcessOutcome {
@@ -133,7 +128,7 @@ struct PipelineProcessOutcome {
   double rejoin_s = 0;
   // The schedule planned at the start and the one in force at the end (after any reschedule).
   std::optional<skippipe::Plan> first_plan, last_plan;
-  std::optional<PipelineEndEvaluations> end;  // the evaluator's, with omission_check
+  std::optional<train::EndEvaluations> end;  // the evaluator's, with omission_check
 };
 
 // A pipeline process's records, as metrics.jsonl holds them: one per iteration (with its validation

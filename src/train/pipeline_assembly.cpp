@@ -10,6 +10,22 @@
 
 namespace gossamer::train {
 
+EndEvaluation::EndEvaluation(const PipelineTrainer& t, std::vector<int> omitted)
+    : scales_(t.depth_scales()), omitted_scales_(t.depth_scales(omitted)) {
+  figures_.omitted = std::move(omitted);
+  figures_.stage_shares = t.stage_shares();
+}
+
+EndEvaluations EndEvaluation::measure(const PipelineTrainer& t, const std::map<int, std::vector<at::Tensor>>& stages,
+                                      std::optional<double> val_loss) const {
+  EndEvaluations out = figures_;
+  out.val_loss = val_loss ? *val_loss : t.evaluate_with(stages, scales_);
+  out.omitted_val_loss = t.evaluate_with(stages, omitted_scales_, out.omitted);
+  out.val_loss_as_trained = t.evaluate_with(stages, {});
+  out.omitted_val_loss_as_trained = t.evaluate_with(stages, {}, out.omitted);
+  return out;
+}
+
 double PipelineTrainer::evaluate(const std::vector<int>& omitted) { return evaluate_with(stage_weights(), depth_scales(omitted), omitted); }
 
 std::map<int, std::vector<at::Tensor>> PipelineTrainer::stage_weights() const {

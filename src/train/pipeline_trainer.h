@@ -208,6 +208,28 @@ skippipe::Costs pipeline_costs(const RunConfig& config);
 // 3, 4 and 5, so stage 0 and two others remain, the paper's "half the model").
 std::vector<int> default_omitted_stages(std::int64_t stages);
 
+// A pipeline run's closing figures (the omission check): the validation loss of the assembled model
+// as evaluated (depth-scaled, pipeline.depth_scaling) and with `omitted` stages left out, both again
+// as trained (unscaled), and the stages' visit shares.
+struct EndEvaluations {
+  std::vector<int> omitted;
+  std::vector<double> stage_shares;
+  double val_loss = 0, omitted_val_loss = 0, val_loss_as_trained = 0, omitted_val_loss_as_trained = 0;
+};
+// Taken in two parts, so that the measuring may run on another thread while the trainer steps: what
+// the trainer holds now (the shares and both scalings), on the trainer's thread; then the four losses
+// of the stages' weights `stages` (`val_loss`: the first, where already measured).
+class EndEvaluation {
+ public:
+  EndEvaluation(const PipelineTrainer& trainer, std::vector<int> omitted);
+  EndEvaluations measure(const PipelineTrainer& trainer, const std::map<int, std::vector<at::Tensor>>& stages,
+                         std::optional<double> val_loss = std::nullopt) const;
+
+ private:
+  EndEvaluations figures_;
+  std::vector<double> scales_, omitted_scales_;
+};
+
 // pipeline.mode's name to the scheduler's mode.
 skippipe::Mode pipeline_mode(PipelineMode mode);
 
