@@ -21,7 +21,7 @@ constexpr Nanos kAttempt = std::chrono::seconds(5);  // one connection attempt's
 class Mesh {
  public:
   Mesh(const PipelineProcessRequest& req, transport::Transport& transport, const Want& want)
-      : req_(req), clock_(*req.clock), transport_(transport), want_(want), n_(static_cast<int>(req.addresses.size())), links_(static_cast<std::size_t>(n_)), alive_(static_cast<std::size_t>(n_), kUnknown) {}
+      : req_(req), clock_(*req.clock), transport_(transport), want_(want), n_(static_cast<int>(req.addresses.size())), links_(static_cast<std::size_t>(n_)), gone_(static_cast<std::size_t>(n_), 0) {}
 
   Result<Links> run();
 
@@ -47,7 +47,7 @@ class Mesh {
   bool waiting_for_alive_above() {
     std::lock_guard lock(mu_);
     for (int j = req_.node + 1; j < n_; ++j) {
-      if (wanted(j) && alive_[static_cast<std::size_t>(j)] != kGone && !links_[static_cast<std::size_t>(j)]) return true;
+      if (wanted(j) && !gone_[static_cast<std::size_t>(j)] && !links_[static_cast<std::size_t>(j)]) return true;
     }
     return false;
   }
@@ -75,10 +75,9 @@ class Mesh {
   transport::Transport& transport_;
   const Want& want_;
   const int n_;
-  std::mutex mu_;  // links_ above this node and alive_, between the threads
+  std::mutex mu_;  // links_ above this node and gone_, between the threads
   Links links_;
-  static constexpr signed char kUnknown = -1, kGone = 0, kAlive = 1;
-  std::vector<signed char> alive_;  // per node: whether its process answered the last probe
+  std::vector<char> gone_;  // per node: its process failed the last two probes in a row
   bool accepting_over_ = false;  // the acceptor is done: the probes end
   int dialling_ = 0;             // dialers still at work
   Status accepted_;
@@ -183,8 +182,8 @@ void Mesh::probe(int j) {
       {
         // Gone after two attempts in a row that failed (one may fail under load).
         std::lock_guard lock(mu_);
-        if (link.ok()) alive_[static_cast<std::size_t>(j)] = kAlive;
-        if (failures >= 2) alive_[static_cast<std::size_t>(j)] = kGone;
+        if (link.ok()) gone_[static_cast<std::size_t>(j)] = 0;
+        if (failures >= 2) gone_[static_cast<std::size_t>(j)] = 1;
       }
       if (link.ok()) (*link)->close();
       next = clock_.now() + (failures == 1 ? std::chrono::milliseconds(200) : pause);
