@@ -219,6 +219,9 @@ class Peer {
   optim::OuterConfig outer_config_;
   RoundSchedule schedule_;
   bool ddp_ = false;
+  // What a newcomer fetches besides the outer state: the members' parameters and inner optimizer
+  // (the method table's `newcomer` trait; ddp's members step one AdamW together).
+  bool newcomer_takes_inner_state_ = false;
   Nanos round_timeout_{0};
   std::atomic<std::int64_t> current_round_{-1};
   std::atomic<std::int64_t> progress_{-1};  // inner steps done, as the state server tells newcomers (-1: not training)
