@@ -102,8 +102,8 @@ struct MeanRound {
   bool abstained = false;
   std::vector<std::vector<Bytes>> parts;  // [owner][segment]: the means as encoded by their owners
 };
-// allreduce_mean over a grid (Group::width >= 2; collectives.h).
-Status allreduce_grid(const Group& g, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
-                      CommStats* stats_out, std::int64_t segment_values, const Aggregation& agg);
+// allreduce_mean over a grid (Group::width >= 2; collectives.h), its traffic counted into `stats`.
+Status grid_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
+                 std::int64_t segment_values, const Aggregation& agg, CommStats& stats);
 
 }  // namespace gossamer::optim::detail

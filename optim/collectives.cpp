@@ -442,10 +442,11 @@ Status allreduce_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOpt
   GOSSAMER_CHECK((tag & kAllreduceMeanPhase) == 0, "allreduce_mean: the tag's top bit is the collective's own");
   GOSSAMER_CHECK(segment_values >= 1, "allreduce_mean: segments need at least one value");
   if (g.size == 1) return Status();
-  if (g.width >= 2 && g.size > g.width) return allreduce_grid(g, tensor, codec, tag, deadline, stats_out, segment_values, agg);
   Stopwatch watch(*g.clock);
   CommStats stats;
-  if (Status st = MeshMean(g, tensor, codec, tag, deadline, segment_values, agg).run(tensor, stats); !st.ok()) return st;
+  const Status st = g.width >= 2 && g.size > g.width ? grid_mean(g, tensor, codec, tag, deadline, segment_values, agg, stats)
+                                                     : MeshMean(g, tensor, codec, tag, deadline, segment_values, agg).run(tensor, stats);
+  if (!st.ok()) return st;
   stats.seconds = watch.elapsed_seconds();
   if (stats_out != nullptr) *stats_out += stats;
   return Status();

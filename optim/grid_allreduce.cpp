@@ -302,14 +302,9 @@ class GridMean {
 
 }  // namespace
 
-Status allreduce_grid(const Group& g, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
-                      CommStats* stats_out, std::int64_t segment_values, const Aggregation& agg) {
-  Stopwatch watch(*g.clock);
-  CommStats stats;
-  if (Status st = GridMean(g, tensor, codec, tag, deadline, segment_values, agg).run(tensor, stats); !st.ok()) return st;
-  stats.seconds = watch.elapsed_seconds();
-  if (stats_out != nullptr) *stats_out += stats;
-  return Status();
+Status grid_mean(const Group& g, at::Tensor& tensor, const quant::EncodeOptions& codec, transport::Tag tag, Deadline deadline,
+                 std::int64_t segment_values, const Aggregation& agg, CommStats& stats) {
+  return GridMean(g, tensor, codec, tag, deadline, segment_values, agg).run(tensor, stats);
 }
 
 }  // namespace detail

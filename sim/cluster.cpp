@@ -320,7 +320,8 @@ class PeerCluster {
   // pace, its access link's goodput.
   class WorkerHost final : public runtime::Host {
    public:
-    WorkerHost(PeerCluster& cluster, int r, transport::Gossip& gossip) : c_(cluster), r_(r), gossip_(gossip) {
+    WorkerHost(PeerCluster& cluster, int r, transport::Gossip& gossip)
+        : c_(cluster), r_(r), gossip_(gossip), slow_(1.0 / train::worker_speeds(cluster.config_)[static_cast<std::size_t>(r)]) {
       if (auto spec = network_spec(c_.config_); spec.ok() && static_cast<std::size_t>(r) < spec->nodes.size()) {
         const double goodput = spec->nodes[static_cast<std::size_t>(r)].link.goodput_bytes_per_s();
         if (std::isfinite(goodput)) link_bytes_per_s_ = goodput;
@@ -341,8 +342,7 @@ class PeerCluster {
       return std::nullopt;  // every worker reaches every other
     }
     double pace(double measured_s) override {
-      const double slow = 1.0 / train::worker_speeds(c_.config_)[static_cast<std::size_t>(r_)];
-      const double s = step_seconds(c_.config_, c_.result_.parameters, measured_s) * slow;
+      const double s = step_seconds(c_.config_, c_.result_.parameters, measured_s) * slow_;
       c_.scheduler_.sleep_for(std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(s + c_.stall(r_))));
       return s;  // (a stall is not compute)
     }
@@ -352,6 +352,7 @@ class PeerCluster {
     PeerCluster& c_;
     const int r_;
     transport::Gossip& gossip_;
+    const double slow_;  // its steps take this many times a step at full speed (sim.speeds, its straggler)
     std::optional<double> link_bytes_per_s_;
   };
 

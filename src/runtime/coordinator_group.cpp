@@ -1,17 +1,13 @@
 // Coordinator, the GROUP message (coordinator.h): written whole or as the change from a group its
 // receiver holds, and read back, untrusted.
 #include <map>
-#include <set>
 
-#include "core/hash.h"
 #include "runtime/coordinator.h"
 #include "runtime/coordinator_messages.h"
-#include "transport/endpoint.h"
 
 namespace gossamer::runtime {
 
 using namespace coordinator_parts;
-
 
 Bytes Coordinator::group_message_locked(const GroupView& g, std::uint64_t known) const {
   // (A change only from an epoch up to the group's own: one from a later group, which a peer that

@@ -408,9 +408,9 @@ void Peer::boundary(std::int64_t done_step) {
     } else if (donor_->needs_snapshot()) {
       // ddp shares its parameters and inner optimizer too, in bytes every member writes alike
       // (Worker::optimizer_state).
-      const Bytes inner = newcomer_takes_inner_state_ ? worker_->optimizer_state() : Bytes();
+      const Bytes inner = newcomer_takes_inner_state() ? worker_->optimizer_state() : Bytes();
       donor_->offer(done, done_step, static_cast<std::uint32_t>(world_),
-                    encode_shared_state(worker_->model().parameters(), *setup_.outer, ByteView(inner), newcomer_takes_inner_state_));
+                    encode_shared_state(worker_->model().parameters(), *setup_.outer, ByteView(inner), newcomer_takes_inner_state()));
       fresh_snapshot = true;
     }
     const std::optional<std::int64_t> offered = donor_->snapshot_step();

@@ -137,7 +137,6 @@ Status Peer::learn_run() {
   // A joiner learns the run's length from its spec: a drill past its end is refused here.
   if (Status st = check_round_drill(config_, plan_.crash_mid_round, "--crash-mid-round"); !st.ok()) return st;
   ddp_ = outer_config_.method == optim::Method::kDdp;
-  newcomer_takes_inner_state_ = optim::method_info(outer_config_.method).newcomer == optim::NewcomerNeeds::kOptimizerState;
   round_timeout_ = std::chrono::duration_cast<Nanos>(std::chrono::duration<double>(config_.train.round_timeout_s));
   spec_hash_ = digest_of(as_bytes(spec_.toml));
   if (config_.pipeline.enabled) {

@@ -203,6 +203,11 @@ class Peer {
   std::shared_ptr<transport::Link> shape_state_link(std::shared_ptr<transport::Link> link);
   std::atomic<std::uint64_t> state_links_shaped_{0};  // seeds the shapers' loss draws
   Deadline after(Nanos d) const { return Deadline::after(clock_, d); }
+  // Whether a newcomer fetches the members' parameters and inner optimizer besides the outer state
+  // (the method table's `newcomer` trait; ddp's members step one AdamW together).
+  bool newcomer_takes_inner_state() const {
+    return optim::method_info(outer_config_.method).newcomer == optim::NewcomerNeeds::kOptimizerState;
+  }
   static constexpr Nanos kLinkTimeout = std::chrono::seconds(30);  // to link up a group's members
 
   PeerPlan plan_;
@@ -219,9 +224,6 @@ class Peer {
   optim::OuterConfig outer_config_;
   RoundSchedule schedule_;
   bool ddp_ = false;
-  // What a newcomer fetches besides the outer state: the members' parameters and inner optimizer
-  // (the method table's `newcomer` trait; ddp's members step one AdamW together).
-  bool newcomer_takes_inner_state_ = false;
   Nanos round_timeout_{0};
   std::atomic<std::int64_t> current_round_{-1};
   std::atomic<std::int64_t> progress_{-1};  // inner steps done, as the state server tells newcomers (-1: not training)

@@ -1,5 +1,6 @@
 // The statistics of a Peer's parts (peer_runtime.h), each kept by its part and written to the
-// records and the summary by itself: a newcomer's joins, a member's group keeping, its donor duty.
+// records and the summary by itself: a newcomer's joins, a member's group keeping (its donor duty's
+// are DonorStats, donor_duty.h).
 // The JSON keys are the ones docs/peers.md lists.
 #pragma once
 
@@ -8,8 +9,6 @@
 #include <nlohmann/json.hpp>
 
 #include "core/clock.h"
-#include "runtime/state_sync.h"
-#include "runtime/update_log.h"
 
 namespace gossamer::runtime {
 
@@ -54,26 +53,6 @@ struct GroupKeepingStats {
     out["solo_rounds"] = solo_rounds;
     out["late_contributions_carried"] = late_carried;
     out["late_contributions_dropped"] = late_dropped;
-  }
-};
-
-// A member's donor duty: the updates it kept for newcomers in the codec's bytes (the rest in fp32);
-// the update log's and the state server's own figures are theirs.
-struct DonorStats {
-  std::int64_t updates_kept_encoded = 0;
-
-  // In a record: the log's bytes now, while it holds any.
-  void write_record(nlohmann::json& out, const UpdateLog& log) const {
-    if (log.peak_bytes() == 0) return;
-    out["update_log_bytes"] = log.bytes();
-    out["updates_kept_encoded"] = updates_kept_encoded;
-  }
-  void write_summary(nlohmann::json& out, const UpdateLog& log, const StateServer& server) const {
-    out["update_log_peak_bytes"] = log.peak_bytes();
-    out["update_log_dropped"] = log.dropped();
-    out["updates_kept_encoded"] = updates_kept_encoded;
-    out["state_bytes_served"] = server.bytes_served();
-    out["state_serve_throttled_s"] = server.throttled_s();
   }
 };
 
